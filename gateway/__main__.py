@@ -1,0 +1,3 @@
+from gateway.cli import console_main
+
+console_main()

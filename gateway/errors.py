@@ -1,0 +1,227 @@
+"""The gateway's errors: one base class, a small tree, one table of exit codes and HTTP statuses.
+
+Callers branch on ``code`` (stable, dotted) or on the class, never on message text. Every lower-level
+exception (docker, requests, OS, YAML, JSON Schema) is mapped to one of these at the boundary where it
+happens, chained with ``raise ... from exc`` so that the cause is never lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = [
+    "EXIT_DENIED",
+    "EXIT_GATEWAY_FAILURE",
+    "EXIT_MEMORY",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "AuditError",
+    "AuditIntegrityError",
+    "AuditUnavailableError",
+    "EngineUnavailableError",
+    "GatewayError",
+    "ImageMissingError",
+    "PolicyError",
+    "PolicyNotFoundError",
+    "Problem",
+    "RequestError",
+    "RunnerError",
+    "SandboxError",
+    "UnsafeOptionsError",
+    "exit_code_for",
+    "http_status_for",
+]
+
+EXIT_USAGE = 2
+"""Usage error or invalid request."""
+EXIT_DENIED = 77
+"""Denied by policy (sysexits ``EX_NOPERM``)."""
+EXIT_TIMEOUT = 124
+"""Killed at the deadline, as ``timeout(1)``."""
+EXIT_GATEWAY_FAILURE = 125
+"""The gateway or the engine failed, as ``docker run``."""
+EXIT_MEMORY = 137
+"""Killed for memory (128 + SIGKILL)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One precise thing that is wrong with an input: where it is and what was expected."""
+
+    message: str
+    """What was found and what is allowed, in one sentence."""
+    path: str = "$"
+    """JSON path into the document (``$.limits.memory``)."""
+    source: str | None = None
+    """File name (or ``<request>``, ``<stdin>``) the document came from."""
+    line: int | None = None
+    """1-based line in ``source``, when known."""
+    code: str | None = None
+    """Stable machine-readable code for the problem, when one applies."""
+
+    def __str__(self) -> str:
+        where = ""
+        if self.source is not None:
+            where = f"{self.source}:{self.line}: " if self.line is not None else f"{self.source}: "
+        return f"{where}{self.path}: {self.message}"
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"path": self.path, "message": self.message}
+        if self.source is not None:
+            out["source"] = self.source
+        if self.line is not None:
+            out["line"] = self.line
+        if self.code is not None:
+            out["code"] = self.code
+        return out
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose.
+
+    ``code`` is stable and documented; ``problems`` lists every precise fault when there are several
+    (a policy file with five mistakes reports five problems, sorted by line).
+    """
+
+    code: ClassVar[str] = "gateway.error"
+    hint: ClassVar[str] = ""
+
+    def __init__(self, message: str, *, problems: tuple[Problem, ...] | list[Problem] = (), hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        self._hint = hint or type(self).hint
+
+    def diagnostics(self) -> str:
+        """A multi-line text for people: the message, every problem, and what to do."""
+        lines = [f"error[{self.code}]: {self.message}"]
+        lines.extend(f"  {p}" for p in self.problems)
+        if self._hint:
+            lines.append(f"  hint: {self._hint}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.problems:
+            out["problems"] = [p.to_dict() for p in self.problems]
+        if self._hint:
+            out["hint"] = self._hint
+        return out
+
+
+# --- policy -------------------------------------------------------------------------------------------
+
+
+class PolicyError(GatewayError):
+    """A policy could not be loaded: malformed YAML, schema violations, semantic errors."""
+
+    code = "policy.invalid"
+    hint = "fix the policy file; `gateway policy validate FILE` lists every problem"
+
+
+class PolicyNotFoundError(PolicyError):
+    code = "policy.not_found"
+    hint = "pass --policy FILE or set GATEWAY_POLICY to an existing policy file"
+
+
+# --- request ------------------------------------------------------------------------------------------
+
+
+class RequestError(GatewayError):
+    """The execution request is malformed (bad JSON, schema violations, bad sizes)."""
+
+    code = "request.invalid"
+    hint = "see schemas/request.schema.json for the request format"
+
+
+# --- decision / assembly ------------------------------------------------------------------------------
+
+
+class UnsafeOptionsError(GatewayError):
+    """The invariant guard refused assembled run options. This is a gateway bug and always a deny."""
+
+    code = "decision.unsafe_options"
+
+
+# --- runner -------------------------------------------------------------------------------------------
+
+
+class RunnerError(GatewayError):
+    """The sandbox backend failed (not the program inside it)."""
+
+    code = "runner.error"
+
+
+class EngineUnavailableError(RunnerError):
+    code = "runner.engine_unavailable"
+    hint = "start the Docker engine (scripts/setup.sh does it) or set DOCKER_HOST"
+
+
+class ImageMissingError(RunnerError):
+    code = "runner.image_missing"
+    hint = "build the sandbox image locally with scripts/build-image.sh (no registry is contacted)"
+
+
+class SandboxError(RunnerError):
+    """The engine refused or lost a container (create/start/wait/inspect failed)."""
+
+    code = "runner.sandbox_failed"
+
+
+# --- audit --------------------------------------------------------------------------------------------
+
+
+class AuditError(GatewayError):
+    code = "audit.error"
+
+
+class AuditUnavailableError(AuditError):
+    """The trail cannot be written (disk full, read-only, lock failure, broken chain): fail closed."""
+
+    code = "audit.unavailable"
+    hint = "nothing ran; fix the audit directory (GATEWAY_AUDIT_DIR) and retry"
+
+
+class AuditIntegrityError(AuditError):
+    """The trail on disk is broken (torn tail, bad hash); the writer refuses to extend it."""
+
+    code = "audit.integrity"
+    hint = "run `gateway audit verify` to locate the break and `gateway audit repair` to seal it"
+
+
+# --- one table ----------------------------------------------------------------------------------------
+
+_TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
+    # most specific first
+    (PolicyNotFoundError, EXIT_GATEWAY_FAILURE, 500),
+    (PolicyError, EXIT_GATEWAY_FAILURE, 500),
+    (RequestError, EXIT_USAGE, 422),
+    (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),
+    (EngineUnavailableError, EXIT_GATEWAY_FAILURE, 503),
+    (ImageMissingError, EXIT_GATEWAY_FAILURE, 503),
+    (SandboxError, EXIT_GATEWAY_FAILURE, 502),
+    (RunnerError, EXIT_GATEWAY_FAILURE, 502),
+    (AuditUnavailableError, EXIT_GATEWAY_FAILURE, 503),
+    (AuditIntegrityError, EXIT_GATEWAY_FAILURE, 503),
+    (AuditError, EXIT_GATEWAY_FAILURE, 500),
+    (GatewayError, EXIT_GATEWAY_FAILURE, 500),
+)
+
+
+def _row(err: BaseException | type[BaseException]) -> tuple[int, int]:
+    cls = err if isinstance(err, type) else type(err)
+    for klass, exit_code, status in _TABLE:
+        if issubclass(cls, klass):
+            return exit_code, status
+    return EXIT_GATEWAY_FAILURE, 500
+
+
+def exit_code_for(err: BaseException | type[BaseException]) -> int:
+    """CLI exit status for an error; anything unknown is a gateway failure (125)."""
+    return _row(err)[0]
+
+
+def http_status_for(err: BaseException | type[BaseException]) -> int:
+    """HTTP status for an error; anything unknown is a 500."""
+    return _row(err)[1]
