@@ -1,0 +1,340 @@
+"""Load a policy: strict YAML -> JSON Schema (Draft 2020-12, format checking) -> semantic pass -> frozen model.
+
+Every stage reports *every* problem it finds, sorted by line, as ``file:line: $.path: message``; a policy
+that fails any stage is never half-loaded. Compile once, evaluate many times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any, cast
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from gateway.errors import PolicyError, PolicyNotFoundError, Problem
+from gateway.policy.images import image_allowed
+from gateway.policy.model import (
+    DEFAULT_LANGUAGE,
+    EnvRule,
+    FilesRule,
+    ImageEntry,
+    ImagesRule,
+    LanguagesRule,
+    Limit,
+    Limits,
+    Mode,
+    MountRoot,
+    MountsRule,
+    NetworkRule,
+    Policy,
+    RuntimeRule,
+    UserSpec,
+)
+from gateway.policy.paths import denied_host_reason, target_problem
+from gateway.policy.sizes import SizeError, format_size, parse_size
+from gateway.policy.yamlstrict import LoadedYaml, load_yaml, path_join
+from gateway.resources import load_schema
+
+__all__ = [
+    "MAX_POLICY_BYTES",
+    "MIN_MEMORY",
+    "RUNSC_MIN_PIDS",
+    "canonical_sha256",
+    "load_policy",
+    "load_policy_text",
+    "schema_problems",
+]
+
+MAX_POLICY_BYTES = 1024 * 1024
+"""A policy larger than this is refused before parsing."""
+MIN_MEMORY = 6 * 1024 * 1024
+"""Docker refuses a memory limit below 6 MiB."""
+RUNSC_MIN_PIDS = 256
+"""gVisor's own threads count against the pids limit; below this the sandbox dies (see DESIGN)."""
+
+_SIZE_LIMITS = ("memory", "output_bytes", "output_files_bytes", "tmpfs", "code_size", "files_size")
+_DEFAULT_OUTPUT_FILES = 1024 * 1024
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    schema = load_schema("policy")
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def canonical_sha256(data: Any) -> str:
+    """sha256 of the canonical JSON form: sorted keys, compact separators, UTF-8."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _error_problems(error: ValidationError, loaded: LoadedYaml) -> Iterator[Problem]:
+    path = error.json_path
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    custom = schema.get("x-messages", {}).get(str(error.validator))
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = sorted(schema.get("properties", {}))
+        for key in error.instance:
+            if key not in known:
+                child = path_join(path, key)
+                yield Problem(
+                    f"unknown field {key!r}; allowed fields here: {', '.join(known)}",
+                    path=child,
+                    source=loaded.source,
+                    line=loaded.line_of(child),
+                    code="policy.unknown_field",
+                )
+        return
+    if custom:
+        message = f"{_short(error.instance)} {custom}"
+    elif error.validator == "required":
+        message = error.message.replace("is a required property", "is required here but missing")
+    else:
+        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+    yield Problem(message, path=path, source=loaded.source, line=loaded.line_of(path), code="policy.schema")
+
+
+def schema_problems(loaded: LoadedYaml) -> list[Problem]:
+    """Every JSON Schema violation of a loaded document, as problems with lines."""
+    problems: list[Problem] = []
+    for error in _validator().iter_errors(loaded.data):
+        problems.extend(_error_problems(error, loaded))
+    return problems
+
+
+class _Semantic:
+    """Cross-field checks the schema cannot express, collecting problems instead of stopping at the first."""
+
+    def __init__(self, loaded: LoadedYaml) -> None:
+        self.loaded = loaded
+        self.problems: list[Problem] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(
+            Problem(
+                message, path=path, source=self.loaded.source, line=self.loaded.line_of(path), code="policy.semantic"
+            )
+        )
+
+    def size(self, value: Any, path: str) -> int:
+        try:
+            return parse_size(value)
+        except SizeError as exc:
+            self.fail(path, str(exc))
+            return 0
+
+    def limit(self, raw: dict[str, Any], key: str, *, size: bool, has_default: bool = True) -> Limit:
+        path = f"$.spec.limits.{key}"
+        entry = raw.get(key)
+        if entry is None:  # only optional limits reach here
+            return Limit(default=_DEFAULT_OUTPUT_FILES, max=_DEFAULT_OUTPUT_FILES)
+        convert = self.size if size else (lambda v, _p: v)
+        maximum = convert(entry["max"], f"{path}.max")
+        default = convert(entry["default"], f"{path}.default") if has_default else maximum
+        if default > maximum:
+            shown = (format_size(default), format_size(maximum)) if size else (default, maximum)
+            self.fail(f"{path}.default", f"default {shown[0]} is above the ceiling max {shown[1]}")
+        return Limit(default=default, max=maximum, mode=cast(Mode, entry.get("mode", "enforce")))
+
+
+def _compile(loaded: LoadedYaml) -> Policy:
+    doc: dict[str, Any] = loaded.data
+    spec: dict[str, Any] = doc["spec"]
+    sem = _Semantic(loaded)
+
+    # languages
+    lang_raw = spec.get("languages", {"allowed": [DEFAULT_LANGUAGE]})
+    lang_allowed = tuple(lang_raw["allowed"])
+    lang_default = lang_raw.get("default", lang_allowed[0])
+    if lang_default not in lang_allowed:
+        sem.fail("$.spec.languages.default", f"default {lang_default!r} is not in allowed {list(lang_allowed)}")
+    languages = LanguagesRule(lang_allowed, lang_default, lang_raw.get("mode", "enforce"))
+
+    # images
+    img_raw = spec["images"]
+    entries = []
+    for index, item in enumerate(img_raw["allow"]):
+        if "tags" not in item and "digests" not in item:
+            sem.fail(f"$.spec.images.allow[{index}]", "lists neither tags nor digests; nothing would be allowed")
+        entries.append(ImageEntry(item["repository"], tuple(item.get("tags", ())), tuple(item.get("digests", ()))))
+    images = ImagesRule(img_raw["default"], tuple(entries), img_raw.get("mode", "enforce"))
+    why = image_allowed(images, images.default)
+    if why is not None:
+        sem.fail("$.spec.images.default", f"the default image is not allowed by the allowlist: {why}")
+
+    # limits
+    lim = spec["limits"]
+    limits = Limits(
+        memory=sem.limit(lim, "memory", size=True),
+        cpus=sem.limit(lim, "cpus", size=False),
+        pids=sem.limit(lim, "pids", size=False),
+        timeout_s=sem.limit(lim, "timeout_s", size=False),
+        output_bytes=sem.limit(lim, "output_bytes", size=True),
+        output_files_bytes=sem.limit(lim, "output_files_bytes", size=True),
+        tmpfs=sem.limit(lim, "tmpfs", size=True),
+        code_size=sem.limit(lim, "code_size", size=True, has_default=False),
+        files_size=sem.limit(lim, "files_size", size=True, has_default=False),
+        nofile=lim.get("nofile", 256),
+    )
+    for key in ("default", "max"):
+        value = getattr(limits.memory, key)
+        if 0 < value < MIN_MEMORY or value == 0:
+            sem.fail(f"$.spec.limits.memory.{key}", f"{format_size(value)} is below Docker's minimum of 6m")
+    if limits.tmpfs.max == 0:
+        sem.fail("$.spec.limits.tmpfs.max", "a tmpfs of size 0 would be unbounded in Docker; give a size")
+
+    # network
+    net_raw = spec.get("network", {})
+    net_allowed = tuple(net_raw.get("allowed", ("none",)))
+    net_default = net_raw.get("default", "none")
+    for index, name in enumerate(net_allowed):
+        if name == "host" or name.startswith("container:"):
+            sem.fail(f"$.spec.network.allowed[{index}]", f"{name!r} can never be allowed")
+    if net_default not in net_allowed:
+        sem.fail("$.spec.network.default", f"default {net_default!r} is not in allowed {list(net_allowed)}")
+    network = NetworkRule(net_default, net_allowed, net_raw.get("mode", "enforce"))
+
+    # runtime
+    rt_raw = spec.get("runtime", {})
+    required = rt_raw.get("required")
+    rt_allowed = tuple(rt_raw.get("allowed", (required,) if required else ("runc",)))
+    rt_default = rt_raw.get("default", required or rt_allowed[0])
+    if required is not None:
+        if rt_allowed != (required,):
+            sem.fail("$.spec.runtime.allowed", f"runtime {required!r} is required, so allowed may list only it")
+        if rt_default != required:
+            sem.fail("$.spec.runtime.default", f"runtime {required!r} is required, so the default must be it")
+    if rt_default not in rt_allowed:
+        sem.fail("$.spec.runtime.default", f"default {rt_default!r} is not in allowed {list(rt_allowed)}")
+    runtime = RuntimeRule(rt_allowed, rt_default, required, rt_raw.get("mode", "enforce"))
+    if "runsc" in rt_allowed and limits.pids.max < RUNSC_MIN_PIDS:
+        sem.fail(
+            "$.spec.limits.pids.max",
+            f"runsc is allowed but the pids ceiling {limits.pids.max} is below {RUNSC_MIN_PIDS}; gVisor's own "
+            "threads count against it and the sandbox would be killed",
+        )
+    if rt_default == "runsc" and limits.pids.default < RUNSC_MIN_PIDS:
+        sem.fail(
+            "$.spec.limits.pids.default",
+            f"the default runtime is runsc but the pids default {limits.pids.default} is below {RUNSC_MIN_PIDS}",
+        )
+
+    # mounts
+    mounts = MountsRule()
+    if "mounts" in spec:
+        m_raw = spec["mounts"]
+        roots = []
+        for index, item in enumerate(m_raw["allow"]):
+            path = f"$.spec.mounts.allow[{index}]"
+            root = os.path.realpath(posixpath.normpath(item["root"]))
+            reason = denied_host_reason(root)
+            if reason is not None:
+                sem.fail(f"{path}.root", f"root {item['root']!r} is not allowable: {reason}")
+            targets = []
+            for t_index, target in enumerate(item["targets"]):
+                problem = target_problem(target)
+                if problem is not None:
+                    sem.fail(f"{path}.targets[{t_index}]", problem)
+                targets.append(posixpath.normpath(target))
+            roots.append(MountRoot(root, tuple(item.get("modes", ("ro",))), tuple(targets)))
+        mounts = MountsRule(tuple(roots), m_raw.get("max_count", 4), m_raw.get("mode", "enforce"))
+
+    # env
+    env = EnvRule()
+    if "env" in spec:
+        e_raw = spec["env"]
+        env = EnvRule(
+            allowed=tuple(e_raw["allowed"]),
+            allow_dangerous=frozenset(e_raw.get("allow_dangerous", ())),
+            max_count=e_raw.get("max_count", 32),
+            max_value_bytes=sem.size(e_raw.get("max_value_bytes", 4096), "$.spec.env.max_value_bytes"),
+            max_total_bytes=sem.size(e_raw.get("max_total_bytes", 32768), "$.spec.env.max_total_bytes"),
+            mode=e_raw.get("mode", "enforce"),
+        )
+
+    f_raw = spec.get("files", {})
+    files = FilesRule(f_raw.get("max_count", 64), f_raw.get("mode", "enforce"))
+
+    if sem.problems:
+        raise PolicyError(
+            f"{loaded.source} has {len(sem.problems)} problem(s)",
+            problems=sorted(sem.problems, key=lambda p: (p.line or 0, p.path)),
+        )
+    meta = doc["metadata"]
+    return Policy(
+        name=meta["name"],
+        description=meta.get("description", ""),
+        api_version=doc["apiVersion"],
+        sha256=canonical_sha256(doc),
+        source=loaded.source,
+        languages=languages,
+        images=images,
+        limits=limits,
+        network=network,
+        user=UserSpec(spec["user"]["uid"], spec["user"]["gid"]),
+        runtime=runtime,
+        mounts=mounts,
+        env=env,
+        files=files,
+        pull=spec.get("pull", "never"),
+        read_only_root=True,
+        labels=tuple(sorted(meta.get("labels", {}).items())),
+    )
+
+
+def load_policy_text(text: str | bytes, *, source: str = "<string>") -> Policy:
+    """Load a policy from its text. Raises :class:`PolicyError` (with every problem) and nothing else."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_POLICY_BYTES:
+            raise PolicyError(
+                f"{source} is too large",
+                problems=[Problem(f"{len(text)} bytes is above the {MAX_POLICY_BYTES} byte cap", source=source)],
+            )
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PolicyError(
+                f"{source} is not UTF-8",
+                problems=[Problem(f"not valid UTF-8 at byte {exc.start}", source=source)],
+            ) from exc
+    if len(text) > MAX_POLICY_BYTES:
+        raise PolicyError(
+            f"{source} is too large",
+            problems=[Problem(f"{len(text)} characters is above the {MAX_POLICY_BYTES} cap", source=source)],
+        )
+    loaded = load_yaml(text, source=source)
+    problems = schema_problems(loaded)
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.path))
+        raise PolicyError(f"{source} has {len(problems)} problem(s)", problems=problems)
+    return _compile(loaded)
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    """Load and compile the policy file at ``path``."""
+    source = os.fspath(path)
+    try:
+        with Path(source).open("rb") as fh:
+            data = fh.read(MAX_POLICY_BYTES + 1)
+    except FileNotFoundError as exc:
+        raise PolicyNotFoundError(
+            f"policy file {source} does not exist", problems=[Problem("no such file", source=source)]
+        ) from exc
+    except OSError as exc:
+        raise PolicyError(
+            f"policy file {source} cannot be read",
+            problems=[Problem(f"cannot read: {exc.strerror or exc}", source=source)],
+        ) from exc
+    return load_policy_text(data, source=source)

@@ -1,0 +1,164 @@
+"""The compiled policy: frozen objects built once from a validated document, read by every decision.
+
+Nothing downstream reads the raw YAML mapping; every default is filled in here, so a rule never has to
+guess what an omitted field means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_LANGUAGE",
+    "EnvRule",
+    "FilesRule",
+    "ImageEntry",
+    "ImagesRule",
+    "LanguagesRule",
+    "Limit",
+    "Limits",
+    "Mode",
+    "MountRoot",
+    "MountsRule",
+    "NetworkRule",
+    "Policy",
+    "RuntimeRule",
+    "UserSpec",
+]
+
+Mode = Literal["enforce", "audit"]
+DEFAULT_LANGUAGE = "python"
+
+
+@dataclass(frozen=True, slots=True)
+class LanguagesRule:
+    allowed: tuple[str, ...]
+    default: str
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageEntry:
+    repository: str
+    tags: tuple[str, ...] = ()
+    """Allowed tags; empty means no tag is allowed on its own (digests only)."""
+    digests: tuple[str, ...] = ()
+    """Allowed ``sha256:...`` digests."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImagesRule:
+    default: str
+    allow: tuple[ImageEntry, ...]
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limit: what an omitted request value becomes, and the ceiling a request may not pass."""
+
+    default: int | float
+    max: int | float
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    memory: Limit
+    cpus: Limit
+    pids: Limit
+    timeout_s: Limit
+    output_bytes: Limit
+    output_files_bytes: Limit
+    tmpfs: Limit
+    code_size: Limit
+    """Only ``max`` matters; ``default`` equals it."""
+    files_size: Limit
+    """Only ``max`` matters; ``default`` equals it."""
+    nofile: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkRule:
+    default: str = "none"
+    allowed: tuple[str, ...] = ("none",)
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpec:
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeRule:
+    allowed: tuple[str, ...] = ("runc",)
+    default: str = "runc"
+    required: str | None = None
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class MountRoot:
+    root: str
+    """Canonical (realpath) absolute host directory."""
+    modes: tuple[str, ...]
+    targets: tuple[str, ...]
+    """Normalised absolute container paths."""
+
+
+@dataclass(frozen=True, slots=True)
+class MountsRule:
+    allow: tuple[MountRoot, ...] = ()
+    """Empty means no mounts at all (the section was omitted)."""
+    max_count: int = 4
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvRule:
+    allowed: tuple[str, ...] = ()
+    """Exact names or globs; empty means no variables at all (the section was omitted)."""
+    allow_dangerous: frozenset[str] = frozenset()
+    max_count: int = 32
+    max_value_bytes: int = 4096
+    max_total_bytes: int = 32768
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class FilesRule:
+    max_count: int = 64
+    mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A loaded, validated, compiled policy. Build it with :func:`gateway.policy.load_policy`."""
+
+    name: str
+    description: str
+    api_version: str
+    sha256: str
+    """sha256 of the canonical JSON form of the parsed document (sorted keys, compact separators)."""
+    source: str
+    """Where it was loaded from (a path, or ``<string>``)."""
+    languages: LanguagesRule
+    images: ImagesRule
+    limits: Limits
+    network: NetworkRule
+    user: UserSpec
+    runtime: RuntimeRule
+    mounts: MountsRule
+    env: EnvRule
+    files: FilesRule
+    pull: Literal["never", "if-missing"] = "never"
+    read_only_root: bool = True
+    labels: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def ref(self) -> str:
+        """``name@sha256:<hex>``: how labels and logs name this exact policy content."""
+        return f"{self.name}@sha256:{self.sha256}"

@@ -1,0 +1,479 @@
+"""Execution requests: parse and validate untrusted input into a frozen :class:`ExecutionRequest`.
+
+Input may be a mapping (already parsed), a JSON string, or raw bytes. Bytes are capped *before* decoding,
+JSON is parsed with duplicate keys and NaN refused, nesting depth is checked iteratively (no
+``RecursionError`` can escape), and the document is validated against ``schemas/request.schema.json``.
+
+Validation runs a hand-written checker compiled from the schema's own patterns (jsonschema costs about
+200 microseconds per request, the whole decision budget). A request it accepts is accepted; a request it
+rejects is re-validated by the real Draft 2020-12 validator so the caller gets every problem with the
+schema's own wording and JSON path. ``tests/unit/test_request_schema_parity.py`` checks, with hypothesis,
+that the two agree on what is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from jsonschema import Draft202012Validator
+
+from gateway.errors import Problem, RequestError
+from gateway.policy.sizes import SizeError, parse_size
+from gateway.resources import load_schema
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_REQUEST_BYTES",
+    "ExecutionRequest",
+    "MountRequest",
+    "RequestLimits",
+    "fast_problems",
+    "parse_request",
+    "schema_problems",
+]
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+"""Requests larger than this are refused before they are decoded or parsed."""
+MAX_DEPTH = 32
+"""Maximum nesting of objects/arrays anywhere in a request (``metadata`` is free-form)."""
+
+_SIZE_FIELDS = ("memory", "output_bytes", "output_files_bytes", "tmpfs")
+_TOP_FIELDS = frozenset(
+    ("code", "language", "image", "limits", "network", "runtime", "mounts", "files", "env", "principal", "metadata")
+)
+_LIMIT_FIELDS = frozenset(("memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "tmpfs"))
+_MOUNT_FIELDS = frozenset(("source", "target", "mode"))
+
+
+class MountRequest(NamedTuple):
+    source: str
+    """Absolute host path as the caller wrote it (canonicalised later, by the policy engine)."""
+    target: str
+    mode: str = "ro"
+
+
+class RequestLimits(NamedTuple):
+    """Limits the caller asked for; ``None`` means "the policy default". (A NamedTuple: immutable, cheap.)"""
+
+    memory: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    timeout_s: float | None = None
+    output_bytes: int | None = None
+    output_files_bytes: int | None = None
+    tmpfs: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "tmpfs"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRequest:
+    """A validated request. Sizes are bytes; omitted fields are ``None`` (or empty) and get policy defaults."""
+
+    code: str
+    language: str | None = None
+    image: str | None = None
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    network: str | None = None
+    runtime: str | None = None
+    mounts: tuple[MountRequest, ...] = ()
+    files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    principal: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def code_bytes(self) -> int:
+        return len(self.code.encode("utf-8", "surrogatepass"))
+
+    @property
+    def files_bytes(self) -> int:
+        return sum(len(v.encode("utf-8", "surrogatepass")) for v in self.files.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request as JSON data (sizes in bytes), suitable for the audit trail and re-parsing."""
+        out: dict[str, Any] = {"code": self.code}
+        for name in ("language", "image", "network", "runtime", "principal"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        limits = self.limits.to_dict()
+        if limits:
+            out["limits"] = limits
+        if self.mounts:
+            out["mounts"] = [{"source": m.source, "target": m.target, "mode": m.mode} for m in self.mounts]
+        if self.files:
+            out["files"] = dict(self.files)
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.metadata:
+            out["metadata"] = json.loads(json.dumps(dict(self.metadata)))
+        return out
+
+
+# --- validation -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    validator: Draft202012Validator
+    language: re.Pattern[str]
+    image: re.Pattern[str]
+    network: re.Pattern[str]
+    runtime: re.Pattern[str]
+    principal: re.Pattern[str]
+    env_name: re.Pattern[str]
+    size: re.Pattern[str]
+    mount_path: re.Pattern[str]
+
+
+@cache
+def _compiled() -> _Compiled:
+    schema = load_schema("request")
+    props = schema["properties"]
+    return _Compiled(
+        validator=Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER),
+        language=re.compile(props["language"]["pattern"]),
+        image=re.compile(props["image"]["pattern"]),
+        network=re.compile(props["network"]["pattern"]),
+        runtime=re.compile(props["runtime"]["pattern"]),
+        principal=re.compile(props["principal"]["pattern"]),
+        env_name=re.compile(props["env"]["propertyNames"]["pattern"]),
+        size=re.compile(schema["$defs"]["size"]["pattern"]),
+        mount_path=re.compile(props["mounts"]["items"]["properties"]["source"]["pattern"]),
+    )
+
+
+def _is_int(value: Any) -> bool:
+    # JSON Schema's "integer" includes 2.0; bool is never a number.
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and value.is_integer()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def fast_problems(doc: Any) -> list[Problem]:
+    """The hand-written schema check. Empty list means the schema accepts ``doc``.
+
+    The messages are short; when this finds anything, :func:`parse_request` reports the real validator's
+    errors instead.
+    """
+    c = _compiled()
+    out: list[Problem] = []
+
+    def bad(path: str, message: str) -> None:
+        out.append(Problem(message, path=path))
+
+    if not isinstance(doc, dict):
+        bad("$", "a request must be a JSON object")
+        return out
+    for key in doc:
+        if key not in _TOP_FIELDS:
+            bad("$", f"unknown field {key!r}")
+    code = doc.get("code")
+    if not isinstance(code, str) or not code:
+        bad("$.code", "code is required and must be a non-empty string")
+    for name, pattern, max_len in (
+        ("language", c.language, None),
+        ("image", c.image, 512),
+        ("network", c.network, None),
+        ("runtime", c.runtime, None),
+        ("principal", c.principal, None),
+    ):
+        if name in doc:
+            value = doc[name]
+            if not isinstance(value, str) or pattern.search(value) is None:
+                bad(f"$.{name}", "invalid")
+            elif max_len is not None and len(value) > max_len:
+                bad(f"$.{name}", "too long")
+    if "limits" in doc:
+        limits = doc["limits"]
+        if not isinstance(limits, dict):
+            bad("$.limits", "must be an object")
+        else:
+            for key, value in limits.items():
+                path = f"$.limits.{key}"
+                if key not in _LIMIT_FIELDS:
+                    bad("$.limits", f"unknown field {key!r}")
+                elif key in _SIZE_FIELDS:
+                    if _is_int(value):
+                        if value < 0:
+                            bad(path, "negative")
+                    elif not isinstance(value, str) or c.size.search(value) is None:
+                        bad(path, "not a size")
+                elif key == "pids":
+                    if not _is_int(value) or not 1 <= value <= 1_000_000:
+                        bad(path, "invalid")
+                elif key == "cpus":
+                    if not _is_number(value) or not 0 < value <= 1024:
+                        bad(path, "invalid")
+                elif not _is_number(value) or not 0 < value <= 86400:  # timeout_s
+                    bad(path, "invalid")
+    if "mounts" in doc:
+        mounts = doc["mounts"]
+        if not isinstance(mounts, list) or len(mounts) > 32:
+            bad("$.mounts", "must be an array of at most 32 mounts")
+        else:
+            for index, mount in enumerate(mounts):
+                path = f"$.mounts[{index}]"
+                if not isinstance(mount, dict) or "source" not in mount or "target" not in mount:
+                    bad(path, "must be an object with source and target")
+                    continue
+                for key, value in mount.items():
+                    if key not in _MOUNT_FIELDS:
+                        bad(path, f"unknown field {key!r}")
+                    elif key == "mode":
+                        if value not in ("ro", "rw") or not isinstance(value, str):
+                            bad(f"{path}.mode", "must be ro or rw")
+                    elif not isinstance(value, str) or len(value) > 4096 or c.mount_path.search(value) is None:
+                        bad(f"{path}.{key}", "must be an absolute path")
+    if "files" in doc:
+        files = doc["files"]
+        if not isinstance(files, dict) or len(files) > 10000:
+            bad("$.files", "must be an object")
+        else:
+            for key, value in files.items():
+                if not 1 <= len(key) <= 4096 or not isinstance(value, str):
+                    bad("$.files", "bad file entry")
+    if "env" in doc:
+        env = doc["env"]
+        if not isinstance(env, dict) or len(env) > 1024:
+            bad("$.env", "must be an object")
+        else:
+            for key, value in env.items():
+                if len(key) > 128 or c.env_name.search(key) is None or not isinstance(value, str):
+                    bad("$.env", "bad variable")
+    if "metadata" in doc:
+        metadata = doc["metadata"]
+        if not isinstance(metadata, dict) or len(metadata) > 64:
+            bad("$.metadata", "must be an object with at most 64 keys")
+    return out
+
+
+def schema_problems(doc: Any, *, source: str | None = None) -> list[Problem]:
+    """Every error the Draft 2020-12 validator finds, with its JSON path."""
+    problems = []
+    for error in _compiled().validator.iter_errors(doc):
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        custom = schema.get("x-messages", {}).get(str(error.validator))
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            known = sorted(schema.get("properties", {}))
+            for key in error.instance:
+                if key not in known:
+                    problems.append(
+                        Problem(
+                            f"unknown field {key!r}; allowed fields here: {', '.join(known)}",
+                            path=f"{error.json_path}.{key}",
+                            source=source,
+                            code="request.unknown_field",
+                        )
+                    )
+            continue
+        if custom:
+            shown = repr(error.instance)
+            message = f"{shown if len(shown) <= 80 else shown[:77] + '...'} {custom}"
+        else:
+            message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        problems.append(Problem(message, path=error.json_path, source=source, code="request.schema"))
+    problems.sort(key=lambda p: p.path)
+    return problems
+
+
+# --- parsing --------------------------------------------------------------------------------------------
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _invalid(source: str, message: str, path: str = "$", line: int | None = None) -> RequestError:
+    return RequestError(
+        f"invalid request: {message}",
+        problems=[Problem(message, path=path, source=source, line=line, code="request.malformed")],
+    )
+
+
+def _decode(data: str | bytes | bytearray, source: str, max_bytes: int) -> Any:
+    if isinstance(data, bytes | bytearray):
+        if len(data) > max_bytes:
+            raise _invalid(source, f"request is {len(data)} bytes, above the {max_bytes} byte cap")
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _invalid(source, f"request is not valid UTF-8 (byte {exc.start})") from exc
+    else:
+        if len(data) > max_bytes:
+            raise _invalid(source, f"request is {len(data)} characters, above the {max_bytes} cap")
+        text = data
+    try:
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constants)
+    except _DuplicateKeyError as exc:
+        raise _invalid(source, f"duplicate key {exc.args[0]!r} in JSON object") from exc
+    except json.JSONDecodeError as exc:
+        raise _invalid(source, f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno) from exc
+    except RecursionError as exc:
+        raise _invalid(source, "JSON nested too deeply") from exc
+    except ValueError as exc:  # NaN / Infinity
+        raise _invalid(source, str(exc)) from exc
+
+
+def _path_text(link: Any) -> str:
+    # Paths are kept as (parent, key) links and only spelled out when a problem is reported.
+    keys: list[str | int] = []
+    while link is not None:
+        link, key = link
+        keys.append(key)
+    out = "$"
+    for key in reversed(keys):
+        out = f"{out}[{key}]" if isinstance(key, int) else f"{out}.{key}"
+    return out
+
+
+def _copy_checked(doc: Any, source: str) -> Any:
+    """A plain-JSON copy of ``doc``: only JSON types, string keys, finite numbers, bounded depth.
+
+    Iterative (an explicit stack), so no nesting can overflow Python's recursion limit.
+    """
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, int, Any, Any]] = [(doc, None, 0, root, 0)]
+    while stack:
+        value, link, depth, parent, slot = stack.pop()
+        kind = type(value)
+        if kind is str or kind is int or kind is bool or value is None:
+            parent[slot] = value
+        elif kind is float:
+            if not math.isfinite(value):
+                raise _invalid(source, "numbers must be finite", path=_path_text(link))
+            parent[slot] = value
+        elif kind is dict or isinstance(value, Mapping):
+            if depth >= MAX_DEPTH:
+                raise _invalid(source, f"nested deeper than {MAX_DEPTH} levels", path=_path_text(link))
+            out: dict[str, Any] = {}
+            parent[slot] = out
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise _invalid(source, f"object key {key!r} is not a string", path=_path_text(link))
+                kind = type(item)
+                if kind is str or kind is int or kind is bool:
+                    out[key] = item
+                else:
+                    out[key] = None
+                    stack.append((item, (link, key), depth + 1, out, key))
+        elif kind is list or kind is tuple:
+            if depth >= MAX_DEPTH:
+                raise _invalid(source, f"nested deeper than {MAX_DEPTH} levels", path=_path_text(link))
+            items: list[Any] = [None] * len(value)
+            parent[slot] = items
+            for index, item in enumerate(value):
+                stack.append((item, (link, index), depth + 1, items, index))
+        elif isinstance(value, bool):
+            parent[slot] = bool(value)
+        elif isinstance(value, str):
+            parent[slot] = str(value)
+        elif isinstance(value, int):
+            parent[slot] = int(value)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise _invalid(source, "numbers must be finite", path=_path_text(link))
+            parent[slot] = float(value)
+        else:
+            raise _invalid(source, f"{type(value).__name__} is not a JSON type", path=_path_text(link))
+    return root[0]
+
+
+def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
+    problems: list[Problem] = []
+
+    def bad(path: str, message: str) -> None:
+        problems.append(Problem(message, path=path, source=source, code="request.invalid_value"))
+
+    for name in ("language", "image", "network", "runtime", "principal"):
+        value = doc.get(name)
+        if value is not None and ("\n" in value or "\r" in value):
+            bad(f"$.{name}", "must not contain a line break")
+    raw_limits = doc.get("limits", {})
+    values: dict[str, Any] = {}
+    for key, value in raw_limits.items():
+        if key in _SIZE_FIELDS:
+            try:
+                values[key] = parse_size(int(value) if isinstance(value, float) else value)
+            except SizeError as exc:
+                bad(f"$.limits.{key}", str(exc))
+        elif key == "pids":
+            values[key] = int(value)
+        else:
+            values[key] = float(value) if key == "cpus" else value
+    mounts = []
+    for index, item in enumerate(doc.get("mounts", ())):
+        for key in ("source", "target"):
+            text = item[key]
+            if any(ch in text for ch in "\x00\n\r:,"):
+                bad(f"$.mounts[{index}].{key}", "must not contain NUL, line breaks, ':' or ','")
+        mounts.append(MountRequest(item["source"], item["target"], item.get("mode", "ro")))
+    for name in doc.get("env", {}):
+        if "\n" in name:
+            bad("$.env", f"variable name {name!r} must not contain a line break")
+    if problems:
+        raise RequestError(f"invalid request: {len(problems)} problem(s)", problems=problems)
+    return ExecutionRequest(
+        code=doc["code"],
+        language=doc.get("language"),
+        image=doc.get("image"),
+        limits=RequestLimits(**values),
+        network=doc.get("network"),
+        runtime=doc.get("runtime"),
+        mounts=tuple(mounts),
+        files=MappingProxyType(dict(doc.get("files", {}))),
+        env=MappingProxyType(dict(doc.get("env", {}))),
+        principal=doc.get("principal"),
+        metadata=MappingProxyType(dict(doc.get("metadata", {}))),
+    )
+
+
+def parse_request(
+    data: Mapping[str, Any] | str | bytes | bytearray,
+    *,
+    source: str = "<request>",
+    max_bytes: int = MAX_REQUEST_BYTES,
+) -> ExecutionRequest:
+    """Validate ``data`` into an :class:`ExecutionRequest`; raise :class:`RequestError` listing every problem."""
+    raw = _decode(data, source, max_bytes) if isinstance(data, str | bytes | bytearray) else data
+    # A private copy in plain JSON shapes (the caller may mutate theirs afterwards), depth-checked.
+    doc = _copy_checked(raw, source)
+    if fast_problems(doc):
+        problems = [Problem(p.message, path=p.path, source=source, code=p.code) for p in schema_problems(doc)] or [
+            Problem(p.message, path=p.path, source=source, code="request.schema") for p in fast_problems(doc)
+        ]
+        raise RequestError(f"invalid request: {len(problems)} problem(s)", problems=problems)
+    return _build(doc, source)

@@ -1,0 +1,243 @@
+"""Assembly produces exactly the hardened options; the guard refuses every unsafe variant."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.assembly import (
+    ALLOWED_OPTION_KEYS,
+    ASSEMBLED_OPTION_KEYS,
+    LABEL_PREFIX,
+    MANAGED_LABEL,
+    assemble,
+    guard,
+)
+from gateway.decision import evaluate
+from gateway.errors import UnsafeOptionsError
+from gateway.policy import Policy
+from gateway.request import parse_request
+
+MiB = 1024**2
+
+
+def test_exact_options_for_the_default_policy(default_policy: Policy) -> None:
+    req = parse_request({"code": "print(2+2)", "env": {"APP_NAME": "value"}})
+    options = assemble(default_policy, req, decision_id="d-1", request_id="r-1")
+    assert options == {
+        "image": "gateway/sandbox-python:3.11-bookworm",
+        "user": "65534:65534",
+        "working_dir": "/workspace",
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "mem_limit": 256 * MiB,
+        "memswap_limit": 256 * MiB,
+        "nano_cpus": 1_000_000_000,
+        "pids_limit": 64,
+        "tmpfs": {
+            "/tmp": "rw,noexec,nosuid,nodev,size=67108864",
+            "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
+        },
+        "ulimits": [
+            {"name": "nofile", "soft": 256, "hard": 256},
+            {"name": "nproc", "soft": 64, "hard": 64},
+            {"name": "core", "soft": 0, "hard": 0},
+            {"name": "fsize", "soft": 67108864, "hard": 67108864},
+        ],
+        "init": True,
+        "ipc_mode": "private",
+        "cgroupns": "private",
+        "hostname": "sandbox",
+        "environment": {"APP_NAME": "value"},
+        "runtime": "runc",
+        "labels": {
+            "io.agent-gateway.managed": "true",
+            "io.agent-gateway.decision": "d-1",
+            "io.agent-gateway.request": "r-1",
+            "io.agent-gateway.policy": f"default@sha256:{default_policy.sha256}",
+        },
+    }
+    guard(options)
+    assert set(options) <= ASSEMBLED_OPTION_KEYS
+    assert MANAGED_LABEL.startswith(LABEL_PREFIX)
+
+
+def test_requested_limits_flow_into_options(default_policy: Policy) -> None:
+    req = parse_request({"code": "x", "limits": {"memory": "300m", "cpus": 0.5, "pids": 100, "tmpfs": "16m"}})
+    o = assemble(default_policy, req, decision_id="d", request_id="r")
+    assert (o["mem_limit"], o["memswap_limit"], o["nano_cpus"], o["pids_limit"]) == (
+        300 * MiB,
+        300 * MiB,
+        500_000_000,
+        100,
+    )
+    assert o["tmpfs"]["/tmp"].endswith(f"size={16 * MiB}")
+    assert {"name": "nproc", "soft": 100, "hard": 100} in o["ulimits"]
+
+
+@pytest.fixture
+def safe(default_policy: Policy) -> dict[str, Any]:
+    return assemble(default_policy, parse_request({"code": "x"}), decision_id="d", request_id="r")
+
+
+UNSAFE: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("privileged", lambda o: o.update(privileged=True), "$.privileged"),
+    ("privileged false is still not on the list", lambda o: o.update(privileged=False), "$.privileged"),
+    ("cap_add", lambda o: o.update(cap_add=["SYS_ADMIN"]), "$.cap_add"),
+    ("unknown key", lambda o: o.update(shm_size="1g"), "$.shm_size"),
+    ("host network", lambda o: o.update(network_mode="host"), "$.network_mode"),
+    ("container network", lambda o: o.update(network_mode="container:abc"), "$.network_mode"),
+    ("missing network", lambda o: o.pop("network_mode"), "$.network_mode"),
+    ("host pid", lambda o: o.update(pid_mode="host"), "$.pid_mode"),
+    ("host ipc", lambda o: o.update(ipc_mode="host"), "$.ipc_mode"),
+    ("host uts", lambda o: o.update(uts_mode="host"), "$.uts_mode"),
+    ("host userns", lambda o: o.update(userns_mode="host"), "$.userns_mode"),
+    ("host cgroupns", lambda o: o.update(cgroupns="host"), "$.cgroupns"),
+    ("devices", lambda o: o.update(devices=["/dev/sda:/dev/sda"]), "$.devices"),
+    ("device requests", lambda o: o.update(device_requests=[{}]), "$.device_requests"),
+    ("volumes_from", lambda o: o.update(volumes_from=["other"]), "$.volumes_from"),
+    ("seccomp unconfined", lambda o: o["security_opt"].append("seccomp=unconfined"), "$.security_opt[1]"),
+    ("seccomp unconfined colon", lambda o: o["security_opt"].append("seccomp:unconfined"), "$.security_opt[1]"),
+    ("apparmor unconfined", lambda o: o["security_opt"].append("apparmor=unconfined"), "$.security_opt[1]"),
+    ("label disable", lambda o: o["security_opt"].append("label=disable"), "$.security_opt[1]"),
+    ("no-new-privileges missing", lambda o: o.update(security_opt=[]), "$.security_opt"),
+    ("cap_drop without ALL", lambda o: o.update(cap_drop=["NET_RAW"]), "$.cap_drop"),
+    ("read_only false", lambda o: o.update(read_only=False), "$.read_only"),
+    ("read_only missing", lambda o: o.pop("read_only"), "$.read_only"),
+    ("user missing", lambda o: o.pop("user"), "$.user"),
+    ("user root", lambda o: o.update(user="root"), "$.user"),
+    ("uid 0", lambda o: o.update(user="0:65534"), "$.user"),
+    ("gid 0", lambda o: o.update(user="65534:0"), "$.user"),
+    ("swap allowed", lambda o: o.update(memswap_limit=-1), "$.memswap_limit"),
+    ("missing mem_limit", lambda o: o.pop("mem_limit"), "$.mem_limit"),
+    ("missing pids_limit", lambda o: o.pop("pids_limit"), "$.pids_limit"),
+    ("unlimited pids", lambda o: o.update(pids_limit=-1), "$.pids_limit"),
+    ("missing nano_cpus", lambda o: o.pop("nano_cpus"), "$.nano_cpus"),
+    ("tmpfs without size", lambda o: o["tmpfs"].update({"/tmp": "rw,noexec"}), "$.tmpfs['/tmp']"),
+    (
+        "docker socket volume",
+        lambda o: o.update(volumes={"/var/run/docker.sock": {"bind": "/data", "mode": "ro"}}),
+        None,
+    ),
+    ("containerd socket list", lambda o: o.update(volumes=["/run/containerd/containerd.sock:/data:ro"]), None),
+    ("etc volume", lambda o: o.update(volumes={"/etc": {"bind": "/data", "mode": "ro"}}), None),
+    ("volume without mode", lambda o: o.update(volumes={"/srv/x": {"bind": "/data"}}), None),
+    ("volume list without mode", lambda o: o.update(volumes=["/srv/x:/data"]), None),
+    ("volume onto /etc", lambda o: o.update(volumes={"/srv/x": {"bind": "/etc", "mode": "ro"}}), None),
+    ("named volume", lambda o: o.update(volumes={"myvol": {"bind": "/data", "mode": "rw"}}), None),
+    ("unknown runtime", lambda o: o.update(runtime="nvidia"), "$.runtime"),
+    ("unlabelled", lambda o: o["labels"].pop(MANAGED_LABEL), "$.labels"),
+]
+
+
+@pytest.mark.parametrize(("case", "mutate", "path"), UNSAFE, ids=[u[0] for u in UNSAFE])
+def test_guard_refuses(
+    safe: dict[str, Any], case: str, mutate: Callable[[dict[str, Any]], None], path: str | None
+) -> None:
+    options = copy.deepcopy(safe)
+    mutate(options)
+    with pytest.raises(UnsafeOptionsError) as info:
+        guard(options)
+    assert info.value.problems, case
+    if path is not None:
+        assert path in {p.path for p in info.value.problems}
+
+
+def test_guard_accepts_runner_transport_keys(safe: dict[str, Any]) -> None:
+    options = dict(safe, command=["python3", "-"], stdin_open=True, stdin_once=True, detach=True, tty=False)
+    guard(options)
+    assert {"command", "stdin_open", "detach", "tty"} <= ALLOWED_OPTION_KEYS
+
+
+def test_guard_reports_every_problem(safe: dict[str, Any]) -> None:
+    options = dict(safe, privileged=True, network_mode="host", read_only=False, user="root")
+    with pytest.raises(UnsafeOptionsError) as info:
+        guard(options)
+    assert {p.path for p in info.value.problems} >= {"$.privileged", "$.network_mode", "$.read_only", "$.user"}
+
+
+def test_guard_extra_denied_paths(safe: dict[str, Any], tmp_path: Path) -> None:
+    options = dict(safe, volumes={str(tmp_path): {"bind": "/data", "mode": "ro"}})
+    guard(options)
+    with pytest.raises(UnsafeOptionsError):
+        guard(options, denied_paths=(str(tmp_path / "audit"),))
+
+
+# --- property: nothing an arbitrary request asks for yields options the guard refuses -------------------
+
+_size = st.one_of(st.integers(min_value=0, max_value=2**40), st.sampled_from(["1m", "6m", "64m", "256m", "512m", "1g"]))
+_requests = st.fixed_dictionaries(
+    {"code": st.text(min_size=1, max_size=50)},
+    optional={
+        "image": st.sampled_from(["gateway/sandbox-python:3.11-bookworm", "python:3", "gateway/sandbox-python"]),
+        "limits": st.fixed_dictionaries(
+            {},
+            optional={
+                "memory": _size,
+                "cpus": st.floats(min_value=0.001, max_value=1024),
+                "pids": st.integers(min_value=1, max_value=1_000_000),
+                "timeout_s": st.floats(min_value=0.001, max_value=86400),
+                "output_bytes": _size,
+                "tmpfs": _size,
+            },
+        ),
+        "network": st.sampled_from(["none", "host", "bridge", "container:x", "sandbox-net"]),
+        "runtime": st.sampled_from(["runc", "runsc", "kata"]),
+        "env": st.dictionaries(
+            st.sampled_from(["APP_X", "LANG", "LD_PRELOAD", "PYTHONPATH", "PATH", "X"]),
+            st.text(max_size=20),
+            max_size=4,
+        ),
+        "files": st.dictionaries(
+            st.sampled_from(["a.txt", "../x", "d/e.py", "/abs"]), st.text(max_size=20), max_size=3
+        ),
+        "mounts": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "source": st.sampled_from(["/srv/agent-data", "/var/run/docker.sock", "/etc", "/", "/tmp"]),
+                    "target": st.sampled_from(["/data", "/etc", "/workspace", "/data/x", "/"]),
+                },
+                optional={"mode": st.sampled_from(["ro", "rw"])},
+            ),
+            max_size=3,
+        ),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=_requests, which=st.sampled_from(["default", "strict", "mounts"]))
+def test_allowed_decisions_always_pass_the_guard(  # noqa: PLR0917 - fixtures plus hypothesis arguments
+    default_policy: Policy,
+    strict_policy: Policy,
+    mount_policy: Policy,
+    data_root: Path,
+    doc: dict[str, Any],
+    which: str,
+) -> None:
+    policy = {"default": default_policy, "strict": strict_policy, "mounts": mount_policy}[which]
+    for m in doc.get("mounts", []):
+        if m["source"] == "/srv/agent-data":
+            m["source"] = str(data_root)
+    decision = evaluate(policy, parse_request(doc))
+    if decision.allowed:
+        guard(decision.create_kwargs())
+        assert decision.violations == ()
+    else:
+        assert decision.options is None
+        assert decision.violations
+
+
+def test_assembled_keys_are_real_docker_py_arguments() -> None:
+    from docker.models.containers import RUN_CREATE_KWARGS, RUN_HOST_CONFIG_KWARGS
+
+    known = set(RUN_CREATE_KWARGS) | set(RUN_HOST_CONFIG_KWARGS) | {"image", "command", "volumes", "network_mode"}
+    assert known >= ASSEMBLED_OPTION_KEYS

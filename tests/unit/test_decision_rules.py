@@ -1,0 +1,294 @@
+"""Every rule at its boundaries, all violations reported, audit mode, and crashing rules deny."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gateway.decision import Decision, evaluate
+from gateway.errors import UnsafeOptionsError
+from gateway.policy import Policy
+from gateway.request import parse_request
+
+MiB = 1024**2
+
+
+def decide(policy: Policy, **fields: Any) -> Decision:
+    return evaluate(policy, parse_request({"code": "print(1)", **fields}))
+
+
+def failing(decision: Decision) -> list[str]:
+    return sorted(v.rule for v in decision.violations)
+
+
+@pytest.mark.parametrize(
+    ("field", "at_ceiling", "above", "rule"),
+    [
+        ("memory", "512m", 512 * MiB + 1, "limits.memory"),
+        ("cpus", 2, 2.000001, "limits.cpus"),
+        ("pids", 128, 129, "limits.pids"),
+        ("timeout_s", 60, 60.001, "limits.timeout"),
+        ("output_bytes", "4m", 4 * MiB + 1, "limits.output_bytes"),
+        ("output_files_bytes", "4m", 4 * MiB + 1, "limits.output_files_bytes"),
+        ("tmpfs", "128m", 128 * MiB + 1, "limits.tmpfs"),
+    ],
+)
+def test_limit_at_ceiling_passes_one_above_fails(
+    default_policy: Policy, field: str, at_ceiling: Any, above: Any, rule: str
+) -> None:
+    ok = decide(default_policy, limits={field: at_ceiling})
+    assert ok.allowed, failing(ok)
+    bad = decide(default_policy, limits={field: above})
+    assert not bad.allowed
+    assert failing(bad) == [rule]
+    [violation] = bad.violations
+    assert violation.path == f"$.limits.{field}"
+    assert violation.got == above
+    assert violation.expected["max"] == getattr(default_policy.limits, field).max
+    assert "above the ceiling" in violation.message
+    assert bad.options is None
+    assert bad.plan is None
+
+
+def test_omitted_limits_get_defaults(default_policy: Policy) -> None:
+    d = decide(default_policy)
+    assert d.allowed
+    opts = d.options
+    assert opts is not None
+    assert opts["mem_limit"] == 256 * MiB
+    assert opts["pids_limit"] == 64
+    assert opts["nano_cpus"] == 1_000_000_000
+    assert d.plan is not None
+    assert d.plan.timeout_s == 10
+    assert d.plan.output_bytes == MiB
+
+
+def test_memory_below_docker_minimum(default_policy: Policy) -> None:
+    assert failing(decide(default_policy, limits={"memory": "5m"})) == ["limits.memory"]
+    assert decide(default_policy, limits={"memory": "6m"}).allowed
+
+
+def test_code_and_files_size_boundaries(make_policy: Callable[[str], Policy]) -> None:
+    policy = make_policy()  # code_size 1k, files_size 2k
+    assert evaluate(policy, parse_request({"code": "x" * 1024})).allowed
+    d = evaluate(policy, parse_request({"code": "x" * 1025}))
+    assert failing(d) == ["limits.code_size"]
+    assert evaluate(policy, parse_request({"code": "é" * 512})).allowed  # 1024 UTF-8 bytes
+    assert failing(evaluate(policy, parse_request({"code": "é" * 512 + "x"}))) == ["limits.code_size"]
+    files = {"a.txt": "x" * 1024, "b.txt": "y" * 1024}
+    assert evaluate(policy, parse_request({"code": "x", "files": files})).allowed
+    files["c.txt"] = "z"
+    assert failing(evaluate(policy, parse_request({"code": "x", "files": files}))) == ["limits.files_size"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "a/../../x", "/etc/passwd", "a\x00b", "a\\b", "a//b", "./a", "a/", "a\nb"],
+)
+def test_file_names_must_be_safe(default_policy: Policy, name: str) -> None:
+    d = decide(default_policy, files={name: "x"})
+    assert failing(d) == ["files.path"]
+
+
+def test_file_names_that_are_fine(default_policy: Policy) -> None:
+    assert decide(default_policy, files={"a.txt": "", "dir/sub/b.py": "x", "..hidden": "x", "out/x": "y"}).allowed
+
+
+def test_file_count_cap(make_policy: Callable[[str], Policy]) -> None:
+    policy = make_policy("files: {max_count: 2}\n")
+    assert evaluate(policy, parse_request({"code": "x", "files": {"a": "", "b": ""}})).allowed
+    d = evaluate(policy, parse_request({"code": "x", "files": {"a": "", "b": "", "c": ""}}))
+    assert failing(d) == ["files.path"]
+
+
+def test_images(make_policy: Callable[[str], Policy]) -> None:
+    policy = make_policy()
+    digest = "sha256:" + "a" * 64
+    assert evaluate(policy, parse_request({"code": "x", "image": f"gateway/sandbox-python@{digest}"})).allowed
+    assert evaluate(
+        policy, parse_request({"code": "x", "image": f"gateway/sandbox-python:3.11-bookworm@{digest}"})
+    ).allowed
+    for image in (
+        "gateway/sandbox-python",
+        "gateway/sandbox-python:latest",
+        "gateway/sandbox-python@sha256:" + "b" * 64,
+        "gateway/sandbox-python-evil:3.11-bookworm",
+        "docker.io/gateway/sandbox-python:3.11-bookworm",
+        "localhost:5000/gateway/sandbox-python:3.11-bookworm",
+    ):
+        d = evaluate(policy, parse_request({"code": "x", "image": image}))
+        assert failing(d) == ["images.allowlist"], image
+
+
+def test_network(make_policy: Callable[[str], Policy]) -> None:
+    policy = make_policy("network: {default: none, allowed: [none, sandbox-net]}\n")
+    d = evaluate(policy, parse_request({"code": "x", "network": "sandbox-net"}))
+    assert d.allowed
+    assert d.options is not None
+    assert d.options["network_mode"] == "sandbox-net"
+    for net in ("host", "bridge", "container:abc"):
+        assert failing(evaluate(policy, parse_request({"code": "x", "network": net}))) == ["network.mode"]
+
+
+def test_network_host_is_denied_even_in_audit_mode(make_policy: Callable[[str], Policy]) -> None:
+    policy = make_policy("network: {mode: audit, default: none, allowed: [none]}\n")
+    assert evaluate(policy, parse_request({"code": "x", "network": "bridge"})).allowed  # audit: a warning
+    assert failing(evaluate(policy, parse_request({"code": "x", "network": "host"}))) == ["network.mode"]
+
+
+def test_runtime_and_runsc_pids(strict_policy: Policy, default_policy: Policy) -> None:
+    d = decide(strict_policy)
+    assert d.allowed
+    assert d.options is not None
+    assert d.options["runtime"] == "runsc"
+    assert d.options["pids_limit"] == 256
+    assert failing(decide(strict_policy, runtime="runc")) == ["runtime.allowed", "runtime.required"]
+    assert failing(decide(strict_policy, limits={"pids": 255})) == ["limits.pids"]
+    assert failing(decide(default_policy, runtime="kata")) == ["runtime.allowed"]
+
+
+def test_env_rules(make_policy: Callable[[str], Policy]) -> None:
+    policy = make_policy(
+        """
+        env:
+          allowed: ["APP_*", "LANG", "*_TOKEN"]
+          allow_dangerous: [PYTHONPATH]
+          max_count: 3
+          max_value_bytes: 8
+          max_total_bytes: 40
+        """
+    )
+
+    def env(values: dict[str, str]) -> list[str]:
+        return failing(evaluate(policy, parse_request({"code": "x", "env": values})))
+
+    assert env({"APP_X": "1", "LANG": "C", "PYTHONPATH": "/w"}) == []
+    assert env({"OTHER": "1"}) == ["env.allowed"]
+    assert env({"LD_PRELOAD": "x"}) == ["env.allowed", "env.dangerous"]
+    assert env({"LD_TOKEN": "x"}) == ["env.dangerous"]  # a glob never allows a dangerous name
+    assert env({"APP_A": "12345678"}) == []
+    assert env({"APP_A": "123456789"}) == ["env.limits"]
+    assert env({"APP_A": "a\x00b"}) == ["env.limits"]
+    assert env({"APP_A": "1", "APP_B": "2", "APP_C": "3", "APP_D": "4"}) == ["env.limits"]
+    assert env({"APP_AAAAAAAAAAAA": "12345678", "APP_BBBBBBBBBBBB": "12345678"}) == ["env.limits"]
+
+
+def test_env_denied_entirely_without_section(strict_policy: Policy) -> None:
+    assert failing(decide(strict_policy, env={"LANG": "C"})) == ["env.allowed"]
+
+
+def test_all_violations_reported_not_just_first(default_policy: Policy) -> None:
+    d = decide(
+        default_policy,
+        image="evil:1",
+        network="host",
+        runtime="runsc",
+        language="ruby",
+        limits={"memory": "1g", "pids": 1000},
+        env={"LD_PRELOAD": "/x.so"},
+        files={"../x": ""},
+    )
+    assert failing(d) == [
+        "env.allowed",
+        "env.dangerous",
+        "files.path",
+        "images.allowlist",
+        "language.supported",
+        "limits.memory",
+        "limits.pids",
+        "network.mode",
+        "runtime.allowed",
+    ]
+
+
+def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], base_policy_text: str) -> None:
+    from gateway.policy import load_policy_text
+
+    text = base_policy_text.replace(
+        "memory: {default: 256m, max: 512m}", "memory: {default: 256m, max: 512m, mode: audit}"
+    )
+    policy = load_policy_text(text)
+    d = evaluate(policy, parse_request({"code": "x", "limits": {"memory": "1g"}}))
+    assert d.allowed
+    [warning] = d.warnings
+    assert warning.rule == "limits.memory"
+    assert warning.status == "warn"
+    assert warning.mode == "audit"
+    assert d.violations == ()
+    assert d.options is not None
+    assert d.options["mem_limit"] == 1024**3  # audit mode lets the request's value through
+    out = d.to_dict()
+    assert out["warnings"][0]["rule"] == "limits.memory"
+
+
+def test_a_crashing_rule_is_an_error_and_a_deny(default_policy: Policy) -> None:
+    broken = dataclasses.replace(default_policy, env=None)  # type: ignore[arg-type]
+    d = evaluate(broken, parse_request({"code": "x", "env": {"APP_X": "1"}}))
+    assert not d.allowed
+    [error] = d.violations
+    assert error.status == "error"
+    assert error.rule == "env"
+    assert "rule crashed" in error.message
+    assert d.options is None
+    with pytest.raises(UnsafeOptionsError):
+        d.create_kwargs()
+
+
+def test_resolve_crash_is_a_deny(default_policy: Policy) -> None:
+    broken = dataclasses.replace(default_policy, limits=None)  # type: ignore[arg-type]
+    d = evaluate(broken, parse_request({"code": "x"}))
+    assert not d.allowed
+    assert d.violations[0].status == "error"
+
+
+def test_guard_refusal_is_a_deny(default_policy: Policy) -> None:
+    rooted = dataclasses.replace(default_policy, user=dataclasses.replace(default_policy.user, uid=0))
+    d = evaluate(rooted, parse_request({"code": "x"}))
+    assert not d.allowed
+    assert {v.rule for v in d.violations} >= {"user.non_root"}
+
+
+def test_decision_to_dict_contract(default_policy: Policy) -> None:
+    d = evaluate(parse_request_policy := default_policy, parse_request({"code": "x"}), request_id="req-1")
+    out = json.loads(json.dumps(d.to_dict()))
+    assert set(out) == {
+        "decision_id",
+        "request_id",
+        "allowed",
+        "policy",
+        "results",
+        "violations",
+        "warnings",
+        "options",
+        "plan",
+    }
+    assert out["request_id"] == "req-1"
+    assert out["policy"] == {
+        "name": "default",
+        "sha256": parse_request_policy.sha256,
+        "source": parse_request_policy.source,
+    }
+    assert set(out["results"][0]) == {"rule", "status", "mode", "path", "got", "expected", "message"}
+    assert set(out["plan"]) == {
+        "image", "runtime", "network", "timeout_s", "output_bytes", "output_files_bytes",
+        "pull", "language", "code_bytes", "files_bytes",
+    }  # fmt: skip
+    assert out["plan"]["pull"] == "never"
+    labels = out["options"]["labels"]
+    assert labels["io.agent-gateway.decision"] == d.decision_id
+    assert labels["io.agent-gateway.request"] == "req-1"
+    assert labels["io.agent-gateway.policy"] == f"default@sha256:{default_policy.sha256}"
+
+
+def test_options_cannot_be_changed_through_the_decision(default_policy: Policy) -> None:
+    d = decide(default_policy)
+    opts = d.options
+    assert opts is not None
+    opts["privileged"] = True
+    assert "privileged" not in (d.options or {})
+    assert d.options_sha256 is not None
+    assert len(d.options_sha256) == 64
