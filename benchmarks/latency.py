@@ -1,0 +1,199 @@
+"""End-to-end latency of ``print(2+2)``: the gateway vs. a plain ``docker run`` vs. the lesson's helper.
+
+Three ways to run the same program in the same image, measured in the same run and interleaved (round-robin,
+so that drift in the machine's load hits all three alike):
+
+- ``gateway``: ``Gateway.execute`` with the default policy: request validation, policy decision, option
+  assembly and guard, the audit record of the decision (fsync), a hardened single-use container driven by
+  ``DockerRunner``, the audit record of the outcome. Falls back to ``DockerRunner.execute`` with the
+  contract's hardened options when the ``Gateway`` cannot be built (``--runner-only`` forces this).
+- ``docker-cli``: ``docker run --rm --network none IMAGE python3 -c 'print(2+2)'`` through the CLI.
+- ``lesson``: the lesson's docker-py helper, ``client.containers.run(image, f'python3 -c "{code}"',
+  remove=True, network_disabled=True, mem_limit="256m")``.
+
+Usage: ``.venv/bin/python benchmarks/latency.py [--n 30] [--warmup 3] [--runtime runc|runsc] [--json]``
+Only the local engine is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from gateway.runner.docker import DockerRunner
+from gateway.runner.interface import Payload, RunSpec
+from gateway.service import Gateway
+
+IMAGE = "gateway/sandbox-python:3.11-bookworm"
+CODE = "print(2+2)"
+
+
+def hardened_options(runtime: str) -> dict[str, Any]:
+    return {
+        "image": IMAGE,
+        "user": "65534:65534",
+        "working_dir": "/workspace",
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "mem_limit": 268435456,
+        "memswap_limit": 268435456,
+        "nano_cpus": 1000000000,
+        "pids_limit": 64 if runtime == "runc" else 256,
+        "tmpfs": {
+            "/tmp": "rw,noexec,nosuid,nodev,size=67108864",  # noqa: S108 - a path inside the container
+            "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
+        },
+        "ulimits": [{"name": "nofile", "soft": 256, "hard": 256}],
+        "init": True,
+        "ipc_mode": "private",
+        "cgroupns": "private",
+        "hostname": "sandbox",
+        "runtime": runtime,
+        "labels": {"io.agent-gateway.managed": "true", "io.agent-gateway.request": "benchmark"},
+    }
+
+
+def gateway_case(
+    runtime: str, audit_dir: Path, runner_only: bool
+) -> tuple[str, Callable[[], None], Callable[[], None]]:
+    if not runner_only:
+        try:
+            gw = Gateway.from_env(audit_dir=audit_dir)
+        except Exception as exc:  # noqa: BLE001 - report and fall back to the runner alone
+            print(f"note: Gateway unavailable ({type(exc).__name__}: {exc}); timing DockerRunner", file=sys.stderr)
+        else:
+            request = {"code": CODE, "runtime": runtime}
+
+            def via_gateway() -> None:
+                data = gw.execute(request).to_dict()
+                if data.get("stdout") != "4\n":
+                    raise SystemExit(f"gateway run failed: {json.dumps(data)[:400]}")
+
+            return "gateway", via_gateway, gw.close
+    runner = DockerRunner()
+    spec = RunSpec(hardened_options(runtime), timeout_s=30, output_bytes=1 << 20)
+
+    def via_runner() -> None:
+        out = runner.execute(spec, Payload(CODE))
+        if out.stdout != b"4\n":
+            raise SystemExit(f"runner failed: {out}")
+
+    return "runner", via_runner, runner.close
+
+
+def docker_cli(runtime: str) -> None:
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--runtime", runtime, IMAGE, "python3", "-c", CODE],
+        capture_output=True,
+        check=False,
+    )
+    if proc.stdout != b"4\n":
+        raise SystemExit(f"docker run failed: {proc.stderr.decode(errors='replace')}")
+
+
+def lesson_helper(client: Any, runtime: str) -> Callable[[], None]:
+    def run_in_sandbox() -> None:
+        # The lesson's shape, shell quoting included (it is the baseline, not something we ship).
+        quoted = CODE.replace('"', '\\"')
+        output = client.containers.run(
+            IMAGE,
+            f'python3 -c "{quoted}"',
+            remove=True,
+            network_disabled=True,
+            mem_limit="256m",
+            runtime=runtime,
+        )
+        if output != b"4\n":
+            raise SystemExit(f"lesson helper failed: {output!r}")
+
+    return run_in_sandbox
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=30, help="measured rounds (each runs all three)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--runtime", default="runc", choices=["runc", "runsc"])
+    parser.add_argument("--runner-only", action="store_true", help="time DockerRunner instead of the Gateway")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    client = docker.from_env()
+    client.images.get(IMAGE)  # fails clearly when the image is missing: run scripts/build-image.sh
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-audit-") as audit:
+        name, gateway_run, close = gateway_case(args.runtime, Path(audit), args.runner_only)
+        cases: dict[str, Callable[[], None]] = {
+            name: gateway_run,
+            "docker-cli": lambda: docker_cli(args.runtime),
+            "lesson": lesson_helper(client, args.runtime),
+        }
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        try:
+            for i in range(args.warmup + args.n):
+                order = list(cases.items())
+                order = order[i % len(order) :] + order[: i % len(order)]  # rotate who goes first
+                for key, fn in order:
+                    start = time.perf_counter()
+                    fn()
+                    elapsed = (time.perf_counter() - start) * 1000
+                    if i >= args.warmup:
+                        times[key].append(elapsed)
+        finally:
+            close()
+    client.close()
+
+    summary = {
+        key: {
+            "p50_ms": round(statistics.median(v), 1),
+            "p95_ms": round(percentile(v, 0.95), 1),
+            "mean_ms": round(statistics.fmean(v), 1),
+            "n": len(v),
+        }
+        for key, v in times.items()
+    }
+    base = summary[name]["p50_ms"]
+    ratios = {
+        f"{name}/docker-cli p50": round(base / summary["docker-cli"]["p50_ms"], 2),
+        f"{name}/lesson p50": round(base / summary["lesson"]["p50_ms"], 2),
+        f"{name}/docker-cli p95": round(summary[name]["p95_ms"] / summary["docker-cli"]["p95_ms"], 2),
+    }
+    info = {"runtime": args.runtime, "machine": platform.platform(), "cpus": _cpus()}
+    if args.json:
+        print(json.dumps({"info": info, "summary": summary, "ratios": ratios}, indent=2))
+    else:
+        print(f"runtime={args.runtime}  n={args.n}  {info['machine']}  cpus={info['cpus']}")
+        print(f"{'case':<12} {'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}")
+        for key, row in summary.items():
+            print(f"{key:<12} {row['p50_ms']:>8} {row['p95_ms']:>8} {row['mean_ms']:>8}")
+        for key, value in ratios.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""Both ends of the hand-over protocol between the runner and the in-container supervisor.
+
+Why a supervisor: the program's code must reach the container without shell quoting, and the runner must be
+able to tell the program's output and exit status from anything the program could forge. So the container's
+command is a fixed program (``SUPERVISOR``, run as ``python3 -I -S -c SUPERVISOR /workspace``; no caller
+content on the command line) that:
+
+1. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
+   big-endian length, then JSON ``{"key": hex, "code": str, "files": {relpath: base64}, "files_cap": int}``;
+2. writes the files and ``main.py`` into the workspace (refusing path escapes again: ``O_NOFOLLOW``,
+   ``O_EXCL``, no ``..``), creates ``out/``;
+3. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
+   cannot read its memory (the per-run key) or its file descriptors through ``/proc``;
+4. runs ``python3 main.py`` as a child in its own session with stdin ``/dev/null`` and stdout / stderr as
+   pipes, relaying what arrives as frames on the container's stdout;
+5. when the child exits, kills its process group, sends the files under ``out/`` (capped) and a final frame
+   with the exit status (a signal ``n`` is ``128 + n``), and exits with that status.
+
+Every frame is ``type (1 byte) | length (4 bytes, big-endian) | data | mac (16 bytes)`` where ``mac`` is the
+first 16 bytes of HMAC-SHA256 under the per-run key over ``sequence (8 bytes) | type | length | data``. The key
+travels only in the payload; a program that writes to the container's stdout some other way (for instance
+through ``/proc/1/fd/1`` of the init process) cannot produce a valid frame, and the host stops at the first
+frame that fails verification.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "FRAME_ERROR",
+    "FRAME_EXIT",
+    "FRAME_FILE_DATA",
+    "FRAME_FILE_NAME",
+    "FRAME_STDERR",
+    "FRAME_STDOUT",
+    "MAGIC",
+    "MAX_FRAME",
+    "SUPERVISOR",
+    "Frame",
+    "FrameDecoder",
+    "ProtocolError",
+    "encode_payload",
+    "new_key",
+    "supervisor_command",
+]
+
+MAGIC = b"GWP1"
+FRAME_STDOUT = b"o"
+FRAME_STDERR = b"e"
+FRAME_FILE_NAME = b"n"
+FRAME_FILE_DATA = b"f"
+FRAME_EXIT = b"x"
+"""Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
+FRAME_ERROR = b"!"
+"""Last frame when the supervisor could not start the program: JSON ``{"error": str}``."""
+MAX_FRAME = 1 << 20
+"""Largest frame data the host accepts; the supervisor sends at most 64 KiB per frame."""
+MAC_BYTES = 16
+_HEADER = struct.Struct(">cI")
+_SEQ = struct.Struct(">Q")
+_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
+
+# The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
+# packages, and few imports (each costs start-up time on every run). Keep it small and self-contained.
+SUPERVISOR = r"""
+import os, sys, json, struct, hmac, select, signal, binascii
+W = sys.argv[1]
+PY = "/usr/bin/python3"
+CHUNK = 65536
+def readn(fd, n):
+    parts = []
+    while n > 0:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            break
+        parts.append(b)
+        n -= len(b)
+    return b"".join(parts)
+def put(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+head = readn(0, 8)
+if len(head) != 8 or head[:4] != b"GWP1":
+    sys.stderr.write("supervisor: malformed payload\n")
+    os._exit(125)
+size = struct.unpack(">I", head[4:])[0]
+raw = readn(0, size)
+if len(raw) != size:
+    sys.stderr.write("supervisor: truncated payload\n")
+    os._exit(125)
+req = json.loads(raw)
+del raw
+KEY = bytes.fromhex(req["key"])
+SEQ = [0]
+def send(kind, data=b""):
+    head = kind + struct.pack(">I", len(data))
+    mac = hmac.new(KEY, struct.pack(">Q", SEQ[0]) + head + data, "sha256").digest()[:16]
+    SEQ[0] += 1
+    put(1, head + data + mac)
+def fail(msg):
+    send(b"!", json.dumps({"error": msg}).encode())
+    os._exit(125)
+def safe(name):
+    if not name or name.startswith("/") or "\x00" in name:
+        return False
+    return all(p not in ("", ".", "..") for p in name.split("/"))
+def create(rel, data):
+    path = W + "/" + rel
+    head = os.path.dirname(path)
+    if head != W:
+        os.makedirs(head, 0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        put(fd, data)
+    finally:
+        os.close(fd)
+try:
+    for name, b64 in sorted(req["files"].items()):
+        if not safe(name) or name == "main.py":
+            fail("refused file name %r" % (name,))
+        create(name, binascii.a2b_base64(b64))
+    create("main.py", req["code"].encode("utf-8", "surrogatepass"))
+    os.makedirs(W + "/out", 0o700, exist_ok=True)
+    cap = int(req["files_cap"])
+    del req
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+        fail("prctl(PR_SET_DUMPABLE, 0) failed: errno %d" % ctypes.get_errno())
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.signal(signal.SIGCHLD, lambda *a: None)
+    signal.set_wakeup_fd(wake_w)
+    null = os.open("/dev/null", os.O_RDONLY)
+    pid = os.fork()
+except OSError as exc:
+    fail("cannot start the program: %s" % (exc,))
+if pid == 0:
+    try:
+        os.setsid()
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 16)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.chdir(W)
+        os.execv(PY, [PY, W + "/main.py"])
+    finally:
+        os._exit(127)
+for fd in (out_w, err_w, null):
+    os.close(fd)
+poller = select.poll()
+streams = {out_r: b"o", err_r: b"e"}
+for fd in (out_r, err_r, wake_r):
+    poller.register(fd, select.POLLIN)
+def relay(fd):
+    try:
+        data = os.read(fd, CHUNK)
+    except BlockingIOError:
+        return False
+    if data:
+        send(streams[fd], data)
+        return True
+    poller.unregister(fd)
+    del streams[fd]
+    os.close(fd)
+    return False
+status = None
+while status is None:
+    if not streams:
+        status = os.waitpid(pid, 0)[1]
+        break
+    for fd, _ in poller.poll():
+        if fd == wake_r:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        elif fd in streams:
+            relay(fd)
+    got, st = os.waitpid(pid, os.WNOHANG)
+    if got:
+        status = st
+try:
+    os.killpg(pid, signal.SIGKILL)
+except OSError:
+    pass
+for fd in list(streams):
+    os.set_blocking(fd, False)
+    while fd in streams and relay(fd):
+        pass
+    if fd in streams:
+        os.close(fd)
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    code = 128 - code
+truncated = False
+total = 0
+root = W + "/out"
+for top, dirs, names in os.walk(root):
+    dirs.sort()
+    for name in sorted(names):
+        path = top + "/" + name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not (info.st_mode & 0o170000 == 0o100000):
+                continue
+            if total + info.st_size > cap:
+                truncated = True
+                continue
+            total += info.st_size
+            send(b"n", os.fsencode(path[len(root) + 1:]))
+            left = info.st_size
+            while left > 0:
+                data = os.read(fd, min(CHUNK, left))
+                if not data:
+                    break
+                left -= len(data)
+                send(b"f", data)
+        finally:
+            os.close(fd)
+send(b"x", json.dumps({"status": code, "files_truncated": truncated}).encode())
+os._exit(code)
+"""
+
+
+def supervisor_command(workspace: str = "/workspace") -> list[str]:
+    """The container's fixed command: the supervisor and the workspace path, nothing from the caller."""
+    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace]
+
+
+def new_key() -> bytes:
+    """A fresh per-run frame key."""
+    return secrets.token_bytes(32)
+
+
+def encode_payload(key: bytes, code: str, files: Mapping[str, bytes], files_cap: int) -> bytes:
+    """The bytes the host writes to the supervisor's stdin."""
+    body = json.dumps(
+        {
+            "key": key.hex(),
+            "code": code,
+            "files": {name: base64.b64encode(bytes(data)).decode("ascii") for name, data in files.items()},
+            "files_cap": files_cap,
+        },
+        ensure_ascii=True,
+        separators=(",", ":"),
+    ).encode("ascii")
+    return MAGIC + struct.pack(">I", len(body)) + body
+
+
+class ProtocolError(Exception):
+    """The supervisor's stream is malformed or failed verification."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: bytes
+    data: bytes
+
+
+def _mac(key: bytes, seq: int, head: bytes, data: bytes) -> bytes:
+    return hmac.new(key, _SEQ.pack(seq) + head + data, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def encode_frame(key: bytes, seq: int, kind: bytes, data: bytes) -> bytes:
+    """One frame as the supervisor writes it (used by tests to build streams)."""
+    head = _HEADER.pack(kind, len(data))
+    return head + data + _mac(key, seq, head, data)
+
+
+class FrameDecoder:
+    """Incremental decoder of the supervisor's frames, holding at most one frame of unread bytes.
+
+    ``feed`` takes whatever bytes arrived and yields every complete, verified frame. Anything malformed,
+    unknown, oversized or with a bad MAC raises ``ProtocolError``: the stream is not trusted past that point.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._buf = bytearray()
+        self._seq = 0
+        self.finished = False
+        """A final frame (exit or error) was decoded; anything after it is a protocol error."""
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def feed(self, chunk: bytes) -> Iterator[Frame]:
+        self._buf += chunk
+        while len(self._buf) >= _HEADER.size:
+            if self.finished:
+                raise ProtocolError("data after the final frame")
+            kind, length = _HEADER.unpack_from(self._buf)
+            if kind not in _KNOWN:
+                raise ProtocolError(f"unknown frame type {kind!r}")
+            if length > MAX_FRAME:
+                raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+            end = _HEADER.size + length + MAC_BYTES
+            if len(self._buf) < end:
+                return
+            head = bytes(self._buf[: _HEADER.size])
+            data = bytes(self._buf[_HEADER.size : _HEADER.size + length])
+            mac = bytes(self._buf[_HEADER.size + length : end])
+            if not hmac.compare_digest(mac, _mac(self._key, self._seq, head, data)):
+                raise ProtocolError(f"frame {self._seq} failed verification")
+            del self._buf[:end]
+            self._seq += 1
+            if kind in (FRAME_EXIT, FRAME_ERROR):
+                self.finished = True
+            yield Frame(kind, data)

@@ -1,0 +1,532 @@
+"""The Docker runner: one hardened, single-use container per execution, driven step by step with docker-py.
+
+Life of a run (``execute`` = ``prepare`` + ``run``):
+
+``prepare``
+    guard the assembled options again (``gateway.assembly.guard``); make sure the image is present (a missing
+    image is ``ImageMissingError`` naming ``scripts/build-image.sh`` unless the spec says ``pull:
+    if-missing``; never a silent pull); ``containers.create`` with the options plus the runner's own
+    transport keys only (``entrypoint``: the fixed supervisor of ``gateway.runner.bootstrap``, ``command``,
+    ``stdin_open``, ``stdin_once``, ``tty=False``, ``detach``); attach to its stdin/stdout/stderr *before*
+    starting it; start it. The supervisor then waits for exactly one payload on stdin.
+``run``
+    send the payload (length-prefixed JSON: code, base64 files, a per-run HMAC key) and half-close the
+    socket; read Docker's multiplexed stream and the supervisor's verified frames as they arrive, keeping at
+    most ``output_bytes`` per stream in memory (past it: truncate, kill the container, stop reading); a
+    monotonic deadline covers the whole read (at it: kill, ``timed_out``); then ``wait`` and ``inspect``
+    (``OOMKilled``, exit code); ``remove(force=True)`` in ``finally``, always.
+
+No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
+payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
+requests exception is mapped by ``gateway.runner.errors.map_engine_error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+import docker.errors
+
+from gateway.errors import (
+    EngineUnavailableError,
+    GatewayError,
+    ImageMissingError,
+    SandboxError,
+    UnsafeOptionsError,
+)
+from gateway.runner.bootstrap import (
+    FRAME_ERROR,
+    FRAME_EXIT,
+    FRAME_FILE_DATA,
+    FRAME_FILE_NAME,
+    FRAME_STDERR,
+    FRAME_STDOUT,
+    FrameDecoder,
+    ProtocolError,
+    encode_payload,
+    new_key,
+    supervisor_command,
+)
+from gateway.runner.errors import map_engine_error
+from gateway.runner.interface import Outcome, Payload, RunSpec
+
+__all__ = ["BUILD_COMMAND", "TRANSPORT_KEYS", "DockerRunner", "DockerSandbox"]
+
+BUILD_COMMAND = "scripts/build-image.sh"
+"""How to build the default sandbox image locally (named in the error for a missing image)."""
+
+TRANSPORT_KEYS = frozenset({"command", "entrypoint", "stdin_open", "stdin_once", "detach", "tty", "log_config"})
+"""Create arguments the runner owns; assembled options must not contain them. ``log_config`` is ``none``:
+output travels only through the attached, capped stream, never into an uncapped engine log on the host disk."""
+
+WORKSPACE = "/workspace"
+_RECV = 1 << 16
+_DIAG_BYTES = 4096
+_WAIT_AFTER_KILL_S = 10.0
+_MUX_HEADER = 8
+
+
+def _assembly() -> tuple[Any, str]:
+    # gateway.assembly is the policy side's module; imported late so the runner has no import-time
+    # dependency cycle with it.
+    from gateway.assembly import MANAGED_LABEL, guard  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+
+    return guard, MANAGED_LABEL
+
+
+@dataclass(eq=False)
+class DockerSandbox:
+    """A created, started container whose supervisor waits for one payload. Used once, then destroyed."""
+
+    spec: RunSpec
+    container_id: str | None
+    image_id: str | None
+    pulled: bool
+    sock: Any = field(repr=False)
+    """The attached socket (stdin/stdout/stderr of the container)."""
+    sockio: Any = field(repr=False, default=None)
+    """docker-py's socket object, kept referenced so the connection stays open."""
+    used: bool = False
+    runtime: str = "runc"
+
+    def close(self) -> None:
+        """Drop the attach connection of a sandbox that will never run (its container is reaped)."""
+        _close(self.sockio)
+        self.sockio = None
+
+
+@dataclass
+class _Collected:
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    files: dict[str, bytearray] = field(default_factory=dict)
+    files_bytes: int = 0
+    current_file: str | None = None
+    final: dict[str, Any] | None = None
+    error: str | None = None
+    diagnostics: bytearray = field(default_factory=bytearray)
+    timed_out: bool = False
+    output_limit_killed: bool = False
+
+
+class DockerRunner:
+    """Runs payloads in hardened single-use containers on a Docker engine.
+
+    ``client`` is injectable (tests, a service sharing one client); otherwise one is created lazily from the
+    environment (``DOCKER_HOST`` etc.) or from ``base_url``.
+    """
+
+    def __init__(self, client: Any | None = None, *, base_url: str | None = None) -> None:
+        self._client = client
+        self._owns_client = client is None
+        self._base_url = base_url
+
+    def close(self) -> None:
+        """Close the client if this runner created it (an injected client belongs to its owner)."""
+        if self._owns_client and self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+    # -- client ----------------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            path = _unix_socket_path(self._base_url)
+            if path is not None and not os.path.exists(path):
+                # Checked up front: a clearer message, and docker-py leaks the socket of a failed connect.
+                raise EngineUnavailableError(
+                    f"the Docker engine is unreachable: no engine socket at {path}",
+                    hint="start the Docker engine (scripts/setup.sh does it) or set DOCKER_HOST",
+                )
+            try:
+                if self._base_url is not None:
+                    self._client = docker.DockerClient(base_url=self._base_url)
+                else:
+                    self._client = docker.from_env()
+            except docker.errors.DockerException as exc:
+                raise EngineUnavailableError(
+                    f"the Docker engine is unreachable: {exc}",
+                    hint="start the Docker engine (scripts/setup.sh does it) or set DOCKER_HOST",
+                ) from exc
+            except Exception as exc:
+                raise map_engine_error(exc, "connecting to the Docker engine") from exc
+        return self._client
+
+    @contextlib.contextmanager
+    def _step(self, action: str) -> Iterator[None]:
+        """Map any engine failure inside the block to the gateway's errors."""
+        try:
+            yield
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise map_engine_error(exc, action) from exc
+
+    # -- images ----------------------------------------------------------------------------------------
+
+    def image_id(self, image: str) -> str | None:
+        with self._step(f"inspecting image {image}"):
+            try:
+                found: str = self.client.api.inspect_image(image)["Id"]
+            except docker.errors.ImageNotFound:
+                return None
+        return found
+
+    def _ensure_image(self, image: str, pull: str) -> tuple[str, bool]:
+        found = self.image_id(image)
+        if found is not None:
+            return found, False
+        if pull != "if-missing":
+            raise ImageMissingError(
+                f"image {image!r} is not present on the engine and the policy does not allow pulls; "
+                f"build it locally with {BUILD_COMMAND}",
+                hint=f"run {BUILD_COMMAND} (it builds the default sandbox image without any registry)",
+            )
+        try:
+            self.client.images.pull(image)
+        except Exception as exc:
+            detail = map_engine_error(exc, f"pulling {image}").message
+            raise ImageMissingError(
+                f"image {image!r} is missing and pulling it failed (registry unreachable or image unknown): {detail}",
+                hint=f"build the image locally ({BUILD_COMMAND}) or make its registry reachable",
+            ) from exc
+        found = self.image_id(image)
+        if found is None:
+            raise ImageMissingError(f"image {image!r} is still missing after a pull")
+        return found, True
+
+    # -- prepare ---------------------------------------------------------------------------------------
+
+    def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
+        options = dict(spec.options)
+        clash = sorted(TRANSPORT_KEYS & options.keys())
+        if clash:
+            raise UnsafeOptionsError(f"assembled options contain runner-owned keys: {', '.join(clash)}")
+        guard, managed = _assembly()
+        guard(options)
+        labels = dict(options.get("labels") or {})
+        labels[managed] = "true"
+        options["labels"] = labels
+        options.update(
+            entrypoint=supervisor_command(WORKSPACE),
+            command=[],
+            stdin_open=True,
+            stdin_once=True,
+            tty=False,
+            detach=True,
+            log_config={"type": "none", "config": {}},
+        )
+        return options
+
+    def prepare(self, spec: RunSpec) -> DockerSandbox:
+        kwargs = self._create_kwargs(spec)
+        image_id, pulled = self._ensure_image(spec.image, spec.pull)
+        api = self.client.api
+        container_id: str | None = None
+        sockio: Any = None
+        try:
+            with self._step("creating the container"):
+                container_id = str(api.create_container(**_create_args(kwargs, api))["Id"])
+            with self._step("attaching to the container"):
+                sockio = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                sock = _raw_socket(sockio)
+            with self._step("starting the container"):
+                api.start(container_id)
+        except BaseException:
+            _close(sockio)
+            if container_id is not None:
+                self._remove(container_id, quiet=True)
+            raise
+        return DockerSandbox(
+            spec=spec,
+            container_id=container_id,
+            image_id=image_id,
+            pulled=pulled,
+            sock=sock,
+            sockio=sockio,
+            runtime=str(spec.options.get("runtime") or "runc"),
+        )
+
+    # -- run -------------------------------------------------------------------------------------------
+
+    def run(self, sandbox: Any, payload: Payload) -> Outcome:
+        if not isinstance(sandbox, DockerSandbox):
+            raise SandboxError(f"DockerRunner cannot run a {type(sandbox).__name__}")
+        if sandbox.used:
+            raise SandboxError("a sandbox is used once; prepare a new one")
+        sandbox.used = True
+        failed = True
+        try:
+            outcome = self._run(sandbox, payload)
+            failed = False
+            return outcome
+        finally:
+            _close(sandbox.sockio)
+            if sandbox.container_id is not None:
+                self._remove(sandbox.container_id, quiet=failed)
+
+    def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
+        return self.run(self.prepare(spec), payload)
+
+    def _run(self, sb: DockerSandbox, payload: Payload) -> Outcome:
+        spec = sb.spec
+        assert sb.container_id is not None  # noqa: S101 - set by prepare
+        cid = sb.container_id
+        key = new_key()
+        data = encode_payload(key, payload.code, payload.files, spec.output_files_bytes)
+        start = time.monotonic()
+        deadline = start + spec.timeout_s
+        got = _Collected()
+        kill = False
+        try:
+            sb.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sb.sock.sendall(data)
+            sb.sock.shutdown(socket.SHUT_WR)
+            kill = self._read(sb.sock, FrameDecoder(key), got, spec, deadline)
+        except TimeoutError:
+            got.timed_out = kill = True
+        except ProtocolError as exc:
+            _close(sb.sockio)
+            self._kill(cid)
+            raise SandboxError(
+                f"the sandbox's output stream failed verification ({exc}); the program tampered with it"
+            ) from exc
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                got.timed_out = kill = True
+            else:
+                raise map_engine_error(exc, "talking to the container") from exc
+        if kill:
+            # Drop the attach connection first: under gVisor a sandbox blocked writing to a stream nobody
+            # reads does not die on a kill until its output can drain.
+            _close(sb.sockio)
+            self._kill(cid)
+        if got.error is not None:
+            raise SandboxError(f"the sandbox could not start the program: {got.error}")
+        with self._step("waiting for the container"):
+            self.client.api.wait(cid, timeout=_WAIT_AFTER_KILL_S if kill or got.final else spec.timeout_s + 5)
+        with self._step("inspecting the container"):
+            state = self.client.api.inspect_container(cid)["State"]
+        duration_ms = round((time.monotonic() - start) * 1000)
+        return self._outcome(sb, got, state, duration_ms)
+
+    def _read(self, sock: Any, decoder: FrameDecoder, got: _Collected, spec: RunSpec, deadline: float) -> bool:
+        """Read until the final frame or EOF. Returns True when the container must be killed."""
+        header = bytearray()
+        stream = 0
+        left = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                got.timed_out = True
+                return True
+            sock.settimeout(remaining)
+            chunk = sock.recv(_RECV)
+            if not chunk:
+                return False
+            view = memoryview(chunk)
+            while view:
+                if left == 0:
+                    need = _MUX_HEADER - len(header)
+                    header += view[:need]
+                    view = view[need:]
+                    if len(header) < _MUX_HEADER:
+                        break
+                    stream = header[0]
+                    left = int.from_bytes(header[4:8], "big")
+                    header.clear()
+                    continue
+                part = bytes(view[:left])
+                view = view[len(part) :]
+                left -= len(part)
+                if stream == 1:
+                    for frame in decoder.feed(part):
+                        if self._take(frame.kind, frame.data, got, spec):
+                            return True
+                        if decoder.finished:
+                            return False
+                elif len(got.diagnostics) < _DIAG_BYTES:
+                    got.diagnostics += part[: _DIAG_BYTES - len(got.diagnostics)]
+
+    @staticmethod
+    def _take(kind: bytes, data: bytes, got: _Collected, spec: RunSpec) -> bool:
+        """Account for one frame. Returns True when an output cap was crossed (kill the container)."""
+        cap = spec.output_bytes
+        if kind == FRAME_STDOUT:
+            got.stdout_bytes += len(data)
+            room = cap - len(got.stdout)
+            got.stdout += data[: max(room, 0)]
+            if got.stdout_bytes > cap:
+                got.stdout_truncated = got.output_limit_killed = True
+                return True
+        elif kind == FRAME_STDERR:
+            got.stderr_bytes += len(data)
+            room = cap - len(got.stderr)
+            got.stderr += data[: max(room, 0)]
+            if got.stderr_bytes > cap:
+                got.stderr_truncated = got.output_limit_killed = True
+                return True
+        elif kind == FRAME_FILE_NAME:
+            name = data.decode("utf-8", "replace")
+            if not name or name.startswith("/") or ".." in name.split("/") or name in got.files:
+                raise ProtocolError(f"bad output file name {name!r}")
+            got.files[name] = bytearray()
+            got.current_file = name
+        elif kind == FRAME_FILE_DATA:
+            if got.current_file is None:
+                raise ProtocolError("file data before a file name")
+            got.files_bytes += len(data)
+            if got.files_bytes > spec.output_files_bytes:
+                raise ProtocolError("output files exceed their cap")
+            got.files[got.current_file] += data
+        elif kind == FRAME_EXIT:
+            final = json.loads(data)
+            if not isinstance(final, dict) or not isinstance(final.get("status"), int):
+                raise ProtocolError("malformed exit frame")
+            got.final = final
+        elif kind == FRAME_ERROR:
+            try:
+                got.error = str(json.loads(data).get("error"))
+            except (ValueError, AttributeError):
+                got.error = data.decode("utf-8", "replace")
+        return False
+
+    @staticmethod
+    def _outcome(sb: DockerSandbox, got: _Collected, state: Mapping[str, Any], duration_ms: int) -> Outcome:
+        engine_oom = bool(state.get("OOMKilled"))
+        oom = False
+        resource_killed = False
+        exit_code: int | None
+        files_truncated = False
+        if got.timed_out or got.output_limit_killed:
+            exit_code = None
+        elif got.final is not None:
+            exit_code = int(got.final["status"])
+            files_truncated = bool(got.final.get("files_truncated"))
+            oom = engine_oom and exit_code == 137
+        elif engine_oom:
+            exit_code, oom = 137, True
+        elif sb.runtime == "runsc":
+            # gVisor counts its own threads against the pids limit: a sandbox killed for a resource limit
+            # exits without a word from the supervisor. That is not the program's own exit.
+            exit_code, resource_killed = None, True
+        else:
+            # The supervisor died before reporting (the program killed it): the container's status is all
+            # there is.
+            code = state.get("ExitCode")
+            exit_code = int(code) if isinstance(code, int) else None
+            resource_killed = exit_code is None
+        return Outcome(
+            exit_code=exit_code,
+            stdout=bytes(got.stdout),
+            stderr=bytes(got.stderr),
+            stdout_truncated=got.stdout_truncated,
+            stderr_truncated=got.stderr_truncated,
+            stdout_bytes=got.stdout_bytes,
+            stderr_bytes=got.stderr_bytes,
+            timed_out=got.timed_out,
+            oom_killed=oom,
+            output_limit_killed=got.output_limit_killed,
+            resource_killed=resource_killed,
+            duration_ms=duration_ms,
+            container_id=sb.container_id,
+            image_id=sb.image_id,
+            files={name: bytes(content) for name, content in got.files.items()},
+            files_truncated=files_truncated or (got.final is None and bool(got.files)),
+            pulled=sb.pulled,
+        )
+
+    # -- kill / remove / reap --------------------------------------------------------------------------
+
+    def _kill(self, container_id: str) -> None:
+        try:
+            self.client.api.kill(container_id)
+        except docker.errors.APIError as exc:
+            if exc.status_code in (404, 409):  # gone, or not running any more
+                return
+            raise map_engine_error(exc, "killing the container") from exc
+        except Exception as exc:
+            raise map_engine_error(exc, "killing the container") from exc
+
+    def _remove(self, container_id: str, *, quiet: bool) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
+            return
+        except Exception as exc:
+            if not quiet:
+                raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
+
+    def reap(self) -> list[str]:
+        _, managed = _assembly()
+        with self._step("listing the gateway's containers"):
+            found = self.client.api.containers(all=True, filters={"label": f"{managed}=true"})
+        removed: list[str] = []
+        for entry in found:
+            cid = str(entry["Id"])
+            self._remove(cid, quiet=False)
+            removed.append(cid)
+        return removed
+
+
+def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
+    """Low-level ``create_container`` arguments through docker-py's own allow-lists.
+
+    docker-py's ``containers.create`` sorts keyword arguments into container and host-config ones and rejects
+    leftovers; we reuse that sorting (its ``_create_container_args``). ``stdin_once`` has no keyword of its own
+    there: docker-py sets ``StdinOnce`` (and the attach flags) from ``stdin_open`` with ``detach=False``, so that
+    is how it is expressed. Calling the low-level API also saves the extra inspect ``containers.create`` makes.
+    """
+    from docker.models.containers import _create_container_args  # noqa: PLC0415
+
+    args = dict(kwargs)
+    stdin_once = bool(args.pop("stdin_once", False))
+    args["detach"] = not stdin_once
+    args["version"] = api._version  # docker-py needs the negotiated API version here
+    create: dict[str, Any] = _create_container_args(args)
+    return create
+
+
+def _unix_socket_path(base_url: str | None) -> str | None:
+    """The unix socket the client would use, when it is one (``DOCKER_HOST`` or the default)."""
+    url = base_url if base_url is not None else os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    for prefix in ("unix://", "http+unix://"):
+        if url.startswith(prefix):
+            return url[len(prefix) :] or None
+    return None
+
+
+def _raw_socket(sockio: Any) -> Any:
+    """The socket under docker-py's attach object; we need per-call timeouts and a half-close."""
+    sock = getattr(sockio, "_sock", sockio)
+    for needed in ("recv", "sendall", "settimeout", "shutdown"):
+        if not hasattr(sock, needed):
+            raise SandboxError(f"the engine's attach connection ({type(sock).__name__}) is not a socket")
+    return sock
+
+
+def _close(sockio: Any) -> None:
+    """Close docker-py's attach object, its socket and its HTTP response (``SocketIO.close`` forgets the
+    socket without closing it, so take the socket first)."""
+    if sockio is None:
+        return
+    sock = getattr(sockio, "_sock", None)
+    response = getattr(sockio, "_response", None)
+    for closable in (sockio, sock, response):
+        if closable is not None:
+            with contextlib.suppress(Exception):
+                closable.close()

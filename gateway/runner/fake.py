@@ -1,0 +1,137 @@
+"""A fake runner for unit tests of the layers above the runner (Gateway, CLI, tool).
+
+Deterministic and engine-free: it records every call and answers with scripted outcomes. It is never used for
+a security test; containment is only ever tested against a real engine (``tests/integration``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway.errors import GatewayError, ImageMissingError, SandboxError
+from gateway.runner.interface import Outcome, Payload, RunSpec
+
+__all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
+
+OutcomeSource = Outcome | Callable[[RunSpec, Payload], Outcome] | Iterable[Outcome]
+
+
+def make_outcome(**overrides: Any) -> Outcome:
+    """An ``Outcome`` of a clean exit 0 with empty output; any field can be overridden."""
+    base = Outcome(
+        exit_code=0,
+        stdout=b"",
+        stderr=b"",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        stdout_bytes=0,
+        stderr_bytes=0,
+        timed_out=False,
+        oom_killed=False,
+        output_limit_killed=False,
+        resource_killed=False,
+        duration_ms=1,
+        container_id="fake-container",
+        image_id="sha256:" + "0" * 64,
+        files={},
+        files_truncated=False,
+        pulled=False,
+    )
+    if "stdout" in overrides and "stdout_bytes" not in overrides:
+        overrides["stdout_bytes"] = len(overrides["stdout"])
+    if "stderr" in overrides and "stderr_bytes" not in overrides:
+        overrides["stderr_bytes"] = len(overrides["stderr"])
+    return replace(base, **overrides)
+
+
+def _default(spec: RunSpec, payload: Payload) -> Outcome:
+    # ``print(2+2)`` answers 4, so the simplest end-to-end unit tests read naturally; everything else exits 0
+    # with no output.
+    stdout = b"4\n" if payload.code.strip() == "print(2+2)" else b""
+    return make_outcome(stdout=stdout)
+
+
+@dataclass(eq=False)
+class FakeSandbox:
+    spec: RunSpec
+    container_id: str | None
+    used: bool = False
+
+
+@dataclass(eq=False)
+class FakeRunner:
+    """Scripted runner.
+
+    ``outcome``: one ``Outcome`` for every run, a function ``(spec, payload) -> Outcome``, or a sequence used
+    in order. ``error``: raised by ``prepare`` instead (simulates engine failures). ``images``: image name →
+    id for ``image_id``; an image not listed is missing, and with ``pull="never"`` ``prepare`` raises
+    ``ImageMissingError`` like the real runner (when ``images`` is ``None`` every image is present).
+    """
+
+    outcome: OutcomeSource | None = None
+    error: GatewayError | None = None
+    images: dict[str, str] | None = None
+    calls: list[tuple[RunSpec, Payload]] = field(default_factory=list)
+    """Every ``(spec, payload)`` that was run, in order."""
+    prepared: list[RunSpec] = field(default_factory=list)
+    """Every spec ``prepare`` accepted."""
+    reaped: int = 0
+    """How many times ``reap`` was called."""
+    live: set[str] = field(default_factory=set)
+    """Ids of sandboxes prepared and not yet destroyed (should be empty after every call)."""
+    _ids: Iterable[int] = field(default_factory=lambda: itertools.count(1), repr=False)
+    _seq: Any = field(default=None, repr=False)
+
+    def image_id(self, image: str) -> str | None:
+        if self.images is None:
+            return "sha256:" + "0" * 64
+        return self.images.get(image)
+
+    def prepare(self, spec: RunSpec) -> FakeSandbox:
+        if self.error is not None:
+            raise self.error
+        if self.image_id(spec.image) is None and spec.pull == "never":
+            raise ImageMissingError(f"image {spec.image!r} is not present (fake runner)")
+        self.prepared.append(spec)
+        cid = f"fake-{next(iter(self._ids))}"
+        self.live.add(cid)
+        return FakeSandbox(spec=spec, container_id=cid)
+
+    def run(self, sandbox: Any, payload: Payload) -> Outcome:
+        if not isinstance(sandbox, FakeSandbox) or sandbox.used:
+            raise SandboxError("a fake sandbox is used once")
+        sandbox.used = True
+        try:
+            self.calls.append((sandbox.spec, payload))
+            result = self._next(sandbox.spec, payload)
+            return replace(result, container_id=sandbox.container_id)
+        finally:
+            self.live.discard(sandbox.container_id or "")
+
+    def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
+        return self.run(self.prepare(spec), payload)
+
+    def reap(self) -> list[str]:
+        self.reaped += 1
+        gone = sorted(self.live)
+        self.live.clear()
+        return gone
+
+    def _next(self, spec: RunSpec, payload: Payload) -> Outcome:
+        source = self.outcome
+        if source is None:
+            return _default(spec, payload)
+        if isinstance(source, Outcome):
+            return source
+        if callable(source):
+            return source(spec, payload)
+        if self._seq is None:
+            self._seq = iter(source)
+        try:
+            nxt: Outcome = next(self._seq)
+        except StopIteration:
+            raise SandboxError("the fake runner ran out of scripted outcomes") from None
+        return nxt

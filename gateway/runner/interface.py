@@ -1,0 +1,215 @@
+"""The runner interface: what a sandbox backend receives and what it gives back.
+
+A runner turns an allowed decision into one contained execution. It never decides anything: the options it
+gets were assembled (and guarded) by the policy engine; it only adds its own transport keys. The interface
+separates *preparing* a hardened container (``prepare``) from *handing it one payload* (``run``) so that a
+warm pool can prepare containers ahead of time; ``execute`` is both in one call.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from gateway.errors import Problem, RequestError
+
+__all__ = [
+    "PULL_POLICIES",
+    "Outcome",
+    "Payload",
+    "RunSpec",
+    "Runner",
+    "Sandbox",
+    "check_relative_path",
+]
+
+PULL_POLICIES = ("never", "if-missing")
+"""``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
+
+LANGUAGES = ("python",)
+
+_MAIN = "main.py"
+
+
+def check_relative_path(name: str) -> str | None:
+    """Why ``name`` is not a safe relative path under the workspace, or ``None`` when it is.
+
+    The in-container supervisor checks again; this check exists so a bad request fails before any
+    container is created.
+    """
+    if not name or "\x00" in name:
+        return "must be a non-empty path without NUL bytes"
+    if name.startswith("/") or "\\" in name:
+        return "must be relative, with '/' separators"
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "must not contain empty, '.' or '..' components"
+    if posixpath.normpath(name) != name:
+        return "must be normalised"
+    if name == _MAIN:
+        return f"'{_MAIN}' is reserved for the submitted code"
+    if len(name.encode("utf-8", "surrogatepass")) > 1024:
+        return "is longer than 1024 bytes"
+    return None
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What the program gets: its code and the files placed next to it in ``/workspace``."""
+
+    code: str
+    """Source code; written to ``/workspace/main.py`` and run with ``python3``."""
+    language: str = "python"
+    """Only ``python`` for now."""
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    """Relative paths under ``/workspace`` mapped to their content (binary-safe)."""
+
+    def __post_init__(self) -> None:
+        problems: list[Problem] = []
+        if self.language not in LANGUAGES:
+            problems.append(
+                Problem(f"language {self.language!r} is not supported; supported: {', '.join(LANGUAGES)}", "$.language")
+            )
+        for name, content in self.files.items():
+            why = check_relative_path(name)
+            if why is not None:
+                problems.append(Problem(f"file name {name!r} {why}", f"$.files[{name!r}]"))
+            raw: object = content  # callers outside the type checker may pass str
+            if not isinstance(raw, bytes | bytearray | memoryview):
+                problems.append(Problem(f"content of {name!r} must be bytes", f"$.files[{name!r}]"))
+        if problems:
+            raise RequestError("the payload cannot be handed to a sandbox", problems=problems)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """How to run: the assembled options and the limits the runner itself enforces."""
+
+    options: Mapping[str, Any]
+    """Assembled docker-py ``containers.create`` keyword arguments (no transport keys)."""
+    timeout_s: float
+    """Wall-clock deadline for the program, from the hand-over of the payload."""
+    output_bytes: int
+    """Cap per stream (stdout, stderr each). Beyond it the output is truncated and the container killed."""
+    output_files_bytes: int = 8 << 20
+    """Cap on the total size of the files returned from ``/workspace/out``."""
+    pull: str = "never"
+    """``never`` or ``if-missing`` (see ``PULL_POLICIES``)."""
+
+    def __post_init__(self) -> None:
+        problems: list[Problem] = []
+        if not (self.timeout_s > 0):
+            problems.append(Problem(f"timeout_s must be > 0, got {self.timeout_s!r}", "$.timeout_s"))
+        if self.output_bytes < 0:
+            problems.append(Problem(f"output_bytes must be >= 0, got {self.output_bytes!r}", "$.output_bytes"))
+        if self.output_files_bytes < 0:
+            problems.append(
+                Problem(f"output_files_bytes must be >= 0, got {self.output_files_bytes!r}", "$.output_files_bytes")
+            )
+        if self.pull not in PULL_POLICIES:
+            problems.append(Problem(f"pull must be one of {PULL_POLICIES}, got {self.pull!r}", "$.pull"))
+        if not isinstance(self.options.get("image"), str) or not self.options.get("image"):
+            problems.append(Problem("options must name an image", "$.options.image"))
+        if problems:
+            raise RequestError("invalid run specification", problems=problems)
+
+    @property
+    def image(self) -> str:
+        image: str = self.options["image"]
+        return image
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened. ``exit_code`` is ``None`` whenever the program did not finish on its own."""
+
+    exit_code: int | None
+    """The program's exit status (a signal ``n`` is ``128 + n``); 137 when killed for memory; ``None`` when
+    the runner killed it (deadline, output flood) or the sandbox died under it (``resource_killed``)."""
+    stdout: bytes
+    """At most ``output_bytes`` of what the program wrote to stdout."""
+    stderr: bytes
+    """At most ``output_bytes`` of what the program wrote to stderr."""
+    stdout_truncated: bool
+    stderr_truncated: bool
+    stdout_bytes: int
+    """Bytes of stdout the runner saw (``>= len(stdout)``)."""
+    stderr_bytes: int
+    timed_out: bool
+    """Killed at the deadline."""
+    oom_killed: bool
+    """The engine reported an out-of-memory kill in the container."""
+    output_limit_killed: bool
+    """Killed because a stream went past ``output_bytes``."""
+    resource_killed: bool
+    """The sandbox itself died without reporting the program's exit (gVisor under its pids limit)."""
+    duration_ms: int
+    """From the hand-over of the payload to the end of collection."""
+    container_id: str | None
+    image_id: str | None
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    """Files the program wrote under ``/workspace/out``, by path relative to it (binary-safe)."""
+    files_truncated: bool = False
+    """Some files under ``/workspace/out`` were left out because of ``output_files_bytes``."""
+    pulled: bool = False
+    """An image pull happened for this run (to be audited)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view (bytes decoded as UTF-8 with replacement; file contents as sizes)."""
+        return {
+            "exit_code": self.exit_code,
+            "stdout": self.stdout.decode("utf-8", "replace"),
+            "stderr": self.stderr.decode("utf-8", "replace"),
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+            "stdout_bytes": self.stdout_bytes,
+            "stderr_bytes": self.stderr_bytes,
+            "timed_out": self.timed_out,
+            "oom_killed": self.oom_killed,
+            "output_limit_killed": self.output_limit_killed,
+            "resource_killed": self.resource_killed,
+            "duration_ms": self.duration_ms,
+            "container_id": self.container_id,
+            "image_id": self.image_id,
+            "files": {name: len(data) for name, data in sorted(self.files.items())},
+            "files_truncated": self.files_truncated,
+            "pulled": self.pulled,
+        }
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """A prepared container waiting for one payload. Owned by the runner that made it; used once."""
+
+    @property
+    def container_id(self) -> str | None: ...
+
+    @property
+    def spec(self) -> RunSpec: ...
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A sandbox backend. Every method maps its backend's failures to ``gateway.errors.RunnerError``s."""
+
+    def prepare(self, spec: RunSpec) -> Sandbox:
+        """Create (and start) a hardened container waiting for a payload."""
+        ...
+
+    def run(self, sandbox: Sandbox, payload: Payload) -> Outcome:
+        """Hand over the payload, wait, collect, and always destroy the sandbox."""
+        ...
+
+    def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
+        """``prepare`` + ``run``; nothing is left behind on any error."""
+        ...
+
+    def reap(self) -> list[str]:
+        """Remove every container carrying the gateway's managed label; return their ids."""
+        ...
+
+    def image_id(self, image: str) -> str | None:
+        """The local id of ``image``, or ``None`` when it is not present."""
+        ...

@@ -1,0 +1,158 @@
+"""Integration fixtures: a real Docker engine, the sandbox image, and the hardened options of the contract.
+
+Without an engine these tests skip with a reason, except in CI (``CI`` set), where they fail: CI must never
+silently skip the containment suite. At the end of the session no container with the gateway's managed label
+may remain.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gateway.runner.docker import DockerRunner
+
+SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
+MANAGED_LABEL = "io.agent-gateway.managed"
+RUNTIMES = ("runc", "runsc")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"CI requires the real engine: {reason}")
+    pytest.skip(reason)
+
+
+def hardened_options(**overrides: Any) -> dict[str, Any]:
+    """The assembled ``containers.create`` options of the default policy (the contract's example).
+
+    The ONE place the integration tests get their options from; it will be switched to the real policy
+    assembly. ``overrides`` replace top-level keys (``pids_limit=256``, ``runtime="runsc"``, ``volumes=...``).
+    """
+    options: dict[str, Any] = {
+        "image": SANDBOX_IMAGE,
+        "user": "65534:65534",
+        "working_dir": "/workspace",
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "mem_limit": 268435456,
+        "memswap_limit": 268435456,
+        "nano_cpus": 1000000000,
+        "pids_limit": 64,
+        "tmpfs": {
+            "/tmp": "rw,noexec,nosuid,nodev,size=67108864",
+            "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
+        },
+        "ulimits": [
+            {"name": "nofile", "soft": 256, "hard": 256},
+            {"name": "nproc", "soft": 64, "hard": 64},
+            {"name": "core", "soft": 0, "hard": 0},
+            {"name": "fsize", "soft": 67108864, "hard": 67108864},
+        ],
+        "init": True,
+        "ipc_mode": "private",
+        "cgroupns": "private",
+        "hostname": "sandbox",
+        "environment": {},
+        "runtime": "runc",
+        "labels": {
+            MANAGED_LABEL: "true",
+            "io.agent-gateway.decision": "test-decision",
+            "io.agent-gateway.request": "test-request",
+            "io.agent-gateway.policy": "integration-fixture@sha256:" + "0" * 64,
+        },
+    }
+    if overrides.get("runtime") == "runsc" and "pids_limit" not in overrides:
+        # gVisor counts its own threads against the pids limit (see DESIGN): size it per runtime.
+        options["pids_limit"] = 256
+        options["ulimits"] = [
+            u if u["name"] != "nproc" else {**u, "soft": 256, "hard": 256} for u in options["ulimits"]
+        ]
+    options.update(overrides)
+    return options
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Any]:
+    """A docker-py client for a live engine with the sandbox image; checks for leftovers at the end."""
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "no engine here"
+        _unavailable(f"no Docker engine answers ({type(exc).__name__}: {exc}); run scripts/setup.sh")
+    try:
+        client.images.get(SANDBOX_IMAGE)
+    except docker.errors.ImageNotFound:
+        _unavailable(f"the sandbox image {SANDBOX_IMAGE} is missing; run scripts/build-image.sh")
+    yield client
+    leftovers = client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+    for container in leftovers:
+        container.remove(force=True)
+    assert not leftovers, f"containers with the gateway's label left behind: {[c.short_id for c in leftovers]}"
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def runtimes(engine: Any) -> tuple[str, ...]:
+    return tuple(engine.info().get("Runtimes", {}))
+
+
+@pytest.fixture
+def runner(engine: Any) -> DockerRunner:
+    return DockerRunner(engine)
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest, runtimes: tuple[str, ...]) -> str:
+    name: str = request.param
+    if name not in runtimes:
+        _unavailable(f"the {name} runtime is not registered with the engine; run scripts/setup-engine.sh")
+    return name
+
+
+@pytest.fixture
+def options_for(runtime: str) -> Callable[..., dict[str, Any]]:
+    """``hardened_options`` for the parametrized runtime."""
+
+    def make(**overrides: Any) -> dict[str, Any]:
+        return hardened_options(runtime=runtime, **overrides)
+
+    return make
+
+
+@pytest.fixture
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A host directory the sandbox user (65534) can reach: pytest's own tmp tree is root-only."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="gateway-it-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def gateway_containers(engine: Any) -> list[str]:
+    """Ids of every container carrying the managed label right now."""
+    return [c.id for c in engine.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})]
+
+
+@pytest.fixture
+def make_options() -> Callable[..., dict[str, Any]]:
+    """``hardened_options`` as a fixture (test modules here are not a package and cannot import conftest)."""
+    return hardened_options
+
+
+@pytest.fixture
+def managed_containers(engine: Any) -> Callable[[], list[str]]:
+    """A function listing the ids of the containers carrying the managed label right now."""
+    return lambda: gateway_containers(engine)

@@ -1,0 +1,182 @@
+"""The hand-over protocol: payload encoding, verified frames, and the supervisor run locally (no engine).
+
+The supervisor is exercised here on the host with a temporary workspace only to test the protocol and the
+file handling; containment is tested against a real engine in tests/integration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.runner.bootstrap import (
+    FRAME_EXIT,
+    FRAME_FILE_DATA,
+    FRAME_FILE_NAME,
+    FRAME_STDERR,
+    FRAME_STDOUT,
+    MAGIC,
+    MAX_FRAME,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+    encode_payload,
+    new_key,
+    supervisor_command,
+)
+
+
+def test_payload_is_length_prefixed_json_without_shell_quoting() -> None:
+    key = new_key()
+    code = "print('it''s \"quoted\"; $(rm -rf /) `x` \\n')"
+    raw = encode_payload(key, code, {"a/b.bin": b"\x00\xff"}, 10)
+    assert raw[:4] == MAGIC
+    (size,) = struct.unpack(">I", raw[4:8])
+    assert size == len(raw) - 8
+    body = json.loads(raw[8:])
+    assert body["code"] == code
+    assert body["files"] == {"a/b.bin": "AP8="}
+    assert body["key"] == key.hex()
+    assert body["files_cap"] == 10
+
+
+def test_decoder_accepts_frames_split_anywhere() -> None:
+    key = new_key()
+    stream = b"".join(
+        encode_frame(key, i, kind, data)
+        for i, (kind, data) in enumerate([(FRAME_STDOUT, b"4\n"), (FRAME_STDERR, b"warn"), (FRAME_EXIT, b"{}")])
+    )
+    for step in (1, 3, 7, len(stream)):
+        decoder = FrameDecoder(key)
+        frames = [f for i in range(0, len(stream), step) for f in decoder.feed(stream[i : i + step])]
+        assert [(f.kind, f.data) for f in frames] == [
+            (FRAME_STDOUT, b"4\n"),
+            (FRAME_STDERR, b"warn"),
+            (FRAME_EXIT, b"{}"),
+        ]
+        assert decoder.finished
+        assert decoder.pending == 0
+
+
+def test_decoder_rejects_a_frame_under_another_key() -> None:
+    forged = encode_frame(new_key(), 0, FRAME_STDOUT, b"forged")
+    with pytest.raises(ProtocolError, match="verification"):
+        list(FrameDecoder(new_key()).feed(forged))
+
+
+def test_decoder_rejects_replayed_or_reordered_frames() -> None:
+    key = new_key()
+    first = encode_frame(key, 0, FRAME_STDOUT, b"a")
+    decoder = FrameDecoder(key)
+    assert [f.data for f in decoder.feed(first)] == [b"a"]
+    with pytest.raises(ProtocolError):
+        list(decoder.feed(first))  # same frame again: sequence 0 where 1 is expected
+
+
+def test_decoder_rejects_unknown_types_oversized_frames_and_trailing_data() -> None:
+    key = new_key()
+    with pytest.raises(ProtocolError, match="unknown"):
+        list(FrameDecoder(key).feed(b"Z" + struct.pack(">I", 0) + b"\0" * 16))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        list(FrameDecoder(key).feed(FRAME_STDOUT + struct.pack(">I", MAX_FRAME + 1)))
+    decoder = FrameDecoder(key)
+    with pytest.raises(ProtocolError, match="after the final"):
+        list(decoder.feed(encode_frame(key, 0, FRAME_EXIT, b"{}") + encode_frame(key, 1, FRAME_STDOUT, b"x")))
+
+
+def test_supervisor_command_carries_no_caller_content() -> None:
+    cmd = supervisor_command("/workspace")
+    assert cmd[:4] == ["/usr/bin/python3", "-I", "-S", "-c"]
+    assert cmd[-1] == "/workspace"
+    assert len(cmd) == 6
+
+
+needs_system_python = pytest.mark.skipif(
+    not os.access("/usr/bin/python3", os.X_OK), reason="the supervisor runs the program with /usr/bin/python3"
+)
+
+
+def _supervise(workspace: Path, code: str, files: dict[str, bytes], cap: int = 1 << 20) -> tuple[int, list]:
+    key = new_key()
+    proc = subprocess.run(
+        supervisor_command(str(workspace)),
+        input=encode_payload(key, code, files, cap),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    frames = list(FrameDecoder(key).feed(proc.stdout))
+    return proc.returncode, frames
+
+
+@needs_system_python
+def test_supervisor_runs_code_relays_streams_and_returns_files(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "print(open('data/in.bin', 'rb').read().hex())\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "open('out/result.bin', 'wb').write(bytes(range(256)))\n"
+        "import os; os.makedirs('out/sub'); open('out/sub/n.txt', 'w').write('nested')\n"
+        "sys.exit(7)\n"
+    )
+    status, frames = _supervise(tmp_path, code, {"data/in.bin": b"\x00\x01\xfe"})
+    assert status == 7
+    stdout = b"".join(f.data for f in frames if f.kind == FRAME_STDOUT)
+    stderr = b"".join(f.data for f in frames if f.kind == FRAME_STDERR)
+    assert stdout == b"0001fe\n"
+    assert stderr == b"to stderr\n"
+    names = [f.data for f in frames if f.kind == FRAME_FILE_NAME]
+    assert names == [b"result.bin", b"sub/n.txt"]
+    data = [f.data for f in frames if f.kind == FRAME_FILE_DATA]
+    assert data == [bytes(range(256)), b"nested"]
+    assert frames[-1].kind == FRAME_EXIT
+    assert json.loads(frames[-1].data) == {"status": 7, "files_truncated": False}
+
+
+@needs_system_python
+def test_supervisor_reports_signals_as_128_plus_n_and_caps_files(tmp_path: Path) -> None:
+    code = "import os, signal\nopen('out/big', 'wb').write(b'x' * 100)\nos.kill(os.getpid(), signal.SIGTERM)\n"
+    status, frames = _supervise(tmp_path, code, {}, cap=10)
+    assert status == 128 + 15
+    assert json.loads(frames[-1].data) == {"status": 143, "files_truncated": True}
+    assert not [f for f in frames if f.kind == FRAME_FILE_NAME]
+
+
+@needs_system_python
+def test_supervisor_does_not_follow_symlinks_out_of_the_workspace(tmp_path: Path) -> None:
+    secret = tmp_path.parent / f"{tmp_path.name}-secret"
+    secret.write_text("host secret")
+    try:
+        code = f"import os\nos.symlink({str(secret)!r}, 'out/link')\n"
+        (tmp_path / "ws").mkdir()
+        status, frames = _supervise(tmp_path / "ws", code, {})
+        assert status == 0
+        assert not [f for f in frames if f.kind in (FRAME_FILE_NAME, FRAME_FILE_DATA)]
+    finally:
+        secret.unlink()
+
+
+@needs_system_python
+@pytest.mark.parametrize("name", ["../escape.txt", "/abs.txt", "a/../../b", "main.py"])
+def test_supervisor_refuses_escaping_file_names(tmp_path: Path, name: str) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    status, frames = _supervise(workspace, "print('ran')", {name: b"x"})
+    assert status == 125
+    assert frames[-1].kind == b"!"
+    assert not (tmp_path / "escape.txt").exists()
+    assert not any(f.kind == FRAME_STDOUT for f in frames)
+
+
+@needs_system_python
+def test_supervisor_rejects_a_malformed_payload(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        supervisor_command(str(tmp_path)), input=b"not a payload", capture_output=True, timeout=30, check=False
+    )
+    assert proc.returncode == 125
+    assert proc.stdout == b""

@@ -1,0 +1,204 @@
+"""Engine-free behaviour of the runner: payload/spec validation, the fake runner, and the Docker runner's
+refusals that must happen before any container exists (checked with a recording client, not for security)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker.errors
+import pytest
+
+from gateway.errors import EngineUnavailableError, ImageMissingError, RequestError, SandboxError, UnsafeOptionsError
+from gateway.runner import FakeRunner, Outcome, Payload, Runner, RunSpec
+from gateway.runner.docker import DockerRunner
+from gateway.runner.fake import make_outcome
+from gateway.runner.interface import check_relative_path
+
+OPTIONS: dict[str, Any] = {
+    "image": "gateway/sandbox-python:3.11-bookworm",
+    "user": "65534:65534",
+    "working_dir": "/workspace",
+    "network_mode": "none",
+    "read_only": True,
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "mem_limit": 268435456,
+    "memswap_limit": 268435456,
+    "nano_cpus": 1000000000,
+    "pids_limit": 64,
+    "tmpfs": {
+        "/tmp": "rw,noexec,nosuid,nodev,size=67108864",
+        "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
+    },
+    "ulimits": [{"name": "nofile", "soft": 256, "hard": 256}],
+    "init": True,
+    "ipc_mode": "private",
+    "cgroupns": "private",
+    "hostname": "sandbox",
+    "runtime": "runc",
+    "labels": {"io.agent-gateway.managed": "true"},
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("a.txt", True),
+        ("dir/sub/b.bin", True),
+        ("out/x", True),
+        ("", False),
+        ("/etc/passwd", False),
+        ("../x", False),
+        ("a/../b", False),
+        ("a//b", False),
+        ("./a", False),
+        ("a\\b", False),
+        ("main.py", False),
+        ("nul\x00", False),
+    ],
+)
+def test_relative_paths(name: str, ok: bool) -> None:
+    assert (check_relative_path(name) is None) is ok
+
+
+def test_payload_reports_every_problem() -> None:
+    with pytest.raises(RequestError) as info:
+        Payload("x", language="ruby", files={"../a": b"", "b": "text"})  # type: ignore[dict-item]
+    paths = sorted(p.path for p in info.value.problems)
+    assert paths == ["$.files['../a']", "$.files['b']", "$.language"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "path"),
+    [
+        ({"timeout_s": 0, "output_bytes": 1}, "$.timeout_s"),
+        ({"timeout_s": 1, "output_bytes": -1}, "$.output_bytes"),
+        ({"timeout_s": 1, "output_bytes": 1, "pull": "always"}, "$.pull"),
+        ({"timeout_s": 1, "output_bytes": 1, "output_files_bytes": -5}, "$.output_files_bytes"),
+    ],
+)
+def test_runspec_validation(kwargs: dict[str, Any], path: str) -> None:
+    with pytest.raises(RequestError) as info:
+        RunSpec(OPTIONS, **kwargs)
+    assert [p.path for p in info.value.problems] == [path]
+
+
+def test_runspec_needs_an_image() -> None:
+    with pytest.raises(RequestError):
+        RunSpec({}, timeout_s=1, output_bytes=1)
+
+
+def test_outcome_to_dict_is_json_friendly() -> None:
+    out = make_outcome(stdout=b"4\n", files={"r.bin": b"\x00\x01"})
+    d = out.to_dict()
+    assert d["stdout"] == "4\n"
+    assert d["stdout_bytes"] == 2
+    assert d["files"] == {"r.bin": 2}
+
+
+def test_fake_runner_records_calls_and_answers_deterministically() -> None:
+    fake = FakeRunner()
+    assert isinstance(fake, Runner)
+    spec = RunSpec(OPTIONS, timeout_s=5, output_bytes=100)
+    out = fake.execute(spec, Payload("print(2+2)"))
+    assert out.stdout == b"4\n"
+    assert out.exit_code == 0
+    assert fake.calls == [(spec, Payload("print(2+2)"))]
+    assert not fake.live
+
+
+def test_fake_runner_scripted_outcomes_and_errors() -> None:
+    spec = RunSpec(OPTIONS, timeout_s=5, output_bytes=100)
+    timed_out = make_outcome(exit_code=None, timed_out=True)
+    fake = FakeRunner(outcome=[timed_out, make_outcome(exit_code=3)])
+    first = fake.execute(spec, Payload("a"))
+    second = fake.execute(spec, Payload("b"))
+    assert (first.timed_out, second.exit_code) == (True, 3)
+    with pytest.raises(SandboxError):
+        fake.execute(spec, Payload("c"))
+    assert not fake.live
+    with pytest.raises(EngineUnavailableError):
+        FakeRunner(error=EngineUnavailableError("down")).execute(spec, Payload("x"))
+    with pytest.raises(ImageMissingError):
+        FakeRunner(images={}).execute(spec, Payload("x"))
+    sandbox = FakeRunner().prepare(spec)
+    runner = FakeRunner()
+    leftover = runner.prepare(spec)
+    assert runner.reap() == [leftover.container_id]
+    assert sandbox.container_id is not None
+
+
+class RecordingAPI:
+    """Answers image inspection; records (and refuses) everything else. Not an engine."""
+
+    _version = "1.41"
+
+    def __init__(self, images: dict[str, str]) -> None:
+        self.images = images
+        self.calls: list[str] = []
+
+    def inspect_image(self, image: str) -> dict[str, str]:
+        self.calls.append("inspect_image")
+        if image not in self.images:
+            raise docker.errors.ImageNotFound(f"No such image: {image}")
+        return {"Id": self.images[image]}
+
+    def __getattr__(self, name: str) -> Any:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            raise AssertionError(f"unexpected engine call {name}")
+
+        return record
+
+
+class RecordingClient:
+    def __init__(self, images: dict[str, str]) -> None:
+        self.api = RecordingAPI(images)
+        self.images = self
+        self.pulled: list[str] = []
+
+    def pull(self, image: str) -> None:
+        self.pulled.append(image)
+        raise docker.errors.APIError("500 Server Error", explanation="dial tcp 127.0.0.1:9: connection refused")
+
+
+def test_missing_image_is_a_clear_error_before_any_container() -> None:
+    client = RecordingClient({})
+    runner = DockerRunner(client)
+    with pytest.raises(ImageMissingError) as info:
+        runner.execute(RunSpec(OPTIONS, timeout_s=5, output_bytes=100), Payload("print(1)"))
+    assert "scripts/build-image.sh" in info.value.message
+    assert client.api.calls == ["inspect_image"]
+    assert client.pulled == []
+
+
+def test_failed_pull_is_a_clear_error_before_any_container() -> None:
+    client = RecordingClient({})
+    runner = DockerRunner(client)
+    spec = RunSpec(dict(OPTIONS, image="127.0.0.1:9/x:y"), timeout_s=5, output_bytes=100, pull="if-missing")
+    with pytest.raises(ImageMissingError) as info:
+        runner.execute(spec, Payload("print(1)"))
+    assert "pulling it failed" in info.value.message
+    assert "connection refused" in info.value.message
+    assert client.pulled == ["127.0.0.1:9/x:y"]
+    assert "create_container" not in client.api.calls
+
+
+@pytest.mark.parametrize("key", ["command", "entrypoint", "tty", "stdin_open", "log_config"])
+def test_runner_owned_keys_in_options_are_refused(key: str) -> None:
+    client = RecordingClient({OPTIONS["image"]: "sha256:" + "1" * 64})
+    with pytest.raises(UnsafeOptionsError):
+        DockerRunner(client).prepare(RunSpec(dict(OPTIONS, **{key: ["sh"]}), timeout_s=5, output_bytes=100))
+    assert client.api.calls == []
+
+
+def test_unreachable_engine_is_engine_unavailable(tmp_path: Any) -> None:
+    runner = DockerRunner(base_url=f"unix://{tmp_path}/no-such.sock")
+    with pytest.raises(EngineUnavailableError):
+        runner.image_id("anything")
+
+
+def test_outcome_fields_are_frozen() -> None:
+    out: Outcome = make_outcome()
+    with pytest.raises(AttributeError):
+        out.exit_code = 1  # type: ignore[misc]
