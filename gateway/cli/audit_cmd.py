@@ -1,10 +1,173 @@
-"""Placeholder: sub-commands are registered here."""
+"""``gateway audit verify | query | repair``: work on a trail directory.
+
+Trail directory precedence: the ``DIR`` argument, ``GATEWAY_AUDIT_DIR``, ``./audit``. The HMAC key comes
+from ``--key-file`` or, as for the writer, ``GATEWAY_AUDIT_KEY_FILE`` / ``GATEWAY_AUDIT_KEY``.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import sys
+from typing import Any, TextIO
+
+from gateway.audit.jsonl import repair_trail
+from gateway.audit.query import QueryFilters, parse_time, query_trail
+from gateway.audit.segments import key_from_env, load_key, resolve_directory
+from gateway.audit.verify import verify_trail
+from gateway.errors import EXIT_USAGE
+
+__all__ = ["register"]
+
+EXIT_BROKEN = 1
+"""``verify`` found a break."""
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    del sub
+    audit = sub.add_parser("audit", help="verify, query and repair the audit trail")
+    commands = audit.add_subparsers(dest="audit_command", metavar="AUDIT_COMMAND")
+    commands.required = True
+
+    verify = commands.add_parser("verify", help="recompute the hash chain; exit 0 intact, 1 broken")
+    verify.add_argument(
+        "directory", nargs="?", metavar="DIR", help="trail directory (default: $GATEWAY_AUDIT_DIR or ./audit)"
+    )
+    verify.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
+    verify.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    verify.set_defaults(func=_verify)
+
+    query = commands.add_parser("query", help="print matching records (streaming)")
+    query.add_argument("directory", nargs="?", metavar="DIR", help="trail directory")
+    query.add_argument("--since", metavar="TIME", help="RFC 3339 time, inclusive")
+    query.add_argument("--until", metavar="TIME", help="RFC 3339 time, exclusive")
+    query.add_argument("--principal")
+    query.add_argument("--decision", choices=("allow", "deny"))
+    query.add_argument("--rule", metavar="ID", help="decisions in which this rule did not pass")
+    query.add_argument("--image")
+    query.add_argument("--event-type", action="append", metavar="TYPE", help="repeatable")
+    query.add_argument("--request-id")
+    query.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    query.set_defaults(func=_query)
+
+    repair = commands.add_parser("repair", help="seal a torn or broken tail with a recorded recovery event")
+    repair.add_argument("directory", nargs="?", metavar="DIR", help="trail directory")
+    repair.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
+    repair.add_argument("--yes", action="store_true", help="really do it (moves the broken tail to quarantine/)")
+    repair.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    repair.set_defaults(func=_repair)
+
+
+def _key(args: argparse.Namespace) -> bytes | None:
+    return load_key(args.key_file) if args.key_file else key_from_env()
+
+
+def _verify(args: argparse.Namespace) -> int:
+    report = verify_trail(resolve_directory(args.directory), key=_key(args))
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+        return 0 if report.ok else EXIT_BROKEN
+    hmac = "hashes and HMACs" if report.hmac_checked else "hashes"
+    print(f"records checked: {report.records_checked} in {report.segments} segment(s) ({hmac})")
+    if report.hmac_present and not report.hmac_checked:
+        print("note: records carry HMACs but no key was given; only the hash chain was checked")
+    brk = report.first_break
+    if brk is None:
+        print(f"OK: chain intact up to seq {report.last_seq}")
+        return 0
+    print(f"BROKEN at seq {brk.seq} ({brk.segment} line {brk.line}): {brk.reason}: {brk.detail}")
+    return EXIT_BROKEN
+
+
+def _summary(record: dict[str, Any]) -> str:
+    data = record.get("data") or {}
+    kind = record.get("event_type")
+    if kind == "policy.decision":
+        decision = data.get("decision") or {}
+        verdict = "allow" if decision.get("allowed") else "deny"
+        rules = ",".join(sorted({str(v.get("rule")) for v in decision.get("violations") or () if isinstance(v, dict)}))
+        return f"{verdict} {rules}".strip()
+    if kind == "execution.outcome":
+        parts = [f"exit={data.get('exit_code')}"]
+        parts.extend(flag for flag in ("timed_out", "oom_killed") if data.get(flag))
+        parts.append(f"{data.get('duration_ms')}ms")
+        return " ".join(parts)
+    if kind == "request.received":
+        request = data.get("request") or {}
+        return f"image={request.get('image', '-')} code={request.get('code_bytes', '-')}B"
+    if kind in ("policy.loaded", "policy.reloaded"):
+        return f"{data.get('name')} {str(data.get('sha256'))[:12]}"
+    if kind == "recovery":
+        return f"last_good_seq={data.get('last_good_seq')} dropped={data.get('dropped_bytes')}B"
+    if kind == "containers.reaped":
+        return f"{len(data.get('container_ids') or ())} container(s)"
+    return ""
+
+
+_COLUMNS = (("seq", 7), ("timestamp", 27), ("event_type", 18), ("request_id", 36), ("principal", 16))
+
+
+def _print_row(out: TextIO, values: list[str], last: str) -> None:
+    cells = [value[:width].ljust(width) for value, (_name, width) in zip(values, _COLUMNS, strict=True)]
+    out.write(" ".join([*cells, last]).rstrip() + "\n")
+
+
+def _query(args: argparse.Namespace) -> int:
+    filters = QueryFilters(
+        since=None if args.since is None else parse_time(args.since),
+        until=None if args.until is None else parse_time(args.until),
+        principal=args.principal,
+        decision=args.decision,
+        rule=args.rule,
+        image=args.image,
+        event_types=None if not args.event_type else frozenset(args.event_type),
+        request_id=args.request_id,
+    )
+
+    def skipped(segment: str, line: int) -> None:
+        print(f"warning: {segment} line {line} is not a complete record; skipped", file=sys.stderr)
+
+    records = query_trail(resolve_directory(args.directory), filters, on_skip=skipped)
+    out = sys.stdout
+    try:
+        if not args.json:
+            _print_row(out, [name for name, _w in _COLUMNS], "summary")
+        for record in records:
+            if args.json:
+                out.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+            else:
+                values = [str(record.get(name) if record.get(name) is not None else "-") for name, _w in _COLUMNS]
+                _print_row(out, values, _summary(record))
+        out.flush()
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        return 0
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    directory = resolve_directory(args.directory)
+    key = _key(args)
+    if not args.yes:
+        report = verify_trail(directory, key=key)
+        brk = report.first_break
+        if brk is None:
+            print(f"trail intact ({report.records_checked} records); nothing to repair")
+            return 0
+        print(f"BROKEN at seq {brk.seq} ({brk.segment} line {brk.line}): {brk.reason}: {brk.detail}")
+        print(
+            f"repair would move everything from {brk.segment} byte {brk.offset} on to quarantine/ and append a "
+            f"recovery record at seq {brk.seq}; re-run with --yes",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    result = repair_trail(directory, key=key)
+    if args.json:
+        print(json.dumps(result.to_dict(), sort_keys=True))
+    elif result.repaired:
+        print(
+            f"sealed: recovery record at seq {result.recovery_seq} after seq {result.last_good_seq}; "
+            f"{result.dropped_bytes} bytes moved to quarantine/ ({', '.join(result.quarantined)})"
+        )
+        print(f"reason: {result.reason}")
+    else:
+        print(f"trail intact up to seq {result.last_good_seq}; nothing to repair")
+    return 0

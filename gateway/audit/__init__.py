@@ -1,0 +1,40 @@
+"""The tamper-evident audit trail: one canonical, hash-chained record per event.
+
+The gateway writes through an :class:`AuditSink` passed to it (never a global): :class:`JsonlAuditTrail` on
+disk, :class:`MemoryAuditSink` in unit tests. :func:`verify_trail`, :func:`query_trail` and
+:func:`repair_trail` work on a trail directory; ``audit/README.md`` documents the format.
+"""
+
+from __future__ import annotations
+
+from gateway.audit.canonical import GENESIS_HASH, CanonicalError, canonical_bytes
+from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION, AuditReceipt, AuditSink
+from gateway.audit.jsonl import JsonlAuditTrail, RepairReport, repair_trail
+from gateway.audit.memory import MemoryAuditSink
+from gateway.audit.query import QueryFilters, query_trail
+from gateway.audit.segments import AuditIO, key_from_env, load_key, resolve_directory
+from gateway.audit.verify import REASONS, BreakInfo, VerifyReport, verify_trail
+
+__all__ = [
+    "EVENT_TYPES",
+    "GENESIS_HASH",
+    "REASONS",
+    "SCHEMA_VERSION",
+    "AuditIO",
+    "AuditReceipt",
+    "AuditSink",
+    "BreakInfo",
+    "CanonicalError",
+    "JsonlAuditTrail",
+    "MemoryAuditSink",
+    "QueryFilters",
+    "RepairReport",
+    "VerifyReport",
+    "canonical_bytes",
+    "key_from_env",
+    "load_key",
+    "query_trail",
+    "repair_trail",
+    "resolve_directory",
+    "verify_trail",
+]

@@ -1,0 +1,74 @@
+"""The audit sink interface: what the gateway calls to leave evidence of every event.
+
+A sink stamps (ids, time, trace, gateway identity), redacts (secrets and bulky payloads), chains
+(``seq``, ``prev_hash``, ``hash``, ``hmac``) and writes each record, and returns only once the record is
+durable. Any failure to make a record durable raises :class:`gateway.errors.AuditUnavailableError`: the
+caller must then deny the request (fail closed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+__all__ = ["EVENT_TYPES", "SCHEMA_VERSION", "AuditReceipt", "AuditSink"]
+
+SCHEMA_VERSION: Final = "gateway.audit/v1"
+"""Value of the ``schema`` field of every record written by this version."""
+
+EVENT_TYPES: Final = frozenset(
+    {
+        "gateway.start",
+        "gateway.stop",
+        "policy.loaded",
+        "policy.reloaded",
+        "policy.rejected",
+        "request.received",
+        "request.invalid",
+        "policy.decision",
+        "image.pulled",
+        "execution.outcome",
+        "containers.reaped",
+        "recovery",
+    }
+)
+"""Every ``event_type`` a record may carry; ``schemas/audit-record.schema.json`` describes each ``data``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReceipt:
+    """Proof that one record is durable in the trail."""
+
+    event_id: str
+    """The record's ``event_id`` (a UUID)."""
+    seq: int
+    """Its position in the trail (contiguous from 1, across segments and processes)."""
+    hash: str
+    """Its ``hash`` (hex sha256 of the canonical record without ``hash``/``hmac``)."""
+    segment: str | None
+    """File name of the segment that holds it, or ``None`` for sinks without files."""
+
+
+@runtime_checkable
+class AuditSink(Protocol):
+    """Where audit records go. Implementations: :class:`JsonlAuditTrail`, :class:`MemoryAuditSink`."""
+
+    def append(
+        self,
+        event_type: str,
+        data: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        principal: str | None = None,
+        policy: Mapping[str, str] | None = None,
+    ) -> AuditReceipt:
+        """Stamp, redact, chain and durably write one record.
+
+        Raises :class:`gateway.errors.AuditUnavailableError` on any failure to make it durable.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release files and locks; further appends fail closed."""
+        ...

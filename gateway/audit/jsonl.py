@@ -1,0 +1,528 @@
+"""The hash-chained, append-only JSONL audit trail.
+
+Layout of a trail directory (see ``audit/README.md``)::
+
+    trail-000001.jsonl   segments, one sealed record per line, rotated by size
+    trail-000002.jsonl   the first record of a segment chains to the last of the previous one
+    .lock                flock(2): writers exclusive, verifiers shared
+    quarantine/          bytes cut off by ``repair`` (evidence, never deleted)
+
+Every ``append`` runs, under a thread lock and the directory's file lock: re-read the tail if another
+process wrote since (so ``seq`` is contiguous across processes), chain, write the line with one
+``O_APPEND`` write, and ``fsync`` — or, with ``group_commit``, leave the fsync to one leader thread that
+syncs every record written so far; ``append`` still returns only once its record is durable.
+
+Fail closed: any failure (directory missing or read-only, disk full, lock failure, fsync error, broken
+tail) raises :class:`~gateway.errors.AuditUnavailableError`. A failed write is rolled back with
+``ftruncate`` so the trail stays well formed; when even that fails the writer refuses all further appends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from gateway.audit.canonical import (
+    GENESIS_HASH,
+    CanonicalError,
+    LineError,
+    digest,
+    extract_prev_hash,
+    extract_seq,
+    mac,
+    split_line,
+)
+from gateway.audit.interface import AuditReceipt
+from gateway.audit.redact import RecordPipeline, SealedRecord, chain
+from gateway.audit.segments import (
+    LOCK_NAME,
+    QUARANTINE_DIR,
+    AuditIO,
+    key_from_env,
+    list_segments,
+    resolve_directory,
+    segment_name,
+)
+from gateway.audit.verify import verify_trail
+from gateway.errors import AuditError, AuditIntegrityError, AuditUnavailableError
+
+__all__ = ["JsonlAuditTrail", "RepairReport", "TailState", "read_tail", "repair_trail"]
+
+_TAIL_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class TailState:
+    """Where the chain ends on disk."""
+
+    index: int
+    """Index of the newest segment (0 when the directory holds none)."""
+    size: int
+    """Size in bytes of that segment."""
+    seq: int
+    """``seq`` of the last record (0 for an empty trail)."""
+    hash: str
+    """``hash`` of the last record (:data:`GENESIS_HASH` for an empty trail)."""
+    keyed: bool | None
+    """Whether the last record carries an ``hmac`` (``None`` for an empty trail)."""
+
+
+def _last_line(fd: int, size: int) -> bytes:
+    """The last line of a file whose last byte is a newline, reading backwards in chunks."""
+    end = size - 1  # skip the final newline
+    pieces: list[bytes] = []
+    pos = end
+    while pos > 0:
+        start = max(0, pos - _TAIL_CHUNK)
+        chunk = os.pread(fd, pos - start, start)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            pieces.append(chunk[cut + 1 :])
+            break
+        pieces.append(chunk)
+        pos = start
+    pieces.reverse()
+    return b"".join(pieces) + b"\n"
+
+
+def _integrity(message: str) -> AuditUnavailableError:
+    """A broken trail refuses appends: unavailable for the caller, integrity as the cause."""
+    cause = AuditIntegrityError(message)
+    error = AuditUnavailableError(
+        f"the audit trail is broken and will not be extended: {message}", hint=AuditIntegrityError.hint
+    )
+    error.__cause__ = cause
+    return error
+
+
+def read_tail(directory: Path, key: bytes | None, *, check_key: bool = True) -> TailState:
+    """Read and check the end of the chain: a torn or altered last record raises (the writer refuses)."""
+    segments = list_segments(directory)
+    if not segments:
+        return TailState(0, 0, 0, GENESIS_HASH, None)
+    newest_index, newest_path = segments[-1]
+    newest_size = newest_path.stat().st_size
+    for _index, path in reversed(segments):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            if os.pread(fd, 1, size - 1) != b"\n":
+                raise _integrity(f"{path.name} ends with a torn (incomplete) line")
+            line = _last_line(fd, size)
+        finally:
+            os.close(fd)
+        try:
+            body, stored_hash, stored_mac = split_line(line)
+            seq = extract_seq(body)
+            extract_prev_hash(body)
+        except LineError as exc:
+            raise _integrity(f"the last line of {path.name} is not a sealed record ({exc})") from None
+        if digest(body) != stored_hash:
+            raise _integrity(f"the last record of {path.name} (seq {seq}) does not match its hash")
+        if check_key:
+            if key is not None and stored_mac is None:
+                raise _integrity("a key is configured but the trail was written without one; start a new directory")
+            if key is None and stored_mac is not None:
+                raise _integrity("the trail is keyed (HMAC); configure its key (GATEWAY_AUDIT_KEY_FILE)")
+            if key is not None and stored_mac is not None and mac(key, body) != stored_mac:
+                raise _integrity(f"the last record of {path.name} (seq {seq}) fails its HMAC (wrong key?)")
+        return TailState(newest_index, newest_size, seq, stored_hash, stored_mac is not None)
+    return TailState(newest_index, newest_size, 0, GENESIS_HASH, None)
+
+
+def _unavailable(action: str, exc: OSError) -> AuditUnavailableError:
+    reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+    return AuditUnavailableError(f"cannot {action}: {reason}")
+
+
+class JsonlAuditTrail:
+    """Append-only, hash-chained JSONL segments in one directory; safe across threads and processes."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        key: bytes | None = None,
+        segment_max_bytes: int = 64 << 20,
+        group_commit: bool = False,
+        code_max_bytes: int = 65536,
+        host: str | None = None,
+        io: AuditIO | None = None,
+    ) -> None:
+        if segment_max_bytes <= 0:
+            raise ValueError("segment_max_bytes must be positive")
+        self.directory = Path(directory)
+        self.key = key
+        self.segment_max_bytes = segment_max_bytes
+        self.group_commit = group_commit
+        self._pipeline = RecordPipeline(code_max_bytes=code_max_bytes, host=host)
+        self._io = io if io is not None else AuditIO()
+        self._lock = threading.Lock()  # serialises writers of this instance; taken before the file lock
+        self._sync = threading.Condition(threading.Lock())  # group commit state below
+        self._written_gen = 0
+        self._durable_gen = 0
+        self._syncing = False
+        self._failed: str | None = None
+        self._closed = False
+        self._pid = -1
+        self._lock_fd: int | None = None
+        self._fd: int | None = None
+        self._tail: TailState | None = None
+
+    @classmethod
+    def from_env(cls, directory: str | Path | None = None, **kwargs: Any) -> JsonlAuditTrail:
+        """Directory: argument > ``GATEWAY_AUDIT_DIR`` > ``./audit``; key: ``GATEWAY_AUDIT_KEY_FILE`` or
+        ``GATEWAY_AUDIT_KEY`` (hex) when set."""
+        return cls(resolve_directory(directory), key=key_from_env(), **kwargs)
+
+    # --- public -------------------------------------------------------------------------------------
+
+    def append(
+        self,
+        event_type: str,
+        data: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        principal: str | None = None,
+        policy: Mapping[str, str] | None = None,
+    ) -> AuditReceipt:
+        try:
+            record = self._pipeline.build(event_type, data, request_id=request_id, principal=principal, policy=policy)
+        except (CanonicalError, KeyError, TypeError) as exc:
+            raise AuditUnavailableError(f"cannot build the {event_type!r} audit record: {exc}") from exc
+        with self._lock:
+            if self._closed:
+                raise AuditUnavailableError("the audit trail is closed")
+            if self._failed is not None:
+                raise AuditUnavailableError(f"the audit trail failed earlier and refuses appends: {self._failed}")
+            self._ensure_open()
+            sealed, segment, generation = self._append_locked(record)
+        if self.group_commit:
+            self._await_durable(generation)
+        return AuditReceipt(sealed.record["event_id"], sealed.record["seq"], sealed.hash, segment)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._retire_segment()
+            finally:
+                self._close_fd("_lock_fd")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals (all called with self._lock held) --------------------------------------------------
+
+    def _close_fd(self, attr: str) -> None:
+        fd = getattr(self, attr)
+        setattr(self, attr, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _ensure_open(self) -> None:
+        if self._pid != os.getpid():  # first use, or a forked child: never share the parent's lock
+            self._lock_fd = None
+            self._fd = None
+            self._tail = None
+            self._pid = os.getpid()
+        if self._lock_fd is None:
+            try:
+                self._io.mkdir(str(self.directory))
+                self._lock_fd = self._io.open(str(self.directory / LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o640)
+            except OSError as exc:
+                raise _unavailable(f"open the audit directory {self.directory}", exc) from exc
+
+    def _segment_path(self, index: int) -> Path:
+        return self.directory / segment_name(index)
+
+    def _tail_is_current(self, tail: TailState) -> bool:
+        if self._fd is None or tail.index == 0:
+            return False
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0 or st.st_size != tail.size:
+            return False
+        return not self._segment_path(tail.index + 1).exists()
+
+    def _sync_tail(self) -> TailState:
+        tail = self._tail
+        if tail is not None and self._tail_is_current(tail):
+            return tail
+        self._retire_segment()
+        tail = read_tail(self.directory, self.key)
+        if tail.index == 0:
+            tail = TailState(1, 0, tail.seq, tail.hash, tail.keyed)
+            self._fd = self._create_segment(1)
+        else:
+            self._fd = self._io.open(str(self._segment_path(tail.index)), os.O_WRONLY | os.O_APPEND)
+        self._tail = tail
+        return tail
+
+    def _create_segment(self, index: int) -> int:
+        fd = self._io.open(str(self._segment_path(index)), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._io.fsync_dir(str(self.directory))
+        return fd
+
+    def _retire_segment(self) -> None:
+        """Make what this instance wrote to the current segment durable, then close it."""
+        if self._fd is None:
+            return
+        try:
+            if self._written_gen > self._durable_gen:
+                self._io.fsync(self._fd)
+                with self._sync:
+                    self._durable_gen = self._written_gen
+                    self._sync.notify_all()
+        except OSError as exc:
+            self._fail(f"fsync failed: {exc.strerror}")
+            raise _unavailable("fsync the audit segment", exc) from exc
+        finally:
+            self._close_fd("_fd")
+
+    def _fail(self, reason: str) -> None:
+        self._failed = reason
+        with self._sync:
+            self._sync.notify_all()
+
+    def _append_locked(self, record: dict[str, Any]) -> tuple[SealedRecord, str, int]:
+        lock_fd = self._lock_fd
+        if lock_fd is None:
+            raise AuditUnavailableError("the audit lock file is not open")
+        try:
+            self._io.flock(lock_fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise _unavailable("lock the audit trail", exc) from exc
+        try:
+            try:
+                tail = self._sync_tail()
+            except AuditError:
+                raise
+            except OSError as exc:
+                raise _unavailable(f"open the audit trail in {self.directory}", exc) from exc
+            try:
+                sealed = chain(record, seq=tail.seq + 1, prev_hash=tail.hash, key=self.key)
+            except CanonicalError as exc:
+                raise AuditUnavailableError(f"cannot serialise the audit record: {exc}") from exc
+            line = sealed.line
+            if tail.size > 0 and tail.size + len(line) > self.segment_max_bytes:
+                self._retire_segment()
+                try:
+                    self._fd = self._create_segment(tail.index + 1)
+                except OSError as exc:
+                    raise _unavailable("create a new audit segment", exc) from exc
+                tail = TailState(tail.index + 1, 0, tail.seq, tail.hash, tail.keyed)
+                self._tail = tail
+            fd = self._write(line, tail.size)
+            if not self.group_commit:
+                try:
+                    self._io.fsync(fd)
+                except OSError as exc:
+                    self._fail(f"fsync failed: {exc.strerror}")
+                    raise _unavailable("fsync the audit segment", exc) from exc
+            self._tail = TailState(tail.index, tail.size + len(line), tail.seq + 1, sealed.hash, self.key is not None)
+            self._written_gen += 1
+            if not self.group_commit:
+                self._durable_gen = self._written_gen
+            return sealed, segment_name(tail.index), self._written_gen
+        finally:
+            try:
+                self._io.flock(lock_fd, fcntl.LOCK_UN)
+            except OSError:
+                self._fail("cannot release the audit lock")
+
+    def _write_all(self, fd: int, line: bytes) -> None:
+        view = memoryview(line)
+        while view:
+            written = self._io.write(fd, view)
+            if written <= 0:
+                raise OSError(errno.EIO, "short write")
+            view = view[written:]
+
+    def _write(self, line: bytes, start_size: int) -> int:
+        fd = self._fd
+        if fd is None:
+            raise AuditUnavailableError("no audit segment is open")
+        try:
+            self._write_all(fd, line)
+        except OSError as exc:
+            try:
+                self._io.ftruncate(fd, start_size)  # roll back a partial line: the trail stays well formed
+            except OSError as trunc_exc:
+                self._fail(f"write failed and could not be rolled back: {trunc_exc.strerror}")
+            self._tail = None  # re-read the tail next time
+            self._close_fd("_fd")
+            raise _unavailable("write the audit record", exc) from exc
+        return fd
+
+    # --- group commit ---------------------------------------------------------------------------------
+
+    def _await_durable(self, generation: int) -> None:
+        while True:
+            with self._sync:
+                while True:
+                    if self._durable_gen >= generation:
+                        return
+                    if self._failed is not None:
+                        raise AuditUnavailableError(f"the audit record could not be made durable: {self._failed}")
+                    if not self._syncing:
+                        self._syncing = True
+                        break
+                    self._sync.wait()
+            try:
+                with self._lock:
+                    fd = os.dup(self._fd) if self._fd is not None else None
+                    target = self._written_gen
+                if fd is not None:
+                    try:
+                        self._io.fsync(fd)
+                    finally:
+                        os.close(fd)
+            except OSError as exc:
+                with self._sync:
+                    self._failed = f"fsync failed: {exc.strerror}"
+                    self._syncing = False
+                    self._sync.notify_all()
+                raise _unavailable("fsync the audit segment", exc) from exc
+            with self._sync:
+                self._durable_gen = max(self._durable_gen, target)
+                self._syncing = False
+                self._sync.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What ``repair_trail`` found and did."""
+
+    repaired: bool
+    """Whether a recovery record was written (``False`` when the trail was already intact)."""
+    reason: str
+    """Why: the verifier's first break, or ``"intact"``."""
+    last_good_seq: int
+    last_good_hash: str
+    dropped_bytes: int
+    """Bytes moved to ``quarantine/`` (the torn or untrusted tail)."""
+    quarantined: tuple[str, ...]
+    """Files written under ``quarantine/``."""
+    recovery_seq: int | None
+    """``seq`` of the recovery record written, if any."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repaired": self.repaired,
+            "reason": self.reason,
+            "last_good_seq": self.last_good_seq,
+            "last_good_hash": self.last_good_hash,
+            "dropped_bytes": self.dropped_bytes,
+            "quarantined": list(self.quarantined),
+            "recovery_seq": self.recovery_seq,
+        }
+
+
+def _copy_out(src: Path, offset: int, dest: Path) -> int:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    with src.open("rb") as fin, dest.open("xb") as fout:
+        fin.seek(offset)
+        while chunk := fin.read(1 << 20):
+            fout.write(chunk)
+            copied += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return copied
+
+
+def repair_trail(
+    directory: str | Path,
+    *,
+    key: bytes | None = None,
+    host: str | None = None,
+    code_max_bytes: int = 65536,
+) -> RepairReport:
+    """Seal a broken trail: cut everything from the first break on into ``quarantine/`` and append a
+    ``recovery`` record chained to the last good one. An explicit operator action (``gateway audit repair``).
+
+    Refuses when no record at all verifies under the given key and the break is an HMAC failure (a wrong key
+    would otherwise quarantine the whole trail).
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise AuditError(f"no audit trail directory at {root}")
+    lock_fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        report = verify_trail(root, key=key, lock=False)
+        if report.first_break is None:
+            return RepairReport(False, "intact", report.last_seq, report.last_hash, 0, (), None)
+        brk = report.first_break
+        if brk.reason == "bad_hmac" and brk.seq == 1:
+            raise AuditError(
+                "the first record fails its HMAC: the key does not match this trail; refusing to quarantine it all"
+            )
+        last_seq, last_hash = brk.seq - 1, brk.prev_hash
+        stamp = str(os.getpid()) + "-" + digest(os.urandom(16))[:8]
+        quarantine = root / QUARANTINE_DIR
+        moved: list[str] = []
+        dropped = 0
+        segments = list_segments(root)
+        break_index = next(index for index, path in segments if path.name == brk.segment)
+        for index, path in segments:
+            if index < break_index:
+                continue
+            if index == break_index:
+                dest = quarantine / f"{path.name}.from-{brk.offset}.{stamp}.dropped"
+                dropped += _copy_out(path, brk.offset, dest)
+                moved.append(dest.name)
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.ftruncate(fd, brk.offset)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                dest = quarantine / f"{path.name}.{stamp}.dropped"
+                quarantine.mkdir(parents=True, exist_ok=True)
+                dropped += path.stat().st_size
+                os.rename(path, dest)
+                moved.append(dest.name)
+        AuditIO().fsync_dir(str(root))
+        reason = f"{brk.reason} at seq {brk.seq} ({brk.segment} line {brk.line}): {brk.detail}"
+        pipeline = RecordPipeline(code_max_bytes=code_max_bytes, host=host)
+        record = pipeline.build(
+            "recovery",
+            {
+                "reason": reason,
+                "dropped_bytes": dropped,
+                "last_good_seq": last_seq,
+                "last_good_hash": last_hash,
+                "quarantined": moved,
+            },
+            request_id=None,
+            principal=None,
+            policy=None,
+        )
+        sealed = chain(record, seq=last_seq + 1, prev_hash=last_hash, key=key)
+        target = root / brk.segment
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            os.write(fd, sealed.line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return RepairReport(True, reason, last_seq, last_hash, dropped, tuple(moved), last_seq + 1)
+    finally:
+        os.close(lock_fd)

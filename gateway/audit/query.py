@@ -1,0 +1,159 @@
+"""Query a trail: stream records that match filters, one line at a time (constant memory).
+
+Filters combine with AND. ``decision`` and ``rule`` select ``policy.decision`` records only: ``rule`` matches
+a decision in which that rule did not pass (status ``fail``, ``error`` or ``warn``). ``image`` matches the
+image named by a request, a decision (plan or options), a pull or an outcome. ``since`` is inclusive,
+``until`` exclusive. Querying does not verify the chain (``gateway audit verify`` does); lines that are not
+complete JSON records (a torn tail) are skipped and reported to ``on_skip``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.audit.redact import utc_timestamp
+from gateway.audit.segments import list_segments
+from gateway.errors import AuditError
+
+__all__ = ["QueryFilters", "parse_time", "query_trail"]
+
+_NOT_PASSED = frozenset({"fail", "error", "warn"})
+
+
+def parse_time(value: str | datetime) -> str:
+    """Normalise an RFC 3339 time (or a date) to the trail's timestamp text, so strings compare in order."""
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError as exc:
+            raise AuditError(f"not an RFC 3339 time: {value!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return utc_timestamp(moment)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryFilters:
+    """What to select; ``None`` means no constraint."""
+
+    since: str | None = None
+    until: str | None = None
+    principal: str | None = None
+    decision: str | None = None
+    """``"allow"`` or ``"deny"``."""
+    rule: str | None = None
+    image: str | None = None
+    event_types: frozenset[str] | None = None
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.decision not in (None, "allow", "deny"):
+            raise AuditError(f"decision filter must be 'allow' or 'deny', got {self.decision!r}")
+
+    def matches(self, record: dict[str, Any]) -> bool:
+        ts = record.get("timestamp")
+        if self.since is not None and not (isinstance(ts, str) and ts >= self.since):
+            return False
+        if self.until is not None and not (isinstance(ts, str) and ts < self.until):
+            return False
+        if self.event_types is not None and record.get("event_type") not in self.event_types:
+            return False
+        if self.principal is not None and record.get("principal") != self.principal:
+            return False
+        if self.request_id is not None and record.get("request_id") != self.request_id:
+            return False
+        data = record.get("data")
+        if not isinstance(data, dict):
+            data = {}
+        if self.decision is not None or self.rule is not None:
+            decision = data.get("decision") if record.get("event_type") == "policy.decision" else None
+            if not isinstance(decision, dict):
+                return False
+            if self.decision is not None and decision.get("allowed") is not (self.decision == "allow"):
+                return False
+            if self.rule is not None and not _rule_not_passed(decision, self.rule):
+                return False
+        return self.image is None or self.image in _images(data)
+
+
+def _rule_not_passed(decision: dict[str, Any], rule: str) -> bool:
+    for group in ("results", "violations", "warnings"):
+        for result in decision.get(group) or ():
+            if isinstance(result, dict) and result.get("rule") == rule and result.get("status") in _NOT_PASSED:
+                return True
+    return False
+
+
+def _images(data: dict[str, Any]) -> set[str]:
+    found: set[str] = set()
+    if isinstance(data.get("image"), str):
+        found.add(data["image"])
+    request = data.get("request")
+    if isinstance(request, dict) and isinstance(request.get("image"), str):
+        found.add(request["image"])
+    decision = data.get("decision")
+    if isinstance(decision, dict):
+        for part in ("plan", "options"):
+            section = decision.get(part)
+            if isinstance(section, dict) and isinstance(section.get("image"), str):
+                found.add(section["image"])
+    return found
+
+
+def query_trail(
+    directory: str | Path,
+    filters: QueryFilters | None = None,
+    *,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+    principal: str | None = None,
+    decision: str | None = None,
+    rule: str | None = None,
+    image: str | None = None,
+    event_types: Collection[str] | None = None,
+    request_id: str | None = None,
+    on_skip: Callable[[str, int], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield the records of the trail that match, in trail order; ``filters`` or keyword filters."""
+    if filters is None:
+        filters = QueryFilters(
+            since=None if since is None else parse_time(since),
+            until=None if until is None else parse_time(until),
+            principal=principal,
+            decision=decision,
+            rule=rule,
+            image=image,
+            event_types=None if event_types is None else frozenset(event_types),
+            request_id=request_id,
+        )
+    root = Path(directory)
+    if not root.is_dir():
+        raise AuditError(f"no audit trail directory at {root}")
+    return _scan(root, filters, on_skip)
+
+
+def _scan(root: Path, filters: QueryFilters, on_skip: Callable[[str, int], None] | None) -> Iterator[dict[str, Any]]:
+    needles: list[bytes] = []  # cheap byte pre-filter before parsing: exact JSON strings that must appear
+    for value in (filters.principal, filters.request_id, filters.rule, filters.image):
+        if value is not None:
+            needles.append(json.dumps(value).encode("ascii"))
+    for _index, path in list_segments(root):
+        with path.open("rb", buffering=1 << 20) as fh:
+            for line_no, raw in enumerate(fh, start=1):
+                if needles and not all(n in raw for n in needles):
+                    continue
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    if on_skip is not None:
+                        on_skip(path.name, line_no)
+                    continue
+                if isinstance(record, dict) and filters.matches(record):
+                    yield record

@@ -1,0 +1,320 @@
+"""The record pipeline: small processors that turn an event into a sealed line (structlog-style).
+
+``normalise`` → ``redact`` → ``stamp`` run in the caller's thread and build the unchained record; ``chain``
+runs under the trail lock and adds ``seq``, ``timestamp``, ``prev_hash`` and seals ``hash``/``hmac``. Both
+sinks (:class:`~gateway.audit.jsonl.JsonlAuditTrail`, :class:`~gateway.audit.memory.MemoryAuditSink`) use
+this same pipeline, so what a unit test sees in memory is byte for byte what the trail would hold.
+
+Redaction rules (each erased path is listed in the record's ``redacted``):
+
+* ``request.received``: ``data.request.code`` is kept up to ``code_max_bytes`` UTF-8 bytes (cut beyond, with
+  ``code_truncated``), plus ``code_sha256`` and ``code_bytes`` of the whole code; ``data.request.files``
+  becomes ``[{"name", "sha256", "bytes"}]`` (contents never kept); ``data.request.env`` becomes
+  ``env_names`` (values never kept).
+* ``policy.decision``: values of ``data.decision.options.environment`` become ``"<redacted>"``, and the
+  ``got`` of any rule result whose path is under ``$.env`` keeps names only.
+
+Numbers: records hold no floats. Inside ``data.request`` and ``data.decision`` (which carry caller-supplied
+JSON such as ``limits.cpus: 0.5``) a float is stored as its shortest round-trip decimal string (``"0.5"``);
+a float anywhere else is a programming error and raises :class:`~gateway.audit.canonical.CanonicalError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from opentelemetry import trace
+
+from gateway import __version__
+from gateway.audit.canonical import CanonicalError, canonical_bytes, check_json, seal
+from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
+
+__all__ = [
+    "REDACTED",
+    "Processor",
+    "RecordPipeline",
+    "SealedRecord",
+    "chain",
+    "json_path",
+    "normalise",
+    "redactor",
+    "stamper",
+    "utc_timestamp",
+]
+
+Record = dict[str, Any]
+Processor = Callable[[Record], Record]
+"""One pipeline step: takes the record being built, returns it (possibly the same dict, updated)."""
+
+REDACTED: Final = "<redacted>"
+"""Placeholder stored in place of an erased value where the shape must stay (docker ``environment``)."""
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FLOAT_SUBTREES: Final = ("request", "decision")
+
+
+def json_path(base: str, key: str | int) -> str:
+    """Append one step to a JSON path: ``$.a.b``, ``$.a['x/y.txt']``, ``$.a[3]``."""
+    if isinstance(key, int):
+        return f"{base}[{key}]"
+    if _IDENT.match(key):
+        return f"{base}.{key}"
+    escaped = key.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{base}['{escaped}']"
+
+
+def utc_timestamp(now: datetime | None = None) -> str:
+    """UTC RFC 3339 with microseconds and ``Z``: ``2024-05-01T12:00:00.123456Z``."""
+    moment = now if now is not None else datetime.now(UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _plain(value: Any, floats_ok: bool) -> Any:
+    """Deep copy into plain JSON types; floats become decimal strings only where ``floats_ok``.
+
+    Raises a bare :class:`CanonicalError`; :func:`normalise` then names the path (the fast path builds none).
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if floats_ok:
+            return repr(value)
+        raise CanonicalError
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalError
+            out[key] = _plain(item, floats_ok)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, floats_ok) for item in value]
+    raise CanonicalError
+
+
+def _without_floats(value: Any) -> Any:
+    if isinstance(value, float):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _without_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_floats(v) for v in value]
+    return value
+
+
+def normalise(record: Record) -> Record:
+    """Copy ``data`` into plain JSON (the caller's mapping is never mutated) and check the event type."""
+    event_type = record["event_type"]
+    if event_type not in EVENT_TYPES:
+        raise CanonicalError(f"unknown audit event type {event_type!r}")
+    data = record["data"]
+    if not isinstance(data, Mapping):
+        raise CanonicalError(f"$.data: expected an object, got {type(data).__name__}")
+    plain: dict[str, Any] = {}
+    for key, item in data.items():
+        if not isinstance(key, str):
+            raise CanonicalError(f"$.data: non-string key {key!r} in an audit record")
+        floats_ok = key in _FLOAT_SUBTREES
+        try:
+            plain[key] = _plain(item, floats_ok)
+        except CanonicalError:
+            check_json(item if not floats_ok else _without_floats(item), json_path("$.data", key))
+            raise
+    record["data"] = plain
+    policy = record.get("policy")
+    if policy is not None:
+        record["policy"] = {"name": str(policy["name"]), "sha256": str(policy["sha256"])}
+    return record
+
+
+def _sha256_text(value: Any) -> tuple[str, int]:
+    raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else canonical_bytes(value)
+    return hashlib.sha256(raw).hexdigest(), len(raw)
+
+
+def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[str]) -> None:
+    base = "$.data.request"
+    code = request.get("code")
+    if isinstance(code, str):
+        raw = code.encode("utf-8", "surrogatepass")
+        request["code_sha256"] = hashlib.sha256(raw).hexdigest()
+        request["code_bytes"] = len(raw)
+        request["code_truncated"] = len(raw) > code_max_bytes
+        if len(raw) > code_max_bytes:
+            request["code"] = raw[:code_max_bytes].decode("utf-8", "ignore")
+            erased.append(json_path(base, "code"))
+    files = request.get("files")
+    if isinstance(files, dict):
+        summary = []
+        for name in sorted(files):
+            sha, size = _sha256_text(files[name])
+            summary.append({"name": name, "sha256": sha, "bytes": size})
+            erased.append(json_path(json_path(base, "files"), name))
+        request["files"] = summary
+    env = request.get("env")
+    if isinstance(env, dict):
+        request["env_names"] = sorted(env)
+        erased.extend(json_path(json_path(base, "env"), name) for name in sorted(env))
+        del request["env"]
+
+
+def _names_only(got: Any) -> Any:
+    if isinstance(got, dict):
+        return sorted(got)
+    if isinstance(got, list):
+        return [item.split("=", 1)[0] if isinstance(item, str) else REDACTED for item in got]
+    return REDACTED
+
+
+def _redact_decision(decision: dict[str, Any], erased: list[str]) -> None:
+    base = "$.data.decision"
+    options = decision.get("options")
+    if isinstance(options, dict):
+        env = options.get("environment")
+        env_path = json_path(json_path(base, "options"), "environment")
+        if isinstance(env, dict):
+            for name in sorted(env):
+                env[name] = REDACTED
+                erased.append(json_path(env_path, name))
+        elif isinstance(env, list):
+            for index, item in enumerate(env):
+                if isinstance(item, str) and "=" in item:
+                    env[index] = item.split("=", 1)[0] + "=" + REDACTED
+                    erased.append(json_path(env_path, index))
+    for group in ("results", "violations", "warnings"):
+        results = decision.get(group)
+        if not isinstance(results, list):
+            continue
+        for index, result in enumerate(results):
+            if not isinstance(result, dict):
+                continue
+            path = result.get("path")
+            under_env = isinstance(path, str) and (path == "$.env" or path.startswith(("$.env.", "$.env[")))
+            if under_env and result.get("got") is not None:
+                result["got"] = _names_only(result["got"])
+                erased.append(json_path(json_path(json_path(base, group), index), "got"))
+
+
+def redactor(code_max_bytes: int) -> Processor:
+    """The redaction processor for a given code cap; sets ``redacted`` (sorted JSON paths)."""
+    if code_max_bytes < 0:
+        raise ValueError("code_max_bytes must be >= 0")
+
+    def redact(record: Record) -> Record:
+        erased: list[str] = []
+        data = record["data"]
+        if record["event_type"] == "request.received" and isinstance(data.get("request"), dict):
+            _redact_request(data["request"], code_max_bytes, erased)
+        if record["event_type"] == "policy.decision" and isinstance(data.get("decision"), dict):
+            _redact_decision(data["decision"], erased)
+        record["redacted"] = sorted(erased)
+        return record
+
+    return redact
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayIdentity:
+    """Who wrote a record: stamped as ``gateway`` in every record."""
+
+    version: str
+    host: str
+    pid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "host": self.host, "pid": self.pid}
+
+
+def _current_trace() -> tuple[str, str] | None:
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+def stamper(host: str | None = None, id_factory: Callable[[], str] | None = None) -> Processor:
+    """The stamping processor: ``schema``, ``event_id``, ``gateway`` and ``trace_id``/``span_id``.
+
+    The pid is read at each call so that a forked worker stamps its own.
+    """
+    host_name = host if host is not None else socket.gethostname()
+    new_id = id_factory if id_factory is not None else (lambda: str(uuid.uuid4()))
+
+    def stamp(record: Record) -> Record:
+        record["schema"] = SCHEMA_VERSION
+        record["event_id"] = new_id()
+        record["gateway"] = GatewayIdentity(__version__, host_name, os.getpid()).to_dict()
+        ids = _current_trace()
+        if ids is not None:
+            record["trace_id"], record["span_id"] = ids
+        return record
+
+    return stamp
+
+
+@dataclass(slots=True)
+class RecordPipeline:
+    """Runs the processors that build an unchained record from one ``append`` call."""
+
+    code_max_bytes: int = 65536
+    host: str | None = None
+    processors: list[Processor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.processors:
+            self.processors = [normalise, redactor(self.code_max_bytes), stamper(self.host)]
+
+    def build(
+        self,
+        event_type: str,
+        data: Mapping[str, Any],
+        *,
+        request_id: str | None,
+        principal: str | None,
+        policy: Mapping[str, str] | None,
+    ) -> Record:
+        record: Record = {
+            "event_type": event_type,
+            "data": data,
+            "request_id": request_id,
+            "principal": principal,
+            "policy": policy,
+        }
+        for processor in self.processors:
+            record = processor(record)
+        return record
+
+
+@dataclass(frozen=True, slots=True)
+class SealedRecord:
+    """A chained record ready to be written."""
+
+    record: Record
+    """The full record as a verifier would parse it (with ``hash`` and ``hmac``)."""
+    line: bytes
+    """The exact bytes to append, newline included."""
+    hash: str
+    hmac: str | None
+
+
+def chain(record: Record, *, seq: int, prev_hash: str, key: bytes | None, timestamp: str | None = None) -> SealedRecord:
+    """The chaining processor: runs under the trail lock, so ``seq`` and ``timestamp`` follow write order."""
+    body_record = dict(record)
+    body_record["seq"] = seq
+    body_record["prev_hash"] = prev_hash
+    body_record["timestamp"] = timestamp if timestamp is not None else utc_timestamp()
+    body = canonical_bytes(body_record)
+    line, digest, mac = seal(body, key)
+    full = dict(body_record)
+    full["hash"] = digest
+    if mac is not None:
+        full["hmac"] = mac
+    return SealedRecord(full, line, digest, mac)

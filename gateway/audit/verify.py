@@ -1,0 +1,498 @@
+"""Verify a trail: recompute the chain across segments, streaming, in constant memory.
+
+Each line is checked from the bytes on disk, never by re-serialising the record: the hashed body is the line
+minus its fixed-length ``hash``/``hmac`` suffix (see :mod:`gateway.audit.canonical`), ``seq`` and
+``prev_hash`` are read at known places in it. On the first anomaly a short look-ahead (and, for a gap, one
+scan of the rest) names what happened:
+
+``modified``   a record's bytes do not match its hash, or a record was altered and re-hashed (its
+               successor still chains to the original hash)
+``bad_hmac``   the hash matches but the HMAC does not (or is missing) under the given key: the chain was
+               re-forged by someone without the key
+``deleted``    records are missing (``seq`` jumps and the missing ones appear nowhere later)
+``inserted``   an extra record sits in the chain
+``duplicated`` a record appears twice
+``reordered``  records (or whole segments) are out of order: the expected one appears later
+``truncated``  the trail ends in a torn (incomplete) line, e.g. a writer killed mid-write
+
+``first_break.seq`` is the first ``seq`` that cannot be trusted; every record before it verified, and
+``records_checked`` counts them (the intact prefix). Removing whole records from the *end* of the trail leaves
+a valid shorter chain and is not detectable from the trail alone (anchor the last hash elsewhere for that).
+
+Large trails are verified in parallel: each segment's internal chain is self-contained, so worker processes
+(one per CPU) check whole segments, each on its own, and the parent stitches them in trail order (the first
+record of a segment must carry the next ``seq`` and the previous segment's last ``hash``). At the first segment
+that does not verify or stitch, the parent takes over in process from that segment's start with the chain
+state it has reached, so the break it reports (seq, segment, line, reason, look-ahead) is exactly the one a
+single pass reports. The per-line work itself is in :mod:`gateway.audit._scan`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hmac as _hmac
+import json
+import os
+import selectors
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from gateway.audit._scan import SegmentScan, decode_scan, scan_segment
+from gateway.audit.canonical import GENESIS_HASH, LineError, digest, extract_prev_hash, extract_seq, mac, split_line
+from gateway.audit.segments import LOCK_NAME, list_segments
+from gateway.errors import AuditError
+
+__all__ = ["PARALLEL_MIN_BYTES", "REASONS", "BreakInfo", "VerifyReport", "verify_trail"]
+
+REASONS: Final = ("modified", "bad_hmac", "deleted", "inserted", "duplicated", "reordered", "truncated")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakInfo:
+    """The first place where the trail stops being trustworthy."""
+
+    seq: int
+    """First ``seq`` that cannot be trusted (the intact prefix is every ``seq`` below it)."""
+    segment: str
+    """Segment file holding the offending line."""
+    line: int
+    """1-based line number in that segment."""
+    offset: int
+    """Byte offset of that line in the segment (where ``repair`` cuts)."""
+    reason: str
+    """One of :data:`REASONS`."""
+    detail: str
+    """What exactly was found, for people."""
+    prev_hash: str
+    """``hash`` of the last trusted record (what a recovery record chains to)."""
+    found_seq: int | None = None
+    """``seq`` written in the offending line, when it could be read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "segment": self.segment,
+            "line": self.line,
+            "offset": self.offset,
+            "reason": self.reason,
+            "detail": self.detail,
+            "prev_hash": self.prev_hash,
+            "found_seq": self.found_seq,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """Outcome of :func:`verify_trail`."""
+
+    records_checked: int
+    """Records in the intact prefix."""
+    ok: bool
+    first_break: BreakInfo | None
+    last_seq: int
+    """``seq`` of the last intact record (0 for an empty trail)."""
+    last_hash: str
+    """``hash`` of the last intact record (:data:`GENESIS_HASH` for an empty trail)."""
+    segments: int
+    """Segment files examined."""
+    hmac_checked: bool
+    """Whether HMACs were verified (a key was given)."""
+    hmac_present: bool
+    """Whether records carry HMACs (a keyed trail verified without its key has only its hashes checked)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "records_checked": self.records_checked,
+            "last_seq": self.last_seq,
+            "last_hash": self.last_hash,
+            "segments": self.segments,
+            "hmac_checked": self.hmac_checked,
+            "hmac_present": self.hmac_present,
+            "first_break": None if self.first_break is None else self.first_break.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    segment: str
+    line: int
+    offset: int
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    seq: int | None
+    prev: str | None
+    hash: str | None
+    problem: str | None  # reason when the line itself is bad
+    detail: str
+
+
+def _parse(raw: bytes, key: bytes | None) -> _Parsed:
+    if not raw.endswith(b"\n"):
+        return _Parsed(None, None, None, "truncated", f"torn line: {len(raw)} bytes without a final newline")
+    try:
+        body, stored_hash, stored_mac = split_line(raw)
+        seq = extract_seq(body)
+        prev = extract_prev_hash(body)
+    except LineError as exc:
+        return _Parsed(None, None, None, "modified", f"not a sealed record: {exc}")
+    if digest(body) != stored_hash:
+        return _Parsed(seq, prev, stored_hash, "modified", "the record's bytes do not match its hash")
+    if key is not None:
+        if stored_mac is None:
+            return _Parsed(seq, prev, stored_hash, "bad_hmac", "the record has no hmac")
+        if not _hmac.compare_digest(mac(key, body), stored_mac):
+            return _Parsed(seq, prev, stored_hash, "bad_hmac", "the record's hmac does not match (chain re-forged?)")
+    return _Parsed(seq, prev, stored_hash, None, "")
+
+
+def _read_lines(lines: Iterator[bytes], segment: str, line_no: int, offset: int) -> Iterator[_Line]:
+    for raw in lines:
+        line_no += 1
+        yield _Line(segment, line_no, offset, raw)
+        offset += len(raw)
+
+
+def _later(segments: list[tuple[Path, int | None]]) -> Iterator[_Line]:
+    for path, limit in segments:
+        with path.open("rb") as fh:
+            yield from _read_lines(fh if limit is None else _limited(fh, limit), path.name, 0, 0)
+
+
+class _Classifier:
+    """Names the first anomaly using a short look-ahead over what follows it."""
+
+    def __init__(self, rest: Iterator[_Line], key: bytes | None) -> None:
+        self._rest = rest
+        self._key = key
+
+    def next(self) -> tuple[_Line, _Parsed] | None:
+        item = next(self._rest, None)
+        return None if item is None else (item, _parse(item.raw, self._key))
+
+    def classify(
+        self,
+        here: _Line,
+        expected: int,
+        prev: str,
+        prev_prev: str | None,
+        prev_at: _Line | None,
+    ) -> BreakInfo:
+        cur = _parse(here.raw, self._key)
+
+        def at(reason: str, detail: str, line: _Line = here, seq: int = expected, chain_to: str = prev) -> BreakInfo:
+            return BreakInfo(seq, line.segment, line.line, line.offset, reason, detail, chain_to, cur.seq)
+
+        def fits(p: _Parsed | None) -> bool:
+            return p is not None and p.problem is None and p.seq == expected and p.prev == prev
+
+        if cur.problem is not None:
+            return at(cur.problem, cur.detail)
+        if cur.seq is None or cur.hash is None:  # pragma: no cover - _parse sets both when problem is None
+            return at("modified", "unreadable record")
+        if cur.seq == expected:  # right place, wrong link
+            following = self.next()
+            nxt = None if following is None else following[1]
+            if (
+                nxt is not None
+                and nxt.problem is None
+                and nxt.seq == expected + 1
+                and nxt.prev == cur.hash
+                and prev_at is not None
+                and prev_prev is not None
+            ):
+                return at(
+                    "modified",
+                    f"seq {expected - 1} was altered and re-hashed: seq {expected} still chains to its original hash",
+                    prev_at,
+                    expected - 1,
+                    prev_prev,
+                )
+            if fits(nxt):
+                return at("inserted", f"an extra record claiming seq {expected} precedes the real one")
+            return at("modified", f"seq {expected} does not chain to seq {expected - 1} (prev_hash differs)")
+        if cur.seq < expected:
+            if cur.hash == prev:
+                return at("duplicated", f"seq {cur.seq} appears twice in a row")
+            if cur.seq == expected - 1 and cur.prev == prev_prev and prev_at is not None and prev_prev is not None:
+                return at(
+                    "inserted",
+                    f"the record before this one is not in the chain: seq {cur.seq} chains to seq {cur.seq - 1}",
+                    prev_at,
+                    expected - 1,
+                    prev_prev,
+                )
+            following = self.next()
+            if following is not None and fits(following[1]):
+                return at("inserted", f"an extra record (claiming seq {cur.seq}) sits before seq {expected}")
+            return at("duplicated", f"seq {cur.seq} appears again where seq {expected} was expected")
+        # cur.seq > expected: a gap here
+        following = self.next()
+        if following is not None and fits(following[1]):
+            after = self.next()
+            swapped = (
+                cur.seq == expected + 1
+                and cur.prev == following[1].hash
+                and (after is None or after[1].hash != cur.hash)
+            )
+            if swapped:
+                return at("reordered", f"seq {cur.seq} is stored before seq {expected}")
+            return at("inserted", f"an extra record (claiming seq {cur.seq}) sits before seq {expected}")
+        while following is not None:
+            if fits(following[1]):
+                where = following[0]
+                return at(
+                    "reordered",
+                    f"seq {expected} is stored later ({where.segment} line {where.line}) than seq {cur.seq}",
+                )
+            following = self.next()
+        missing = f"seq {expected}" if cur.seq == expected + 1 else f"seq {expected} to {cur.seq - 1}"
+        return at("deleted", f"{missing} missing: seq {cur.seq} follows seq {expected - 1}")
+
+
+def _snapshot(root: Path, lock: bool) -> list[tuple[Path, int | None]]:
+    """Segments and the size of the newest, read under a shared lock so no line is half written."""
+    lock_fd = None
+    if lock:
+        try:
+            lock_fd = os.open(root / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            lock_fd = None  # no writer ever ran here, or the directory is read-only to us
+    try:
+        if lock_fd is not None:
+            fcntl.flock(lock_fd, fcntl.LOCK_SH)
+        segments = list_segments(root)
+        out: list[tuple[Path, int | None]] = [(path, None) for _i, path in segments]
+        if out:
+            out[-1] = (out[-1][0], out[-1][0].stat().st_size)
+        return out
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+PARALLEL_MIN_BYTES: Final = 96 << 20
+"""Below this many bytes (or with a single segment) ``verify_trail`` runs in process: starting worker
+processes (a fresh interpreter each, ~0.2 s) would cost more than it saves."""
+
+
+@dataclass(slots=True)
+class _Chain:
+    """Where the chain stands after the segments verified so far."""
+
+    expected: int = 1
+    prev: bytes = GENESIS_HASH.encode("ascii")
+    prev_prev: bytes | None = None  # hash of the record before the previous one
+    p_name: str = ""  # where the previous record is
+    p_line: int = 0
+    p_off: int = 0
+    hmac_present: bool = False
+
+    def advance(self, name: str, scan: SegmentScan) -> None:
+        """Move past the ``scan.lines`` records of ``name`` that verified."""
+        self.hmac_present = self.hmac_present or scan.hmac_present
+        if scan.lines == 0:
+            return
+        self.prev_prev = scan.before_last_hash if scan.lines > 1 else self.prev
+        self.prev = scan.last_hash
+        self.expected += scan.lines
+        self.p_name, self.p_line, self.p_off = name, scan.lines, scan.last_offset
+
+    def stitches(self, scan: SegmentScan) -> bool:
+        """Whether a worker's segment verified on its own and its first record chains to the previous one."""
+        if scan.broken:
+            return False
+        return scan.lines == 0 or (scan.first_seq == b"%d" % self.expected and scan.first_prev == self.prev)
+
+
+def _workers(segments: list[tuple[Path, int | None]], workers: int | None) -> int:
+    cpus = os.cpu_count() or 1
+    if workers is None:
+        total = 0
+        for path, limit in segments:
+            try:
+                total += path.stat().st_size if limit is None else limit
+            except OSError:
+                continue  # gone since the snapshot: reading it reports that, in order
+        if total < PARALLEL_MIN_BYTES:
+            return 1
+        workers = cpus
+    return max(1, min(workers, cpus, len(segments)))
+
+
+_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
+_WORKER: Final = "from gateway.audit._scan import worker_main; raise SystemExit(worker_main())"
+
+
+def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None, workers: int, state: _Chain) -> int:
+    """Verify segments in worker processes and stitch them in order; returns the position of the first segment
+    that did not verify or stitch (``len(segments)`` when all did), for the in-process pass to take over there.
+
+    Each worker is a fresh interpreter (``sys.executable``; never a fork of a process that may run threads,
+    and never a re-run of the caller's ``__main__``) that takes one segment at a time over its stdin and
+    streams it (constant memory); the key, if any, travels over that pipe, never on a command line. Any
+    failure (a worker cannot start or dies, a segment cannot be read) hands over to the in-process pass at
+    that segment, which then reports or raises exactly as it would have. Workers still running when a break
+    is found are killed.
+    """
+    position = 0
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        todo = iter(range(len(segments)))
+        doing: dict[int, int] = {}  # worker pid -> segment position
+        done: dict[int, SegmentScan | None] = {}
+        selector = selectors.DefaultSelector()
+
+        def give(proc: subprocess.Popen[bytes]) -> None:
+            stdin = proc.stdin
+            if stdin is None:  # pragma: no cover - always a pipe
+                return
+            nxt = next(todo, None)
+            if nxt is None:
+                stdin.close()  # no more work: the worker exits
+                return
+            path, limit = segments[nxt]
+            doing[proc.pid] = nxt
+            stdin.write(json.dumps({"path": str(path), "limit": limit}).encode("utf-8") + b"\n")
+            stdin.flush()
+
+        head = json.dumps({"key": None if key is None else key.hex()}).encode("ascii") + b"\n"
+        env = dict(os.environ)  # the workers import this very package, wherever it was imported from
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        for _ in range(workers):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env
+            )
+            procs.append(proc)
+            if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
+                return position
+            proc.stdin.write(head)
+            give(proc)
+            selector.register(proc.stdout, selectors.EVENT_READ, proc)
+        while position < len(segments):
+            if position in done:
+                scan = done.pop(position)
+                if scan is None or not state.stitches(scan):
+                    return position
+                state.advance(segments[position][0].name, scan)
+                position += 1
+                continue
+            if not selector.get_map():
+                return position  # every worker is gone
+            for ready, _events in selector.select():
+                proc = ready.data
+                answer = proc.stdout.readline()
+                at = doing.pop(proc.pid, None)
+                if not answer:
+                    selector.unregister(ready.fileobj)
+                    if at is not None:
+                        done[at] = None
+                    continue
+                if at is not None:
+                    done[at] = None if answer.strip() == b"null" else decode_scan(answer)
+                give(proc)
+    except Exception:  # noqa: BLE001 - redone in process, where a real error (e.g. OSError) is raised as before
+        return position
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+    return len(segments)
+
+
+def verify_trail(
+    directory: str | Path, *, key: bytes | None = None, lock: bool = True, workers: int | None = None
+) -> VerifyReport:
+    """Recompute the chain of the trail in ``directory``; stops at the first break.
+
+    ``lock=False`` only for callers that already hold the trail lock (``repair``); either way the segment list
+    and the size of the newest segment are snapshotted (under the shared lock by default) and nothing beyond
+    that snapshot is read.
+
+    ``workers``: processes that verify segments in parallel (at most ``os.cpu_count()``). ``None`` picks one
+    per CPU for trails of several segments and at least :data:`PARALLEL_MIN_BYTES`, else verifies in process;
+    ``1`` always verifies in process. The report is the same either way: the first break in trail order.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise AuditError(f"no audit trail directory at {root}")
+    segments = _snapshot(root, lock)
+    state = _Chain()
+    count = _workers(segments, workers)
+    start = _verify_parallel(segments, key, count, state) if count > 1 else 0
+    for position in range(start, len(segments)):
+        path, limit = segments[position]
+        scan = scan_segment(str(path), limit, key, state.expected, state.prev)
+        state.advance(path.name, scan)
+        if scan.broken:
+            return _broken(segments, position, key, scan, state)
+    return VerifyReport(
+        state.expected - 1,
+        True,
+        None,
+        state.expected - 1,
+        state.prev.decode("ascii"),
+        len(segments),
+        key is not None,
+        state.hmac_present,
+    )
+
+
+def _broken(
+    segments: list[tuple[Path, int | None]], position: int, key: bytes | None, scan: SegmentScan, state: _Chain
+) -> VerifyReport:
+    """Name the break found at line ``scan.lines + 1`` of segment ``position``, looking ahead as needed."""
+    path, limit = segments[position]
+    raw = scan.break_raw
+    line_no = scan.lines + 1
+    here = _Line(path.name, line_no, scan.break_offset, raw)
+    before = None if state.expected == 1 else _Line(state.p_name, state.p_line, state.p_off, b"")
+    after = scan.break_offset + len(raw)
+    rest = _read_lines(_lines_from(path, after, limit), path.name, line_no, after)
+    brk = _Classifier(_chain(rest, _later(segments[position + 1 :])), key).classify(
+        here,
+        state.expected,
+        state.prev.decode("ascii"),
+        None if state.prev_prev is None else state.prev_prev.decode("ascii"),
+        before,
+    )
+    return VerifyReport(
+        brk.seq - 1, False, brk, brk.seq - 1, brk.prev_hash, len(segments), key is not None, state.hmac_present
+    )
+
+
+def _lines_from(path: Path, offset: int, limit: int | None) -> Iterator[bytes]:
+    """The lines of a segment from ``offset`` (up to ``limit`` bytes of the file when given)."""
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        yield from (fh if limit is None else _limited(fh, limit - offset))
+
+
+def _limited(lines: Iterator[bytes], limit: int) -> Iterator[bytes]:
+    """The lines of the newest segment up to the size snapshotted under the lock (a last partial line cut)."""
+    offset = 0
+    for whole in lines:
+        if offset + len(whole) > limit:
+            if offset < limit:
+                yield whole[: limit - offset]
+            return
+        offset += len(whole)
+        yield whole
+
+
+def _chain(first: Iterator[_Line], second: Iterator[_Line]) -> Iterator[_Line]:
+    yield from first
+    yield from second

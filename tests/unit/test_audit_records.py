@@ -1,0 +1,266 @@
+"""Record building through the in-memory sink: stamping, redaction, chaining, schema."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from gateway.audit import GENESIS_HASH, SCHEMA_VERSION, MemoryAuditSink, verify_trail
+from gateway.audit.interface import EVENT_TYPES, AuditSink
+from gateway.audit.jsonl import JsonlAuditTrail
+from gateway.errors import AuditUnavailableError
+from gateway.resources import load_schema
+
+POLICY = {"name": "default", "sha256": "a" * 64}
+REQUEST: dict[str, Any] = {
+    "code": "print(2+2)",
+    "language": "python",
+    "image": "gateway/sandbox-python:3.11-bookworm",
+    "limits": {"memory": "256m", "cpus": 0.5, "pids": 64, "timeout_s": 10, "output_bytes": 65536},
+    "network": "none",
+    "files": {"in/data.txt": "FILE-CONTENT-SECRET", "b.txt": "x"},
+    "env": {"API_KEY": "ENV-VALUE-SECRET", "weird.name": "OTHER-SECRET"},
+    "principal": "agent-1",
+    "metadata": {},
+}
+DECISION: dict[str, Any] = {
+    "decision_id": "d-1",
+    "request_id": "r-1",
+    "allowed": True,
+    "policy": {"name": "default", "sha256": "a" * 64, "source": "policies/default.yaml"},
+    "results": [
+        {
+            "rule": "env.names",
+            "status": "pass",
+            "mode": "enforce",
+            "path": "$.env",
+            "got": {"API_KEY": "ENV-VALUE-SECRET"},
+            "expected": None,
+            "message": "ok",
+        },
+        {
+            "rule": "limits.cpus",
+            "status": "pass",
+            "mode": "enforce",
+            "path": "$.limits.cpus",
+            "got": 0.5,
+            "expected": 1.0,
+            "message": "ok",
+        },
+    ],
+    "violations": [],
+    "warnings": [],
+    "options": {
+        "image": "gateway/sandbox-python:3.11-bookworm",
+        "environment": {"API_KEY": "ENV-VALUE-SECRET"},
+        "nano_cpus": 500000000,
+    },
+    "plan": {"image": "gateway/sandbox-python:3.11-bookworm", "runtime": "runc", "timeout_s": 10.0},
+}
+OUTCOME: dict[str, Any] = {
+    "exit_code": 0,
+    "timed_out": False,
+    "oom_killed": False,
+    "output_limit_killed": False,
+    "resource_killed": False,
+    "duration_ms": 123,
+    "container_id": "c" * 64,
+    "image": "gateway/sandbox-python:3.11-bookworm",
+    "image_id": "sha256:" + "b" * 64,
+    "stdout": {"bytes": 2, "sha256": hashlib.sha256(b"4\n").hexdigest(), "truncated": False},
+    "stderr": {"bytes": 0, "sha256": hashlib.sha256(b"").hexdigest(), "truncated": False},
+    "files": [],
+    "error": None,
+}
+SAMPLES: dict[str, dict[str, Any]] = {
+    "gateway.start": {"policy_source": "policies/default.yaml"},
+    "gateway.stop": {"policy_source": "policies/default.yaml"},
+    "policy.loaded": {"name": "default", "sha256": "a" * 64, "source": "policies/default.yaml"},
+    "policy.reloaded": {"name": "default", "sha256": "c" * 64, "source": "policies/default.yaml"},
+    "policy.rejected": {"source": "policies/bad.yaml", "problems": ["bad.yaml:3: $.rules: unknown rule"]},
+    "request.received": {"request": REQUEST},
+    "request.invalid": {
+        "problems": [{"path": "$.code", "message": "required"}],
+        "raw_sha256": "d" * 64,
+        "raw_bytes": 2,
+    },
+    "policy.decision": {"decision": DECISION, "options_sha256": "e" * 64, "dry_run": False},
+    "image.pulled": {"image": "gateway/sandbox-python:3.11-bookworm", "image_id": "sha256:" + "b" * 64},
+    "execution.outcome": OUTCOME,
+    "containers.reaped": {"container_ids": ["c" * 64]},
+    "recovery": {"reason": "truncated", "dropped_bytes": 10, "last_good_seq": 3, "last_good_hash": "f" * 64},
+}
+
+
+def test_samples_cover_every_event_type() -> None:
+    assert set(SAMPLES) == EVENT_TYPES
+
+
+def test_sinks_satisfy_the_protocol(tmp_path: Path) -> None:
+    assert isinstance(MemoryAuditSink(), AuditSink)
+    assert isinstance(JsonlAuditTrail(tmp_path), AuditSink)
+
+
+def test_every_event_type_validates_against_the_schema() -> None:
+    sink = MemoryAuditSink(key=b"k" * 32)
+    for event_type, data in SAMPLES.items():
+        sink.append(event_type, data, request_id="r-1", principal="agent-1", policy=POLICY)
+    validator = jsonschema.Draft202012Validator(
+        load_schema("audit-record"), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+    for record in sink.records:
+        errors = sorted(validator.iter_errors(record), key=str)
+        assert not errors, (record["event_type"], [e.message for e in errors])
+
+
+def test_schema_rejects_a_record_that_kept_env_values() -> None:
+    sink = MemoryAuditSink()
+    sink.append("request.received", {"request": REQUEST})
+    record = copy.deepcopy(sink.records[0])
+    record["data"]["request"]["env"] = {"API_KEY": "leaked"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(record, load_schema("audit-record"))
+
+
+def test_envelope_is_stamped_and_chained() -> None:
+    sink = MemoryAuditSink(host="host-a")
+    first = sink.append("gateway.start", SAMPLES["gateway.start"])
+    second = sink.append("policy.loaded", SAMPLES["policy.loaded"], request_id="r", principal="p", policy=POLICY)
+    a, b = sink.records
+    assert (first.seq, second.seq) == (1, 2)
+    assert a["schema"] == SCHEMA_VERSION
+    assert a["prev_hash"] == GENESIS_HASH
+    assert b["prev_hash"] == a["hash"] == first.hash
+    assert a["policy"] is None
+    assert b["policy"] == POLICY
+    assert (b["request_id"], b["principal"]) == ("r", "p")
+    assert a["gateway"]["host"] == "host-a"
+    assert a["timestamp"].endswith("Z")
+    assert len(a["timestamp"]) == len("2024-01-01T00:00:00.000000Z")
+    assert "trace_id" not in a
+    assert "span_id" not in a
+    assert a["event_id"] != b["event_id"]
+
+
+def test_hash_is_sha256_of_the_line_without_hash() -> None:
+    sink = MemoryAuditSink()
+    sink.append("gateway.start", SAMPLES["gateway.start"])
+    record = dict(sink.records[0])
+    stored = record.pop("hash")
+    body = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    assert hashlib.sha256(body).hexdigest() == stored
+    assert json.loads(sink.lines[0]) == sink.records[0]
+
+
+def test_trace_and_span_ids_come_from_the_active_span() -> None:
+    tracer = TracerProvider().get_tracer("test")
+    sink = MemoryAuditSink()
+    with tracer.start_as_current_span("gateway.execute") as span:
+        sink.append("gateway.start", SAMPLES["gateway.start"])
+        context = span.get_span_context()
+    record = sink.records[0]
+    assert record["trace_id"] == format(context.trace_id, "032x")
+    assert record["span_id"] == format(context.span_id, "016x")
+
+
+def test_env_values_and_file_contents_are_never_stored() -> None:
+    sink = MemoryAuditSink()
+    sink.append("request.received", {"request": REQUEST})
+    sink.append("policy.decision", SAMPLES["policy.decision"])
+    blob = b"".join(sink.lines)
+    for secret in (b"ENV-VALUE-SECRET", b"OTHER-SECRET", b"FILE-CONTENT-SECRET"):
+        assert secret not in blob
+    received, decision = sink.records
+    request = received["data"]["request"]
+    assert "env" not in request
+    assert request["env_names"] == ["API_KEY", "weird.name"]
+    assert request["files"] == [
+        {"name": "b.txt", "sha256": hashlib.sha256(b"x").hexdigest(), "bytes": 1},
+        {"name": "in/data.txt", "sha256": hashlib.sha256(b"FILE-CONTENT-SECRET").hexdigest(), "bytes": 19},
+    ]
+    assert received["redacted"] == [
+        "$.data.request.env.API_KEY",
+        "$.data.request.env['weird.name']",
+        "$.data.request.files['b.txt']",
+        "$.data.request.files['in/data.txt']",
+    ]
+    options = decision["data"]["decision"]["options"]
+    assert options["environment"] == {"API_KEY": "<redacted>"}
+    assert decision["data"]["decision"]["results"][0]["got"] == ["API_KEY"]
+    assert decision["redacted"] == [
+        "$.data.decision.options.environment.API_KEY",
+        "$.data.decision.results[0].got",
+    ]
+
+
+def test_caller_data_is_not_mutated() -> None:
+    data = {"request": copy.deepcopy(REQUEST)}
+    before = copy.deepcopy(data)
+    MemoryAuditSink().append("request.received", data)
+    assert data == before
+
+
+def test_code_is_kept_up_to_the_cap_and_digested_in_full() -> None:
+    code = "é" * 40  # 80 UTF-8 bytes; a cap of 11 falls inside a character
+    sink = MemoryAuditSink(code_max_bytes=11)
+    sink.append("request.received", {"request": {"code": code}})
+    sink.append("request.received", {"request": {"code": "short"}})
+    cut, whole = (r["data"]["request"] for r in sink.records)
+    assert cut["code"] == "é" * 5
+    assert cut["code_truncated"] is True
+    assert cut["code_bytes"] == 80
+    assert cut["code_sha256"] == hashlib.sha256(code.encode()).hexdigest()
+    assert sink.records[0]["redacted"] == ["$.data.request.code"]
+    assert whole["code"] == "short"
+    assert whole["code_truncated"] is False
+    assert sink.records[1]["redacted"] == []
+
+
+def test_floats_from_requests_become_decimal_strings() -> None:
+    sink = MemoryAuditSink()
+    sink.append("request.received", {"request": REQUEST})
+    sink.append("policy.decision", SAMPLES["policy.decision"])
+    assert sink.records[0]["data"]["request"]["limits"]["cpus"] == "0.5"
+    decision = sink.records[1]["data"]["decision"]
+    assert decision["results"][1]["got"] == "0.5"
+    assert decision["plan"]["timeout_s"] == "10.0"
+
+
+@pytest.mark.parametrize(
+    ("event_type", "data"),
+    [
+        ("execution.outcome", {**OUTCOME, "duration_ms": 12.5}),
+        ("no.such.event", {}),
+        ("gateway.start", {"policy_source": object()}),
+    ],
+)
+def test_unrecordable_events_fail_closed(event_type: str, data: dict[str, Any]) -> None:
+    sink = MemoryAuditSink()
+    with pytest.raises(AuditUnavailableError):
+        sink.append(event_type, data)
+    assert sink.records == []
+
+
+def test_memory_sink_can_be_made_unavailable() -> None:
+    sink = MemoryAuditSink()
+    sink.available = False
+    with pytest.raises(AuditUnavailableError):
+        sink.append("gateway.start", SAMPLES["gateway.start"])
+
+
+def test_memory_lines_are_a_valid_trail(tmp_path: Path) -> None:
+    key = b"k" * 32
+    sink = MemoryAuditSink(key=key)
+    for event_type, data in SAMPLES.items():
+        sink.append(event_type, data)
+    (tmp_path / "trail-000001.jsonl").write_bytes(b"".join(sink.lines))
+    report = verify_trail(tmp_path, key=key)
+    assert report.ok
+    assert report.records_checked == len(SAMPLES)
