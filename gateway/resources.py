@@ -7,11 +7,12 @@ top-level ``schemas/`` and ``policies/`` folders. No other module guesses paths.
 from __future__ import annotations
 
 import json
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["default_policy_path", "load_schema", "policies_dir", "schemas_dir"]
+__all__ = ["default_policy_path", "load_schema", "policies_dir", "policy_path_from_env", "schemas_dir"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -33,6 +34,16 @@ def policies_dir() -> Path:
 
 def default_policy_path() -> Path:
     return policies_dir() / "default.yaml"
+
+
+def policy_path_from_env(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Which policy applies: an explicit path (``--policy``), else ``GATEWAY_POLICY``, else the shipped default."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("GATEWAY_POLICY")
+    if env:
+        return Path(env)
+    return default_policy_path()
 
 
 @cache

@@ -9,30 +9,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from gateway.decision import Decision, evaluate
-from gateway.errors import EXIT_DENIED, EXIT_USAGE, PolicyError, RequestError
+from gateway.decision import Decision
+from gateway.errors import EXIT_DENIED, EXIT_USAGE, PolicyError, RequestError, exit_code_for
 from gateway.policy import Policy, load_policy
 from gateway.policy.testing import run_suites
-from gateway.request import MAX_REQUEST_BYTES, parse_request
-from gateway.resources import default_policy_path
+from gateway.request import MAX_REQUEST_BYTES
+from gateway.resources import policy_path_from_env
 
 __all__ = ["check_main", "load_policy_for", "policy_path_for", "register", "render_decision"]
 
 
 def policy_path_for(args: argparse.Namespace) -> Path:
     """``--policy``, else ``GATEWAY_POLICY``, else the shipped default policy."""
-    explicit = getattr(args, "policy", None)
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get("GATEWAY_POLICY")
-    if env:
-        return Path(env)
-    return default_policy_path()
+    return policy_path_from_env(getattr(args, "policy", None))
 
 
 def load_policy_for(args: argparse.Namespace) -> Policy:
@@ -140,18 +133,24 @@ def render_decision(decision: Decision) -> str:
 
 
 def check_main(args: argparse.Namespace) -> int:
-    """Decide one request; exit 0 allow, 77 deny, 2 invalid. Nothing runs."""
-    data, source = _read_request(args.request)
-    try:
-        request = parse_request(data, source=source)
-    except RequestError as exc:
+    """Decide one request; exit 0 allow, 77 deny, 2 invalid, 125 if the gateway cannot decide. Nothing runs.
+
+    The decision goes through the same :class:`Gateway` as ``run`` and is audited as a dry run: every decision
+    the gateway makes is on the trail.
+    """
+    from gateway.service import Gateway  # noqa: PLC0415 - the policy commands must not need the runner stack
+
+    data, _source = _read_request(args.request)
+    with Gateway.from_env(policy_path_for(args), args.audit_dir) as gw:
+        result = gw.decide(data)
+    if result.error is not None:
         if args.json:
-            print(json.dumps({"allowed": False, "error": exc.to_dict()}, indent=2))
+            print(json.dumps({"allowed": False, "request_id": result.request_id, "error": result.error.to_dict()}))
         else:
-            print(exc.diagnostics(), file=sys.stderr)
-        return EXIT_USAGE
-    policy = load_policy_for(args)
-    decision = evaluate(policy, request)
+            print(result.error.diagnostics(), file=sys.stderr)
+        return exit_code_for(result.error)
+    decision = result.decision
+    assert decision is not None  # noqa: S101 - decide() returns a decision whenever it reports no error
     if args.json:
         print(json.dumps(decision.to_dict(), indent=2, sort_keys=True))
     else:
@@ -176,5 +175,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     check = sub.add_parser("check", help="decide a request (JSON file or - for stdin) without running it")
     check.add_argument("request", metavar="REQUEST.json|-")
     check.add_argument("--policy", metavar="FILE", help="policy file (default: $GATEWAY_POLICY, then the default)")
+    check.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
     check.add_argument("--json", action="store_true", help="print the decision as JSON")
     check.set_defaults(func=check_main)

@@ -1,10 +1,189 @@
-"""Placeholder: sub-commands are registered here."""
+"""``gateway run``, ``gateway reap`` and ``gateway doctor``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
+
+from gateway.cli.otel import OTEL_HELP, setup_otel
+from gateway.errors import EXIT_USAGE, GatewayError, RequestError, exit_code_for
+from gateway.service import ExecutionResult, Gateway
+
+__all__ = ["build_request", "register"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    del sub
+    run = sub.add_parser(
+        "run",
+        help="run code through the gateway",
+        description="Decide, audit and run code in a hardened single-use sandbox. Exit status: the program's own; "
+        "77 denied by policy; 124 killed at the deadline; 137 killed for memory; 125 gateway or engine failure; "
+        "2 usage or invalid request.",
+    )
+    src = run.add_mutually_exclusive_group(required=True)
+    src.add_argument("--code", help="the program text")
+    src.add_argument("source", nargs="?", help="a file with the program, or - for stdin")
+    run.add_argument("--image", help="sandbox image NAME:TAG (must be on the policy's allowlist)")
+    run.add_argument("--language", default=None, help="language of the code (default: the policy's)")
+    run.add_argument("--memory", help="memory limit, e.g. 256m (at most the policy's ceiling)")
+    run.add_argument("--cpus", type=float, help="CPU limit, e.g. 0.5")
+    run.add_argument("--pids", type=int, help="process/thread limit")
+    run.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
+    run.add_argument("--output-bytes", type=int, help="cap on each of stdout and stderr")
+    run.add_argument("--network", help="network mode (default none; others only if the policy lists them)")
+    run.add_argument("--runtime", help="container runtime: runc or runsc (gVisor)")
+    run.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro|rw]", help="bind mount (repeatable)")
+    run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment (repeatable)")
+    run.add_argument("--file", action="append", default=[], metavar="PATH[:DEST]", help="send a file (repeatable)")
+    run.add_argument("--principal", help="who is asking (agent name)")
+    _common(run)
+    run.set_defaults(func=_run)
+
+    reap = sub.add_parser("reap", help="remove sandbox containers left behind by a crash")
+    _common(reap)
+    reap.set_defaults(func=_reap)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", help="policy file (default: $GATEWAY_POLICY, then the shipped default policy)")
+    p.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
+    p.add_argument("--json", action="store_true", help="print one JSON result object instead of the program output")
+    p.add_argument("--otel", metavar="EXPORTER", help=OTEL_HELP)
+
+
+def _split_mount(spec: str) -> dict[str, str]:
+    parts = spec.split(":")
+    if len(parts) == 2:
+        return {"source": parts[0], "target": parts[1], "mode": "ro"}
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        return {"source": parts[0], "target": parts[1], "mode": parts[2]}
+    raise RequestError(f"--mount {spec!r}: expected SRC:DST or SRC:DST:ro|rw")
+
+
+def build_request(args: argparse.Namespace, stdin_text: str | None = None) -> dict[str, Any]:
+    """Turn ``gateway run`` flags into a request object (the same JSON the HTTP API and ``check`` take)."""
+    if args.code is not None:
+        code = args.code
+    elif args.source == "-":
+        code = stdin_text if stdin_text is not None else sys.stdin.read()
+    else:
+        code = _read_text(Path(args.source), "program file")
+    req: dict[str, Any] = {"code": code}
+    for key in ("image", "language", "network", "runtime", "principal"):
+        if getattr(args, key) is not None:
+            req[key] = getattr(args, key)
+    limits = {
+        name: value
+        for name, value in (
+            ("memory", args.memory),
+            ("cpus", args.cpus),
+            ("pids", args.pids),
+            ("timeout_s", args.timeout),
+            ("output_bytes", args.output_bytes),
+        )
+        if value is not None
+    }
+    if limits:
+        req["limits"] = limits
+    if args.mount:
+        req["mounts"] = [_split_mount(m) for m in args.mount]
+    if args.env:
+        env: dict[str, str] = {}
+        for item in args.env:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise RequestError(f"--env {item!r}: expected NAME=VALUE")
+            env[name] = value
+        req["env"] = env
+    if args.file:
+        files: dict[str, str] = {}
+        for item in args.file:
+            path, _, dest = item.partition(":")
+            files[dest or Path(path).name] = _read_text(Path(path), "--file")
+        req["files"] = files
+    return req
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RequestError(f"{what} {str(path)!r} does not exist") from exc
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"{what} {str(path)!r} is not UTF-8 text") from exc
+    except OSError as exc:
+        raise RequestError(f"{what} {str(path)!r} cannot be read: {exc.strerror}") from exc
+
+
+def _print_human(result: ExecutionResult) -> None:
+    data = result.to_dict()
+    sys.stdout.write(data["stdout"])
+    sys.stdout.flush()
+    sys.stderr.write(data["stderr"])
+    notes: list[str] = []
+    if result.decision is not None and not result.decision.allowed:
+        notes.append(f"gateway: denied by policy {data['policy']['name']} (request {result.request_id}):")
+        notes.extend(f"  {v['rule']} at {v.get('path', '$')}: {v['message']}" for v in data["violations"])
+    if result.error is not None:
+        notes.append(result.error.diagnostics())
+    if data["stdout_truncated"] or data["stderr_truncated"]:
+        notes.append(
+            "gateway: output truncated at the policy's cap"
+            + (" and the program was stopped" if data["output_limit_killed"] else "")
+        )
+    if data["timed_out"]:
+        notes.append("gateway: killed at the deadline")
+    if data["oom_killed"]:
+        notes.append("gateway: killed for exceeding the memory limit")
+    if data["resource_killed"]:
+        notes.append("gateway: the sandbox was killed for a resource limit")
+    if not result.audit_ok:
+        notes.append("gateway: WARNING: the audit record of this request could not be written")
+    for note in notes:
+        print(note, file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        request = build_request(args)
+    except RequestError as exc:
+        print(exc.diagnostics(), file=sys.stderr)
+        return EXIT_USAGE
+    shutdown = setup_otel(args.otel)
+    try:
+        with Gateway.from_env(args.policy, args.audit_dir) as gw:
+            result = gw.execute(request)
+    except GatewayError as exc:
+        # the gateway could not start (policy unusable, trail unwritable): nothing ran; fail closed
+        result = ExecutionResult(uuid.uuid4().hex, None, error=exc, audit_ok=False)
+    finally:
+        shutdown()
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        _print_human(result)
+    return result.exit_status
+
+
+def _reap(args: argparse.Namespace) -> int:
+    shutdown = setup_otel(args.otel)
+    try:
+        with Gateway.from_env(args.policy, args.audit_dir) as gw:
+            ids = gw.reap()
+    except GatewayError as exc:
+        if args.json:
+            print(json.dumps({"error": exc.to_dict()}))
+        else:
+            print(exc.diagnostics(), file=sys.stderr)
+        return exit_code_for(exc)
+    finally:
+        shutdown()
+    if args.json:
+        print(json.dumps({"removed": ids}))
+    else:
+        print(f"removed {len(ids)} container(s)" + (": " + " ".join(i[:12] for i in ids) if ids else ""))
+    return 0

@@ -14,6 +14,10 @@ from typing import Any
 
 import pytest
 
+from gateway.assembly import assemble
+from gateway.policy import load_policy
+from gateway.request import parse_request
+from gateway.resources import default_policy_path
 from gateway.runner.docker import DockerRunner
 
 SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
@@ -28,46 +32,14 @@ def _unavailable(reason: str) -> None:
 
 
 def hardened_options(**overrides: Any) -> dict[str, Any]:
-    """The assembled ``containers.create`` options of the default policy (the contract's example).
+    """The options the real policy assembly produces for a plain request under ``policies/default.yaml``.
 
-    The ONE place the integration tests get their options from; it will be switched to the real policy
-    assembly. ``overrides`` replace top-level keys (``pids_limit=256``, ``runtime="runsc"``, ``volumes=...``).
+    The ONE place the integration tests get their options from, so the containment suite tests exactly what
+    the gateway would run. ``overrides`` replace top-level keys (``pids_limit=256``, ``runtime="runsc"``,
+    ``volumes=...``); the runner re-checks every result with the invariant guard before creating anything.
     """
-    options: dict[str, Any] = {
-        "image": SANDBOX_IMAGE,
-        "user": "65534:65534",
-        "working_dir": "/workspace",
-        "network_mode": "none",
-        "read_only": True,
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "mem_limit": 268435456,
-        "memswap_limit": 268435456,
-        "nano_cpus": 1000000000,
-        "pids_limit": 64,
-        "tmpfs": {
-            "/tmp": "rw,noexec,nosuid,nodev,size=67108864",
-            "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
-        },
-        "ulimits": [
-            {"name": "nofile", "soft": 256, "hard": 256},
-            {"name": "nproc", "soft": 64, "hard": 64},
-            {"name": "core", "soft": 0, "hard": 0},
-            {"name": "fsize", "soft": 67108864, "hard": 67108864},
-        ],
-        "init": True,
-        "ipc_mode": "private",
-        "cgroupns": "private",
-        "hostname": "sandbox",
-        "environment": {},
-        "runtime": "runc",
-        "labels": {
-            MANAGED_LABEL: "true",
-            "io.agent-gateway.decision": "test-decision",
-            "io.agent-gateway.request": "test-request",
-            "io.agent-gateway.policy": "integration-fixture@sha256:" + "0" * 64,
-        },
-    }
+    policy = load_policy(default_policy_path())
+    options = assemble(policy, parse_request({"code": "pass"}), decision_id="it-decision", request_id="it-request")
     if overrides.get("runtime") == "runsc" and "pids_limit" not in overrides:
         # gVisor counts its own threads against the pids limit (see DESIGN): size it per runtime.
         options["pids_limit"] = 256
