@@ -28,7 +28,10 @@ echo "== 3. a request the policy denies (asks for the host network and too much 
 
 echo
 echo "== 4. the audit records of request $RID =="
-"$GW" audit query --request-id "$RID" --json
+"$GW" audit query --request-id "$RID"
+echo
+echo "-- its execution.outcome record, as stored (hash-chained to the decision record before it) --"
+"$GW" audit query --request-id "$RID" --event-type execution.outcome --json | .venv/bin/python -m json.tool
 
 echo
 echo "== 5. the audit trail verifies =="

@@ -318,3 +318,14 @@ def test_python_helper_and_llm_tool(engine: Any, audit_dir: Path) -> None:
     assert answer["ok"] is True
     assert answer["stdout"] == "65534\n"
     assert verify_trail(audit_dir).ok
+
+
+def test_otel_console_exports_the_span_tree(audit_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run_cli(capsys, "run", "--otel", "console", "--audit-dir", str(audit_dir), "--code", "print(2+2)")
+    assert (rc, out) == (0, "4\n")
+    for name in ('"gateway.execute"', '"policy.evaluate"', '"audit.append"', '"sandbox.run"'):
+        assert name in err
+    assert '"process.exit.code": 0' in err
+    records = [json.loads(line) for seg in audit_dir.glob("*.jsonl") for line in seg.read_text().splitlines()]
+    decision = next(r for r in records if r["event_type"] == "policy.decision")
+    assert decision["trace_id"] in err.replace("0x", "")
