@@ -81,31 +81,62 @@ if "runsc" not in runtimes:
 PY
 fi
 
-# A dockerd killed without a clean stop leaves its pid file and the next one refuses to start.
-if [[ -f "$PIDFILE" ]]; then
-    oldpid="$(cat "$PIDFILE" 2>/dev/null || true)"
-    if [[ -n "$oldpid" ]] && kill -0 "$oldpid" 2>/dev/null; then
-        say "dockerd (pid $oldpid) is running but does not answer yet; waiting for it"
-    else
-        say "removing stale $PIDFILE (pid ${oldpid:-?} is gone)"
-        rm -f "$PIDFILE"
-    fi
-fi
+# A live process of that name, not a zombie awaiting its reaper nor an unrelated process that reused the pid.
+is_live() {
+    local pid="$1" name="$2" state comm
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    state="$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" || return 1
+    comm="$(cat "/proc/$pid/comm" 2>/dev/null)" || return 1
+    [[ "$state" != Z && "$comm" == "$name" ]]
+}
 
-if [[ ! -f "$PIDFILE" ]]; then
+# An engine killed without a clean stop leaves pid files behind: dockerd refuses to start over its own, and
+# waits forever for a containerd that its stale pid file names. Remove the ones whose process is gone.
+clear_stale() {
+    local file="$1" name="$2" pid
+    [[ -f "$file" ]] || return 0
+    pid="$(cat "$file" 2>/dev/null || true)"
+    if is_live "$pid" "$name"; then
+        return 1
+    fi
+    say "removing stale $file (pid ${pid:-?} is not a running $name)"
+    rm -f "$file"
+}
+
+start_dockerd() {
     command -v dockerd >/dev/null 2>&1 || die "dockerd not found after installation"
+    clear_stale /var/run/docker/containerd/containerd.pid containerd || true
     say "starting dockerd --bridge=none (log: $LOG)"
     mkdir -p "$(dirname "$LOG")"
     # setsid + nohup: the engine outlives this script and its session.
     setsid nohup dockerd --bridge=none >>"$LOG" 2>&1 </dev/null &
+    DOCKERD_PID=$!
     disown || true
+}
+
+DOCKERD_PID=""
+if clear_stale "$PIDFILE" dockerd; then
+    start_dockerd
+else
+    DOCKERD_PID="$(cat "$PIDFILE")"
+    say "dockerd (pid $DOCKERD_PID) is running but does not answer yet; waiting for it"
 fi
 
 deadline=$((SECONDS + WAIT_S))
+restarts=0
 until engine_answers; do
     if ((SECONDS >= deadline)); then
         tail -n 20 "$LOG" >&2 2>/dev/null || true
         die "the Docker engine did not answer within ${WAIT_S}s (log: $LOG)"
+    fi
+    if [[ -n "$DOCKERD_PID" ]] && ! is_live "$DOCKERD_PID" dockerd; then
+        # it died during start-up (for instance over a stale containerd): clean up and try once more
+        ((restarts < 1)) || { tail -n 20 "$LOG" >&2 2>/dev/null || true; die "dockerd exited during start-up (log: $LOG)"; }
+        restarts=$((restarts + 1))
+        managed="$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null || true)"
+        if is_live "$managed" containerd; then kill -9 "$managed" 2>/dev/null || true; fi
+        clear_stale "$PIDFILE" dockerd || true
+        start_dockerd
     fi
     sleep 0.5
 done
