@@ -5,8 +5,7 @@ so that drift in the machine's load hits all three alike):
 
 - ``gateway``: ``Gateway.execute`` with the default policy: request validation, policy decision, option
   assembly and guard, the audit record of the decision (fsync), a hardened single-use container driven by
-  ``DockerRunner``, the audit record of the outcome. Falls back to ``DockerRunner.execute`` with the
-  contract's hardened options when the ``Gateway`` cannot be built (``--runner-only`` forces this).
+  ``DockerRunner``, the audit record of the outcome (``policies/strict.yaml`` for ``--runtime runsc``).
 - ``docker-cli``: ``docker run --rm --network none IMAGE python3 -c 'print(2+2)'`` through the CLI.
 - ``lesson``: the lesson's docker-py helper, ``client.containers.run(image, f'python3 -c "{code}"',
   remove=True, network_disabled=True, mem_limit="256m")``.
@@ -32,67 +31,25 @@ from typing import Any
 
 import docker
 
-from gateway.runner.docker import DockerRunner
-from gateway.runner.interface import Payload, RunSpec
+from gateway.resources import policies_dir
 from gateway.service import Gateway
 
 IMAGE = "gateway/sandbox-python:3.11-bookworm"
 CODE = "print(2+2)"
 
 
-def hardened_options(runtime: str) -> dict[str, Any]:
-    return {
-        "image": IMAGE,
-        "user": "65534:65534",
-        "working_dir": "/workspace",
-        "network_mode": "none",
-        "read_only": True,
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "mem_limit": 268435456,
-        "memswap_limit": 268435456,
-        "nano_cpus": 1000000000,
-        "pids_limit": 64 if runtime == "runc" else 256,
-        "tmpfs": {
-            "/tmp": "rw,noexec,nosuid,nodev,size=67108864",  # noqa: S108 - a path inside the container
-            "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
-        },
-        "ulimits": [{"name": "nofile", "soft": 256, "hard": 256}],
-        "init": True,
-        "ipc_mode": "private",
-        "cgroupns": "private",
-        "hostname": "sandbox",
-        "runtime": runtime,
-        "labels": {"io.agent-gateway.managed": "true", "io.agent-gateway.request": "benchmark"},
-    }
+def gateway_case(runtime: str, audit_dir: Path) -> tuple[Callable[[], None], Callable[[], None]]:
+    """The full gateway path; runsc requests go through ``policies/strict.yaml`` (the default allows runc only)."""
+    policy = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
+    gw = Gateway.from_env(policy, audit_dir)
+    request = {"code": CODE}
 
+    def via_gateway() -> None:
+        data = gw.execute(request).to_dict()
+        if data.get("stdout") != "4\n":
+            raise SystemExit(f"gateway run failed: {json.dumps(data)[:400]}")
 
-def gateway_case(
-    runtime: str, audit_dir: Path, runner_only: bool
-) -> tuple[str, Callable[[], None], Callable[[], None]]:
-    if not runner_only:
-        try:
-            gw = Gateway.from_env(audit_dir=audit_dir)
-        except Exception as exc:  # noqa: BLE001 - report and fall back to the runner alone
-            print(f"note: Gateway unavailable ({type(exc).__name__}: {exc}); timing DockerRunner", file=sys.stderr)
-        else:
-            request = {"code": CODE, "runtime": runtime}
-
-            def via_gateway() -> None:
-                data = gw.execute(request).to_dict()
-                if data.get("stdout") != "4\n":
-                    raise SystemExit(f"gateway run failed: {json.dumps(data)[:400]}")
-
-            return "gateway", via_gateway, gw.close
-    runner = DockerRunner()
-    spec = RunSpec(hardened_options(runtime), timeout_s=30, output_bytes=1 << 20)
-
-    def via_runner() -> None:
-        out = runner.execute(spec, Payload(CODE))
-        if out.stdout != b"4\n":
-            raise SystemExit(f"runner failed: {out}")
-
-    return "runner", via_runner, runner.close
+    return via_gateway, gw.close
 
 
 def docker_cli(runtime: str) -> None:
@@ -135,14 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=30, help="measured rounds (each runs all three)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runtime", default="runc", choices=["runc", "runsc"])
-    parser.add_argument("--runner-only", action="store_true", help="time DockerRunner instead of the Gateway")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     client = docker.from_env()
     client.images.get(IMAGE)  # fails clearly when the image is missing: run scripts/build-image.sh
     with tempfile.TemporaryDirectory(prefix="gateway-bench-audit-") as audit:
-        name, gateway_run, close = gateway_case(args.runtime, Path(audit), args.runner_only)
+        name = "gateway"
+        gateway_run, close = gateway_case(args.runtime, Path(audit))
         cases: dict[str, Callable[[], None]] = {
             name: gateway_run,
             "docker-cli": lambda: docker_cli(args.runtime),

@@ -17,7 +17,7 @@ import pytest
 from gateway.assembly import assemble
 from gateway.policy import load_policy
 from gateway.request import parse_request
-from gateway.resources import default_policy_path
+from gateway.resources import policies_dir
 from gateway.runner.docker import DockerRunner
 
 SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
@@ -32,20 +32,16 @@ def _unavailable(reason: str) -> None:
 
 
 def hardened_options(**overrides: Any) -> dict[str, Any]:
-    """The options the real policy assembly produces for a plain request under ``policies/default.yaml``.
+    """The options the real policy assembly produces for a plain request.
 
     The ONE place the integration tests get their options from, so the containment suite tests exactly what
-    the gateway would run. ``overrides`` replace top-level keys (``pids_limit=256``, ``runtime="runsc"``,
-    ``volumes=...``); the runner re-checks every result with the invariant guard before creating anything.
+    the gateway would run: ``policies/default.yaml`` for runc, ``policies/strict.yaml`` (which requires gVisor)
+    when ``runtime="runsc"`` is asked for. ``overrides`` replace top-level keys (``volumes=...``,
+    ``mem_limit=...``); the runner re-checks every result with the invariant guard before creating anything.
     """
-    policy = load_policy(default_policy_path())
+    name = "strict.yaml" if overrides.get("runtime") == "runsc" else "default.yaml"
+    policy = load_policy(policies_dir() / name)
     options = assemble(policy, parse_request({"code": "pass"}), decision_id="it-decision", request_id="it-request")
-    if overrides.get("runtime") == "runsc" and "pids_limit" not in overrides:
-        # gVisor counts its own threads against the pids limit (see DESIGN): size it per runtime.
-        options["pids_limit"] = 256
-        options["ulimits"] = [
-            u if u["name"] != "nproc" else {**u, "soft": 256, "hard": 256} for u in options["ulimits"]
-        ]
     options.update(overrides)
     return options
 
