@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from jsonschema import Draft202012Validator
 
 from gateway.errors import Problem, RequestError
-from gateway.policy.sizes import SizeError, parse_size
+from gateway.policy.sizes import MAX_SIZE, SizeError, parse_size
 from gateway.resources import load_schema
 
 __all__ = [
@@ -50,6 +50,13 @@ _TOP_FIELDS = frozenset(
 )
 _LIMIT_FIELDS = frozenset(("memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "tmpfs"))
 _MOUNT_FIELDS = frozenset(("source", "target", "mode"))
+
+
+def _utf8_len(text: str) -> int:
+    """``len(text.encode("utf-8", "surrogatepass"))`` without encoding ASCII text (its length is its size)."""
+    if type(text) is str and text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class MountRequest(NamedTuple):
@@ -97,11 +104,11 @@ class ExecutionRequest:
 
     @property
     def code_bytes(self) -> int:
-        return len(self.code.encode("utf-8", "surrogatepass"))
+        return _utf8_len(self.code)
 
     @property
     def files_bytes(self) -> int:
-        return sum(len(v.encode("utf-8", "surrogatepass")) for v in self.files.values())
+        return sum(map(_utf8_len, self.files.values())) if self.files else 0
 
     def to_dict(self) -> dict[str, Any]:
         """The request as JSON data (sizes in bytes), suitable for the audit trail and re-parsing."""
@@ -138,22 +145,36 @@ class _Compiled:
     env_name: re.Pattern[str]
     size: re.Pattern[str]
     mount_path: re.Pattern[str]
+    strings: tuple[tuple[str, re.Pattern[str], int | None], ...]
+    """The top-level string fields: name, pattern, maximum length (None: the pattern bounds it)."""
 
 
 @cache
 def _compiled() -> _Compiled:
     schema = load_schema("request")
     props = schema["properties"]
+    language = re.compile(props["language"]["pattern"])
+    image = re.compile(props["image"]["pattern"])
+    network = re.compile(props["network"]["pattern"])
+    runtime = re.compile(props["runtime"]["pattern"])
+    principal = re.compile(props["principal"]["pattern"])
     return _Compiled(
         validator=Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER),
-        language=re.compile(props["language"]["pattern"]),
-        image=re.compile(props["image"]["pattern"]),
-        network=re.compile(props["network"]["pattern"]),
-        runtime=re.compile(props["runtime"]["pattern"]),
-        principal=re.compile(props["principal"]["pattern"]),
+        language=language,
+        image=image,
+        network=network,
+        runtime=runtime,
+        principal=principal,
         env_name=re.compile(props["env"]["propertyNames"]["pattern"]),
         size=re.compile(schema["$defs"]["size"]["pattern"]),
         mount_path=re.compile(props["mounts"]["items"]["properties"]["source"]["pattern"]),
+        strings=(
+            ("language", language, None),
+            ("image", image, 512),
+            ("network", network, None),
+            ("runtime", runtime, None),
+            ("principal", principal, None),
+        ),
     )
 
 
@@ -185,19 +206,14 @@ def fast_problems(doc: Any) -> list[Problem]:
     if not isinstance(doc, dict):
         bad("$", "a request must be a JSON object")
         return out
-    for key in doc:
-        if key not in _TOP_FIELDS:
-            bad("$", f"unknown field {key!r}")
+    if not _TOP_FIELDS.issuperset(doc):
+        for key in doc:
+            if key not in _TOP_FIELDS:
+                bad("$", f"unknown field {key!r}")
     code = doc.get("code")
     if not isinstance(code, str) or not code:
         bad("$.code", "code is required and must be a non-empty string")
-    for name, pattern, max_len in (
-        ("language", c.language, None),
-        ("image", c.image, 512),
-        ("network", c.network, None),
-        ("runtime", c.runtime, None),
-        ("principal", c.principal, None),
-    ):
+    for name, pattern, max_len in c.strings:
         if name in doc:
             value = doc[name]
             if not isinstance(value, str) or pattern.search(value) is None:
@@ -210,23 +226,23 @@ def fast_problems(doc: Any) -> list[Problem]:
             bad("$.limits", "must be an object")
         else:
             for key, value in limits.items():
-                path = f"$.limits.{key}"
+                kind = type(value)
                 if key not in _LIMIT_FIELDS:
                     bad("$.limits", f"unknown field {key!r}")
                 elif key in _SIZE_FIELDS:
-                    if _is_int(value):
+                    if kind is int or (kind is not bool and _is_int(value)):
                         if value < 0:
-                            bad(path, "negative")
+                            bad(f"$.limits.{key}", "negative")
                     elif not isinstance(value, str) or c.size.search(value) is None:
-                        bad(path, "not a size")
+                        bad(f"$.limits.{key}", "not a size")
                 elif key == "pids":
-                    if not _is_int(value) or not 1 <= value <= 1_000_000:
-                        bad(path, "invalid")
+                    if not (kind is int or _is_int(value)) or not 1 <= value <= 1_000_000:
+                        bad(f"$.limits.{key}", "invalid")
                 elif key == "cpus":
-                    if not _is_number(value) or not 0 < value <= 1024:
-                        bad(path, "invalid")
-                elif not _is_number(value) or not 0 < value <= 86400:  # timeout_s
-                    bad(path, "invalid")
+                    if not (kind is float or kind is int or _is_number(value)) or not 0 < value <= 1024:
+                        bad(f"$.limits.{key}", "invalid")
+                elif not (kind is int or kind is float or _is_number(value)) or not 0 < value <= 86400:  # timeout_s
+                    bad(f"$.limits.{key}", "invalid")
     if "mounts" in doc:
         mounts = doc["mounts"]
         if not isinstance(mounts, list) or len(mounts) > 32:
@@ -258,8 +274,9 @@ def fast_problems(doc: Any) -> list[Problem]:
         if not isinstance(env, dict) or len(env) > 1024:
             bad("$.env", "must be an object")
         else:
+            env_name = c.env_name.search
             for key, value in env.items():
-                if len(key) > 128 or c.env_name.search(key) is None or not isinstance(value, str):
+                if len(key) > 128 or env_name(key) is None or not isinstance(value, str):
                     bad("$.env", "bad variable")
     if "metadata" in doc:
         metadata = doc["metadata"]
@@ -305,11 +322,13 @@ class _DuplicateKeyError(ValueError):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKeyError(key)
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # a key came twice: name the first repeat
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
     return out
 
 
@@ -317,11 +336,28 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+@cache
+def _decoder() -> json.JSONDecoder:
+    # ``json.loads(text, object_pairs_hook=..., parse_constant=...)`` builds this decoder (and its scanner) on
+    # every call; it holds no per-document state, so one is built and reused.
+    return json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_no_constants)
+
+
 def _invalid(source: str, message: str, path: str = "$", line: int | None = None) -> RequestError:
     return RequestError(
         f"invalid request: {message}",
         problems=[Problem(message, path=path, source=source, line=line, code="request.malformed")],
     )
+
+
+_TEXT_TYPES = (str, bytes, bytearray)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constants)``, with a reused decoder."""
+    if text.startswith("\ufeff"):  # refused by json.loads before decoding, with this message
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _decoder().decode(text)
 
 
 def _decode(data: str | bytes | bytearray, source: str, max_bytes: int) -> Any:
@@ -337,7 +373,7 @@ def _decode(data: str | bytes | bytearray, source: str, max_bytes: int) -> Any:
             raise _invalid(source, f"request is {len(data)} characters, above the {max_bytes} cap")
         text = data
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constants)
+        return _loads(text)
     except _DuplicateKeyError as exc:
         raise _invalid(source, f"duplicate key {exc.args[0]!r} in JSON object") from exc
     except json.JSONDecodeError as exc:
@@ -365,6 +401,7 @@ def _copy_checked(doc: Any, source: str) -> Any:
 
     Iterative (an explicit stack), so no nesting can overflow Python's recursion limit.
     """
+    isfinite = math.isfinite
     root: list[Any] = [None]
     stack: list[tuple[Any, Any, int, Any, Any]] = [(doc, None, 0, root, 0)]
     while stack:
@@ -385,18 +422,23 @@ def _copy_checked(doc: Any, source: str) -> Any:
                 if type(key) is not str:
                     raise _invalid(source, f"object key {key!r} is not a string", path=_path_text(link))
                 kind = type(item)
-                if kind is str or kind is int or kind is bool:
+                if kind is str or kind is int or kind is bool or (kind is float and isfinite(item)):
                     out[key] = item
                 else:
                     out[key] = None
-                    stack.append((item, (link, key), depth + 1, out, key))
+                    if item is not None:
+                        stack.append((item, (link, key), depth + 1, out, key))
         elif kind is list or kind is tuple:
             if depth >= MAX_DEPTH:
                 raise _invalid(source, f"nested deeper than {MAX_DEPTH} levels", path=_path_text(link))
             items: list[Any] = [None] * len(value)
             parent[slot] = items
             for index, item in enumerate(value):
-                stack.append((item, (link, index), depth + 1, items, index))
+                kind = type(item)
+                if kind is str or kind is int or kind is bool or (kind is float and isfinite(item)):
+                    items[index] = item
+                elif item is not None:
+                    stack.append((item, (link, index), depth + 1, items, index))
         elif isinstance(value, bool):
             parent[slot] = bool(value)
         elif isinstance(value, str):
@@ -412,52 +454,69 @@ def _copy_checked(doc: Any, source: str) -> Any:
     return root[0]
 
 
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_NO_LIMITS = RequestLimits()
+
+
 def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
+    # ``doc`` is the private copy made by _copy_checked and already schema-checked: its dicts are wrapped
+    # read-only as they are, not copied again.
     problems: list[Problem] = []
 
     def bad(path: str, message: str) -> None:
         problems.append(Problem(message, path=path, source=source, code="request.invalid_value"))
 
+    get = doc.get
     for name in ("language", "image", "network", "runtime", "principal"):
-        value = doc.get(name)
+        value = get(name)
         if value is not None and ("\n" in value or "\r" in value):
             bad(f"$.{name}", "must not contain a line break")
-    raw_limits = doc.get("limits", {})
-    values: dict[str, Any] = {}
-    for key, value in raw_limits.items():
-        if key in _SIZE_FIELDS:
-            try:
-                values[key] = parse_size(int(value) if isinstance(value, float) else value)
-            except SizeError as exc:
-                bad(f"$.limits.{key}", str(exc))
-        elif key == "pids":
-            values[key] = int(value)
-        else:
-            values[key] = float(value) if key == "cpus" else value
+    raw_limits = get("limits")
+    limits = _NO_LIMITS
+    if raw_limits:
+        values: dict[str, Any] = {}
+        for key, value in raw_limits.items():
+            if key in _SIZE_FIELDS:
+                if type(value) is int and 0 <= value <= MAX_SIZE:
+                    values[key] = value  # what parse_size returns for it
+                    continue
+                try:
+                    values[key] = parse_size(int(value) if isinstance(value, float) else value)
+                except SizeError as exc:
+                    bad(f"$.limits.{key}", str(exc))
+            elif key == "pids":
+                values[key] = int(value)
+            else:
+                values[key] = float(value) if key == "cpus" else value
+        limits = RequestLimits(**values)
     mounts = []
-    for index, item in enumerate(doc.get("mounts", ())):
+    for index, item in enumerate(get("mounts", ())):
         for key in ("source", "target"):
             text = item[key]
             if any(ch in text for ch in "\x00\n\r:,"):
                 bad(f"$.mounts[{index}].{key}", "must not contain NUL, line breaks, ':' or ','")
         mounts.append(MountRequest(item["source"], item["target"], item.get("mode", "ro")))
-    for name in doc.get("env", {}):
-        if "\n" in name:
-            bad("$.env", f"variable name {name!r} must not contain a line break")
+    env = get("env")
+    if env:
+        for name in env:
+            if "\n" in name:
+                bad("$.env", f"variable name {name!r} must not contain a line break")
     if problems:
         raise RequestError(f"invalid request: {len(problems)} problem(s)", problems=problems)
+    files = get("files")
+    metadata = get("metadata")
     return ExecutionRequest(
-        code=doc["code"],
-        language=doc.get("language"),
-        image=doc.get("image"),
-        limits=RequestLimits(**values),
-        network=doc.get("network"),
-        runtime=doc.get("runtime"),
-        mounts=tuple(mounts),
-        files=MappingProxyType(dict(doc.get("files", {}))),
-        env=MappingProxyType(dict(doc.get("env", {}))),
-        principal=doc.get("principal"),
-        metadata=MappingProxyType(dict(doc.get("metadata", {}))),
+        doc["code"],
+        get("language"),
+        get("image"),
+        limits,
+        get("network"),
+        get("runtime"),
+        tuple(mounts),
+        MappingProxyType(files) if files else _EMPTY,
+        MappingProxyType(env) if env else _EMPTY,
+        get("principal"),
+        MappingProxyType(metadata) if metadata else _EMPTY,
     )
 
 
@@ -468,7 +527,7 @@ def parse_request(
     max_bytes: int = MAX_REQUEST_BYTES,
 ) -> ExecutionRequest:
     """Validate ``data`` into an :class:`ExecutionRequest`; raise :class:`RequestError` listing every problem."""
-    raw = _decode(data, source, max_bytes) if isinstance(data, str | bytes | bytearray) else data
+    raw = _decode(data, source, max_bytes) if isinstance(data, _TEXT_TYPES) else data
     # A private copy in plain JSON shapes (the caller may mutate theirs afterwards), depth-checked.
     doc = _copy_checked(raw, source)
     if fast_problems(doc):

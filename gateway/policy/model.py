@@ -157,6 +157,11 @@ class Policy:
     pull: Literal["never", "if-missing"] = "never"
     read_only_root: bool = True
     labels: tuple[tuple[str, str], ...] = field(default=())
+    _compiled: object = field(default=None, init=False, repr=False, compare=False)
+    """Per-policy constants the decision engine derives on first use (``gateway.decision`` owns the shape).
+
+    Not an ``__init__`` argument, so ``dataclasses.replace`` starts a copy without it and nothing derived
+    from the old field values can leak into a changed policy. Excluded from equality, hashing and repr."""
 
     @property
     def ref(self) -> str:
