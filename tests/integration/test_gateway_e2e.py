@@ -329,3 +329,28 @@ def test_otel_console_exports_the_span_tree(audit_dir: Path, capsys: pytest.Capt
     records = [json.loads(line) for seg in audit_dir.glob("*.jsonl") for line in seg.read_text().splitlines()]
     decision = next(r for r in records if r["event_type"] == "policy.decision")
     assert decision["trace_id"] in err.replace("0x", "")
+
+
+def test_doctor_reports_every_check(engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir))
+    report = json.loads(out)
+    assert rc == 0, report
+    assert [c["name"] for c in report["checks"]] == ["policy", "audit", "engine", "gvisor", "image"]
+    assert all(c["ok"] for c in report["checks"])
+    image = next(c for c in report["checks"] if c["name"] == "image")
+    assert engine.images.get(SANDBOX_IMAGE).id in image["detail"]
+
+
+def test_doctor_fails_on_a_broken_trail(audit_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--audit-dir", str(audit_dir), "--code", "print(1)"]) == 0
+    segment = next(audit_dir.glob("*.jsonl"))
+    data = bytearray(segment.read_bytes())
+    data[40] ^= 0x01  # one flipped bit in the first record
+    segment.write_bytes(bytes(data))
+    capsys.readouterr()
+    rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir))
+    report = json.loads(out)
+    assert rc == 1
+    audit = next(c for c in report["checks"] if c["name"] == "audit")
+    assert audit["ok"] is False
+    assert "broken" in audit["detail"]
