@@ -27,6 +27,7 @@ from jsonschema import Draft202012Validator
 from gateway.errors import Problem, RequestError
 from gateway.policy.sizes import MAX_SIZE, SizeError, parse_size
 from gateway.resources import load_schema
+from gateway.validation import problems_from_error
 
 __all__ = [
     "MAX_DEPTH",
@@ -287,29 +288,9 @@ def fast_problems(doc: Any) -> list[Problem]:
 
 def schema_problems(doc: Any, *, source: str | None = None) -> list[Problem]:
     """Every error the Draft 2020-12 validator finds, with its JSON path."""
-    problems = []
+    problems: list[Problem] = []
     for error in _compiled().validator.iter_errors(doc):
-        schema = error.schema if isinstance(error.schema, dict) else {}
-        custom = schema.get("x-messages", {}).get(str(error.validator))
-        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-            known = sorted(schema.get("properties", {}))
-            for key in error.instance:
-                if key not in known:
-                    problems.append(
-                        Problem(
-                            f"unknown field {key!r}; allowed fields here: {', '.join(known)}",
-                            path=f"{error.json_path}.{key}",
-                            source=source,
-                            code="request.unknown_field",
-                        )
-                    )
-            continue
-        if custom:
-            shown = repr(error.instance)
-            message = f"{shown if len(shown) <= 80 else shown[:77] + '...'} {custom}"
-        else:
-            message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-        problems.append(Problem(message, path=error.json_path, source=source, code="request.schema"))
+        problems.extend(problems_from_error(error, source=source, domain="request"))
     problems.sort(key=lambda p: p.path)
     return problems
 

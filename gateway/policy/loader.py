@@ -10,13 +10,11 @@ import hashlib
 import json
 import os
 import posixpath
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 
 from gateway.errors import PolicyError, PolicyNotFoundError, Problem
 from gateway.policy.images import image_allowed
@@ -39,8 +37,9 @@ from gateway.policy.model import (
 )
 from gateway.policy.paths import denied_host_reason, target_problem
 from gateway.policy.sizes import SizeError, format_size, parse_size
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml, path_join
+from gateway.policy.yamlstrict import LoadedYaml, load_yaml
 from gateway.resources import load_schema
+from gateway.validation import problems_from_error
 
 __all__ = [
     "MAX_POLICY_BYTES",
@@ -75,42 +74,11 @@ def canonical_sha256(data: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _error_problems(error: ValidationError, loaded: LoadedYaml) -> Iterator[Problem]:
-    path = error.json_path
-    schema = error.schema if isinstance(error.schema, dict) else {}
-    custom = schema.get("x-messages", {}).get(str(error.validator))
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        known = sorted(schema.get("properties", {}))
-        for key in error.instance:
-            if key not in known:
-                child = path_join(path, key)
-                yield Problem(
-                    f"unknown field {key!r}; allowed fields here: {', '.join(known)}",
-                    path=child,
-                    source=loaded.source,
-                    line=loaded.line_of(child),
-                    code="policy.unknown_field",
-                )
-        return
-    if custom:
-        message = f"{_short(error.instance)} {custom}"
-    elif error.validator == "required":
-        message = error.message.replace("is a required property", "is required here but missing")
-    else:
-        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-    yield Problem(message, path=path, source=loaded.source, line=loaded.line_of(path), code="policy.schema")
-
-
 def schema_problems(loaded: LoadedYaml) -> list[Problem]:
     """Every JSON Schema violation of a loaded document, as problems with lines."""
     problems: list[Problem] = []
     for error in _validator().iter_errors(loaded.data):
-        problems.extend(_error_problems(error, loaded))
+        problems.extend(problems_from_error(error, source=loaded.source, domain="policy", line_of=loaded.line_of))
     return problems
 
 
