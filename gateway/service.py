@@ -193,7 +193,9 @@ class Gateway:
         )
 
     def __enter__(self) -> Gateway:
-        self._append("gateway.start", {"policy_source": self.policy.source}, policy=self._policy_ref())
+        ref = self._policy_ref()
+        self._append("gateway.start", {"policy_source": self.policy.source}, policy=ref)
+        self._append("policy.loaded", {**ref, "source": self.policy.source}, policy=ref)
         return self
 
     def __exit__(self, *exc: object) -> None:

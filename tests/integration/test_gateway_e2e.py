@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from gateway.audit import verify_trail
 from gateway.cli import main
-from gateway.resources import policies_dir
+from gateway.resources import load_schema, policies_dir
 from gateway.simple import run_in_sandbox
 from gateway.tool import TOOL_NAME, handle_tool_call
 from tests.integration.conftest import MANAGED_LABEL, SANDBOX_IMAGE, gateway_containers
@@ -76,8 +77,16 @@ def test_cli_run_prints_4_and_leaves_a_verifiable_trail(
     assert report.ok
     records = [json.loads(line) for seg in sorted(audit_dir.glob("*.jsonl")) for line in seg.read_text().splitlines()]
     kinds = [r["event_type"] for r in records]
-    assert kinds == ["gateway.start", "request.received", "policy.decision", "execution.outcome", "gateway.stop"]
-    outcome = records[3]["data"]
+    assert kinds == [
+        "gateway.start", "policy.loaded", "request.received", "policy.decision", "execution.outcome", "gateway.stop",
+    ]  # fmt: skip
+    validator = Draft202012Validator(load_schema("audit-record"), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    for record in records:
+        assert list(validator.iter_errors(record)) == [], record["event_type"]
+    loaded = records[1]["data"]
+    assert (loaded["name"], loaded["sha256"]) == ("default", records[3]["policy"]["sha256"])
+    assert loaded["source"].endswith("policies/default.yaml")
+    outcome = records[4]["data"]
     assert outcome["exit_code"] == 0
     assert outcome["image"] == SANDBOX_IMAGE
     assert outcome["image_id"] == engine.images.get(SANDBOX_IMAGE).id

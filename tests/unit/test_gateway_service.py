@@ -187,7 +187,8 @@ def test_context_manager_records_start_and_stop(policy: Any) -> None:
     sink = MemoryAuditSink()
     with make_gateway(policy, sink=sink) as gw:
         gw.execute({"code": "print(2+2)"})
-    assert events(sink)[0] == "gateway.start"
+    assert events(sink)[:2] == ["gateway.start", "policy.loaded"]
+    assert sink.records[1]["data"]["sha256"] == policy.sha256
     assert events(sink)[-1] == "gateway.stop"
     assert sink.closed
 
