@@ -181,7 +181,14 @@ class JsonlAuditTrail:
     @classmethod
     def from_env(cls, directory: str | Path | None = None, **kwargs: Any) -> JsonlAuditTrail:
         """Directory: argument > ``GATEWAY_AUDIT_DIR`` > ``./audit``; key: ``GATEWAY_AUDIT_KEY_FILE`` or
-        ``GATEWAY_AUDIT_KEY`` (hex) when set."""
+        ``GATEWAY_AUDIT_KEY`` (hex) when set; code kept: ``GATEWAY_AUDIT_CODE_MAX_BYTES`` (default 65536)."""
+        raw = os.environ.get("GATEWAY_AUDIT_CODE_MAX_BYTES")
+        if raw is not None and "code_max_bytes" not in kwargs:
+            if not raw.isdigit():
+                raise AuditUnavailableError(
+                    f"GATEWAY_AUDIT_CODE_MAX_BYTES={raw!r}: expected a whole number of bytes (0 keeps no code)"
+                )
+            kwargs["code_max_bytes"] = int(raw)
         return cls(resolve_directory(directory), key=key_from_env(), **kwargs)
 
     # --- public -------------------------------------------------------------------------------------
