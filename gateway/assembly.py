@@ -229,9 +229,11 @@ def build_options(spec: RunSpec, *, policy_ref: str, decision_id: str, request_i
             "/tmp": f"{_TMPFS_FLAGS},size={spec.tmpfs}",  # noqa: S108 - the container's own tmpfs
             WORKSPACE: f"{_TMPFS_FLAGS},size={spec.tmpfs},uid={spec.uid},gid={spec.gid},mode=0700",
         },
+        # No nproc ulimit: RLIMIT_NPROC counts every process of the uid on the host, so all sandboxes (same
+        # uid, no user namespace) would share one count and one fork bomb would stop the others from
+        # forking. The per-container pids cgroup limit (pids_limit) is the bound.
         "ulimits": [
             {"name": "nofile", "soft": spec.nofile, "hard": spec.nofile},
-            {"name": "nproc", "soft": spec.pids, "hard": spec.pids},
             {"name": "core", "soft": 0, "hard": 0},
             {"name": "fsize", "soft": spec.tmpfs, "hard": spec.tmpfs},
         ],
@@ -382,6 +384,10 @@ def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> No
             size = text[start:end] if end >= 0 else text[start:]
             if start < 6 or text.count(",size=") != 1 or not size.isdigit() or int(size) <= 0:
                 bad(f"$.tmpfs[{target!r}]", "every tmpfs needs a positive size= in bytes")
+
+    ulimits = get("ulimits", [])
+    if isinstance(ulimits, list) and any(isinstance(u, Mapping) and u.get("name") == "nproc" for u in ulimits):
+        bad("$.ulimits", "an nproc ulimit is shared by every sandbox of the uid: one sandbox could starve the others")
 
     labels = get("labels")
     if (type(labels) is not dict and not isinstance(labels, Mapping)) or labels.get(MANAGED_LABEL) != "true":

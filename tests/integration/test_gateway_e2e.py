@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from jsonschema import Draft202012Validator
 from gateway.audit import verify_trail
 from gateway.cli import main
 from gateway.resources import load_schema, policies_dir
+from gateway.service import Gateway
 from gateway.simple import run_in_sandbox
 from gateway.tool import TOOL_NAME, handle_tool_call
 from tests.integration.conftest import MANAGED_LABEL, SANDBOX_IMAGE, gateway_containers
@@ -363,3 +365,37 @@ def test_doctor_fails_on_a_broken_trail(audit_dir: Path, capsys: pytest.CaptureF
     audit = next(c for c in report["checks"] if c["name"] == "audit")
     assert audit["ok"] is False
     assert "broken" in audit["detail"]
+
+
+def test_one_sandbox_at_its_process_limit_does_not_starve_another(engine: Any, audit_dir: Path) -> None:
+    """All sandboxes share one uid; a per-uid limit (RLIMIT_NPROC) would let one fork bomb stop the others."""
+    bomb = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(8); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError:\n"
+        "    print('held', n, flush=True)\n"
+        "time.sleep(6)\n"
+    )
+    neighbour = (
+        "import subprocess\nprint(subprocess.run(['python3', '-c', 'print(41 + 1)'], capture_output=True).stdout)"
+    )
+    results: dict[str, Any] = {}
+    with Gateway.from_env(audit_dir=audit_dir) as gw:
+        thread = threading.Thread(
+            target=lambda: results.setdefault("bomb", gw.execute({"code": bomb, "limits": {"timeout_s": 15}}))
+        )
+        thread.start()
+        try:
+            time.sleep(3)  # let the bomb reach its pids limit
+            neighbour_result = gw.execute({"code": neighbour})
+        finally:
+            thread.join()
+    assert results["bomb"].to_dict()["stdout"].startswith("held")
+    assert neighbour_result.exit_status == 0, neighbour_result.to_dict()
+    assert neighbour_result.to_dict()["stdout"] == "b'42\\n'\n"
+    assert gateway_containers(engine) == []

@@ -49,7 +49,6 @@ def test_exact_options_for_the_default_policy(default_policy: Policy) -> None:
         },
         "ulimits": [
             {"name": "nofile", "soft": 256, "hard": 256},
-            {"name": "nproc", "soft": 64, "hard": 64},
             {"name": "core", "soft": 0, "hard": 0},
             {"name": "fsize", "soft": 67108864, "hard": 67108864},
         ],
@@ -81,7 +80,7 @@ def test_requested_limits_flow_into_options(default_policy: Policy) -> None:
         100,
     )
     assert o["tmpfs"]["/tmp"].endswith(f"size={16 * MiB}")
-    assert {"name": "nproc", "soft": 100, "hard": 100} in o["ulimits"]
+    assert not any(u["name"] == "nproc" for u in o["ulimits"])  # pids_limit bounds processes, per container
 
 
 @pytest.fixture
@@ -97,6 +96,7 @@ UNSAFE: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("host network", lambda o: o.update(network_mode="host"), "$.network_mode"),
     ("container network", lambda o: o.update(network_mode="container:abc"), "$.network_mode"),
     ("missing network", lambda o: o.pop("network_mode"), "$.network_mode"),
+    ("shared nproc ulimit", lambda o: o["ulimits"].append({"name": "nproc", "soft": 64, "hard": 64}), "$.ulimits"),
     ("network stack left on", lambda o: o.update(network_disabled=False), "$.network_disabled"),
     ("network stack flag dropped", lambda o: o.pop("network_disabled"), "$.network_disabled"),
     ("network_disabled not a bool", lambda o: o.update(network_disabled="yes"), "$.network_disabled"),
