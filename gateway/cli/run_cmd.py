@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "run",
         help="run code through the gateway",
         description="Decide, audit and run code in a hardened single-use sandbox. Exit status: the program's own; "
-        "77 denied by policy; 124 killed at the deadline; 137 killed for memory; 125 gateway or engine failure; "
+        "77 denied by policy; 124 killed at the deadline; 137 killed for memory (or the sandbox killed for another "
+        "resource limit); 125 gateway or engine failure; "
         "2 usage or invalid request.",
     )
     src = run.add_mutually_exclusive_group(required=True)
@@ -140,7 +141,7 @@ def _print_human(result: ExecutionResult) -> None:
     if data["oom_killed"]:
         notes.append("gateway: killed for exceeding the memory limit")
     if data["resource_killed"]:
-        notes.append("gateway: the sandbox was killed for a resource limit")
+        notes.append("gateway: the sandbox ended without reporting the program's exit (killed for a resource limit)")
     if not result.audit_ok:
         notes.append("gateway: WARNING: the audit record of this request could not be written")
     for note in notes:

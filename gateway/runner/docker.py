@@ -425,11 +425,10 @@ class DockerRunner:
             # exits without a word from the supervisor. That is not the program's own exit.
             exit_code, resource_killed = None, True
         else:
-            # The supervisor died before reporting (the program killed it): the container's status is all
-            # there is.
-            code = state.get("ExitCode")
-            exit_code = int(code) if isinstance(code, int) else None
-            resource_killed = exit_code is None
+            # The supervisor never reported: it was killed (by the program, which runs as the same uid) or
+            # could not even be started. Whatever the container's own status says, it is not the program's
+            # exit code, so none is reported.
+            exit_code, resource_killed = None, True
         return Outcome(
             exit_code=exit_code,
             stdout=bytes(got.stdout),

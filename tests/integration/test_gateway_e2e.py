@@ -399,3 +399,15 @@ def test_one_sandbox_at_its_process_limit_does_not_starve_another(engine: Any, a
     assert neighbour_result.exit_status == 0, neighbour_result.to_dict()
     assert neighbour_result.to_dict()["stdout"] == "b'42\\n'\n"
     assert gateway_containers(engine) == []
+
+
+def test_a_program_that_kills_its_supervisor_gets_no_exit_code_of_its_choosing(
+    engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = "import os, signal\nprint('bye', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)\nos._exit(0)"
+    rc, out, err = run_cli(capsys, "run", "--json", "--audit-dir", str(audit_dir), "--code", code)
+    result = json.loads(out)
+    assert rc == 137, (result, err)
+    assert result["exit_code"] is None
+    assert result["resource_killed"] is True
+    assert gateway_containers(engine) == []

@@ -168,6 +168,7 @@ def test_unexpected_runner_exception_is_contained(policy: Any) -> None:
         ({"timed_out": True, "exit_code": None}, EXIT_TIMEOUT),
         ({"oom_killed": True, "exit_code": 137}, EXIT_MEMORY),
         ({"exit_code": 3}, 3),
+        ({"resource_killed": True, "exit_code": None}, EXIT_MEMORY),
     ],
 )
 def test_exit_status_follows_docker_run_and_timeout(policy: Any, overrides: dict[str, Any], status: int) -> None:
