@@ -21,7 +21,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -121,7 +121,7 @@ class PolicyRef:
     source: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "sha256": self.sha256, "source": self.source}
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +140,7 @@ class Plan:
     files_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "runtime": self.runtime,
-            "network": self.network,
-            "timeout_s": self.timeout_s,
-            "output_bytes": self.output_bytes,
-            "output_files_bytes": self.output_files_bytes,
-            "pull": self.pull,
-            "language": self.language,
-            "code_bytes": self.code_bytes,
-            "files_bytes": self.files_bytes,
-        }
+        return asdict(self)
 
 
 def _copy_json(value: Any) -> Any:

@@ -12,9 +12,8 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from gateway.resources import policy_path_from_env
 from gateway.runner import DockerRunner, Outcome, Payload, Runner, RunSpec
 from gateway.telemetry import SPAN_AUDIT, SPAN_EXECUTE, SPAN_POLICY, SPAN_SANDBOX, get_tracer
 
-__all__ = ["ExecutionResult", "Gateway", "open_gateway"]
+__all__ = ["ExecutionResult", "Gateway"]
 
 
 def _text(data: bytes) -> str:
@@ -58,8 +57,31 @@ def _file_entry(name: str, content: bytes) -> dict[str, Any]:
         }
 
 
-def _digest(data: bytes) -> dict[str, Any]:
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+def _digest(data: bytes, size: int | None = None) -> dict[str, Any]:
+    """sha256 of ``data``; ``size`` when more bytes were produced than kept (a capped stream)."""
+    return {"bytes": len(data) if size is None else size, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+_NOTHING_RAN = Outcome(
+    exit_code=None,
+    stdout=b"",
+    stderr=b"",
+    stdout_truncated=False,
+    stderr_truncated=False,
+    stdout_bytes=0,
+    stderr_bytes=0,
+    timed_out=False,
+    oom_killed=False,
+    output_limit_killed=False,
+    resource_killed=False,
+    duration_ms=0,
+    container_id=None,
+    image_id=None,
+    files={},
+    files_truncated=False,
+    pulled=False,
+)
+"""What results and outcome records report when no container ran."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +99,6 @@ class ExecutionResult:
     an error."""
     audit_ok: bool = True
     """False when a record of this request could not be made durable (the run, if any, already happened)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def allowed(self) -> bool:
@@ -105,7 +126,7 @@ class ExecutionResult:
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` result object (keys are a contract: add, never rename)."""
         d = self.decision.to_dict() if self.decision is not None else None
-        o = self.outcome
+        o = self.outcome or _NOTHING_RAN
         out: dict[str, Any] = {
             "request_id": self.request_id,
             "allowed": self.allowed,
@@ -113,18 +134,18 @@ class ExecutionResult:
             "violations": d["violations"] if d else [],
             "warnings": d["warnings"] if d else [],
             "policy": {"name": d["policy"]["name"], "sha256": d["policy"]["sha256"]} if d else None,
-            "exit_code": o.exit_code if o else None,
-            "stdout": _text(o.stdout) if o else "",
-            "stderr": _text(o.stderr) if o else "",
-            "stdout_truncated": o.stdout_truncated if o else False,
-            "stderr_truncated": o.stderr_truncated if o else False,
-            "timed_out": o.timed_out if o else False,
-            "oom_killed": o.oom_killed if o else False,
-            "output_limit_killed": o.output_limit_killed if o else False,
-            "resource_killed": o.resource_killed if o else False,
-            "duration_ms": o.duration_ms if o else None,
-            "files": [_file_entry(k, v) for k, v in sorted(o.files.items())] if o else [],
-            "files_truncated": o.files_truncated if o else False,
+            "exit_code": o.exit_code,
+            "stdout": _text(o.stdout),
+            "stderr": _text(o.stderr),
+            "stdout_truncated": o.stdout_truncated,
+            "stderr_truncated": o.stderr_truncated,
+            "timed_out": o.timed_out,
+            "oom_killed": o.oom_killed,
+            "output_limit_killed": o.output_limit_killed,
+            "resource_killed": o.resource_killed,
+            "duration_ms": o.duration_ms if self.outcome is not None else None,
+            "files": [_file_entry(k, v) for k, v in sorted(o.files.items())],
+            "files_truncated": o.files_truncated,
             "error": self.error.to_dict() if self.error is not None else None,
             "audit_ok": self.audit_ok,
             "exit_status": self.exit_status,
@@ -273,8 +294,8 @@ class Gateway:
                     request_id=request_id,
                     policy=policy_ref,
                 )
-            except GatewayError as audit_exc:
-                return ExecutionResult(request_id, None, error=exc, audit_ok=False, extra={"audit": str(audit_exc)})
+            except GatewayError:
+                return ExecutionResult(request_id, None, error=exc, audit_ok=False)
             return ExecutionResult(request_id, None, error=exc)
         principal = request.principal
         if principal:
@@ -390,51 +411,19 @@ def _raw_bytes(raw: object) -> bytes:
 
 
 def _outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None) -> dict[str, Any]:
-    if outcome is None:
-        return {
-            "exit_code": None,
-            "timed_out": False,
-            "oom_killed": False,
-            "output_limit_killed": False,
-            "resource_killed": False,
-            "duration_ms": 0,
-            "container_id": None,
-            "image": image,
-            "image_id": None,
-            "stdout": {**_digest(b""), "truncated": False},
-            "stderr": {**_digest(b""), "truncated": False},
-            "files": [],
-            "error": {"code": error.code, "message": error.message} if error else None,
-        }
+    o = outcome or _NOTHING_RAN
     return {
-        "exit_code": outcome.exit_code,
-        "timed_out": outcome.timed_out,
-        "oom_killed": outcome.oom_killed,
-        "output_limit_killed": outcome.output_limit_killed,
-        "resource_killed": outcome.resource_killed,
-        "duration_ms": int(outcome.duration_ms),
-        "container_id": outcome.container_id,
+        "exit_code": o.exit_code,
+        "timed_out": o.timed_out,
+        "oom_killed": o.oom_killed,
+        "output_limit_killed": o.output_limit_killed,
+        "resource_killed": o.resource_killed,
+        "duration_ms": int(o.duration_ms),
+        "container_id": o.container_id,
         "image": image,
-        "image_id": outcome.image_id,
-        "stdout": {
-            "bytes": outcome.stdout_bytes,
-            "sha256": hashlib.sha256(outcome.stdout).hexdigest(),
-            "truncated": outcome.stdout_truncated,
-        },
-        "stderr": {
-            "bytes": outcome.stderr_bytes,
-            "sha256": hashlib.sha256(outcome.stderr).hexdigest(),
-            "truncated": outcome.stderr_truncated,
-        },
-        "files": [{"name": k, **_digest(v)} for k, v in sorted(outcome.files.items())],
+        "image_id": o.image_id,
+        "stdout": {**_digest(o.stdout, o.stdout_bytes), "truncated": o.stdout_truncated},
+        "stderr": {**_digest(o.stderr, o.stderr_bytes), "truncated": o.stderr_truncated},
+        "files": [{"name": k, **_digest(v)} for k, v in sorted(o.files.items())],
         "error": {"code": error.code, "message": error.message} if error else None,
     }
-
-
-@contextmanager
-def open_gateway(
-    policy_path: str | os.PathLike[str] | None = None, audit_dir: str | os.PathLike[str] | None = None
-) -> Iterator[Gateway]:
-    """``with open_gateway() as gw:`` for scripts: embedded defaults, start/stop recorded."""
-    with Gateway.from_env(policy_path, audit_dir) as gw:
-        yield gw

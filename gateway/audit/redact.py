@@ -27,7 +27,7 @@ import re
 import socket
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -230,7 +230,7 @@ class GatewayIdentity:
     pid: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "host": self.host, "pid": self.pid}
+        return asdict(self)
 
 
 def _current_trace() -> tuple[str, str] | None:

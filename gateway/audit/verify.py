@@ -38,7 +38,7 @@ import selectors
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -74,16 +74,7 @@ class BreakInfo:
     """``seq`` written in the offending line, when it could be read."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "segment": self.segment,
-            "line": self.line,
-            "offset": self.offset,
-            "reason": self.reason,
-            "detail": self.detail,
-            "prev_hash": self.prev_hash,
-            "found_seq": self.found_seq,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +97,7 @@ class VerifyReport:
     """Whether records carry HMACs (a keyed trail verified without its key has only its hashes checked)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "records_checked": self.records_checked,
-            "last_seq": self.last_seq,
-            "last_hash": self.last_hash,
-            "segments": self.segments,
-            "hmac_checked": self.hmac_checked,
-            "hmac_present": self.hmac_present,
-            "first_break": None if self.first_break is None else self.first_break.to_dict(),
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

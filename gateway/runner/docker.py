@@ -104,13 +104,26 @@ class DockerSandbox:
 
 
 @dataclass
+class _Stream:
+    """One output stream: what is kept (at most the cap) and how much the program produced."""
+
+    kept: bytearray = field(default_factory=bytearray)
+    seen: int = 0
+    truncated: bool = False
+
+    def take(self, data: bytes, cap: int) -> bool:
+        """Keep what fits under ``cap``; True once the program has produced more than that."""
+        self.seen += len(data)
+        self.kept += data[: max(cap - len(self.kept), 0)]
+        if self.seen > cap:
+            self.truncated = True
+        return self.truncated
+
+
+@dataclass
 class _Collected:
-    stdout: bytearray = field(default_factory=bytearray)
-    stderr: bytearray = field(default_factory=bytearray)
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
+    stdout: _Stream = field(default_factory=_Stream)
+    stderr: _Stream = field(default_factory=_Stream)
     files: dict[str, bytearray] = field(default_factory=dict)
     files_bytes: int = 0
     current_file: str | None = None
@@ -365,20 +378,10 @@ class DockerRunner:
     @staticmethod
     def _take(kind: bytes, data: bytes, got: _Collected, spec: RunSpec) -> bool:
         """Account for one frame. Returns True when an output cap was crossed (kill the container)."""
-        cap = spec.output_bytes
-        if kind == FRAME_STDOUT:
-            got.stdout_bytes += len(data)
-            room = cap - len(got.stdout)
-            got.stdout += data[: max(room, 0)]
-            if got.stdout_bytes > cap:
-                got.stdout_truncated = got.output_limit_killed = True
-                return True
-        elif kind == FRAME_STDERR:
-            got.stderr_bytes += len(data)
-            room = cap - len(got.stderr)
-            got.stderr += data[: max(room, 0)]
-            if got.stderr_bytes > cap:
-                got.stderr_truncated = got.output_limit_killed = True
+        if kind in (FRAME_STDOUT, FRAME_STDERR):
+            stream = got.stdout if kind == FRAME_STDOUT else got.stderr
+            if stream.take(data, spec.output_bytes):
+                got.output_limit_killed = True
                 return True
         elif kind == FRAME_FILE_NAME:
             name = data.decode("utf-8", "replace")
@@ -431,12 +434,12 @@ class DockerRunner:
             exit_code, resource_killed = None, True
         return Outcome(
             exit_code=exit_code,
-            stdout=bytes(got.stdout),
-            stderr=bytes(got.stderr),
-            stdout_truncated=got.stdout_truncated,
-            stderr_truncated=got.stderr_truncated,
-            stdout_bytes=got.stdout_bytes,
-            stderr_bytes=got.stderr_bytes,
+            stdout=bytes(got.stdout.kept),
+            stderr=bytes(got.stderr.kept),
+            stdout_truncated=got.stdout.truncated,
+            stderr_truncated=got.stderr.truncated,
+            stdout_bytes=got.stdout.seen,
+            stderr_bytes=got.stderr.seen,
             timed_out=got.timed_out,
             oom_killed=oom,
             output_limit_killed=got.output_limit_killed,

@@ -8,37 +8,20 @@ from typing import Any
 import docker.errors
 import pytest
 
+from gateway.assembly import assemble
 from gateway.errors import EngineUnavailableError, ImageMissingError, RequestError, SandboxError, UnsafeOptionsError
+from gateway.policy import load_policy
+from gateway.request import parse_request
+from gateway.resources import policies_dir
 from gateway.runner import FakeRunner, Outcome, Payload, Runner, RunSpec
 from gateway.runner.docker import DockerRunner
 from gateway.runner.fake import make_outcome
 from gateway.runner.interface import check_relative_path
 
-OPTIONS: dict[str, Any] = {
-    "image": "gateway/sandbox-python:3.11-bookworm",
-    "user": "65534:65534",
-    "working_dir": "/workspace",
-    "network_mode": "none",
-    "network_disabled": True,
-    "read_only": True,
-    "cap_drop": ["ALL"],
-    "security_opt": ["no-new-privileges"],
-    "mem_limit": 268435456,
-    "memswap_limit": 268435456,
-    "nano_cpus": 1000000000,
-    "pids_limit": 64,
-    "tmpfs": {
-        "/tmp": "rw,noexec,nosuid,nodev,size=67108864",
-        "/workspace": "rw,noexec,nosuid,nodev,size=67108864,uid=65534,gid=65534,mode=0700",
-    },
-    "ulimits": [{"name": "nofile", "soft": 256, "hard": 256}],
-    "init": True,
-    "ipc_mode": "private",
-    "cgroupns": "private",
-    "hostname": "sandbox",
-    "runtime": "runc",
-    "labels": {"io.agent-gateway.managed": "true"},
-}
+# What the gateway would really hand the runner for a plain request under the default policy.
+OPTIONS: dict[str, Any] = assemble(
+    load_policy(policies_dir() / "default.yaml"), parse_request({"code": "pass"}), decision_id="d", request_id="r"
+)
 
 
 @pytest.mark.parametrize(
