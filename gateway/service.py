@@ -35,7 +35,7 @@ from gateway.errors import (
 from gateway.policy import Policy, load_policy
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
-from gateway.runner import DockerRunner, Outcome, Payload, Runner, RunSpec
+from gateway.runner import NOTHING_RAN, DockerRunner, Outcome, Payload, Runner, RunSpec
 from gateway.telemetry import SPAN_AUDIT, SPAN_EXECUTE, SPAN_POLICY, SPAN_SANDBOX, get_tracer
 
 __all__ = ["ExecutionResult", "Gateway"]
@@ -60,28 +60,6 @@ def _file_entry(name: str, content: bytes) -> dict[str, Any]:
 def _digest(data: bytes, size: int | None = None) -> dict[str, Any]:
     """sha256 of ``data``; ``size`` when more bytes were produced than kept (a capped stream)."""
     return {"bytes": len(data) if size is None else size, "sha256": hashlib.sha256(data).hexdigest()}
-
-
-_NOTHING_RAN = Outcome(
-    exit_code=None,
-    stdout=b"",
-    stderr=b"",
-    stdout_truncated=False,
-    stderr_truncated=False,
-    stdout_bytes=0,
-    stderr_bytes=0,
-    timed_out=False,
-    oom_killed=False,
-    output_limit_killed=False,
-    resource_killed=False,
-    duration_ms=0,
-    container_id=None,
-    image_id=None,
-    files={},
-    files_truncated=False,
-    pulled=False,
-)
-"""What results and outcome records report when no container ran."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +104,7 @@ class ExecutionResult:
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` result object (keys are a contract: add, never rename)."""
         d = self.decision.to_dict() if self.decision is not None else None
-        o = self.outcome or _NOTHING_RAN
+        o = self.outcome or NOTHING_RAN
         out: dict[str, Any] = {
             "request_id": self.request_id,
             "allowed": self.allowed,
@@ -411,7 +389,7 @@ def _raw_bytes(raw: object) -> bytes:
 
 
 def _outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None) -> dict[str, Any]:
-    o = outcome or _NOTHING_RAN
+    o = outcome or NOTHING_RAN
     return {
         "exit_code": o.exit_code,
         "timed_out": o.timed_out,

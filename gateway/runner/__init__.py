@@ -7,13 +7,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.runner.interface import PULL_POLICIES, Outcome, Payload, Runner, RunSpec, Sandbox
+from gateway.runner.interface import NOTHING_RAN, PULL_POLICIES, Outcome, Payload, Runner, RunSpec, Sandbox
 
 if TYPE_CHECKING:
     from gateway.runner.docker import DockerRunner
     from gateway.runner.fake import FakeRunner
 
-__all__ = ["PULL_POLICIES", "DockerRunner", "FakeRunner", "Outcome", "Payload", "RunSpec", "Runner", "Sandbox"]
+__all__ = [
+    "NOTHING_RAN",
+    "PULL_POLICIES",
+    "DockerRunner",
+    "FakeRunner",
+    "Outcome",
+    "Payload",
+    "RunSpec",
+    "Runner",
+    "Sandbox",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.errors import GatewayError, ImageMissingError, SandboxError
-from gateway.runner.interface import Outcome, Payload, RunSpec
+from gateway.runner.interface import NOTHING_RAN, Outcome, Payload, RunSpec
 
 __all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
 
@@ -21,24 +21,8 @@ OutcomeSource = Outcome | Callable[[RunSpec, Payload], Outcome] | Iterable[Outco
 
 def make_outcome(**overrides: Any) -> Outcome:
     """An ``Outcome`` of a clean exit 0 with empty output; any field can be overridden."""
-    base = Outcome(
-        exit_code=0,
-        stdout=b"",
-        stderr=b"",
-        stdout_truncated=False,
-        stderr_truncated=False,
-        stdout_bytes=0,
-        stderr_bytes=0,
-        timed_out=False,
-        oom_killed=False,
-        output_limit_killed=False,
-        resource_killed=False,
-        duration_ms=1,
-        container_id="fake-container",
-        image_id="sha256:" + "0" * 64,
-        files={},
-        files_truncated=False,
-        pulled=False,
+    base = replace(
+        NOTHING_RAN, exit_code=0, duration_ms=1, container_id="fake-container", image_id="sha256:" + "0" * 64
     )
     if "stdout" in overrides and "stdout_bytes" not in overrides:
         overrides["stdout_bytes"] = len(overrides["stdout"])

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from gateway.errors import Problem, RequestError
 
 __all__ = [
+    "NOTHING_RAN",
     "PULL_POLICIES",
     "Outcome",
     "Payload",
@@ -177,6 +178,28 @@ class Outcome:
             "files_truncated": self.files_truncated,
             "pulled": self.pulled,
         }
+
+
+NOTHING_RAN = Outcome(
+    exit_code=None,
+    stdout=b"",
+    stderr=b"",
+    stdout_truncated=False,
+    stderr_truncated=False,
+    stdout_bytes=0,
+    stderr_bytes=0,
+    timed_out=False,
+    oom_killed=False,
+    output_limit_killed=False,
+    resource_killed=False,
+    duration_ms=0,
+    container_id=None,
+    image_id=None,
+    files={},
+    files_truncated=False,
+    pulled=False,
+)
+"""The outcome reported when no container ran (a runner error before or during create)."""
 
 
 @runtime_checkable
