@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import RequestError, exit_code_for
-from gateway.request import MAX_DEPTH, ExecutionRequest, parse_request
+from gateway.request import MAX_DEPTH, ExecutionRequest, parse_request, schema_problems
 
 
 def _paths(data: Any, **kwargs: Any) -> set[str]:
@@ -197,3 +197,62 @@ def test_arbitrary_bytes_raise_only_request_errors(data: bytes) -> None:
 def test_arbitrary_text_raises_only_request_errors(text: str) -> None:
     with contextlib.suppress(RequestError):
         parse_request(text)
+
+
+@pytest.mark.parametrize("raw", ['\ufeff{"code": "x"}', b'\xef\xbb\xbf{"code": "x"}'])
+def test_byte_order_mark_is_refused(raw: str | bytes) -> None:
+    with pytest.raises(RequestError, match="Unexpected UTF-8 BOM"):
+        parse_request(raw)
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=2_000_000),
+    st.floats(),
+    st.sampled_from([0.0, 64.0, 1024.5, 86400.01, 1_000_001, 2**64]),
+    st.sampled_from(["", "x", "none", "none\n", "runc", "python", "256m", "12q", "/abs", "/a:b", "rel", "ro", "rwx"]),
+    st.sampled_from(["gateway/sandbox-python:3.11-bookworm", "Bad Image", "agent-1", "A_B", "1BAD", "\ud800"]),
+)
+_JSON = st.recursive(
+    _SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3), max_leaves=6
+)
+_LIMIT_NAMES = ["memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "tmpfs", "swap"]
+_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "code": _SCALARS,
+    "language": _SCALARS,
+    "image": _SCALARS,
+    "limits": st.one_of(st.dictionaries(st.sampled_from(_LIMIT_NAMES), _SCALARS, max_size=4), _SCALARS),
+    "network": _SCALARS,
+    "runtime": _SCALARS,
+    "mounts": st.lists(st.dictionaries(st.sampled_from(["source", "target", "mode", "x"]), _SCALARS), max_size=3),
+    "files": st.dictionaries(st.sampled_from(["a.txt", "", "x/y"]), _SCALARS, max_size=3),
+    "env": st.dictionaries(st.sampled_from(["A", "A_B", "1BAD", "B\n"]), _SCALARS, max_size=3),
+    "principal": _SCALARS,
+    "metadata": _JSON,
+    "bogus": _SCALARS,
+}
+
+
+@st.composite
+def _request_like(draw: st.DrawFn) -> dict[str, Any]:
+    chosen = draw(st.lists(st.sampled_from(sorted(_FIELDS)), unique=True, max_size=6))
+    doc = {name: draw(_FIELDS[name]) for name in chosen}
+    if draw(st.booleans()):
+        doc["code"] = "print(1)"
+    return doc
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_request_like(), _JSON))
+def test_request_like_documents_are_accepted_whole_or_refused_with_paths(doc: Any) -> None:
+    try:
+        req = parse_request(doc)
+    except RequestError as exc:
+        problems = exc.problems
+    else:
+        assert not schema_problems(doc)
+        assert parse_request(req.to_dict()) == req
+        return
+    assert problems
+    assert all(p.path.startswith("$") and p.code for p in problems)
