@@ -28,7 +28,7 @@ from typing import Any
 
 from gateway.audit import JsonlAuditTrail
 from gateway.audit.canonical import GENESIS_HASH
-from gateway.audit.redact import RecordPipeline, chain
+from gateway.audit.pipeline import RecordPipeline, chain
 from gateway.audit.segments import segment_name
 
 IMAGE = "gateway/sandbox-python:3.11-bookworm"

@@ -31,8 +31,8 @@ from typing import Any
 
 import docker
 
+from gateway import Gateway
 from gateway.resources import policies_dir
-from gateway.service import Gateway
 
 IMAGE = "gateway/sandbox-python:3.11-bookworm"
 CODE = "print(2+2)"

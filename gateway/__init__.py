@@ -1,7 +1,65 @@
-"""Policy-driven security gateway for AI-agent code execution."""
+"""Policy-driven security gateway for AI-agent code execution.
+
+The public API. Everything else is reachable through its module but may change; what is listed here is
+pinned by ``tests/unit/test_public_api.py``.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from gateway._gateway import Admission, Gateway
+from gateway.decision import Decision, RuleResult, evaluate
+from gateway.errors import (
+    AuditError,
+    AuditIntegrityError,
+    AuditUnavailableError,
+    ContractError,
+    EngineUnavailableError,
+    GatewayError,
+    ImageMissingError,
+    PolicyError,
+    PolicyNotFoundError,
+    Problem,
+    RequestError,
+    RunnerError,
+    SandboxError,
+    UnsafeOptionsError,
+    exit_code_for,
+    http_status_for,
+)
+from gateway.policy import Policy, PolicySet, load_policy, load_policy_text
+from gateway.request import ExecutionRequest, parse_request
+from gateway.result import ExecutionResult
+
+__all__ = [
+    "Admission",
+    "AuditError",
+    "AuditIntegrityError",
+    "AuditUnavailableError",
+    "ContractError",
+    "Decision",
+    "EngineUnavailableError",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Gateway",
+    "GatewayError",
+    "ImageMissingError",
+    "Policy",
+    "PolicyError",
+    "PolicyNotFoundError",
+    "PolicySet",
+    "Problem",
+    "RequestError",
+    "RuleResult",
+    "RunnerError",
+    "SandboxError",
+    "UnsafeOptionsError",
+    "__version__",
+    "evaluate",
+    "exit_code_for",
+    "http_status_for",
+    "load_policy",
+    "load_policy_text",
+    "parse_request",
+]

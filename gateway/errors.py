@@ -19,6 +19,7 @@ __all__ = [
     "AuditError",
     "AuditIntegrityError",
     "AuditUnavailableError",
+    "ContractError",
     "EngineUnavailableError",
     "GatewayError",
     "ImageMissingError",
@@ -135,6 +136,18 @@ class RequestError(GatewayError):
     hint = "see schemas/request.schema.json for the request format"
 
 
+# --- contracts between the gateway's own parts ---------------------------------------------------------
+
+
+class ContractError(GatewayError):
+    """One part of the gateway handed another something it should never have built (a payload with a name
+    the decision should have refused, a run specification with no deadline). The gateway's fault, never the
+    caller's: exit 125, HTTP 500."""
+
+    code = "gateway.contract"
+    hint = "this is a bug in the gateway; the request was refused before anything ran. Please report it"
+
+
 # --- decision / assembly ------------------------------------------------------------------------------
 
 
@@ -197,6 +210,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (PolicyNotFoundError, EXIT_GATEWAY_FAILURE, 500),
     (PolicyError, EXIT_GATEWAY_FAILURE, 500),
     (RequestError, EXIT_USAGE, 422),
+    (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),
     (EngineUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (ImageMissingError, EXIT_GATEWAY_FAILURE, 503),

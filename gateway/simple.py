@@ -1,6 +1,6 @@
 """The simplest possible entry point, in the shape agents' tutorials use: ``run_in_sandbox(code)``.
 
-It is a thin shell over :class:`gateway.service.Gateway` with the embedded defaults, so the code still passes
+It is a thin shell over :class:`gateway.Gateway` with the embedded defaults, so the code still passes
 the policy, is audited, and runs hardened. Only the timeout can be asked for; the policy caps it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gateway.service import ExecutionResult, Gateway
+from gateway import ExecutionResult, Gateway
 
 __all__ = ["result_summary", "run_in_sandbox"]
 

@@ -1,5 +1,10 @@
-"""Policy test suites: YAML files of requests with their expected decisions, and invalid-policy fixtures.
+"""Helpers for testing with the gateway: the policy-suite runner, an in-memory audit capture, and fakes.
 
+For users' own tests as much as the project's: :func:`capture_audit` gives a Gateway whose trail is kept in
+memory, and :class:`FakeRunner` (re-exported) answers with scripted outcomes and no engine. Neither is ever
+a security test: containment is only tested against a real engine.
+
+Policy test suites are YAML files of requests with their expected decisions, and invalid-policy fixtures.
 The same runner backs ``gateway policy test DIR`` and the project's golden tests. A suite file is any
 ``*.yaml`` under DIR whose top level says ``kind: PolicyTest``::
 
@@ -26,19 +31,63 @@ The same runner backs ``gateway policy test DIR`` and the project's golden tests
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.decision import evaluate
+from gateway._gateway import Gateway
+from gateway.audit.memory import MemoryAuditSink
+from gateway.decision import Decision, evaluate, resolve
 from gateway.errors import PolicyError, Problem, RequestError
-from gateway.policy.loader import load_policy
-from gateway.policy.model import Policy
+from gateway.policy import Policy, PolicySet, compile_policy, load_policy
 from gateway.policy.yamlstrict import load_yaml
-from gateway.request import parse_request
+from gateway.request import ExecutionRequest, parse_request
+from gateway.runner.docker.options import DockerAssembler, build_options
+from gateway.runner.fake import FakeRunner, FakeSandbox, make_outcome
 
-__all__ = ["CaseResult", "discover_suites", "run_suite", "run_suites"]
+__all__ = [
+    "CaseResult",
+    "FakeRunner",
+    "FakeSandbox",
+    "MemoryAuditSink",
+    "assemble",
+    "capture_audit",
+    "decide",
+    "discover_suites",
+    "make_outcome",
+    "run_suite",
+    "run_suites",
+]
+
+
+def decide(policy: Policy, request: ExecutionRequest, **kwargs: Any) -> Decision:
+    """``evaluate`` with the Docker backend's assembler: the decision a Gateway over the Docker runner makes
+    (``kwargs``: ``denied_paths``, ``request_id``, ``decision_id``, ``admission``)."""
+    return evaluate(policy, request, assembler=DockerAssembler(), **kwargs)
+
+
+def assemble(policy: Policy, request: ExecutionRequest, *, decision_id: str, request_id: str) -> dict[str, Any]:
+    """The Docker options for ``request`` under ``policy``, *without judging it* (use :func:`decide` for that)."""
+    return build_options(resolve(policy, request), decision_id=decision_id, request_id=request_id)
+
+
+@contextmanager
+def capture_audit(
+    policy: Policy | PolicySet, runner: FakeRunner | None = None
+) -> Iterator[tuple[Gateway, MemoryAuditSink]]:
+    """A started Gateway over ``policy`` with an in-memory trail (and a :class:`FakeRunner` unless given).
+
+    ``sink.records`` holds every record as written, hash-chained like a real trail::
+
+        with capture_audit(load_policy("my.yaml")) as (gw, sink):
+            gw.execute({"code": "print(1)"})
+        assert [r["event_type"] for r in sink.records][-2:] == ["execution.outcome", "gateway.stop"]
+    """
+    sink = MemoryAuditSink()
+    with Gateway(policy, runner=runner if runner is not None else FakeRunner(), audit=sink) as gateway:
+        yield gateway, sink
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +109,7 @@ def _suite_error(suite: str, message: str) -> CaseResult:
     return CaseResult(suite, "<suite>", False, "a valid suite", "broken suite", message)
 
 
-def _run_case(suite: str, policy: Policy, index: int, case: Any, audit_dir: str | None) -> CaseResult:
+def _run_case(suite: str, policy: Policy, index: int, case: Any, denied_paths: Sequence[str]) -> CaseResult:
     if not isinstance(case, dict) or "request" not in case:
         return _suite_error(suite, f"cases[{index}] needs a request")
     name = str(case.get("name", f"case {index}"))
@@ -80,7 +129,7 @@ def _run_case(suite: str, policy: Policy, index: int, case: Any, audit_dir: str 
         request = parse_request(case["request"])
     except RequestError as exc:
         return CaseResult(suite, name, False, "a valid request", "invalid request", exc.diagnostics())
-    decision = evaluate(policy, request, audit_dir=audit_dir)
+    decision = evaluate(compile_policy(policy), request, assembler=DockerAssembler(), denied_paths=denied_paths)
     want_allowed = bool(case.get("allowed", False))
     expected = f"{'allow' if want_allowed else 'deny'} {_fmt(case.get('violations') or [])}"
     got_violations = [v.rule for v in decision.violations]
@@ -125,8 +174,10 @@ def _run_invalid(suite: str, base: Path, index: int, case: Any) -> CaseResult:
     return CaseResult(suite, name, False, expected, "valid policy")
 
 
-def run_suite(path: str | os.PathLike[str], *, audit_dir: str | None = None) -> list[CaseResult]:
-    """Run one suite file; a broken suite is reported as a failing case, never raised."""
+def run_suite(path: str | os.PathLike[str], *, denied_paths: Sequence[str] = ()) -> list[CaseResult]:
+    """Run one suite file; a broken suite is reported as a failing case, never raised.
+
+    ``denied_paths``: host paths no mount may reach in these decisions (a Gateway passes its trail's)."""
     suite_path = Path(path)
     suite = os.fspath(path)
     try:
@@ -145,7 +196,7 @@ def run_suite(path: str | os.PathLike[str], *, audit_dir: str | None = None) -> 
             policy = load_policy(base / str(doc.get("policy", "")))
         except PolicyError as exc:
             return [_suite_error(suite, exc.diagnostics())]
-        results.extend(_run_case(suite, policy, i, c, audit_dir) for i, c in enumerate(doc["cases"]))
+        results.extend(_run_case(suite, policy, i, c, denied_paths) for i, c in enumerate(doc["cases"]))
     results.extend(_run_invalid(suite, base, i, c) for i, c in enumerate(doc.get("invalid_policies") or []))
     if not results:
         results.append(_suite_error(suite, "the suite has no cases"))
@@ -163,9 +214,9 @@ def discover_suites(directory: str | os.PathLike[str]) -> Iterator[Path]:
             yield path
 
 
-def run_suites(directory: str | os.PathLike[str], *, audit_dir: str | None = None) -> list[CaseResult]:
+def run_suites(directory: str | os.PathLike[str], *, denied_paths: Sequence[str] = ()) -> list[CaseResult]:
     """Run every suite under ``directory``."""
     results: list[CaseResult] = []
     for path in discover_suites(directory):
-        results.extend(run_suite(path, audit_dir=audit_dir))
+        results.extend(run_suite(path, denied_paths=denied_paths))
     return results

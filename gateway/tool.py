@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.service import Gateway
+from gateway import Gateway
 
 __all__ = ["EXECUTE_PYTHON_TOOL", "TOOL_NAME", "ToolHandler", "handle_tool_call", "tool_definition"]
 

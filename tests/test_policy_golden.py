@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.testing import CaseResult, discover_suites, run_suite
+from gateway.testing import CaseResult, discover_suites, run_suite
 
 POLICY_CASES = Path(__file__).parent / "policies"
 SUITES = list(discover_suites(POLICY_CASES))

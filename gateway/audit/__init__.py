@@ -1,34 +1,64 @@
 """The tamper-evident audit trail: one canonical, hash-chained record per event.
 
 The gateway writes through an :class:`AuditSink` passed to it (never a global): :class:`JsonlAuditTrail` on
-disk, :class:`MemoryAuditSink` in unit tests. :func:`verify_trail`, :func:`query_trail` and
-:func:`repair_trail` work on a trail directory; ``audit/README.md`` documents the format.
+disk, :class:`MemoryAuditSink` in unit tests; each record goes through the pipeline of
+:mod:`gateway.audit.pipeline` (normalise, redact, stamp, chain). :func:`verify_trail`, :func:`query_trail`
+and :func:`repair_trail` work on a trail directory; :func:`view_record` reads one record into a typed,
+read-only view for queries and reports. ``audit/README.md`` documents the format.
 """
 
 from __future__ import annotations
 
 from gateway.audit.canonical import GENESIS_HASH, CanonicalError, canonical_bytes
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION, AuditReceipt, AuditSink
-from gateway.audit.jsonl import JsonlAuditTrail, RepairReport, repair_trail
+from gateway.audit.jsonl import JsonlAuditTrail
 from gateway.audit.memory import MemoryAuditSink
 from gateway.audit.query import QueryFilters, query_trail
+from gateway.audit.records import (
+    NOT_PASSED,
+    AuditRecordView,
+    ExecutionOutcomeView,
+    FileDigestView,
+    GenericRecordView,
+    ImagePulledView,
+    PolicyDecisionView,
+    PolicyRef,
+    ProblemView,
+    RequestInvalidView,
+    RequestReceivedView,
+    RuleResultView,
+    view_record,
+)
+from gateway.audit.repair import RepairReport, repair_trail
 from gateway.audit.segments import AuditIO, key_from_env, load_key, resolve_directory
 from gateway.audit.verify import REASONS, BreakInfo, VerifyReport, verify_trail
 
 __all__ = [
     "EVENT_TYPES",
     "GENESIS_HASH",
+    "NOT_PASSED",
     "REASONS",
     "SCHEMA_VERSION",
     "AuditIO",
     "AuditReceipt",
+    "AuditRecordView",
     "AuditSink",
     "BreakInfo",
     "CanonicalError",
+    "ExecutionOutcomeView",
+    "FileDigestView",
+    "GenericRecordView",
+    "ImagePulledView",
     "JsonlAuditTrail",
     "MemoryAuditSink",
+    "PolicyDecisionView",
+    "PolicyRef",
+    "ProblemView",
     "QueryFilters",
     "RepairReport",
+    "RequestInvalidView",
+    "RequestReceivedView",
+    "RuleResultView",
     "VerifyReport",
     "canonical_bytes",
     "key_from_env",
@@ -37,4 +67,5 @@ __all__ = [
     "repair_trail",
     "resolve_directory",
     "verify_trail",
+    "view_record",
 ]

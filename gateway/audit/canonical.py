@@ -1,10 +1,9 @@
-"""Canonical JSON and the on-disk line format of the audit trail.
+"""The on-disk line format of the audit trail, over the audit record body format.
 
-A record is hashed over its *canonical* JSON without ``hash`` and ``hmac``: keys sorted, compact separators
-(``,`` and ``:``), ``ensure_ascii=True`` (every line is pure ASCII, so there is no Unicode normalisation or
-lone-surrogate ambiguity between writer and verifier), and no floats (a float has no single canonical text;
-records carry integers such as ``duration_ms``). A float, a non-string key or any non-JSON type in a record
-is a programming error and raises :class:`CanonicalError`.
+A record is hashed over its canonical body: the record without ``hash`` and ``hmac`` in the *audit record
+body* format of :mod:`gateway.canonical` (keys sorted, compact separators, ``ensure_ascii=True``, no floats).
+:func:`canonical_bytes` is that format under the name this package has always used; a float, a non-string
+key or any non-JSON type in a record is a programming error and raises :class:`CanonicalError`.
 
 The line written to disk is that canonical body with the digests appended as the *last* members::
 
@@ -19,8 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac as _hmac
-import json
-from typing import Any, Final
+from typing import Final
+
+from gateway.canonical import CanonicalError, sha256_hex
+from gateway.canonical import audit_body_bytes as canonical_bytes
+from gateway.canonical import check_audit_value as check_json
 
 __all__ = [
     "GENESIS_HASH",
@@ -48,59 +50,13 @@ _SEQ_KEY: Final = b'"seq":'
 _HEX: Final = frozenset(b"0123456789abcdef")
 
 
-class CanonicalError(ValueError):
-    """A value cannot be part of a record: a float, a non-string key or a non-JSON type."""
-
-
 class LineError(ValueError):
     """A line on disk is not a sealed record (torn, truncated, or not in the line format)."""
 
 
-def _is_plain(value: object) -> bool:
-    """Fast walk without paths: True when ``value`` holds only canonical JSON types."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return not isinstance(value, float)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return all(_is_plain(v) for v in value)
-    return False
-
-
-def check_json(value: object, path: str = "$") -> None:
-    """Raise :class:`CanonicalError` naming the first path that holds a non-canonical value."""
-    if _is_plain(value):
-        return
-    _explain(value, path)
-
-
-def _explain(value: object, path: str) -> None:
-    if value is None or isinstance(value, (str, bool, int)):
-        return
-    if isinstance(value, float):
-        raise CanonicalError(f"{path}: float {value!r} in an audit record; use an integer (e.g. milliseconds)")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise CanonicalError(f"{path}: non-string key {key!r} in an audit record")
-            _explain(item, f"{path}.{key}")
-        return
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _explain(item, f"{path}[{index}]")
-        return
-    raise CanonicalError(f"{path}: {type(value).__name__} is not a JSON type")
-
-
-def canonical_bytes(value: Any) -> bytes:
-    """The canonical JSON text of ``value`` as ASCII bytes (see the module docstring)."""
-    check_json(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
-
-
 def digest(body: bytes) -> str:
     """The record hash: hex sha256 of the canonical body."""
-    return hashlib.sha256(body).hexdigest()
+    return sha256_hex(body)
 
 
 def mac(key: bytes, body: bytes) -> str:

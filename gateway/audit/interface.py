@@ -72,3 +72,12 @@ class AuditSink(Protocol):
     def close(self) -> None:
         """Release files and locks; further appends fail closed."""
         ...
+
+    @property
+    def protected_paths(self) -> tuple[str, ...]:
+        """The host paths a sandbox must never be able to mount, because they hold this sink's evidence.
+
+        Absolute and resolved (symlinks followed), so a mount check compares like with like. The sink owns
+        this list: whoever guards mounts asks the sink, never the environment (one source, no drift).
+        """
+        ...

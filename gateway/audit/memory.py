@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.audit.canonical import GENESIS_HASH, CanonicalError
 from gateway.audit.interface import AuditReceipt
-from gateway.audit.redact import RecordPipeline, chain
+from gateway.audit.pipeline import RecordPipeline, chain
 from gateway.errors import AuditUnavailableError
 
 __all__ = ["MemoryAuditSink"]
@@ -53,6 +53,11 @@ class MemoryAuditSink:
 
     def close(self) -> None:
         self.closed = True
+
+    @property
+    def protected_paths(self) -> tuple[str, ...]:
+        """None: records live in this process's memory, out of any sandbox's reach."""
+        return ()
 
     def of_type(self, event_type: str) -> list[dict[str, Any]]:
         """The records of one event type, in order."""

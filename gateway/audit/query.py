@@ -3,26 +3,30 @@
 Filters combine with AND. ``decision`` and ``rule`` select ``policy.decision`` records only: ``rule`` matches
 a decision in which that rule did not pass (status ``fail``, ``error`` or ``warn``). ``image`` matches the
 image named by a request, a decision (plan or options), a pull or an outcome. ``since`` is inclusive,
-``until`` exclusive. Querying does not verify the chain (``gateway audit verify`` does); lines that are not
-complete JSON records (a torn tail) are skipped and reported to ``on_skip``.
+``until`` exclusive. The filters on ``data`` (decision, rule, image) read each candidate record through its
+typed view (:func:`~gateway.audit.records.view_record`): a record without the shape of
+``schemas/audit-record.schema.json`` matches none of them. Querying does not verify the chain
+(``gateway audit verify`` does); lines that are not complete JSON records (a torn tail) are skipped and
+reported to ``on_skip``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.audit.redact import utc_timestamp
+from gateway.audit.pipeline import utc_timestamp
+from gateway.audit.records import AuditRecordView, PolicyDecisionView, view_record
 from gateway.audit.segments import list_segments
-from gateway.errors import AuditError
+from gateway.errors import AuditError, AuditIntegrityError
 
 __all__ = ["QueryFilters", "parse_time", "query_trail"]
 
-_NOT_PASSED = frozenset({"fail", "error", "warn"})
+_DECISIONS = frozenset({"policy.decision"})
 
 
 def parse_time(value: str | datetime) -> str:
@@ -53,58 +57,54 @@ class QueryFilters:
     event_types: frozenset[str] | None = None
     request_id: str | None = None
 
+    _types: frozenset[str] | None = field(init=False, repr=False, compare=False)
+    """The event types a matching record can have (``None``: any): ``event_types``, narrowed to decisions by
+    ``decision`` and ``rule``."""
+
     def __post_init__(self) -> None:
         if self.decision not in (None, "allow", "deny"):
             raise AuditError(f"decision filter must be 'allow' or 'deny', got {self.decision!r}")
+        types = self.event_types
+        if self.decision is not None or self.rule is not None:
+            types = _DECISIONS if types is None else types & _DECISIONS
+        object.__setattr__(self, "_types", types)  # derived once; the dataclass stays frozen
 
-    def matches(self, record: dict[str, Any]) -> bool:
+    def matches(self, record: Mapping[str, Any]) -> bool:
+        """Whether a parsed record passes every filter.
+
+        The envelope filters compare the record's flat top-level members directly; the filters on ``data``
+        (decision, rule, image) read the record's typed view, so a record whose view cannot be built (not the
+        schema's shape) matches none of them.
+        """
         ts = record.get("timestamp")
         if self.since is not None and not (isinstance(ts, str) and ts >= self.since):
             return False
         if self.until is not None and not (isinstance(ts, str) and ts < self.until):
             return False
-        if self.event_types is not None and record.get("event_type") not in self.event_types:
+        kind = record.get("event_type")
+        if self._types is not None and not (isinstance(kind, str) and kind in self._types):
             return False
         if self.principal is not None and record.get("principal") != self.principal:
             return False
         if self.request_id is not None and record.get("request_id") != self.request_id:
             return False
-        data = record.get("data")
-        if not isinstance(data, dict):
-            data = {}
-        if self.decision is not None or self.rule is not None:
-            decision = data.get("decision") if record.get("event_type") == "policy.decision" else None
-            if not isinstance(decision, dict):
+        if self.decision is None and self.rule is None and self.image is None:
+            return True
+        try:
+            entry = view_record(record)
+        except AuditIntegrityError:
+            return False
+        return self._matches_data(entry)
+
+    def _matches_data(self, entry: AuditRecordView) -> bool:
+        if isinstance(entry, PolicyDecisionView):
+            if self.decision is not None and entry.allowed is not (self.decision == "allow"):
                 return False
-            if self.decision is not None and decision.get("allowed") is not (self.decision == "allow"):
+            if self.rule is not None and self.rule not in entry.not_passed:
                 return False
-            if self.rule is not None and not _rule_not_passed(decision, self.rule):
-                return False
-        return self.image is None or self.image in _images(data)
-
-
-def _rule_not_passed(decision: dict[str, Any], rule: str) -> bool:
-    for group in ("results", "violations", "warnings"):
-        for result in decision.get(group) or ():
-            if isinstance(result, dict) and result.get("rule") == rule and result.get("status") in _NOT_PASSED:
-                return True
-    return False
-
-
-def _images(data: dict[str, Any]) -> set[str]:
-    found: set[str] = set()
-    if isinstance(data.get("image"), str):
-        found.add(data["image"])
-    request = data.get("request")
-    if isinstance(request, dict) and isinstance(request.get("image"), str):
-        found.add(request["image"])
-    decision = data.get("decision")
-    if isinstance(decision, dict):
-        for part in ("plan", "options"):
-            section = decision.get(part)
-            if isinstance(section, dict) and isinstance(section.get("image"), str):
-                found.add(section["image"])
-    return found
+        elif self.decision is not None or self.rule is not None:
+            return False
+        return self.image is None or self.image in entry.images
 
 
 def query_trail(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hmac as _hmac
 import json
 import os
 import selectors
@@ -42,39 +41,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gateway.audit._classify import REASONS, BreakInfo, Classifier, Line
 from gateway.audit._scan import SegmentScan, decode_scan, scan_segment
-from gateway.audit.canonical import GENESIS_HASH, LineError, digest, extract_prev_hash, extract_seq, mac, split_line
+from gateway.audit.canonical import GENESIS_HASH
 from gateway.audit.segments import LOCK_NAME, list_segments
 from gateway.errors import AuditError
 
 __all__ = ["PARALLEL_MIN_BYTES", "REASONS", "BreakInfo", "VerifyReport", "verify_trail"]
-
-REASONS: Final = ("modified", "bad_hmac", "deleted", "inserted", "duplicated", "reordered", "truncated")
-
-
-@dataclass(frozen=True, slots=True)
-class BreakInfo:
-    """The first place where the trail stops being trustworthy."""
-
-    seq: int
-    """First ``seq`` that cannot be trusted (the intact prefix is every ``seq`` below it)."""
-    segment: str
-    """Segment file holding the offending line."""
-    line: int
-    """1-based line number in that segment."""
-    offset: int
-    """Byte offset of that line in the segment (where ``repair`` cuts)."""
-    reason: str
-    """One of :data:`REASONS`."""
-    detail: str
-    """What exactly was found, for people."""
-    prev_hash: str
-    """``hash`` of the last trusted record (what a recovery record chains to)."""
-    found_seq: int | None = None
-    """``seq`` written in the offending line, when it could be read."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,144 +73,17 @@ class VerifyReport:
         return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
-class _Line:
-    segment: str
-    line: int
-    offset: int
-    raw: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class _Parsed:
-    seq: int | None
-    prev: str | None
-    hash: str | None
-    problem: str | None  # reason when the line itself is bad
-    detail: str
-
-
-def _parse(raw: bytes, key: bytes | None) -> _Parsed:
-    if not raw.endswith(b"\n"):
-        return _Parsed(None, None, None, "truncated", f"torn line: {len(raw)} bytes without a final newline")
-    try:
-        body, stored_hash, stored_mac = split_line(raw)
-        seq = extract_seq(body)
-        prev = extract_prev_hash(body)
-    except LineError as exc:
-        return _Parsed(None, None, None, "modified", f"not a sealed record: {exc}")
-    if digest(body) != stored_hash:
-        return _Parsed(seq, prev, stored_hash, "modified", "the record's bytes do not match its hash")
-    if key is not None:
-        if stored_mac is None:
-            return _Parsed(seq, prev, stored_hash, "bad_hmac", "the record has no hmac")
-        if not _hmac.compare_digest(mac(key, body), stored_mac):
-            return _Parsed(seq, prev, stored_hash, "bad_hmac", "the record's hmac does not match (chain re-forged?)")
-    return _Parsed(seq, prev, stored_hash, None, "")
-
-
-def _read_lines(lines: Iterator[bytes], segment: str, line_no: int, offset: int) -> Iterator[_Line]:
+def _read_lines(lines: Iterator[bytes], segment: str, line_no: int, offset: int) -> Iterator[Line]:
     for raw in lines:
         line_no += 1
-        yield _Line(segment, line_no, offset, raw)
+        yield Line(segment, line_no, offset, raw)
         offset += len(raw)
 
 
-def _later(segments: list[tuple[Path, int | None]]) -> Iterator[_Line]:
+def _later(segments: list[tuple[Path, int | None]]) -> Iterator[Line]:
     for path, limit in segments:
         with path.open("rb") as fh:
             yield from _read_lines(fh if limit is None else _limited(fh, limit), path.name, 0, 0)
-
-
-class _Classifier:
-    """Names the first anomaly using a short look-ahead over what follows it."""
-
-    def __init__(self, rest: Iterator[_Line], key: bytes | None) -> None:
-        self._rest = rest
-        self._key = key
-
-    def next(self) -> tuple[_Line, _Parsed] | None:
-        item = next(self._rest, None)
-        return None if item is None else (item, _parse(item.raw, self._key))
-
-    def classify(
-        self,
-        here: _Line,
-        expected: int,
-        prev: str,
-        prev_prev: str | None,
-        prev_at: _Line | None,
-    ) -> BreakInfo:
-        cur = _parse(here.raw, self._key)
-
-        def at(reason: str, detail: str, line: _Line = here, seq: int = expected, chain_to: str = prev) -> BreakInfo:
-            return BreakInfo(seq, line.segment, line.line, line.offset, reason, detail, chain_to, cur.seq)
-
-        def fits(p: _Parsed | None) -> bool:
-            return p is not None and p.problem is None and p.seq == expected and p.prev == prev
-
-        if cur.problem is not None:
-            return at(cur.problem, cur.detail)
-        if cur.seq is None or cur.hash is None:  # pragma: no cover - _parse sets both when problem is None
-            return at("modified", "unreadable record")
-        if cur.seq == expected:  # right place, wrong link
-            following = self.next()
-            nxt = None if following is None else following[1]
-            if (
-                nxt is not None
-                and nxt.problem is None
-                and nxt.seq == expected + 1
-                and nxt.prev == cur.hash
-                and prev_at is not None
-                and prev_prev is not None
-            ):
-                return at(
-                    "modified",
-                    f"seq {expected - 1} was altered and re-hashed: seq {expected} still chains to its original hash",
-                    prev_at,
-                    expected - 1,
-                    prev_prev,
-                )
-            if fits(nxt):
-                return at("inserted", f"an extra record claiming seq {expected} precedes the real one")
-            return at("modified", f"seq {expected} does not chain to seq {expected - 1} (prev_hash differs)")
-        if cur.seq < expected:
-            if cur.hash == prev:
-                return at("duplicated", f"seq {cur.seq} appears twice in a row")
-            if cur.seq == expected - 1 and cur.prev == prev_prev and prev_at is not None and prev_prev is not None:
-                return at(
-                    "inserted",
-                    f"the record before this one is not in the chain: seq {cur.seq} chains to seq {cur.seq - 1}",
-                    prev_at,
-                    expected - 1,
-                    prev_prev,
-                )
-            following = self.next()
-            if following is not None and fits(following[1]):
-                return at("inserted", f"an extra record (claiming seq {cur.seq}) sits before seq {expected}")
-            return at("duplicated", f"seq {cur.seq} appears again where seq {expected} was expected")
-        # cur.seq > expected: a gap here
-        following = self.next()
-        if following is not None and fits(following[1]):
-            after = self.next()
-            swapped = (
-                cur.seq == expected + 1
-                and cur.prev == following[1].hash
-                and (after is None or after[1].hash != cur.hash)
-            )
-            if swapped:
-                return at("reordered", f"seq {cur.seq} is stored before seq {expected}")
-            return at("inserted", f"an extra record (claiming seq {cur.seq}) sits before seq {expected}")
-        while following is not None:
-            if fits(following[1]):
-                where = following[0]
-                return at(
-                    "reordered",
-                    f"seq {expected} is stored later ({where.segment} line {where.line}) than seq {cur.seq}",
-                )
-            following = self.next()
-        missing = f"seq {expected}" if cur.seq == expected + 1 else f"seq {expected} to {cur.seq - 1}"
-        return at("deleted", f"{missing} missing: seq {cur.seq} follows seq {expected - 1}")
 
 
 def _snapshot(root: Path, lock: bool) -> list[tuple[Path, int | None]]:
@@ -314,6 +160,58 @@ _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 _WORKER: Final = "from gateway.audit._scan import worker_main; raise SystemExit(worker_main())"
 
 
+class _Dispatch:
+    """Hands segments to workers one at a time and remembers which worker holds which."""
+
+    def __init__(self, segments: list[tuple[Path, int | None]]) -> None:
+        self._segments = segments
+        self._todo = iter(range(len(segments)))
+        self.doing: dict[int, int] = {}
+        """Worker pid -> position of the segment it is scanning."""
+
+    def give(self, proc: subprocess.Popen[bytes]) -> None:
+        """Send the worker the next segment, or close its stdin (it exits) when none is left."""
+        stdin = proc.stdin
+        if stdin is None:  # pragma: no cover - always a pipe
+            return
+        nxt = next(self._todo, None)
+        if nxt is None:
+            stdin.close()
+            return
+        path, limit = self._segments[nxt]
+        self.doing[proc.pid] = nxt
+        stdin.write(json.dumps({"path": str(path), "limit": limit}).encode("utf-8") + b"\n")
+        stdin.flush()
+
+
+def _collect(selector: selectors.BaseSelector, dispatch: _Dispatch, done: dict[int, SegmentScan | None]) -> None:
+    """Read the answers ready now into ``done`` (``None``: the worker died or could not read the segment)."""
+    for ready, _events in selector.select():
+        proc = ready.data
+        answer = proc.stdout.readline()
+        at = dispatch.doing.pop(proc.pid, None)
+        if not answer:
+            selector.unregister(ready.fileobj)
+            if at is not None:
+                done[at] = None
+            continue
+        if at is not None:
+            done[at] = None if answer.strip() == b"null" else decode_scan(answer)
+        dispatch.give(proc)
+
+
+def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the workers still running and close their pipes."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
 def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None, workers: int, state: _Chain) -> int:
     """Verify segments in worker processes and stitch them in order; returns the position of the first segment
     that did not verify or stitch (``len(segments)`` when all did), for the in-process pass to take over there.
@@ -328,24 +226,9 @@ def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None,
     position = 0
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        todo = iter(range(len(segments)))
-        doing: dict[int, int] = {}  # worker pid -> segment position
+        dispatch = _Dispatch(segments)
         done: dict[int, SegmentScan | None] = {}
         selector = selectors.DefaultSelector()
-
-        def give(proc: subprocess.Popen[bytes]) -> None:
-            stdin = proc.stdin
-            if stdin is None:  # pragma: no cover - always a pipe
-                return
-            nxt = next(todo, None)
-            if nxt is None:
-                stdin.close()  # no more work: the worker exits
-                return
-            path, limit = segments[nxt]
-            doing[proc.pid] = nxt
-            stdin.write(json.dumps({"path": str(path), "limit": limit}).encode("utf-8") + b"\n")
-            stdin.flush()
-
         head = json.dumps({"key": None if key is None else key.hex()}).encode("ascii") + b"\n"
         env = dict(os.environ)  # the workers import this very package, wherever it was imported from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
@@ -357,7 +240,7 @@ def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None,
             if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
                 return position
             proc.stdin.write(head)
-            give(proc)
+            dispatch.give(proc)
             selector.register(proc.stdout, selectors.EVENT_READ, proc)
         while position < len(segments):
             if position in done:
@@ -369,29 +252,11 @@ def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None,
                 continue
             if not selector.get_map():
                 return position  # every worker is gone
-            for ready, _events in selector.select():
-                proc = ready.data
-                answer = proc.stdout.readline()
-                at = doing.pop(proc.pid, None)
-                if not answer:
-                    selector.unregister(ready.fileobj)
-                    if at is not None:
-                        done[at] = None
-                    continue
-                if at is not None:
-                    done[at] = None if answer.strip() == b"null" else decode_scan(answer)
-                give(proc)
+            _collect(selector, dispatch, done)
     except Exception:  # noqa: BLE001 - redone in process, where a real error (e.g. OSError) is raised as before
         return position
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
+        _reap(procs)
     return len(segments)
 
 
@@ -440,11 +305,11 @@ def _broken(
     path, limit = segments[position]
     raw = scan.break_raw
     line_no = scan.lines + 1
-    here = _Line(path.name, line_no, scan.break_offset, raw)
-    before = None if state.expected == 1 else _Line(state.p_name, state.p_line, state.p_off, b"")
+    here = Line(path.name, line_no, scan.break_offset, raw)
+    before = None if state.expected == 1 else Line(state.p_name, state.p_line, state.p_off, b"")
     after = scan.break_offset + len(raw)
     rest = _read_lines(_lines_from(path, after, limit), path.name, line_no, after)
-    brk = _Classifier(_chain(rest, _later(segments[position + 1 :])), key).classify(
+    brk = Classifier(_chain(rest, _later(segments[position + 1 :])), key).classify(
         here,
         state.expected,
         state.prev.decode("ascii"),
@@ -475,6 +340,6 @@ def _limited(lines: Iterator[bytes], limit: int) -> Iterator[bytes]:
         yield whole
 
 
-def _chain(first: Iterator[_Line], second: Iterator[_Line]) -> Iterator[_Line]:
+def _chain(first: Iterator[Line], second: Iterator[Line]) -> Iterator[Line]:
     yield from first
     yield from second

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import audit_cmd, doctor_cmd, policy_cmd, run_cmd
+from gateway.cli import audit_cmd, check_cmd, doctor_cmd, policy_cmd, run_cmd
 from gateway.errors import EXIT_USAGE, GatewayError, exit_code_for
 
 __all__ = ["console_main", "main"]
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     policy_cmd.register(sub)
+    check_cmd.register(sub)
     run_cmd.register(sub)
     audit_cmd.register(sub)
     doctor_cmd.register(sub)

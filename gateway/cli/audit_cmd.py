@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from gateway.audit.jsonl import repair_trail
 from gateway.audit.query import QueryFilters, parse_time, query_trail
+from gateway.audit.repair import repair_trail
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
 from gateway.audit.verify import verify_trail
 from gateway.errors import EXIT_USAGE

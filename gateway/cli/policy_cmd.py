@@ -1,8 +1,7 @@
-"""``gateway policy validate``, ``gateway policy test`` and ``gateway check``.
+"""``gateway policy validate`` and ``gateway policy test``.
 
-``check`` only decides: it parses the request, evaluates it and prints the decision with the assembled
-options. Nothing runs. ``load_policy_for(args)`` is the one place that picks the policy file, so other
-commands (``run``) choose it the same way.
+``load_policy_for(args)`` is the one place that picks the policy file, so other commands choose it the same
+way.
 """
 
 from __future__ import annotations
@@ -13,14 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from gateway.decision import Decision
-from gateway.errors import EXIT_DENIED, EXIT_USAGE, PolicyError, RequestError, exit_code_for
+from gateway.errors import EXIT_USAGE, PolicyError
 from gateway.policy import Policy, load_policy
-from gateway.policy.testing import run_suites
-from gateway.request import MAX_REQUEST_BYTES
 from gateway.resources import policy_path_from_env
+from gateway.testing import run_suites
 
-__all__ = ["check_main", "load_policy_for", "policy_path_for", "register", "render_decision"]
+__all__ = ["load_policy_for", "policy_path_for", "register"]
 
 
 def policy_path_for(args: argparse.Namespace) -> Path:
@@ -92,72 +89,6 @@ def _case(r: Any) -> dict[str, Any]:
     }
 
 
-# --- check ----------------------------------------------------------------------------------------------
-
-
-def _read_request(name: str) -> tuple[bytes, str]:
-    if name == "-":
-        data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
-        return data, "<stdin>"
-    try:
-        with Path(name).open("rb") as fh:
-            return fh.read(MAX_REQUEST_BYTES + 1), name
-    except OSError as exc:
-        raise RequestError(f"cannot read request file {name}: {exc.strerror or exc}") from exc
-
-
-def render_decision(decision: Decision) -> str:
-    """The human-readable view of a decision: verdict, every non-pass result, then the options."""
-    verdict = "ALLOW" if decision.allowed else "DENY"
-    lines = [
-        f"decision: {verdict}",
-        f"  policy:   {decision.policy.name}@sha256:{decision.policy.sha256} ({decision.policy.source})",
-        f"  decision: {decision.decision_id}   request: {decision.request_id}",
-    ]
-    if decision.violations:
-        lines.append("violations:")
-        lines.extend(f"  {v.rule:<22} {v.path:<24} {v.message}" for v in decision.violations)
-    if decision.warnings:
-        lines.append("warnings:")
-        lines.extend(f"  {w.rule:<22} {w.path:<24} {w.message}" for w in decision.warnings)
-    passed = [r for r in decision.results if r.status == "pass"]
-    lines.append(f"rules: {len(passed)} passed, {len(decision.results) - len(passed)} other")
-    if decision.plan is not None:
-        lines.append("plan:")
-        lines.extend(f"  {k}: {v}" for k, v in decision.plan.to_dict().items())
-    options = decision.options
-    if options is not None:
-        lines.append("options (docker-py containers.create):")
-        lines.extend("  " + line for line in json.dumps(options, indent=2, sort_keys=True).splitlines())
-    return "\n".join(lines)
-
-
-def check_main(args: argparse.Namespace) -> int:
-    """Decide one request; exit 0 allow, 77 deny, 2 invalid, 125 if the gateway cannot decide. Nothing runs.
-
-    The decision goes through the same :class:`Gateway` as ``run`` and is audited as a dry run: every decision
-    the gateway makes is on the trail.
-    """
-    from gateway.service import Gateway  # noqa: PLC0415 - the policy commands must not need the runner stack
-
-    data, _source = _read_request(args.request)
-    with Gateway.from_env(policy_path_for(args), args.audit_dir) as gw:
-        result = gw.decide(data)
-    if result.error is not None:
-        if args.json:
-            print(json.dumps({"allowed": False, "request_id": result.request_id, "error": result.error.to_dict()}))
-        else:
-            print(result.error.diagnostics(), file=sys.stderr)
-        return exit_code_for(result.error)
-    decision = result.decision
-    assert decision is not None  # noqa: S101 - decide() returns a decision whenever it reports no error
-    if args.json:
-        print(json.dumps(decision.to_dict(), indent=2, sort_keys=True))
-    else:
-        print(render_decision(decision))
-    return 0 if decision.allowed else EXIT_DENIED
-
-
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     policy = sub.add_parser("policy", help="validate and test policies")
     policy_sub = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
@@ -171,10 +102,3 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     test.add_argument("directory", metavar="DIR")
     test.add_argument("--json", action="store_true", help="print the case results as JSON")
     test.set_defaults(func=_test)
-
-    check = sub.add_parser("check", help="decide a request (JSON file or - for stdin) without running it")
-    check.add_argument("request", metavar="REQUEST.json|-")
-    check.add_argument("--policy", metavar="FILE", help="policy file (default: $GATEWAY_POLICY, then the default)")
-    check.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
-    check.add_argument("--json", action="store_true", help="print the decision as JSON")
-    check.set_defaults(func=check_main)

@@ -9,9 +9,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gateway import ExecutionResult, Gateway
 from gateway.cli.otel import OTEL_HELP, setup_otel
 from gateway.errors import EXIT_USAGE, GatewayError, RequestError, exit_code_for
-from gateway.service import ExecutionResult, Gateway
 
 __all__ = ["build_request", "register"]
 

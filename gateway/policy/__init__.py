@@ -6,14 +6,19 @@ Use :func:`load_policy` (a file) or :func:`load_policy_text`; both raise only
 
 from __future__ import annotations
 
+from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.loader import canonical_sha256, load_policy, load_policy_text
 from gateway.policy.model import Policy
+from gateway.policy.policyset import PolicySet
 from gateway.policy.sizes import SizeError, format_size, parse_size
 
 __all__ = [
+    "CompiledPolicy",
     "Policy",
+    "PolicySet",
     "SizeError",
     "canonical_sha256",
+    "compile_policy",
     "format_size",
     "load_policy",
     "load_policy_text",

@@ -6,8 +6,6 @@ that fails any stage is never half-loaded. Compile once, evaluate many times.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import posixpath
 from functools import cache
@@ -16,10 +14,13 @@ from typing import Any, cast
 
 from jsonschema import Draft202012Validator
 
+from gateway.canonical import policy_fingerprint_bytes, sha256_hex
 from gateway.errors import PolicyError, PolicyNotFoundError, Problem
 from gateway.policy.images import image_allowed
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
+    MIN_MEMORY,
+    RUNSC_MIN_PIDS,
     EnvRule,
     FilesRule,
     ImageEntry,
@@ -43,8 +44,6 @@ from gateway.validation import problems_from_error
 
 __all__ = [
     "MAX_POLICY_BYTES",
-    "MIN_MEMORY",
-    "RUNSC_MIN_PIDS",
     "canonical_sha256",
     "load_policy",
     "load_policy_text",
@@ -53,10 +52,6 @@ __all__ = [
 
 MAX_POLICY_BYTES = 1024 * 1024
 """A policy larger than this is refused before parsing."""
-MIN_MEMORY = 6 * 1024 * 1024
-"""Docker refuses a memory limit below 6 MiB."""
-RUNSC_MIN_PIDS = 256
-"""gVisor's own threads count against the pids limit; below this the sandbox dies (see DESIGN)."""
 
 _SIZE_LIMITS = ("memory", "output_bytes", "output_files_bytes", "tmpfs", "code_size", "files_size")
 _DEFAULT_OUTPUT_FILES = 1024 * 1024
@@ -69,9 +64,8 @@ def _validator() -> Draft202012Validator:
 
 
 def canonical_sha256(data: Any) -> str:
-    """sha256 of the canonical JSON form: sorted keys, compact separators, UTF-8."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """sha256 of the policy fingerprint format (:func:`gateway.canonical.policy_fingerprint_bytes`)."""
+    return sha256_hex(policy_fingerprint_bytes(data))
 
 
 def schema_problems(loaded: LoadedYaml) -> list[Problem]:
@@ -117,20 +111,16 @@ class _Semantic:
         return Limit(default=default, max=maximum, mode=cast(Mode, entry.get("mode", "enforce")))
 
 
-def _compile(loaded: LoadedYaml) -> Policy:
-    doc: dict[str, Any] = loaded.data
-    spec: dict[str, Any] = doc["spec"]
-    sem = _Semantic(loaded)
-
-    # languages
+def _languages(spec: dict[str, Any], sem: _Semantic) -> LanguagesRule:
     lang_raw = spec.get("languages", {"allowed": [DEFAULT_LANGUAGE]})
     lang_allowed = tuple(lang_raw["allowed"])
     lang_default = lang_raw.get("default", lang_allowed[0])
     if lang_default not in lang_allowed:
         sem.fail("$.spec.languages.default", f"default {lang_default!r} is not in allowed {list(lang_allowed)}")
-    languages = LanguagesRule(lang_allowed, lang_default, lang_raw.get("mode", "enforce"))
+    return LanguagesRule(lang_allowed, lang_default, lang_raw.get("mode", "enforce"))
 
-    # images
+
+def _images(spec: dict[str, Any], sem: _Semantic) -> ImagesRule:
     img_raw = spec["images"]
     entries = []
     for index, item in enumerate(img_raw["allow"]):
@@ -141,8 +131,10 @@ def _compile(loaded: LoadedYaml) -> Policy:
     why = image_allowed(images, images.default)
     if why is not None:
         sem.fail("$.spec.images.default", f"the default image is not allowed by the allowlist: {why}")
+    return images
 
-    # limits
+
+def _limits(spec: dict[str, Any], sem: _Semantic) -> Limits:
     lim = spec["limits"]
     limits = Limits(
         memory=sem.limit(lim, "memory", size=True),
@@ -162,8 +154,10 @@ def _compile(loaded: LoadedYaml) -> Policy:
             sem.fail(f"$.spec.limits.memory.{key}", f"{format_size(value)} is below Docker's minimum of 6m")
     if limits.tmpfs.max == 0:
         sem.fail("$.spec.limits.tmpfs.max", "a tmpfs of size 0 would be unbounded in Docker; give a size")
+    return limits
 
-    # network
+
+def _network(spec: dict[str, Any], sem: _Semantic) -> NetworkRule:
     net_raw = spec.get("network", {})
     net_allowed = tuple(net_raw.get("allowed", ("none",)))
     net_default = net_raw.get("default", "none")
@@ -172,9 +166,10 @@ def _compile(loaded: LoadedYaml) -> Policy:
             sem.fail(f"$.spec.network.allowed[{index}]", f"{name!r} can never be allowed")
     if net_default not in net_allowed:
         sem.fail("$.spec.network.default", f"default {net_default!r} is not in allowed {list(net_allowed)}")
-    network = NetworkRule(net_default, net_allowed, net_raw.get("mode", "enforce"))
+    return NetworkRule(net_default, net_allowed, net_raw.get("mode", "enforce"))
 
-    # runtime
+
+def _runtime(spec: dict[str, Any], sem: _Semantic, limits: Limits) -> RuntimeRule:
     rt_raw = spec.get("runtime", {})
     required = rt_raw.get("required")
     rt_allowed = tuple(rt_raw.get("allowed", (required,) if required else ("runc",)))
@@ -186,7 +181,6 @@ def _compile(loaded: LoadedYaml) -> Policy:
             sem.fail("$.spec.runtime.default", f"runtime {required!r} is required, so the default must be it")
     if rt_default not in rt_allowed:
         sem.fail("$.spec.runtime.default", f"default {rt_default!r} is not in allowed {list(rt_allowed)}")
-    runtime = RuntimeRule(rt_allowed, rt_default, required, rt_raw.get("mode", "enforce"))
     if "runsc" in rt_allowed and limits.pids.max < RUNSC_MIN_PIDS:
         sem.fail(
             "$.spec.limits.pids.max",
@@ -198,40 +192,56 @@ def _compile(loaded: LoadedYaml) -> Policy:
             "$.spec.limits.pids.default",
             f"the default runtime is runsc but the pids default {limits.pids.default} is below {RUNSC_MIN_PIDS}",
         )
+    return RuntimeRule(rt_allowed, rt_default, required, rt_raw.get("mode", "enforce"))
 
-    # mounts
-    mounts = MountsRule()
-    if "mounts" in spec:
-        m_raw = spec["mounts"]
-        roots = []
-        for index, item in enumerate(m_raw["allow"]):
-            path = f"$.spec.mounts.allow[{index}]"
-            root = os.path.realpath(posixpath.normpath(item["root"]))
-            reason = denied_host_reason(root)
-            if reason is not None:
-                sem.fail(f"{path}.root", f"root {item['root']!r} is not allowable: {reason}")
-            targets = []
-            for t_index, target in enumerate(item["targets"]):
-                problem = target_problem(target)
-                if problem is not None:
-                    sem.fail(f"{path}.targets[{t_index}]", problem)
-                targets.append(posixpath.normpath(target))
-            roots.append(MountRoot(root, tuple(item.get("modes", ("ro",))), tuple(targets)))
-        mounts = MountsRule(tuple(roots), m_raw.get("max_count", 4), m_raw.get("mode", "enforce"))
 
-    # env
-    env = EnvRule()
-    if "env" in spec:
-        e_raw = spec["env"]
-        env = EnvRule(
-            allowed=tuple(e_raw["allowed"]),
-            allow_dangerous=frozenset(e_raw.get("allow_dangerous", ())),
-            max_count=e_raw.get("max_count", 32),
-            max_value_bytes=sem.size(e_raw.get("max_value_bytes", 4096), "$.spec.env.max_value_bytes"),
-            max_total_bytes=sem.size(e_raw.get("max_total_bytes", 32768), "$.spec.env.max_total_bytes"),
-            mode=e_raw.get("mode", "enforce"),
-        )
+def _mounts(spec: dict[str, Any], sem: _Semantic) -> MountsRule:
+    if "mounts" not in spec:
+        return MountsRule()
+    m_raw = spec["mounts"]
+    roots = []
+    for index, item in enumerate(m_raw["allow"]):
+        path = f"$.spec.mounts.allow[{index}]"
+        root = os.path.realpath(posixpath.normpath(item["root"]))
+        reason = denied_host_reason(root)
+        if reason is not None:
+            sem.fail(f"{path}.root", f"root {item['root']!r} is not allowable: {reason}")
+        targets = []
+        for t_index, target in enumerate(item["targets"]):
+            problem = target_problem(target)
+            if problem is not None:
+                sem.fail(f"{path}.targets[{t_index}]", problem)
+            targets.append(posixpath.normpath(target))
+        roots.append(MountRoot(root, tuple(item.get("modes", ("ro",))), tuple(targets)))
+    return MountsRule(tuple(roots), m_raw.get("max_count", 4), m_raw.get("mode", "enforce"))
 
+
+def _env(spec: dict[str, Any], sem: _Semantic) -> EnvRule:
+    if "env" not in spec:
+        return EnvRule()
+    e_raw = spec["env"]
+    return EnvRule(
+        allowed=tuple(e_raw["allowed"]),
+        allow_dangerous=frozenset(e_raw.get("allow_dangerous", ())),
+        max_count=e_raw.get("max_count", 32),
+        max_value_bytes=sem.size(e_raw.get("max_value_bytes", 4096), "$.spec.env.max_value_bytes"),
+        max_total_bytes=sem.size(e_raw.get("max_total_bytes", 32768), "$.spec.env.max_total_bytes"),
+        mode=e_raw.get("mode", "enforce"),
+    )
+
+
+def _compile(loaded: LoadedYaml) -> Policy:
+    """The frozen model of a schema-valid document, after the semantic pass (every problem, sorted)."""
+    doc: dict[str, Any] = loaded.data
+    spec: dict[str, Any] = doc["spec"]
+    sem = _Semantic(loaded)
+    languages = _languages(spec, sem)
+    images = _images(spec, sem)
+    limits = _limits(spec, sem)
+    network = _network(spec, sem)
+    runtime = _runtime(spec, sem, limits)
+    mounts = _mounts(spec, sem)
+    env = _env(spec, sem)
     f_raw = spec.get("files", {})
     files = FilesRule(f_raw.get("max_count", 64), f_raw.get("mode", "enforce"))
 
@@ -257,7 +267,6 @@ def _compile(loaded: LoadedYaml) -> Policy:
         env=env,
         files=files,
         pull=spec.get("pull", "never"),
-        read_only_root=True,
         labels=tuple(sorted(meta.get("labels", {}).items())),
     )
 

@@ -11,6 +11,8 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_LANGUAGE",
+    "MIN_MEMORY",
+    "RUNSC_MIN_PIDS",
     "EnvRule",
     "FilesRule",
     "ImageEntry",
@@ -29,6 +31,13 @@ __all__ = [
 
 Mode = Literal["enforce", "audit"]
 DEFAULT_LANGUAGE = "python"
+
+MIN_MEMORY = 6 * 1024 * 1024
+"""The smallest memory limit a sandbox can be given (Docker refuses less than 6 MiB); the loader and the
+limits rule both use it."""
+RUNSC_MIN_PIDS = 256
+"""gVisor's own threads count against the pids limit; below this a runsc sandbox dies (see DESIGN). The loader,
+the settings resolver and the limits rule all use it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +164,7 @@ class Policy:
     env: EnvRule
     files: FilesRule
     pull: Literal["never", "if-missing"] = "never"
-    read_only_root: bool = True
     labels: tuple[tuple[str, str], ...] = field(default=())
-    _compiled: object = field(default=None, init=False, repr=False, compare=False)
-    """Per-policy constants the decision engine derives on first use (``gateway.decision`` owns the shape).
-
-    Not an ``__init__`` argument, so ``dataclasses.replace`` starts a copy without it and nothing derived
-    from the old field values can leak into a changed policy. Excluded from equality, hashing and repr."""
 
     @property
     def ref(self) -> str:

@@ -1,4 +1,5 @@
-"""Sandbox backends: the runner interface, the Docker runner and a fake for unit tests.
+"""Sandbox backends: the runner interface, the Docker backend (``gateway.runner.docker``) and a fake for unit
+tests.
 
 ``DockerRunner`` is imported lazily (it pulls in docker-py) so that importing the interface stays cheap.
 """
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.runner.interface import NOTHING_RAN, PULL_POLICIES, Outcome, Payload, Runner, RunSpec, Sandbox
 
 if TYPE_CHECKING:
-    from gateway.runner.docker import DockerRunner
+    from gateway.runner.docker.runner import DockerRunner
     from gateway.runner.fake import FakeRunner
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "DockerRunner":
-        from gateway.runner.docker import DockerRunner  # noqa: PLC0415
+        from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415
 
         return DockerRunner
     if name == "FakeRunner":

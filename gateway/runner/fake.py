@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gateway.decision.engine import Assembler
 from gateway.errors import GatewayError, ImageMissingError, SandboxError
+from gateway.runner.docker.options import DockerAssembler
 from gateway.runner.interface import NOTHING_RAN, Outcome, Payload, RunSpec
 
 __all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
@@ -53,6 +55,8 @@ class FakeRunner:
     in order. ``error``: raised by ``prepare`` instead (simulates engine failures). ``images``: image name →
     id for ``image_id``; an image not listed is missing, and with ``pull="never"`` ``prepare`` raises
     ``ImageMissingError`` like the real runner (when ``images`` is ``None`` every image is present).
+    ``assembler``: the backend options it claims to run (the Docker assembler unless given), so decisions
+    made for it look exactly like decisions made for the Docker runner.
     """
 
     outcome: OutcomeSource | None = None
@@ -66,8 +70,14 @@ class FakeRunner:
     """How many times ``reap`` was called."""
     live: set[str] = field(default_factory=set)
     """Ids of sandboxes prepared and not yet destroyed (should be empty after every call)."""
+    assembler: Assembler = field(default_factory=DockerAssembler)
+    closed: bool = False
+    """Whether ``close`` was called."""
     _ids: Iterable[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     _seq: Any = field(default=None, repr=False)
+
+    def close(self) -> None:
+        self.closed = True
 
     def image_id(self, image: str) -> str | None:
         if self.images is None:

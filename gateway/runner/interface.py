@@ -8,12 +8,17 @@ warm pool can prepare containers ahead of time; ``execute`` is both in one call.
 
 from __future__ import annotations
 
-import posixpath
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gateway.errors import Problem, RequestError
+from gateway.errors import ContractError, Problem
+from gateway.payload import Payload
+
+if TYPE_CHECKING:
+    from gateway.decision.engine import Assembler
 
 __all__ = [
     "NOTHING_RAN",
@@ -23,73 +28,23 @@ __all__ = [
     "RunSpec",
     "Runner",
     "Sandbox",
-    "check_relative_path",
 ]
 
 PULL_POLICIES = ("never", "if-missing")
 """``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
 
-LANGUAGES = ("python",)
-
-_MAIN = "main.py"
-
-
-def check_relative_path(name: str) -> str | None:
-    """Why ``name`` is not a safe relative path under the workspace, or ``None`` when it is.
-
-    The in-container supervisor checks again; this check exists so a bad request fails before any
-    container is created.
-    """
-    if not name or "\x00" in name:
-        return "must be a non-empty path without NUL bytes"
-    if name.startswith("/") or "\\" in name:
-        return "must be relative, with '/' separators"
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return "must not contain empty, '.' or '..' components"
-    if posixpath.normpath(name) != name:
-        return "must be normalised"
-    if name == _MAIN:
-        return f"'{_MAIN}' is reserved for the submitted code"
-    if len(name.encode("utf-8", "surrogatepass")) > 1024:
-        return "is longer than 1024 bytes"
-    return None
-
-
-@dataclass(frozen=True)
-class Payload:
-    """What the program gets: its code and the files placed next to it in ``/workspace``."""
-
-    code: str
-    """Source code; written to ``/workspace/main.py`` and run with ``python3``."""
-    language: str = "python"
-    """Only ``python`` for now."""
-    files: Mapping[str, bytes] = field(default_factory=dict)
-    """Relative paths under ``/workspace`` mapped to their content (binary-safe)."""
-
-    def __post_init__(self) -> None:
-        problems: list[Problem] = []
-        if self.language not in LANGUAGES:
-            problems.append(
-                Problem(f"language {self.language!r} is not supported; supported: {', '.join(LANGUAGES)}", "$.language")
-            )
-        for name, content in self.files.items():
-            why = check_relative_path(name)
-            if why is not None:
-                problems.append(Problem(f"file name {name!r} {why}", f"$.files[{name!r}]"))
-            raw: object = content  # callers outside the type checker may pass str
-            if not isinstance(raw, bytes | bytearray | memoryview):
-                problems.append(Problem(f"content of {name!r} must be bytes", f"$.files[{name!r}]"))
-        if problems:
-            raise RequestError("the payload cannot be handed to a sandbox", problems=problems)
-
 
 @dataclass(frozen=True)
 class RunSpec:
-    """How to run: the assembled options and the limits the runner itself enforces."""
+    """What a runner receives: the backend options the decision assembled and guarded, and the limits the
+    runner itself enforces. The decision builds it; the Gateway hands it over unchanged.
+
+    A run specification that fails its own checks is the gateway's fault (:class:`ContractError`).
+    """
 
     options: Mapping[str, Any]
-    """Assembled docker-py ``containers.create`` keyword arguments (no transport keys)."""
+    """The backend's run options as assembled and guarded (for Docker: ``containers.create`` keyword
+    arguments, without the runner's own transport keys). Stored as a read-only copy."""
     timeout_s: float
     """Wall-clock deadline for the program, from the hand-over of the payload."""
     output_bytes: int
@@ -98,8 +53,12 @@ class RunSpec:
     """Cap on the total size of the files returned from ``/workspace/out``."""
     pull: str = "never"
     """``never`` or ``if-missing`` (see ``PULL_POLICIES``)."""
+    backend: str = "docker"
+    """Which backend's vocabulary ``options`` are in."""
 
     def __post_init__(self) -> None:
+        # A private deep copy: nothing the caller keeps can change what was guarded.
+        object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
         problems: list[Problem] = []
         if not (self.timeout_s > 0):
             problems.append(Problem(f"timeout_s must be > 0, got {self.timeout_s!r}", "$.timeout_s"))
@@ -114,7 +73,7 @@ class RunSpec:
         if not isinstance(self.options.get("image"), str) or not self.options.get("image"):
             problems.append(Problem("options must name an image", "$.options.image"))
         if problems:
-            raise RequestError("invalid run specification", problems=problems)
+            raise ContractError("invalid run specification", problems=problems)
 
     @property
     def image(self) -> str:
@@ -216,6 +175,15 @@ class Sandbox(Protocol):
 @runtime_checkable
 class Runner(Protocol):
     """A sandbox backend. Every method maps its backend's failures to ``gateway.errors.RunnerError``s."""
+
+    @property
+    def assembler(self) -> Assembler:
+        """The backend's option builder and guard; the Gateway hands it to the decision."""
+        ...
+
+    def close(self) -> None:
+        """Release what the runner holds (its engine client, when it created one)."""
+        ...
 
     def prepare(self, spec: RunSpec) -> Sandbox:
         """Create (and start) a hardened container waiting for a payload."""

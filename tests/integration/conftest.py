@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gateway.assembly import assemble
 from gateway.policy import load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
-from gateway.runner.docker import DockerRunner
+from gateway.runner.docker.runner import DockerRunner
+from gateway.testing import assemble
 
 SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
 MANAGED_LABEL = "io.agent-gateway.managed"

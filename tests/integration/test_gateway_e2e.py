@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from gateway import Gateway
 from gateway.audit import verify_trail
 from gateway.cli import main
 from gateway.resources import load_schema, policies_dir
-from gateway.service import Gateway
 from gateway.simple import run_in_sandbox
 from gateway.tool import TOOL_NAME, handle_tool_call
 from tests.integration.conftest import MANAGED_LABEL, SANDBOX_IMAGE, gateway_containers
@@ -147,6 +147,9 @@ def test_memory_exit_137(engine: Any, audit_dir: Path, capsys: pytest.CaptureFix
         ["--network", "host"],
         ["--mount", "/var/run/docker.sock:/sock"],
         ["--env", "LD_PRELOAD=/tmp/evil.so"],
+        # A name the sandbox itself uses is refused by the decision, not by the runner after an allow.
+        ["--file", f"{__file__}:main.py"],
+        ["--file", f"{__file__}:out"],
     ],
 )
 def test_denied_requests_exit_77_and_create_no_container(

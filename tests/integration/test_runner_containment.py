@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.runner.docker import DockerRunner
+from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import Outcome, Payload, RunSpec
 
 pytestmark = pytest.mark.integration
@@ -217,7 +217,7 @@ def test_output_at_the_cap_is_not_truncated(runner: DockerRunner, options_for: O
 
 _RSS_PROBE = """
 import json, sys
-from gateway.runner.docker import DockerRunner
+from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import Payload, RunSpec
 
 def hwm_kib():

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import ImageMissingError, UnsafeOptionsError
-from gateway.runner.docker import DockerRunner
+from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import Outcome, Payload, RunSpec
 
 pytestmark = pytest.mark.integration

@@ -11,18 +11,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.assembly import (
-    ALLOWED_OPTION_KEYS,
-    ASSEMBLED_OPTION_KEYS,
-    LABEL_PREFIX,
-    MANAGED_LABEL,
-    assemble,
-    guard,
-)
-from gateway.decision import evaluate
 from gateway.errors import UnsafeOptionsError
 from gateway.policy import Policy
 from gateway.request import parse_request
+from gateway.runner.docker.options import (
+    ASSEMBLED_OPTION_KEYS,
+    CONTAINER_CONFIG_KEYS,
+    HOST_CONFIG_KEYS,
+    LABEL_PREFIX,
+    MANAGED_LABEL,
+    RUNNER_OPTION_KEYS,
+    guard,
+)
+from gateway.testing import assemble, decide
 
 MiB = 1024**2
 
@@ -155,10 +156,13 @@ def test_guard_refuses(
         assert path in {p.path for p in info.value.problems}
 
 
-def test_guard_accepts_runner_transport_keys(safe: dict[str, Any]) -> None:
-    options = dict(safe, command=["python3", "-"], stdin_open=True, stdin_once=True, detach=True, tty=False)
-    guard(options)
-    assert {"command", "stdin_open", "detach", "tty"} <= ALLOWED_OPTION_KEYS
+@pytest.mark.parametrize("key", sorted(RUNNER_OPTION_KEYS))
+def test_guard_refuses_the_runners_own_keys_in_assembled_options(safe: dict[str, Any], key: str) -> None:
+    # One list of runner-owned keys: the runner adds them after the guard; an assembler never may.
+    with pytest.raises(UnsafeOptionsError) as info:
+        guard(dict(safe, **{key: ["sh"]}))
+    assert [p.path for p in info.value.problems] == [f"$.{key}"]
+    assert "runner's own key" in info.value.problems[0].message
 
 
 def test_guard_reports_every_problem(safe: dict[str, Any]) -> None:
@@ -231,9 +235,9 @@ def test_allowed_decisions_always_pass_the_guard(  # noqa: PLR0917 - fixtures pl
     for m in doc.get("mounts", []):
         if m["source"] == "/srv/agent-data":
             m["source"] = str(data_root)
-    decision = evaluate(policy, parse_request(doc))
+    decision = decide(policy, parse_request(doc))
     if decision.allowed:
-        guard(decision.create_kwargs())
+        guard(decision.options or {})
         assert decision.violations == ()
     else:
         assert decision.options is None
@@ -245,3 +249,7 @@ def test_assembled_keys_are_real_docker_py_arguments() -> None:
 
     known = set(RUN_CREATE_KWARGS) | set(RUN_HOST_CONFIG_KWARGS) | {"image", "command", "volumes", "network_mode"}
     assert known >= ASSEMBLED_OPTION_KEYS
+    # Our two allow-lists sort the keys exactly as docker-py's own do.
+    assert set(RUN_CREATE_KWARGS) | {"image"} >= CONTAINER_CONFIG_KEYS
+    assert set(RUN_HOST_CONFIG_KWARGS) | {"volumes", "network_mode"} >= HOST_CONFIG_KEYS
+    assert not CONTAINER_CONFIG_KEYS & HOST_CONFIG_KEYS

@@ -19,7 +19,7 @@ from gateway.audit.canonical import (
     seal,
     split_line,
 )
-from gateway.audit.redact import RecordPipeline, chain
+from gateway.audit.pipeline import RecordPipeline, chain
 
 
 def test_canonical_sorts_keys_compact_ascii() -> None:

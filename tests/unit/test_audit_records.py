@@ -108,6 +108,25 @@ def test_sinks_satisfy_the_protocol(tmp_path: Path) -> None:
     assert isinstance(JsonlAuditTrail(tmp_path), AuditSink)
 
 
+def test_memory_sink_protects_no_paths() -> None:
+    assert MemoryAuditSink().protected_paths == ()
+
+
+def test_trail_protects_the_real_path_of_its_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    assert JsonlAuditTrail(tmp_path / "link").protected_paths == (str(real.resolve()),)
+    monkeypatch.chdir(tmp_path)
+    trail = JsonlAuditTrail("link")
+    assert trail.protected_paths == (str(real.resolve()),)
+    trail.append("gateway.start", SAMPLES["gateway.start"])
+    assert {p.parent for p in real.glob("trail-*.jsonl")} == {real}  # the evidence is where it says
+    trail.close()
+    not_yet = JsonlAuditTrail(tmp_path / "later" / "audit")  # created on first append; still protected
+    assert not_yet.protected_paths == (str(tmp_path.resolve() / "later" / "audit"),)
+
+
 def test_every_event_type_validates_against_the_schema() -> None:
     sink = MemoryAuditSink(key=b"k" * 32)
     for event_type, data in SAMPLES.items():

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.decision import Decision, evaluate
+from gateway.decision import Decision
 from gateway.policy import Policy
 from gateway.request import parse_request
+from gateway.testing import decide
 
 
 def mount(policy: Policy, source: str | Path, target: str = "/data", mode: str = "ro", **kw: object) -> Decision:
     req = parse_request({"code": "x", "mounts": [{"source": str(source), "target": target, "mode": mode}]})
-    return evaluate(policy, req, **kw)  # type: ignore[arg-type]
+    return decide(policy, req, **kw)  # type: ignore[arg-type]
 
 
 def failing(d: Decision) -> list[str]:
@@ -90,15 +91,22 @@ def test_any_socket_inside_a_root_is_denied(mount_policy: Policy, data_root: Pat
 def test_audit_directory_is_never_mountable(mount_policy: Policy, data_root: Path) -> None:
     audit = data_root / "sets" / "audit"
     audit.mkdir()
-    assert failing(mount(mount_policy, audit, audit_dir=audit)) == ["mounts.denied_path"]
+    assert failing(mount(mount_policy, audit, denied_paths=[str(audit)])) == ["mounts.denied_path"]
     # a source that contains the audit directory exposes it too
-    assert failing(mount(mount_policy, data_root / "sets", audit_dir=audit)) == ["mounts.denied_path"]
-    assert mount(mount_policy, data_root / "sets", audit_dir=data_root.parent / "elsewhere").allowed
+    assert failing(mount(mount_policy, data_root / "sets", denied_paths=[str(audit)])) == ["mounts.denied_path"]
+    assert mount(mount_policy, data_root / "sets", denied_paths=[str(data_root.parent / "elsewhere")]).allowed
 
 
-def test_audit_dir_from_environment(mount_policy: Policy, data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decision_reads_no_environment_and_no_working_directory(
+    mount_policy: Policy, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What must never be mounted comes from the caller (the Gateway passes its audit sink's paths), never
+    # from $GATEWAY_AUDIT_DIR or ./audit: a Gateway built around another trail would protect the wrong one.
     monkeypatch.setenv("GATEWAY_AUDIT_DIR", str(data_root))
-    assert failing(mount(mount_policy, data_root / "sets")) == ["mounts.denied_path"]
+    monkeypatch.chdir(data_root.parent)
+    (data_root.parent / "audit").mkdir()
+    assert mount(mount_policy, data_root / "sets").allowed
+    assert failing(mount(mount_policy, data_root / "sets", denied_paths=[str(data_root)])) == ["mounts.denied_path"]
 
 
 @pytest.mark.parametrize(
@@ -132,14 +140,14 @@ def test_duplicate_targets(mount_policy: Policy, data_root: Path) -> None:
             ],
         }
     )
-    assert failing(evaluate(mount_policy, req)) == ["mounts.target"]
+    assert failing(decide(mount_policy, req)) == ["mounts.target"]
 
 
 def test_mount_count_cap(mount_policy: Policy, data_root: Path) -> None:
     mounts = [{"source": str(data_root), "target": f"/data/{i}"} for i in range(3)]
-    d = evaluate(mount_policy, parse_request({"code": "x", "mounts": mounts}))
+    d = decide(mount_policy, parse_request({"code": "x", "mounts": mounts}))
     assert failing(d) == ["mounts.allowlist"]
-    d = evaluate(mount_policy, parse_request({"code": "x", "mounts": mounts[:2]}))
+    d = decide(mount_policy, parse_request({"code": "x", "mounts": mounts[:2]}))
     assert d.allowed
 
 

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from gateway.decision import Decision, evaluate
-from gateway.errors import UnsafeOptionsError
-from gateway.policy import Policy
+from gateway.decision import RULE_IDS, Decision
+from gateway.policy import Policy, compile_policy
 from gateway.request import parse_request
+from gateway.testing import decide as judge
 
 MiB = 1024**2
 
 
 def decide(policy: Policy, **fields: Any) -> Decision:
-    return evaluate(policy, parse_request({"code": "print(1)", **fields}))
+    return judge(policy, parse_request({"code": "print(1)", **fields}))
 
 
 def failing(decision: Decision) -> list[str]:
@@ -51,7 +51,7 @@ def test_limit_at_ceiling_passes_one_above_fails(
     assert violation.expected["max"] == getattr(default_policy.limits, field).max
     assert "above the ceiling" in violation.message
     assert bad.options is None
-    assert bad.plan is None
+    assert bad.run is None
 
 
 def test_omitted_limits_get_defaults(default_policy: Policy) -> None:
@@ -62,9 +62,9 @@ def test_omitted_limits_get_defaults(default_policy: Policy) -> None:
     assert opts["mem_limit"] == 256 * MiB
     assert opts["pids_limit"] == 64
     assert opts["nano_cpus"] == 1_000_000_000
-    assert d.plan is not None
-    assert d.plan.timeout_s == 10
-    assert d.plan.output_bytes == MiB
+    assert d.run is not None
+    assert d.run.timeout_s == 10
+    assert d.run.output_bytes == MiB
 
 
 def test_memory_below_docker_minimum(default_policy: Policy) -> None:
@@ -74,15 +74,15 @@ def test_memory_below_docker_minimum(default_policy: Policy) -> None:
 
 def test_code_and_files_size_boundaries(make_policy: Callable[[str], Policy]) -> None:
     policy = make_policy()  # code_size 1k, files_size 2k
-    assert evaluate(policy, parse_request({"code": "x" * 1024})).allowed
-    d = evaluate(policy, parse_request({"code": "x" * 1025}))
+    assert judge(policy, parse_request({"code": "x" * 1024})).allowed
+    d = judge(policy, parse_request({"code": "x" * 1025}))
     assert failing(d) == ["limits.code_size"]
-    assert evaluate(policy, parse_request({"code": "é" * 512})).allowed  # 1024 UTF-8 bytes
-    assert failing(evaluate(policy, parse_request({"code": "é" * 512 + "x"}))) == ["limits.code_size"]
+    assert judge(policy, parse_request({"code": "é" * 512})).allowed  # 1024 UTF-8 bytes
+    assert failing(judge(policy, parse_request({"code": "é" * 512 + "x"}))) == ["limits.code_size"]
     files = {"a.txt": "x" * 1024, "b.txt": "y" * 1024}
-    assert evaluate(policy, parse_request({"code": "x", "files": files})).allowed
+    assert judge(policy, parse_request({"code": "x", "files": files})).allowed
     files["c.txt"] = "z"
-    assert failing(evaluate(policy, parse_request({"code": "x", "files": files}))) == ["limits.files_size"]
+    assert failing(judge(policy, parse_request({"code": "x", "files": files}))) == ["limits.files_size"]
 
 
 @pytest.mark.parametrize(
@@ -100,16 +100,16 @@ def test_file_names_that_are_fine(default_policy: Policy) -> None:
 
 def test_file_count_cap(make_policy: Callable[[str], Policy]) -> None:
     policy = make_policy("files: {max_count: 2}\n")
-    assert evaluate(policy, parse_request({"code": "x", "files": {"a": "", "b": ""}})).allowed
-    d = evaluate(policy, parse_request({"code": "x", "files": {"a": "", "b": "", "c": ""}}))
+    assert judge(policy, parse_request({"code": "x", "files": {"a": "", "b": ""}})).allowed
+    d = judge(policy, parse_request({"code": "x", "files": {"a": "", "b": "", "c": ""}}))
     assert failing(d) == ["files.path"]
 
 
 def test_images(make_policy: Callable[[str], Policy]) -> None:
     policy = make_policy()
     digest = "sha256:" + "a" * 64
-    assert evaluate(policy, parse_request({"code": "x", "image": f"gateway/sandbox-python@{digest}"})).allowed
-    assert evaluate(
+    assert judge(policy, parse_request({"code": "x", "image": f"gateway/sandbox-python@{digest}"})).allowed
+    assert judge(
         policy, parse_request({"code": "x", "image": f"gateway/sandbox-python:3.11-bookworm@{digest}"})
     ).allowed
     for image in (
@@ -120,24 +120,24 @@ def test_images(make_policy: Callable[[str], Policy]) -> None:
         "docker.io/gateway/sandbox-python:3.11-bookworm",
         "localhost:5000/gateway/sandbox-python:3.11-bookworm",
     ):
-        d = evaluate(policy, parse_request({"code": "x", "image": image}))
+        d = judge(policy, parse_request({"code": "x", "image": image}))
         assert failing(d) == ["images.allowlist"], image
 
 
 def test_network(make_policy: Callable[[str], Policy]) -> None:
     policy = make_policy("network: {default: none, allowed: [none, sandbox-net]}\n")
-    d = evaluate(policy, parse_request({"code": "x", "network": "sandbox-net"}))
+    d = judge(policy, parse_request({"code": "x", "network": "sandbox-net"}))
     assert d.allowed
     assert d.options is not None
     assert d.options["network_mode"] == "sandbox-net"
     for net in ("host", "bridge", "container:abc"):
-        assert failing(evaluate(policy, parse_request({"code": "x", "network": net}))) == ["network.mode"]
+        assert failing(judge(policy, parse_request({"code": "x", "network": net}))) == ["network.mode"]
 
 
 def test_network_host_is_denied_even_in_audit_mode(make_policy: Callable[[str], Policy]) -> None:
     policy = make_policy("network: {mode: audit, default: none, allowed: [none]}\n")
-    assert evaluate(policy, parse_request({"code": "x", "network": "bridge"})).allowed  # audit: a warning
-    assert failing(evaluate(policy, parse_request({"code": "x", "network": "host"}))) == ["network.mode"]
+    assert judge(policy, parse_request({"code": "x", "network": "bridge"})).allowed  # audit: a warning
+    assert failing(judge(policy, parse_request({"code": "x", "network": "host"}))) == ["network.mode"]
 
 
 def test_runtime_and_runsc_pids(strict_policy: Policy, default_policy: Policy) -> None:
@@ -164,7 +164,7 @@ def test_env_rules(make_policy: Callable[[str], Policy]) -> None:
     )
 
     def env(values: dict[str, str]) -> list[str]:
-        return failing(evaluate(policy, parse_request({"code": "x", "env": values})))
+        return failing(judge(policy, parse_request({"code": "x", "env": values})))
 
     assert env({"APP_X": "1", "LANG": "C", "PYTHONPATH": "/w"}) == []
     assert env({"OTHER": "1"}) == ["env.allowed"]
@@ -212,7 +212,7 @@ def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], bas
         "memory: {default: 256m, max: 512m}", "memory: {default: 256m, max: 512m, mode: audit}"
     )
     policy = load_policy_text(text)
-    d = evaluate(policy, parse_request({"code": "x", "limits": {"memory": "1g"}}))
+    d = judge(policy, parse_request({"code": "x", "limits": {"memory": "1g"}}))
     assert d.allowed
     [warning] = d.warnings
     assert warning.rule == "limits.memory"
@@ -225,35 +225,36 @@ def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], bas
     assert out["warnings"][0]["rule"] == "limits.memory"
 
 
-def test_a_crashing_rule_is_an_error_and_a_deny(default_policy: Policy) -> None:
-    broken = dataclasses.replace(default_policy, env=None)  # type: ignore[arg-type]
-    d = evaluate(broken, parse_request({"code": "x", "env": {"APP_X": "1"}}))
+def test_a_crashing_rule_is_an_error_and_a_deny_under_its_own_id(default_policy: Policy) -> None:
+    # A policy object the loader could never produce (no env section) behind a valid compiled policy: each
+    # env rule crashes, and each error carries the id of the rule that crashed (one a golden case can name).
+    compiled = compile_policy(default_policy)
+    broken = dataclasses.replace(compiled, policy=dataclasses.replace(default_policy, env=None))
+    d = judge(broken, parse_request({"code": "x", "env": {"APP_X": "1"}}))  # type: ignore[arg-type]
     assert not d.allowed
-    [error] = d.violations
-    assert error.status == "error"
-    assert error.rule == "env"
-    assert "rule crashed" in error.message
+    errors = d.violations
+    assert [e.rule for e in errors] == ["env.allowed", "env.dangerous", "env.limits"]
+    assert all(e.status == "error" and "rule crashed" in e.message for e in errors)
+    assert {e.rule for e in errors} <= RULE_IDS
     assert d.options is None
-    with pytest.raises(UnsafeOptionsError):
-        d.create_kwargs()
 
 
 def test_resolve_crash_is_a_deny(default_policy: Policy) -> None:
     broken = dataclasses.replace(default_policy, limits=None)  # type: ignore[arg-type]
-    d = evaluate(broken, parse_request({"code": "x"}))
+    d = judge(broken, parse_request({"code": "x"}))
     assert not d.allowed
     assert d.violations[0].status == "error"
 
 
 def test_guard_refusal_is_a_deny(default_policy: Policy) -> None:
     rooted = dataclasses.replace(default_policy, user=dataclasses.replace(default_policy.user, uid=0))
-    d = evaluate(rooted, parse_request({"code": "x"}))
+    d = judge(rooted, parse_request({"code": "x"}))
     assert not d.allowed
     assert {v.rule for v in d.violations} >= {"user.non_root"}
 
 
 def test_decision_to_dict_contract(default_policy: Policy) -> None:
-    d = evaluate(parse_request_policy := default_policy, parse_request({"code": "x"}), request_id="req-1")
+    d = judge(parse_request_policy := default_policy, parse_request({"code": "x"}), request_id="req-1")
     out = json.loads(json.dumps(d.to_dict()))
     assert set(out) == {
         "decision_id",

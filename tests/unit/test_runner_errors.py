@@ -9,7 +9,7 @@ import pytest
 import requests.exceptions
 
 from gateway.errors import EngineUnavailableError, ImageMissingError, RunnerError, SandboxError, exit_code_for
-from gateway.runner.errors import DOCKER_ERROR_TABLE, map_engine_error
+from gateway.runner.docker.errors import DOCKER_ERROR_TABLE, map_engine_error
 
 
 def _exception_classes(module: object) -> list[type[BaseException]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runner.bootstrap import (
+from gateway.runner.docker.supervisor import (
     FRAME_EXIT,
     FRAME_FILE_DATA,
     FRAME_FILE_NAME,

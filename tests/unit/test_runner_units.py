@@ -8,15 +8,21 @@ from typing import Any
 import docker.errors
 import pytest
 
-from gateway.assembly import assemble
-from gateway.errors import EngineUnavailableError, ImageMissingError, RequestError, SandboxError, UnsafeOptionsError
+from gateway.errors import (
+    ContractError,
+    EngineUnavailableError,
+    ImageMissingError,
+    SandboxError,
+    UnsafeOptionsError,
+)
+from gateway.payload import file_name_problem
 from gateway.policy import load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.runner import FakeRunner, Outcome, Payload, Runner, RunSpec
-from gateway.runner.docker import DockerRunner
+from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.fake import make_outcome
-from gateway.runner.interface import check_relative_path
+from gateway.testing import assemble
 
 # What the gateway would really hand the runner for a plain request under the default policy.
 OPTIONS: dict[str, Any] = assemble(
@@ -38,15 +44,19 @@ OPTIONS: dict[str, Any] = assemble(
         ("./a", False),
         ("a\\b", False),
         ("main.py", False),
+        ("main.py/x", False),
+        ("out", False),
         ("nul\x00", False),
+        ("tab\tname", False),
+        ("a" * 256, False),
     ],
 )
 def test_relative_paths(name: str, ok: bool) -> None:
-    assert (check_relative_path(name) is None) is ok
+    assert (file_name_problem(name) is None) is ok
 
 
 def test_payload_reports_every_problem() -> None:
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(ContractError) as info:
         Payload("x", language="ruby", files={"../a": b"", "b": "text"})  # type: ignore[dict-item]
     paths = sorted(p.path for p in info.value.problems)
     assert paths == ["$.files['../a']", "$.files['b']", "$.language"]
@@ -62,13 +72,13 @@ def test_payload_reports_every_problem() -> None:
     ],
 )
 def test_runspec_validation(kwargs: dict[str, Any], path: str) -> None:
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(ContractError) as info:
         RunSpec(OPTIONS, **kwargs)
     assert [p.path for p in info.value.problems] == [path]
 
 
 def test_runspec_needs_an_image() -> None:
-    with pytest.raises(RequestError):
+    with pytest.raises(ContractError):
         RunSpec({}, timeout_s=1, output_bytes=1)
 
 
@@ -186,3 +196,23 @@ def test_outcome_fields_are_frozen() -> None:
     out: Outcome = make_outcome()
     with pytest.raises(AttributeError):
         out.exit_code = 1  # type: ignore[misc]
+
+
+def test_the_attach_socket_assumption_holds() -> None:
+    # docker-py's attach_socket hands back the response's raw socket.SocketIO for a unix socket; the runner needs
+    # the socket under it (per-call timeouts, a half-close). No public docker-py path gives it, so pin the
+    # assumption: the stdlib SocketIO keeps it as _sock, and _raw_socket finds it.
+    import socket
+
+    from gateway.runner.docker.runner import _raw_socket
+
+    left, right = socket.socketpair()
+    try:
+        io = socket.SocketIO(left, "rwb")
+        assert _raw_socket(io) is left
+        assert _raw_socket(left) is left
+        with pytest.raises(SandboxError):
+            _raw_socket(object())
+    finally:
+        left.close()
+        right.close()

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from gateway.decision import evaluate
 from gateway.policy import Policy
 from gateway.policy.yamlstrict import load_yaml
 from gateway.request import parse_request
 from gateway.resources import load_schema, policies_dir, schemas_dir
+from gateway.testing import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(policies_dir().rglob("*.yaml"))
@@ -72,8 +72,8 @@ def test_fixture_requests_expected_valid_are_schema_valid(suite: Path) -> None:
 
 def test_decisions_validate_against_the_decision_schema(default_policy: Policy) -> None:
     validator = Draft202012Validator(load_schema("decision"), format_checker=Draft202012Validator.FORMAT_CHECKER)
-    allowed = evaluate(default_policy, parse_request({"code": "print(1)", "env": {"APP_X": "1"}}))
-    denied = evaluate(default_policy, parse_request({"code": "x", "network": "host", "limits": {"memory": "4g"}}))
+    allowed = decide(default_policy, parse_request({"code": "print(1)", "env": {"APP_X": "1"}}))
+    denied = decide(default_policy, parse_request({"code": "x", "network": "host", "limits": {"memory": "4g"}}))
     for decision in (allowed, denied):
         data = json.loads(json.dumps(decision.to_dict()))
         assert list(validator.iter_errors(data)) == []

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from gateway import Gateway
 from gateway.audit import MemoryAuditSink
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner, make_outcome
-from gateway.service import Gateway
 from gateway.simple import result_summary
 from gateway.tool import EXECUTE_PYTHON_TOOL, TOOL_NAME, ToolHandler, handle_tool_call
 

@@ -3,10 +3,10 @@
 Life of a run (``execute`` = ``prepare`` + ``run``):
 
 ``prepare``
-    guard the assembled options again (``gateway.assembly.guard``); make sure the image is present (a missing
+    guard the assembled options again (``options.guard``); make sure the image is present (a missing
     image is ``ImageMissingError`` naming ``scripts/build-image.sh`` unless the spec says ``pull:
     if-missing``; never a silent pull); ``containers.create`` with the options plus the runner's own
-    transport keys only (``entrypoint``: the fixed supervisor of ``gateway.runner.bootstrap``, ``command``,
+    transport keys only (``entrypoint``: the fixed supervisor of ``gateway.runner.docker.supervisor``, ``command``,
     ``stdin_open``, ``stdin_once``, ``tty=False``, ``detach``); attach to its stdin/stdout/stderr *before*
     starting it; start it. The supervisor then waits for exactly one payload on stdin.
 ``run``
@@ -18,13 +18,12 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
 
 No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
 payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
-requests exception is mapped by ``gateway.runner.errors.map_engine_error``.
+requests exception is mapped by ``gateway.runner.docker.errors.map_engine_error``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -42,44 +41,32 @@ from gateway.errors import (
     SandboxError,
     UnsafeOptionsError,
 )
-from gateway.runner.bootstrap import (
-    FRAME_ERROR,
-    FRAME_EXIT,
-    FRAME_FILE_DATA,
-    FRAME_FILE_NAME,
-    FRAME_STDERR,
-    FRAME_STDOUT,
+from gateway.runner.docker.collect import Collected, outcome_of, read_frames
+from gateway.runner.docker.errors import map_engine_error
+from gateway.runner.docker.options import (
+    CONTAINER_CONFIG_KEYS,
+    HOST_CONFIG_KEYS,
+    MANAGED_LABEL,
+    RUNNER_OPTION_KEYS,
+    WORKSPACE,
+    DockerAssembler,
+    guard,
+)
+from gateway.runner.docker.supervisor import (
     FrameDecoder,
     ProtocolError,
     encode_payload,
     new_key,
     supervisor_command,
 )
-from gateway.runner.errors import map_engine_error
 from gateway.runner.interface import Outcome, Payload, RunSpec
 
-__all__ = ["BUILD_COMMAND", "TRANSPORT_KEYS", "DockerRunner", "DockerSandbox"]
+__all__ = ["BUILD_COMMAND", "DockerRunner", "DockerSandbox"]
 
 BUILD_COMMAND = "scripts/build-image.sh"
 """How to build the default sandbox image locally (named in the error for a missing image)."""
 
-TRANSPORT_KEYS = frozenset({"command", "entrypoint", "stdin_open", "stdin_once", "detach", "tty", "log_config"})
-"""Create arguments the runner owns; assembled options must not contain them. ``log_config`` is ``none``:
-output travels only through the attached, capped stream, never into an uncapped engine log on the host disk."""
-
-WORKSPACE = "/workspace"
-_RECV = 1 << 16
-_DIAG_BYTES = 4096
 _WAIT_AFTER_KILL_S = 10.0
-_MUX_HEADER = 8
-
-
-def _assembly() -> tuple[Any, str]:
-    # gateway.assembly is the policy side's module; imported late so the runner has no import-time
-    # dependency cycle with it.
-    from gateway.assembly import MANAGED_LABEL, guard  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-
-    return guard, MANAGED_LABEL
 
 
 @dataclass(eq=False)
@@ -103,43 +90,15 @@ class DockerSandbox:
         self.sockio = None
 
 
-@dataclass
-class _Stream:
-    """One output stream: what is kept (at most the cap) and how much the program produced."""
-
-    kept: bytearray = field(default_factory=bytearray)
-    seen: int = 0
-    truncated: bool = False
-
-    def take(self, data: bytes, cap: int) -> bool:
-        """Keep what fits under ``cap``; True once the program has produced more than that."""
-        self.seen += len(data)
-        self.kept += data[: max(cap - len(self.kept), 0)]
-        if self.seen > cap:
-            self.truncated = True
-        return self.truncated
-
-
-@dataclass
-class _Collected:
-    stdout: _Stream = field(default_factory=_Stream)
-    stderr: _Stream = field(default_factory=_Stream)
-    files: dict[str, bytearray] = field(default_factory=dict)
-    files_bytes: int = 0
-    current_file: str | None = None
-    final: dict[str, Any] | None = None
-    error: str | None = None
-    diagnostics: bytearray = field(default_factory=bytearray)
-    timed_out: bool = False
-    output_limit_killed: bool = False
-
-
 class DockerRunner:
     """Runs payloads in hardened single-use containers on a Docker engine.
 
     ``client`` is injectable (tests, a service sharing one client); otherwise one is created lazily from the
     environment (``DOCKER_HOST`` etc.) or from ``base_url``.
     """
+
+    assembler = DockerAssembler()
+    """Builds and guards this backend's options; the Gateway hands it to the decision."""
 
     def __init__(self, client: Any | None = None, *, base_url: str | None = None) -> None:
         self._client = client
@@ -226,14 +185,11 @@ class DockerRunner:
 
     def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
         options = dict(spec.options)
-        clash = sorted(TRANSPORT_KEYS & options.keys())
+        clash = sorted(RUNNER_OPTION_KEYS & options.keys())
         if clash:
             raise UnsafeOptionsError(f"assembled options contain runner-owned keys: {', '.join(clash)}")
-        guard, managed = _assembly()
         guard(options)
-        labels = dict(options.get("labels") or {})
-        labels[managed] = "true"
-        options["labels"] = labels
+        options["labels"] = {**dict(options.get("labels") or {}), MANAGED_LABEL: "true"}
         options.update(
             entrypoint=supervisor_command(WORKSPACE),
             command=[],
@@ -303,13 +259,13 @@ class DockerRunner:
         data = encode_payload(key, payload.code, payload.files, spec.output_files_bytes)
         start = time.monotonic()
         deadline = start + spec.timeout_s
-        got = _Collected()
+        got = Collected()
         kill = False
         try:
             sb.sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sb.sock.sendall(data)
             sb.sock.shutdown(socket.SHUT_WR)
-            kill = self._read(sb.sock, FrameDecoder(key), got, spec, deadline)
+            kill = read_frames(sb.sock, FrameDecoder(key), got, spec, deadline)
         except TimeoutError:
             got.timed_out = kill = True
         except ProtocolError as exc:
@@ -335,120 +291,13 @@ class DockerRunner:
         with self._step("inspecting the container"):
             state = self.client.api.inspect_container(cid)["State"]
         duration_ms = round((time.monotonic() - start) * 1000)
-        return self._outcome(sb, got, state, duration_ms)
-
-    def _read(self, sock: Any, decoder: FrameDecoder, got: _Collected, spec: RunSpec, deadline: float) -> bool:
-        """Read until the final frame or EOF. Returns True when the container must be killed."""
-        header = bytearray()
-        stream = 0
-        left = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                got.timed_out = True
-                return True
-            sock.settimeout(remaining)
-            chunk = sock.recv(_RECV)
-            if not chunk:
-                return False
-            view = memoryview(chunk)
-            while view:
-                if left == 0:
-                    need = _MUX_HEADER - len(header)
-                    header += view[:need]
-                    view = view[need:]
-                    if len(header) < _MUX_HEADER:
-                        break
-                    stream = header[0]
-                    left = int.from_bytes(header[4:8], "big")
-                    header.clear()
-                    continue
-                part = bytes(view[:left])
-                view = view[len(part) :]
-                left -= len(part)
-                if stream == 1:
-                    for frame in decoder.feed(part):
-                        if self._take(frame.kind, frame.data, got, spec):
-                            return True
-                        if decoder.finished:
-                            return False
-                elif len(got.diagnostics) < _DIAG_BYTES:
-                    got.diagnostics += part[: _DIAG_BYTES - len(got.diagnostics)]
-
-    @staticmethod
-    def _take(kind: bytes, data: bytes, got: _Collected, spec: RunSpec) -> bool:
-        """Account for one frame. Returns True when an output cap was crossed (kill the container)."""
-        if kind in (FRAME_STDOUT, FRAME_STDERR):
-            stream = got.stdout if kind == FRAME_STDOUT else got.stderr
-            if stream.take(data, spec.output_bytes):
-                got.output_limit_killed = True
-                return True
-        elif kind == FRAME_FILE_NAME:
-            name = data.decode("utf-8", "replace")
-            if not name or name.startswith("/") or ".." in name.split("/") or name in got.files:
-                raise ProtocolError(f"bad output file name {name!r}")
-            got.files[name] = bytearray()
-            got.current_file = name
-        elif kind == FRAME_FILE_DATA:
-            if got.current_file is None:
-                raise ProtocolError("file data before a file name")
-            got.files_bytes += len(data)
-            if got.files_bytes > spec.output_files_bytes:
-                raise ProtocolError("output files exceed their cap")
-            got.files[got.current_file] += data
-        elif kind == FRAME_EXIT:
-            final = json.loads(data)
-            if not isinstance(final, dict) or not isinstance(final.get("status"), int):
-                raise ProtocolError("malformed exit frame")
-            got.final = final
-        elif kind == FRAME_ERROR:
-            try:
-                got.error = str(json.loads(data).get("error"))
-            except (ValueError, AttributeError):
-                got.error = data.decode("utf-8", "replace")
-        return False
-
-    @staticmethod
-    def _outcome(sb: DockerSandbox, got: _Collected, state: Mapping[str, Any], duration_ms: int) -> Outcome:
-        engine_oom = bool(state.get("OOMKilled"))
-        oom = False
-        resource_killed = False
-        exit_code: int | None
-        files_truncated = False
-        if got.timed_out or got.output_limit_killed:
-            exit_code = None
-        elif got.final is not None:
-            exit_code = int(got.final["status"])
-            files_truncated = bool(got.final.get("files_truncated"))
-            oom = engine_oom and exit_code == 137
-        elif engine_oom:
-            exit_code, oom = 137, True
-        elif sb.runtime == "runsc":
-            # gVisor counts its own threads against the pids limit: a sandbox killed for a resource limit
-            # exits without a word from the supervisor. That is not the program's own exit.
-            exit_code, resource_killed = None, True
-        else:
-            # The supervisor never reported: it was killed (by the program, which runs as the same uid) or
-            # could not even be started. Whatever the container's own status says, it is not the program's
-            # exit code, so none is reported.
-            exit_code, resource_killed = None, True
-        return Outcome(
-            exit_code=exit_code,
-            stdout=bytes(got.stdout.kept),
-            stderr=bytes(got.stderr.kept),
-            stdout_truncated=got.stdout.truncated,
-            stderr_truncated=got.stderr.truncated,
-            stdout_bytes=got.stdout.seen,
-            stderr_bytes=got.stderr.seen,
-            timed_out=got.timed_out,
-            oom_killed=oom,
-            output_limit_killed=got.output_limit_killed,
-            resource_killed=resource_killed,
-            duration_ms=duration_ms,
+        return outcome_of(
+            got,
+            state,
+            duration_ms,
+            runtime=sb.runtime,
             container_id=sb.container_id,
             image_id=sb.image_id,
-            files={name: bytes(content) for name, content in got.files.items()},
-            files_truncated=files_truncated or (got.final is None and bool(got.files)),
             pulled=sb.pulled,
         )
 
@@ -474,9 +323,8 @@ class DockerRunner:
                 raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
 
     def reap(self) -> list[str]:
-        _, managed = _assembly()
         with self._step("listing the gateway's containers"):
-            found = self.client.api.containers(all=True, filters={"label": f"{managed}=true"})
+            found = self.client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
         removed: list[str] = []
         for entry in found:
             cid = str(entry["Id"])
@@ -486,20 +334,38 @@ class DockerRunner:
 
 
 def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
-    """Low-level ``create_container`` arguments through docker-py's own allow-lists.
+    """``create_container`` arguments through docker-py's public low-level API.
 
-    docker-py's ``containers.create`` sorts keyword arguments into container and host-config ones and rejects
-    leftovers; we reuse that sorting (its ``_create_container_args``). ``stdin_once`` has no keyword of its own
-    there: docker-py sets ``StdinOnce`` (and the attach flags) from ``stdin_open`` with ``detach=False``, so that
-    is how it is expressed. Calling the low-level API also saves the extra inspect ``containers.create`` makes.
+    The assembled keys are sorted by our own two allow-lists (container config, host config) into
+    ``create_container`` and ``create_host_config``; ``volumes`` becomes the host config's ``binds`` plus the
+    container paths. Anything else is refused: the guard already passed these options, so a leftover is a bug.
+    ``stdin_once`` has no keyword of its own in docker-py: ``create_container`` sets ``StdinOnce`` (and the
+    attach flags) from ``stdin_open`` when ``detach`` is false, so that is how it is expressed.
+    ``use_config_proxy=False``: docker-py would otherwise copy proxy settings from the client's config file
+    into the sandbox's environment, which the policy never allowed.
     """
-    from docker.models.containers import _create_container_args  # noqa: PLC0415
-
     args = dict(kwargs)
     stdin_once = bool(args.pop("stdin_once", False))
-    args["detach"] = not stdin_once
-    args["version"] = api._version  # docker-py needs the negotiated API version here
-    create: dict[str, Any] = _create_container_args(args)
+    host = {k: args.pop(k) for k in list(args) if k in HOST_CONFIG_KEYS or k == "log_config"}
+    volumes = host.pop("volumes", None)
+    if volumes:
+        host["binds"] = volumes
+    transport: dict[str, Any] = {k: args.pop(k) for k in ("command", "entrypoint", "stdin_open", "tty") if k in args}
+    args.pop("detach", None)  # expressed through stdin_once below
+    leftovers = sorted(set(args) - CONTAINER_CONFIG_KEYS)
+    if leftovers:
+        raise UnsafeOptionsError(f"options outside the allow-lists reached the runner: {', '.join(leftovers)}")
+    create: dict[str, Any] = {
+        **args,
+        **transport,
+        "detach": not stdin_once,
+        "host_config": api.create_host_config(**host),
+        "use_config_proxy": False,
+    }
+    if isinstance(volumes, Mapping):
+        create["volumes"] = [spec["bind"] for spec in volumes.values()]
+    elif volumes:
+        create["volumes"] = [str(entry).split(":")[1] for entry in volumes]
     return create
 
 

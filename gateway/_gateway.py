@@ -1,0 +1,301 @@
+"""The Gateway: the one object every interface (CLI, Python API, LLM tool, HTTP service, MCP) calls.
+
+Request path, one named stage each: intake (parse and validate) → decide (the principal's policy, the
+admission hook, every rule, the backend's assembler and guard) → record the decision (durable before anything
+runs: fail closed) → run (the decision's own run specification, handed to the runner unchanged) → record the
+outcome. The runner, the audit sink and the tracer come in through the constructor; nothing here is global,
+and the decision sees no environment: the paths it must protect come from the audit sink itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+
+from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway.decision import Assembler, Decision, RuleResult, evaluate
+from gateway.errors import ContractError, GatewayError, PolicyError, RequestError, SandboxError
+from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
+from gateway.request import ExecutionRequest, parse_request
+from gateway.resources import policy_path_from_env
+from gateway.result import ExecutionResult, outcome_data, raw_bytes
+from gateway.runner import Outcome, Payload, Runner
+from gateway.telemetry import (
+    SPAN_AUDIT,
+    SPAN_EXECUTE,
+    SPAN_POLICY,
+    SPAN_SANDBOX,
+    annotate_decision,
+    annotate_error,
+    annotate_outcome,
+    get_tracer,
+)
+
+__all__ = ["Admission", "Gateway", "RawRequest"]
+
+RawRequest = Mapping[str, Any] | str | bytes | ExecutionRequest
+"""A request as an interface hands it over: parsed JSON, JSON text or bytes, or an already parsed request."""
+
+Admission = Callable[[ExecutionRequest, Policy], Iterable[RuleResult]]
+"""Called before the decision with the parsed request and the policy that applies to its principal. It
+returns results that join the decision (a ``fail`` in ``enforce`` mode denies, like any rule's): quotas plug
+in here. A hook that raises denies the request with an ``admission`` error."""
+
+
+def _ref(policy: Policy) -> dict[str, str]:
+    return {"name": policy.name, "sha256": policy.sha256}
+
+
+class Gateway:
+    """Decides and executes requests under a policy set, auditing every step.
+
+    Construct it with :meth:`from_env` for the embedded defaults, or pass a policy (or :class:`PolicySet`), a
+    runner and an audit sink (tests pass a fake runner and an in-memory sink). Use it as a context manager so
+    that the trail records the gateway's start and stop. :meth:`close` closes only what the Gateway itself
+    created (:meth:`from_env` creates its trail and runner); a runner or sink passed in stays its owner's.
+    """
+
+    def __init__(
+        self,
+        policies: Policy | PolicySet,
+        *,
+        runner: Runner,
+        audit: AuditSink,
+        assembler: Assembler | None = None,
+        admission: Admission | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
+        self.runner = runner
+        self.audit = audit
+        self.assembler = assembler if assembler is not None else runner.assembler
+        self.admission = admission
+        self._tracer = tracer or get_tracer()
+        self._owned: list[Callable[[], None]] = []
+
+    @property
+    def policy(self) -> Policy:
+        """The default policy (the only one, in the simple case)."""
+        return self.policies.default.policy
+
+    # -- construction ----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_env(
+        cls,
+        policy_path: str | os.PathLike[str] | None = None,
+        audit_dir: str | os.PathLike[str] | None = None,
+        *,
+        runner: Runner | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> Gateway:
+        """Policy from ``policy_path``/``GATEWAY_POLICY``/default; trail from ``audit_dir``/``GATEWAY_AUDIT_DIR``/
+        ``./audit``; the Docker engine from ``DOCKER_HOST`` as docker-py reads it.
+
+        A policy that fails to load is recorded as ``policy.rejected`` and raised: nothing can run without one.
+        """
+        sink = JsonlAuditTrail.from_env(Path(audit_dir) if audit_dir is not None else None)
+        path = policy_path_from_env(policy_path)
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            try:
+                problems = [str(p) for p in exc.problems] or [exc.message]
+                sink.append("policy.rejected", {"source": str(path), "problems": problems})
+            finally:
+                sink.close()
+            raise
+        owned_runner = runner is None
+        if runner is None:
+            from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when needed
+
+            runner = DockerRunner()
+        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer)
+        if owned_runner:
+            gateway._owned.append(runner.close)
+        gateway._owned.append(sink.close)
+        return gateway
+
+    def __enter__(self) -> Gateway:
+        default = self.policy
+        self._append("gateway.start", {"policy_source": default.source}, policy=_ref(default))
+        for compiled in self.policies:
+            ref = _ref(compiled.policy)
+            self._append("policy.loaded", {**ref, "source": compiled.policy.source}, policy=ref)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Record the stop (best effort), then close what this Gateway created, in reverse order."""
+        try:
+            self._append("gateway.stop", {"policy_source": self.policy.source}, policy=_ref(self.policy))
+        except GatewayError:
+            pass  # the stop record is best effort; every request already failed closed on its own
+        finally:
+            owned, self._owned = self._owned, []
+            _close_all(reversed(owned))
+
+    # -- the request path ------------------------------------------------------------------------------
+
+    def decide(self, request: RawRequest) -> ExecutionResult:
+        """Decide without running anything (``gateway check``). The decision is audited as a dry run."""
+        return self._handle(request, run=False)
+
+    def execute(self, request: RawRequest) -> ExecutionResult:
+        """Decide, audit, run if allowed, audit the outcome. Never raises for gateway failures: the result
+        carries the error (and ``exit_status``) so that every interface reports it the same way."""
+        return self._handle(request, run=True)
+
+    def reap(self) -> list[str]:
+        """Remove containers left behind by a crashed gateway; audited."""
+        ids = self.runner.reap()
+        self._append("containers.reaped", {"container_ids": ids})
+        return ids
+
+    def _handle(self, raw: RawRequest, *, run: bool) -> ExecutionResult:
+        request_id = uuid.uuid4().hex
+        with self._tracer.start_as_current_span(SPAN_EXECUTE) as span:
+            span.set_attribute("gateway.request.id", request_id)
+            span.set_attribute("gateway.dry_run", not run)
+            result = self._stages(raw, request_id, run=run, span=span)
+            span.set_attribute("gateway.decision.allowed", result.allowed)
+            if result.error is not None:
+                annotate_error(span, result.error)
+            return result
+
+    def _stages(self, raw: RawRequest, request_id: str, *, run: bool, span: trace.Span) -> ExecutionResult:
+        request = self._intake(raw, request_id)
+        if isinstance(request, ExecutionResult):
+            return request
+        compiled = self.policies.for_principal(request.principal)
+        ref = _ref(compiled.policy)
+        records = {"request_id": request_id, "principal": request.principal, "policy": ref}
+        if request.principal:
+            span.set_attribute("enduser.id", request.principal)
+        try:
+            self._append("request.received", {"request": request.to_dict()}, **records)
+        except GatewayError as exc:
+            return ExecutionResult(request_id, None, error=exc, audit_ok=False)
+        decision = self._decide(compiled, request, request_id, span)
+        try:
+            self._record_decision(decision, dry_run=not run, records=records)
+        except GatewayError as exc:
+            return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
+        if not run or not decision.allowed:
+            return ExecutionResult(request_id, decision)
+        outcome, error = self._run(decision, request)
+        audit_ok = True
+        try:
+            self._record_outcome(decision, outcome, error, records=records)
+        except GatewayError as exc:
+            audit_ok = False
+            error = error or exc
+        return ExecutionResult(request_id, decision, outcome=outcome, error=error, audit_ok=audit_ok)
+
+    # -- stages ----------------------------------------------------------------------------------------
+
+    def _intake(self, raw: RawRequest, request_id: str) -> ExecutionRequest | ExecutionResult:
+        """The parsed request, or the result of an invalid one (audited as ``request.invalid``)."""
+        if isinstance(raw, ExecutionRequest):
+            return raw
+        try:
+            return parse_request(raw)
+        except RequestError as exc:
+            data = raw_bytes(raw)
+            invalid = {
+                "problems": [{"path": p.path, "message": p.message} for p in exc.problems]
+                or [{"path": "$", "message": exc.message}],
+                "raw_sha256": hashlib.sha256(data).hexdigest(),
+                "raw_bytes": len(data),
+            }
+            try:
+                self._append("request.invalid", invalid, request_id=request_id, policy=_ref(self.policy))
+            except GatewayError:
+                return ExecutionResult(request_id, None, error=exc, audit_ok=False)
+            return ExecutionResult(request_id, None, error=exc)
+
+    def _decide(
+        self, compiled: CompiledPolicy, request: ExecutionRequest, request_id: str, span: trace.Span
+    ) -> Decision:
+        """Admission, then every rule, then assembly and guard by the runner's own assembler."""
+        with self._tracer.start_as_current_span(SPAN_POLICY) as pspan:
+            decision = evaluate(
+                compiled,
+                request,
+                assembler=self.assembler,
+                denied_paths=self.audit.protected_paths,
+                admission=self._admit(request, compiled.policy),
+                request_id=request_id,
+            )
+            annotate_decision(pspan, span, decision)
+        return decision
+
+    def _admit(self, request: ExecutionRequest, policy: Policy) -> tuple[RuleResult, ...]:
+        if self.admission is None:
+            return ()
+        try:
+            return tuple(self.admission(request, policy))
+        except Exception as exc:  # noqa: BLE001 - a failing admission hook denies; it never admits
+            message = f"admission hook failed: {type(exc).__name__}: {exc}"
+            return (RuleResult("admission", "error", "enforce", "$", None, None, message),)
+
+    def _record_decision(self, decision: Decision, *, dry_run: bool, records: Mapping[str, Any]) -> None:
+        data = {"decision": decision.to_dict(), "options_sha256": decision.options_sha256, "dry_run": dry_run}
+        self._append("policy.decision", data, **records)
+
+    def _run(self, decision: Decision, request: ExecutionRequest) -> tuple[Outcome | None, GatewayError | None]:
+        """Hand the decision's run specification and the payload to the runner; every failure comes back."""
+        spec, settings = decision.run, decision.settings
+        if spec is None or settings is None:
+            return None, ContractError("an allowed decision carries no run specification")
+        with self._tracer.start_as_current_span(SPAN_SANDBOX) as sspan:
+            outcome: Outcome | None = None
+            error: GatewayError | None = None
+            try:
+                sspan.set_attribute("container.image.name", settings.profile.image)
+                sspan.set_attribute("container.runtime", settings.profile.runtime)
+                files = {name: text.encode("utf-8", "surrogatepass") for name, text in request.files.items()}
+                payload = Payload(code=request.code, language=settings.language, files=files)
+                outcome = self.runner.execute(spec, payload)
+            except GatewayError as exc:
+                error = exc
+            except Exception as exc:  # noqa: BLE001 - a runner bug must come back as an audited failure, not a crash
+                error = SandboxError(f"the runner failed unexpectedly: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+            if error is not None:
+                annotate_error(sspan, error)
+            if outcome is not None:
+                annotate_outcome(sspan, outcome)
+        return outcome, error
+
+    def _record_outcome(
+        self, decision: Decision, outcome: Outcome | None, error: GatewayError | None, *, records: Mapping[str, Any]
+    ) -> None:
+        image = decision.settings.profile.image if decision.settings is not None else ""
+        if outcome is not None and outcome.pulled:
+            self._append("image.pulled", {"image": image, "image_id": outcome.image_id}, **records)
+        self._append("execution.outcome", outcome_data(image, outcome, error), **records)
+
+    def _append(self, event_type: str, data: Mapping[str, Any], **kw: Any) -> None:
+        with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
+            self.audit.append(event_type, data, **kw)
+
+
+def _close_all(closers: Iterable[Callable[[], None]]) -> None:
+    """Call every closer even when one fails; re-raise the first failure."""
+    first: BaseException | None = None
+    for close in closers:
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - the others must still close; the first failure is re-raised
+            first = first or exc
+    if first is not None:
+        raise first

@@ -1,0 +1,417 @@
+"""Typed, read-only views of audit records, for query and reports.
+
+:func:`view_record` reads one parsed record (a line of the trail, or an entry of
+:attr:`MemoryAuditSink.records <gateway.audit.memory.MemoryAuditSink.records>`) into a frozen view chosen by
+its ``event_type``: :class:`RequestReceivedView`, :class:`RequestInvalidView`, :class:`PolicyDecisionView`,
+:class:`ExecutionOutcomeView`, :class:`ImagePulledView`, or :class:`GenericRecordView` for the other events.
+Every view carries the envelope of :class:`AuditRecordView`; field names follow
+``schemas/audit-record.schema.json``.
+
+A view never changes the record and never copies it: the nested objects it exposes (``data``, ``request``,
+``options``) are read-only proxies over the record's own dicts. It checks the type of every field it reads
+and raises :class:`~gateway.errors.AuditIntegrityError` naming the record's ``seq`` and the JSON path of the
+first field that is missing or of the wrong type (``audit record seq 7: $.data.decision.allowed: expected a
+boolean, got string 'yes'``), so a report never silently counts a malformed record. A view checks shapes,
+not the chain: ``gateway audit verify`` is what proves a record is the one that was written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from gateway.audit._fields import FieldReader, describe
+from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
+
+__all__ = [
+    "NOT_PASSED",
+    "AuditRecordView",
+    "ExecutionOutcomeView",
+    "FileDigestView",
+    "GenericRecordView",
+    "ImagePulledView",
+    "PolicyDecisionView",
+    "PolicyRef",
+    "ProblemView",
+    "RequestInvalidView",
+    "RequestReceivedView",
+    "RuleResultView",
+    "view_record",
+]
+
+NOT_PASSED: Final = frozenset({"fail", "error", "warn"})
+"""Rule statuses that count as "did not pass" (:attr:`PolicyDecisionView.not_passed`)."""
+
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRef:
+    """The policy a record was made under (the envelope's ``policy``)."""
+
+    name: str
+    sha256: str
+    """sha256 of the policy document in the policy fingerprint format (:mod:`gateway.canonical`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleResultView:
+    """One rule result of a recorded decision (``got``/``expected`` are left in the record: redacted)."""
+
+    rule: str
+    """Rule id, e.g. ``images.allowlist``."""
+    status: str
+    """``pass``, ``fail``, ``warn``, ``error`` or ``skip``."""
+    mode: str | None
+    """``enforce`` or ``audit``; ``None`` when the record does not say."""
+    path: str | None
+    """JSON path of the request field the rule looked at."""
+    message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileDigestView:
+    """A file named by a request or produced by a run: never its contents, only digest and size."""
+
+    name: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemView:
+    """One reason a request was invalid."""
+
+    path: str
+    """JSON path in the request."""
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditRecordView:
+    """The envelope every record carries; the base of every view."""
+
+    schema: str
+    """Record format version (:data:`~gateway.audit.interface.SCHEMA_VERSION`)."""
+    seq: int
+    """Position in the trail, contiguous from 1."""
+    event_id: str
+    event_type: str
+    timestamp: str
+    """When the record was chained: UTC RFC 3339 with microseconds and ``Z`` (sorts as text)."""
+    request_id: str | None
+    principal: str | None
+    policy: PolicyRef | None
+    redacted: tuple[str, ...]
+    """JSON paths that redaction erased or cut."""
+    trace_id: str | None
+    span_id: str | None
+    prev_hash: str
+    hash: str
+    hmac: str | None
+    """Present on keyed trails only."""
+    data: Mapping[str, Any] = field(compare=False, repr=False)
+    """The event's ``data``, read-only (a proxy over the record's own dict)."""
+
+    @property
+    def images(self) -> frozenset[str]:
+        """Every image reference the event names (what ``gateway audit query --image`` matches)."""
+        return frozenset()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceivedView(AuditRecordView):
+    """``request.received``: a well-formed request reached the policy engine (redacted)."""
+
+    request: Mapping[str, Any] = field(compare=False, repr=False)
+    """``data.request`` as stored (after redaction), read-only."""
+    image: str | None
+    language: str | None
+    runtime: str | None
+    network: str | None
+    code_sha256: str | None
+    """sha256 of the whole code, even when the stored code was cut."""
+    code_bytes: int | None
+    code_truncated: bool
+    """Whether the stored code was cut at the cap (``False`` when the record does not say)."""
+    env_names: tuple[str, ...]
+    """Names of the environment variables asked for; values are never stored."""
+    files: tuple[FileDigestView, ...]
+
+    @property
+    def images(self) -> frozenset[str]:
+        return frozenset() if self.image is None else frozenset({self.image})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestInvalidView(AuditRecordView):
+    """``request.invalid``: a request failed validation before any policy evaluation."""
+
+    problems: tuple[ProblemView, ...]
+    raw_sha256: str
+    """sha256 of the raw request bytes as received."""
+    raw_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyDecisionView(AuditRecordView):
+    """``policy.decision``: what the policy decided, rule by rule."""
+
+    decision_id: str | None
+    allowed: bool
+    dry_run: bool
+    """True for ``gateway check`` (nothing was meant to run); ``False`` when the record does not say."""
+    results: tuple[RuleResultView, ...]
+    """Every rule result, in the decision's order."""
+    violations: tuple[str, ...]
+    """Rule ids of the results that denied (enforce-mode failures and errors)."""
+    warnings: tuple[str, ...]
+    """Rule ids of the warn results and audit-mode failures."""
+    not_passed: frozenset[str]
+    """Rule ids with a ``fail``, ``error`` or ``warn`` status in ``results``, ``violations`` or ``warnings``."""
+    options: Mapping[str, Any] | None = field(compare=False, repr=False)
+    """The assembled ``containers.create`` arguments as stored (environment values redacted); ``None`` when
+    denied."""
+    options_sha256: str | None
+    """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
+    options_image: str | None
+    """``image`` of the stored options."""
+    image: str | None
+    """``image`` of the execution plan; ``None`` when denied."""
+    runtime: str | None
+    """``runtime`` of the execution plan (``runc``, ``runsc``); ``None`` when denied or not planned."""
+
+    @property
+    def images(self) -> frozenset[str]:
+        return frozenset(i for i in (self.image, self.options_image) if i is not None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionOutcomeView(AuditRecordView):
+    """``execution.outcome``: what happened when the sandbox ran (or why it did not)."""
+
+    exit_code: int | None
+    """The program's exit code; ``None`` when it never exited on its own."""
+    timed_out: bool
+    oom_killed: bool
+    output_limit_killed: bool
+    """``False`` when the record does not say (as for the other optional kill flags)."""
+    resource_killed: bool
+    duration_ms: int
+    container_id: str | None
+    image: str | None
+    image_id: str | None
+    files: tuple[FileDigestView, ...]
+    """Output files collected from ``/workspace/out``."""
+    error_code: str | None
+    """Stable code of the gateway or engine error when the run failed for a reason other than the program."""
+    error_message: str | None
+
+    @property
+    def images(self) -> frozenset[str]:
+        return frozenset() if self.image is None else frozenset({self.image})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImagePulledView(AuditRecordView):
+    """``image.pulled``: an image was pulled under the policy's pull setting."""
+
+    image: str
+    image_id: str
+
+    @property
+    def images(self) -> frozenset[str]:
+        return frozenset({self.image})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenericRecordView(AuditRecordView):
+    """Any other event: the envelope, and ``data`` as stored."""
+
+
+# --- building -----------------------------------------------------------------------------------------
+
+_DATA: Final = "$.data"
+_DECISION: Final = "$.data.decision"
+_STATUSES: Final = frozenset({"pass", "fail", "warn", "error", "skip"})
+_MODES: Final = frozenset({"enforce", "audit"})
+
+_Envelope = dict[str, Any]
+"""The keyword arguments of :class:`AuditRecordView`, read from one record."""
+
+
+def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRef | None:
+    policy = r.mapping_or_none(record, "policy", "$", required=True)
+    if policy is None:
+        return None
+    return PolicyRef(r.text(policy, "name", "$.policy"), r.digest(policy, "sha256", "$.policy"))
+
+
+def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
+    seq = r.integer(record, "seq", "$", minimum=1)
+    schema = r.text(record, "schema", "$")
+    if schema != SCHEMA_VERSION:
+        raise r.error("$.schema", f"expected {SCHEMA_VERSION!r}, got {describe(schema)}")
+    event_type = r.text(record, "event_type", "$")
+    if event_type not in EVENT_TYPES:
+        raise r.error("$.event_type", f"expected a known event type, got {describe(event_type)}")
+    timestamp = r.text(record, "timestamp", "$")
+    if _TIMESTAMP.match(timestamp) is None:
+        raise r.error("$.timestamp", f"expected UTC RFC 3339 with microseconds and Z, got {describe(timestamp)}")
+    return {
+        "schema": schema,
+        "seq": seq,
+        "event_id": r.text(record, "event_id", "$"),
+        "event_type": event_type,
+        "timestamp": timestamp,
+        "request_id": r.text_or_none(record, "request_id", "$", required=True),
+        "principal": r.text_or_none(record, "principal", "$", required=True),
+        "policy": _policy(r, record),
+        "redacted": r.texts(record, "redacted", "$", required=True),
+        "trace_id": r.text_or_none(record, "trace_id", "$"),
+        "span_id": r.text_or_none(record, "span_id", "$"),
+        "prev_hash": r.digest(record, "prev_hash", "$"),
+        "hash": r.digest(record, "hash", "$"),
+        "hmac": r.digest_or_none(record, "hmac", "$"),
+        "data": r.mapping(record, "data", "$"),
+    }
+
+
+def _files(r: FieldReader, obj: Mapping[str, Any], base: str) -> tuple[FileDigestView, ...]:
+    return tuple(
+        FileDigestView(r.text(item, "name", at), r.digest(item, "sha256", at), r.integer(item, "bytes", at))
+        for at, item in r.objects(obj, "files", base)
+    )
+
+
+def _request_received(r: FieldReader, env: _Envelope) -> RequestReceivedView:
+    request = r.mapping(env["data"], "request", _DATA)
+    base = "$.data.request"
+    return RequestReceivedView(
+        **env,
+        request=request,
+        image=r.text_or_none(request, "image", base),
+        language=r.text_or_none(request, "language", base),
+        runtime=r.text_or_none(request, "runtime", base),
+        network=r.text_or_none(request, "network", base),
+        code_sha256=r.digest_or_none(request, "code_sha256", base),
+        code_bytes=r.integer_or_none(request, "code_bytes", base),
+        code_truncated=r.flag(request, "code_truncated", base, default=False),
+        env_names=r.texts(request, "env_names", base),
+        files=_files(r, request, base),
+    )
+
+
+def _request_invalid(r: FieldReader, env: _Envelope) -> RequestInvalidView:
+    data = env["data"]
+    return RequestInvalidView(
+        **env,
+        problems=tuple(
+            ProblemView(r.text(item, "path", at), r.text(item, "message", at))
+            for at, item in r.objects(data, "problems", _DATA, required=True)
+        ),
+        raw_sha256=r.digest(data, "raw_sha256", _DATA),
+        raw_bytes=r.integer(data, "raw_bytes", _DATA),
+    )
+
+
+def _rule_results(r: FieldReader, decision: Mapping[str, Any]) -> tuple[RuleResultView, ...]:
+    return tuple(
+        RuleResultView(
+            rule=r.text(item, "rule", at),
+            status=r.choice(item, "status", at, _STATUSES),
+            mode=r.choice_or_none(item, "mode", at, _MODES),
+            path=r.text_or_none(item, "path", at),
+            message=r.text_or_none(item, "message", at),
+        )
+        for at, item in r.objects(decision, "results", _DECISION)
+    )
+
+
+def _rule_statuses(r: FieldReader, decision: Mapping[str, Any], group: str) -> list[tuple[str, str]]:
+    """``(rule, status)`` of each result in ``violations`` or ``warnings`` (subsets of ``results``)."""
+    return [
+        (r.text(item, "rule", at), r.choice(item, "status", at, _STATUSES))
+        for at, item in r.objects(decision, group, _DECISION)
+    ]
+
+
+def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
+    data = env["data"]
+    decision = r.mapping(data, "decision", _DATA)
+    results = _rule_results(r, decision)
+    violations = _rule_statuses(r, decision, "violations")
+    warnings = _rule_statuses(r, decision, "warnings")
+    statuses = [(result.rule, result.status) for result in results] + violations + warnings
+    options = r.mapping_or_none(decision, "options", _DECISION)
+    plan = r.mapping_or_none(decision, "plan", _DECISION)
+    plan_base = "$.data.decision.plan"
+    return PolicyDecisionView(
+        **env,
+        decision_id=r.text_or_none(decision, "decision_id", _DECISION),
+        allowed=r.flag(decision, "allowed", _DECISION),
+        dry_run=r.flag(data, "dry_run", _DATA, default=False),
+        results=results,
+        violations=tuple(rule for rule, _status in violations),
+        warnings=tuple(rule for rule, _status in warnings),
+        not_passed=frozenset(rule for rule, status in statuses if status in NOT_PASSED),
+        options=options,
+        options_sha256=r.digest_or_none(data, "options_sha256", _DATA),
+        options_image=None if options is None else r.text_or_none(options, "image", "$.data.decision.options"),
+        image=None if plan is None else r.text_or_none(plan, "image", plan_base),
+        runtime=None if plan is None else r.text_or_none(plan, "runtime", plan_base),
+    )
+
+
+def _execution_outcome(r: FieldReader, env: _Envelope) -> ExecutionOutcomeView:
+    data = env["data"]
+    error = r.mapping_or_none(data, "error", _DATA)
+    return ExecutionOutcomeView(
+        **env,
+        exit_code=r.integer_or_none(data, "exit_code", _DATA, required=True),
+        timed_out=r.flag(data, "timed_out", _DATA),
+        oom_killed=r.flag(data, "oom_killed", _DATA),
+        output_limit_killed=r.flag(data, "output_limit_killed", _DATA, default=False),
+        resource_killed=r.flag(data, "resource_killed", _DATA, default=False),
+        duration_ms=r.integer(data, "duration_ms", _DATA),
+        container_id=r.text_or_none(data, "container_id", _DATA),
+        image=r.text_or_none(data, "image", _DATA),
+        image_id=r.text_or_none(data, "image_id", _DATA),
+        files=_files(r, data, _DATA),
+        error_code=None if error is None else r.text_or_none(error, "code", "$.data.error"),
+        error_message=None if error is None else r.text_or_none(error, "message", "$.data.error"),
+    )
+
+
+def _image_pulled(r: FieldReader, env: _Envelope) -> ImagePulledView:
+    data = env["data"]
+    return ImagePulledView(**env, image=r.text(data, "image", _DATA), image_id=r.text(data, "image_id", _DATA))
+
+
+def _generic(_r: FieldReader, env: _Envelope) -> GenericRecordView:
+    return GenericRecordView(**env)
+
+
+_BUILDERS: Final[Mapping[str, Callable[[FieldReader, _Envelope], AuditRecordView]]] = MappingProxyType(
+    {
+        "request.received": _request_received,
+        "request.invalid": _request_invalid,
+        "policy.decision": _policy_decision,
+        "execution.outcome": _execution_outcome,
+        "image.pulled": _image_pulled,
+    }
+)
+
+
+def view_record(record: Mapping[str, Any]) -> AuditRecordView:
+    """The typed view of one parsed record, chosen by its ``event_type``.
+
+    Raises :class:`~gateway.errors.AuditIntegrityError` naming the ``seq`` and the JSON path of the first field
+    that is missing or of the wrong type. The record is neither changed nor copied.
+    """
+    reader = FieldReader(record)
+    envelope = _envelope(reader, record)
+    return _BUILDERS.get(envelope["event_type"], _generic)(reader, envelope)

@@ -1,0 +1,108 @@
+"""The canonical JSON byte formats the gateway hashes, each by name.
+
+A digest is only comparable with another made over the same bytes, so every place that hashes JSON names
+its format here instead of spelling out ``json.dumps`` arguments. All three sort keys at every level and use
+compact separators (``,`` and ``:``); they differ in how they treat non-ASCII text and numbers:
+
+===================  =============  ==============  ====================  =============================
+format               text           floats          NaN, Infinity         non-string keys
+===================  =============  ==============  ====================  =============================
+policy fingerprint   UTF-8          kept (``0.5``)  refused (ValueError)  converted by ``json`` (``"1"``)
+audit record body    ASCII escapes  refused         refused               refused (CanonicalError)
+run options          UTF-8          kept (``0.5``)  written as ``NaN``    converted by ``json`` (``"1"``)
+===================  =============  ==============  ====================  =============================
+
+* **policy fingerprint** (:func:`policy_fingerprint_bytes`): the policy document as loaded from YAML; its
+  sha256 is the ``policy.sha256`` stamped into every decision and audit record.
+* **audit record body** (:func:`audit_body_bytes`): a record without ``hash``/``hmac``, the bytes its hash
+  and HMAC cover. ``ensure_ascii`` keeps every line pure ASCII (no Unicode normalisation or lone-surrogate
+  ambiguity between writer and verifier), and there are no floats (a float has no single canonical text;
+  records carry integers such as ``duration_ms``). The audit record line format built on it lives in
+  :mod:`gateway.audit.canonical`.
+* **run options** (:func:`options_bytes`): the assembled ``containers.create`` arguments, hashed into a
+  decision's ``options_sha256``. For every value without NaN or Infinity it is byte for byte the policy
+  fingerprint format; it differs only in writing NaN/Infinity as the non-JSON tokens ``NaN``/``Infinity``.
+
+Changing any of these changes digests already on record: it is a new format, not an edit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+__all__ = [
+    "CanonicalError",
+    "audit_body_bytes",
+    "check_audit_value",
+    "options_bytes",
+    "policy_fingerprint_bytes",
+    "sha256_hex",
+]
+
+
+class CanonicalError(ValueError):
+    """A value cannot be part of an audit record: a float, a non-string key or a non-JSON type."""
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex sha256 of bytes in any of the formats above."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def policy_fingerprint_bytes(data: Any) -> bytes:
+    """The policy fingerprint format: sorted keys, compact separators, UTF-8, NaN/Infinity refused."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
+
+
+def options_bytes(options: Any) -> bytes:
+    """The run-options format: sorted keys, compact separators, UTF-8 (NaN/Infinity written as tokens)."""
+    return json.dumps(options, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def audit_body_bytes(value: Any) -> bytes:
+    """The audit record body format: sorted keys, compact separators, ASCII, no floats.
+
+    Raises :class:`CanonicalError` naming the first path that holds a float, a non-string key or a non-JSON
+    type.
+    """
+    check_audit_value(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def _is_plain(value: object) -> bool:
+    """Fast walk without paths: True when ``value`` holds only audit-canonical JSON types."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return not isinstance(value, float)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    return False
+
+
+def check_audit_value(value: object, path: str = "$") -> None:
+    """Raise :class:`CanonicalError` naming the first path whose value the audit body format refuses."""
+    if _is_plain(value):
+        return
+    _explain(value, path)
+
+
+def _explain(value: object, path: str) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        raise CanonicalError(f"{path}: float {value!r} in an audit record; use an integer (e.g. milliseconds)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalError(f"{path}: non-string key {key!r} in an audit record")
+            _explain(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _explain(item, f"{path}[{index}]")
+        return
+    raise CanonicalError(f"{path}: {type(value).__name__} is not a JSON type")

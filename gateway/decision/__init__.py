@@ -1,0 +1,30 @@
+"""Decisions: every rule judges the request, every result is kept, and the decision explains itself.
+
+``evaluate(policy, request, assembler=...)`` is the one entry point. The package knows no backend: the
+backend's assembler comes in as an argument, so the decision records (and the trail stores, before anything
+runs) exactly the options that backend will use.
+"""
+
+from __future__ import annotations
+
+from gateway.decision.engine import Assembler, evaluate
+from gateway.decision.model import Decision, PolicyRef, RuleResult, Status
+from gateway.decision.rules import RULE_IDS, RULES
+from gateway.decision.rules.env import DANGEROUS_ENV
+from gateway.decision.settings import ResolvedMount, SandboxProfile, SandboxSettings, resolve
+
+__all__ = [
+    "DANGEROUS_ENV",
+    "RULES",
+    "RULE_IDS",
+    "Assembler",
+    "Decision",
+    "PolicyRef",
+    "ResolvedMount",
+    "RuleResult",
+    "SandboxProfile",
+    "SandboxSettings",
+    "Status",
+    "evaluate",
+    "resolve",
+]

@@ -1,0 +1,128 @@
+"""The engine: every rule judges the request, every result is kept, and an allowed request is assembled.
+
+1. :func:`~gateway.decision.settings.resolve` decides every setting (request value or policy default).
+2. Every registered rule judges those settings; the engine stamps each finding with the rule's id, mode and
+   status. A rule that raises is an ``error`` result under its own id; an error always denies, and so does
+   an enforce-mode failure.
+3. When nothing denies, the backend's :class:`Assembler` turns the very same settings into its options and
+   its guard re-checks them; a guard refusal is an ``assembly.guard`` error and a deny.
+
+The engine reads no environment and no working directory: whatever must never be mounted besides the
+built-in list comes in as ``denied_paths`` (the Gateway passes its audit sink's).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from gateway.decision.model import Decision, PolicyRef, RuleResult, Status
+from gateway.decision.rules import RULES, Context, Finding, Rule
+from gateway.decision.settings import SandboxSettings, resolve
+from gateway.errors import UnsafeOptionsError
+from gateway.policy.compiled import CompiledPolicy, compile_policy
+from gateway.policy.model import Mode, Policy
+from gateway.request import ExecutionRequest
+from gateway.runner.interface import RunSpec
+
+__all__ = ["Assembler", "evaluate"]
+
+
+class Assembler(Protocol):
+    """A backend's option builder and invariant guard (the Docker backend's is ``DockerAssembler``)."""
+
+    @property
+    def backend(self) -> str:
+        """The backend's name, e.g. ``docker``."""
+        ...
+
+    def build(self, settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:
+        """The backend's run options for ``settings``, hardened baseline always on."""
+        ...
+
+    def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
+        """Raise :class:`~gateway.errors.UnsafeOptionsError` listing every broken invariant of ``options``."""
+        ...
+
+
+def _stamp(rule: Rule, mode: Mode, finding: Finding) -> RuleResult:
+    status: Status
+    if finding.ok is None:
+        status = "skip"
+    elif finding.ok:
+        status = "pass"
+    elif finding.never_relaxed:
+        status, mode = "fail", "enforce"
+    else:
+        status = "warn" if mode == "audit" else "fail"
+    return RuleResult(rule.id, status, mode, finding.path, finding.got, finding.expected, finding.message)
+
+
+def _judge(ctx: Context, rules: Iterable[Rule]) -> list[RuleResult]:
+    results: list[RuleResult] = []
+    for rule in rules:
+        try:
+            mode = rule.mode(ctx.policy)
+            results.extend(_stamp(rule, mode, finding) for finding in rule.check(ctx))
+        except Exception as exc:  # noqa: BLE001 - a crashing rule denies; it never allows
+            message = f"rule crashed: {type(exc).__name__}: {exc}"
+            results.append(RuleResult(rule.id, "error", "enforce", rule.path, None, None, message))
+    return results
+
+
+def _error(rule: str, message: str) -> RuleResult:
+    return RuleResult(rule, "error", "enforce", "$", None, None, message)
+
+
+def evaluate(
+    policy: CompiledPolicy | Policy,
+    request: ExecutionRequest,
+    *,
+    assembler: Assembler,
+    denied_paths: Sequence[str] = (),
+    admission: Sequence[RuleResult] = (),
+    request_id: str | None = None,
+    decision_id: str | None = None,
+) -> Decision:
+    """Judge ``request`` under ``policy``; assemble the backend's options if nothing denies.
+
+    ``policy`` is best given compiled (a :class:`~gateway.policy.PolicySet` compiles each policy once); a
+    plain :class:`Policy` is compiled for this one call. ``admission`` results (from the Gateway's admission
+    hook) come first in the decision and deny like any other. Never raises for a bad request or a broken
+    policy object: every failure is an ``error`` result and a deny.
+    """
+    decision_id = decision_id or uuid.uuid4().hex
+    request_id = request_id or uuid.uuid4().hex
+    raw = policy.policy if isinstance(policy, CompiledPolicy) else policy
+    ref = PolicyRef(raw.name, raw.sha256, raw.source)
+    results = list(admission)
+    try:
+        compiled = policy if isinstance(policy, CompiledPolicy) else compile_policy(policy)
+        settings = resolve(compiled.policy, request)
+    except Exception as exc:  # noqa: BLE001 - a policy object that cannot be resolved is a deny with the reason
+        results.append(_error("engine.resolve", f"{type(exc).__name__}: {exc}"))
+        return Decision(decision_id, request_id, False, ref, tuple(results))
+    ctx = Context(compiled, request, settings, tuple(denied_paths))
+    results.extend(_judge(ctx, RULES))
+    if any(r.denies for r in results):
+        return Decision(decision_id, request_id, False, ref, tuple(results), settings)
+    try:
+        options = assembler.build(settings, decision_id=decision_id, request_id=request_id)
+        assembler.guard(options, denied_paths=ctx.denied_paths)
+        run = RunSpec(
+            options=options,
+            timeout_s=settings.timeout_s,
+            output_bytes=settings.output_bytes,
+            output_files_bytes=settings.output_files_bytes,
+            pull=settings.profile.pull,
+            backend=assembler.backend,
+        )
+    except UnsafeOptionsError as exc:
+        detail = "; ".join(str(p) for p in exc.problems) or exc.message
+        results.append(_error("assembly.guard", f"unsafe options refused: {detail}"))
+        return Decision(decision_id, request_id, False, ref, tuple(results), settings)
+    except Exception as exc:  # noqa: BLE001 - an assembler that fails denies
+        results.append(_error("assembly.build", f"{type(exc).__name__}: {exc}"))
+        return Decision(decision_id, request_id, False, ref, tuple(results), settings)
+    return Decision(decision_id, request_id, True, ref, tuple(results), settings, run)

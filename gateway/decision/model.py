@@ -1,0 +1,126 @@
+"""The decision model: one frozen :class:`Decision` per request, the single source of truth for what was decided.
+
+CLI, server, audit and reports serialise it; none rebuilds it. Each rule's verdict is a :class:`RuleResult`;
+an allowed decision also carries the :class:`~gateway.runner.interface.RunSpec` the runner will receive,
+with the backend's options exactly as they were guarded and recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from gateway.canonical import options_bytes
+from gateway.decision.settings import SandboxSettings
+from gateway.policy.model import Mode
+from gateway.runner.interface import RunSpec
+
+__all__ = ["DENYING", "Decision", "PolicyRef", "RuleResult", "Status", "copy_json"]
+
+Status = Literal["pass", "fail", "warn", "error", "skip"]
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (tuples become lists), so nothing handed out aliases a decision."""
+    if isinstance(value, dict):
+        return {k: copy_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [copy_json(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RuleResult:
+    """One rule's verdict on one part of the request."""
+
+    rule: str
+    """Stable rule id, e.g. ``limits.memory``: the id in the rule registry."""
+    status: Status
+    mode: Mode
+    """The mode the result was judged in; ``enforce`` for findings that audit mode never relaxes."""
+    path: str
+    """JSON path into the request (``$.limits.memory``)."""
+    got: Any
+    """What the request asked for (or was defaulted to), as JSON data."""
+    expected: Any
+    """What the policy allows, as JSON data."""
+    message: str
+
+    @property
+    def denies(self) -> bool:
+        """An error in any mode, or a failure in enforce mode."""
+        return self.status == "error" or (self.status == "fail" and self.mode == "enforce")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "status": self.status,
+            "mode": self.mode,
+            "path": self.path,
+            "got": copy_json(self.got),
+            "expected": copy_json(self.expected),
+            "message": self.message,
+        }
+
+
+DENYING: frozenset[Status] = frozenset({"fail", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRef:
+    name: str
+    sha256: str
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy made of one request."""
+
+    decision_id: str
+    request_id: str
+    allowed: bool
+    policy: PolicyRef
+    results: tuple[RuleResult, ...]
+    settings: SandboxSettings | None = None
+    """Every resolved setting (None when they could not be resolved)."""
+    run: RunSpec | None = None
+    """What the runner receives: the guarded backend options and the runner's own limits. None when denied."""
+
+    @property
+    def options(self) -> dict[str, Any] | None:
+        """A fresh plain-JSON copy of the backend's run options, or None when denied."""
+        return None if self.run is None else copy_json(dict(self.run.options))
+
+    @property
+    def options_sha256(self) -> str | None:
+        """sha256 of the options in the canonical options format, for records that refer to the exact options."""
+        options = self.options
+        return None if options is None else hashlib.sha256(options_bytes(options)).hexdigest()
+
+    @property
+    def violations(self) -> tuple[RuleResult, ...]:
+        """Every result that denies: an enforce-mode failure, or an error in any mode."""
+        return tuple(r for r in self.results if r.denies)
+
+    @property
+    def warnings(self) -> tuple[RuleResult, ...]:
+        return tuple(r for r in self.results if r.status == "warn")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The decision record (``schemas/decision.schema.json``)."""
+        return {
+            "decision_id": self.decision_id,
+            "request_id": self.request_id,
+            "allowed": self.allowed,
+            "policy": self.policy.to_dict(),
+            "results": [r.to_dict() for r in self.results],
+            "violations": [r.to_dict() for r in self.violations],
+            "warnings": [r.to_dict() for r in self.warnings],
+            "options": self.options,
+            "plan": self.settings.plan() if self.settings is not None and self.run is not None else None,
+        }

@@ -1,0 +1,75 @@
+"""What a rule is: an id, the mode it runs in, and a small generator of findings (jsonschema's keyword style).
+
+A rule's check takes the :class:`Context` and yields :class:`Finding` objects (ok or not, got, expected,
+message, path). It never builds a result itself: the engine stamps each finding with the rule's id, mode and
+status, so a rule cannot mislabel what it found. A check that raises becomes an ``error`` result under the
+rule's own id, and an error always denies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.decision.settings import SandboxSettings
+from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.model import Mode, Policy
+from gateway.request import ExecutionRequest
+
+__all__ = ["Check", "Context", "Finding", "Rule", "fail", "ok", "skip"]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Everything a rule may look at: the request, the settings resolved from it, and the compiled policy."""
+
+    compiled: CompiledPolicy
+    request: ExecutionRequest
+    settings: SandboxSettings
+    denied_paths: tuple[str, ...]
+    """Host paths no mount may reach besides the built-in list (the audit sink's own, for one)."""
+
+    @property
+    def policy(self) -> Policy:
+        return self.compiled.policy
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a rule found. ``ok=None`` is a skip (the rule had nothing to judge)."""
+
+    ok: bool | None
+    path: str
+    got: Any
+    expected: Any
+    message: str
+    never_relaxed: bool = False
+    """A failure that denies even when the rule runs in audit mode (host network, dangerous variables)."""
+
+
+def ok(path: str, got: Any, expected: Any, message: str) -> Finding:
+    return Finding(True, path, got, expected, message)
+
+
+def fail(path: str, got: Any, expected: Any, message: str, *, never_relaxed: bool = False) -> Finding:
+    return Finding(False, path, got, expected, message, never_relaxed)
+
+
+def skip(path: str, message: str) -> Finding:
+    return Finding(None, path, None, None, message)
+
+
+Check = Callable[[Context], Iterable[Finding]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A registered rule: every result it yields carries this id."""
+
+    id: str
+    check: Check
+    mode: Callable[[Policy], Mode]
+    """The rule's mode under a policy (``enforce`` or ``audit``)."""
+    path: str = "$"
+    """Where an error of this rule is reported."""

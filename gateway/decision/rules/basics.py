@@ -1,0 +1,103 @@
+"""Language, image, files, network, runtime and user: one small rule each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gateway.decision.rules.base import Context, Finding, Rule, fail, ok, skip
+from gateway.payload import file_name_problems
+from gateway.policy.images import image_allowed
+
+__all__ = ["RULES"]
+
+
+def _one_of(what: str, path: str, got: str, allowed: list[str], verb: str = "allowed") -> Finding:
+    """``got`` must be one of ``allowed``."""
+    if got in allowed:
+        return ok(path, got, allowed, f"{what} {got!r} is {verb}")
+    return fail(path, got, allowed, f"{what} {got!r} is not {verb} (allowed: {allowed})")
+
+
+def _language(ctx: Context) -> Iterator[Finding]:
+    yield _one_of("language", "$.language", ctx.settings.language, list(ctx.policy.languages.allowed), "supported")
+
+
+def _images(ctx: Context) -> Iterator[Finding]:
+    image = ctx.settings.profile.image
+    expected = list(ctx.compiled.images_expected)
+    why = image_allowed(ctx.policy.images, image)
+    if why is None:
+        yield ok("$.image", image, expected, f"image {image!r} is allowed")
+    else:
+        yield fail("$.image", image, expected, why)
+
+
+_FILES_EXPECTED = "relative path without '..', NUL, backslash, empty components or reserved names"
+
+
+def _files(ctx: Context) -> Iterator[Finding]:
+    files = ctx.request.files
+    if not files:
+        yield skip("$.files", "no files sent")
+        return
+    bad = False
+    for name, why in file_name_problems(files):
+        bad = True
+        yield fail(f"$.files[{name!r}]", name, _FILES_EXPECTED, f"file name {name!r} {why}")
+    count = len(files)
+    max_count = ctx.policy.files.max_count
+    if count > max_count:
+        bad = True
+        yield fail("$.files", count, {"max_count": max_count}, f"{count} files sent; at most {max_count} allowed")
+    if not bad:
+        yield ok("$.files", count, _FILES_EXPECTED, f"{count} file name(s) are safe")
+
+
+def _network(ctx: Context) -> Iterator[Finding]:
+    got = ctx.settings.profile.network
+    allowed = list(ctx.policy.network.allowed)
+    if got == "host" or got.startswith("container:"):
+        yield fail("$.network", got, allowed, f"network {got!r} can never be allowed", never_relaxed=True)
+    else:
+        yield _one_of("network", "$.network", got, allowed)
+
+
+def _runtime_allowed(ctx: Context) -> Iterator[Finding]:
+    yield _one_of("runtime", "$.runtime", ctx.settings.profile.runtime, list(ctx.policy.runtime.allowed))
+
+
+def _runtime_required(ctx: Context) -> Iterator[Finding]:
+    required = ctx.policy.runtime.required
+    if required is None:
+        yield skip("$.runtime", "the policy requires no particular runtime")
+        return
+    got = ctx.settings.profile.runtime
+    if got == required:
+        yield ok("$.runtime", got, required, f"runtime {got!r} is the required {required!r}")
+    else:
+        yield fail("$.runtime", got, required, f"runtime {got!r} is not the required {required!r}")
+
+
+def _user(ctx: Context) -> Iterator[Finding]:
+    user = ctx.policy.user
+    got = f"{user.uid}:{user.gid}"
+    if user.uid != 0 and user.gid != 0:
+        yield ok("$", got, "uid and gid not 0", "runs as a non-root user")
+    else:
+        yield fail("$", got, "uid and gid not 0", "the policy user is root")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("language.supported", _language, lambda p: p.languages.mode, "$.language"),
+    Rule("images.allowlist", _images, lambda p: p.images.mode, "$.image"),
+)
+"""Judged before the limits (the order results appear in a decision)."""
+
+LATER_RULES: tuple[Rule, ...] = (
+    Rule("files.path", _files, lambda p: p.files.mode, "$.files"),
+    Rule("network.mode", _network, lambda p: p.network.mode, "$.network"),
+    Rule("runtime.allowed", _runtime_allowed, lambda p: p.runtime.mode, "$.runtime"),
+    Rule("runtime.required", _runtime_required, lambda p: p.runtime.mode, "$.runtime"),
+    Rule("user.non_root", _user, lambda _p: "enforce", "$"),
+)
+"""Judged after the limits."""

@@ -1,0 +1,116 @@
+"""Environment variables: only names the policy allows, never one that changes how the interpreter or the
+loader behaves unless listed by exact name, and bounded in count and size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gateway.decision.rules.base import Check, Context, Finding, Rule, fail, ok, skip
+from gateway.policy.compiled import compile_globs
+
+__all__ = ["DANGEROUS_ENV", "RULES"]
+
+DANGEROUS_ENV: tuple[str, ...] = (
+    "LD_*",
+    "DYLD_*",
+    "PYTHONSTARTUP",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONINSPECT",
+    "PYTHONBREAKPOINT",
+    "PYTHONUSERBASE",
+    "PYTHONEXECUTABLE",
+    "PYTHONWARNINGS",
+    "BASH_ENV",
+    "ENV",
+    "PERL5OPT",
+    "PERL5LIB",
+    "NODE_OPTIONS",
+    "RUBYOPT",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "GCONV_PATH",
+    "MALLOC_*",
+    "HOSTALIASES",
+    "PATH",
+    "HOME",
+    "IFS",
+)
+"""Variables that change how the interpreter or the loader behaves. Denied unless the policy lists the
+exact name under ``env.allow_dangerous``; a glob in ``env.allowed`` never allows them."""
+
+_DANGEROUS = compile_globs(DANGEROUS_ENV)
+
+
+def _allowed(ctx: Context) -> Iterator[Finding]:
+    env = ctx.request.env
+    rule = ctx.policy.env
+    allowed = list(rule.allowed)
+    matches = ctx.compiled.env_allowed.match
+    refused = [n for n in env if matches(n) is None and n not in rule.allow_dangerous]
+    for name in refused:
+        message = f"variable {name!r} is not allowed" + ("" if allowed else " (this policy allows none)")
+        yield fail(f"$.env.{name}", name, allowed, message)
+    if not refused:
+        yield ok("$.env", sorted(env), allowed, "every variable name is allowed")
+
+
+def _dangerous(ctx: Context) -> Iterator[Finding]:
+    env = ctx.request.env
+    listed = ctx.policy.env.allow_dangerous
+    expected = sorted(listed)
+    found = [n for n in env if _DANGEROUS.match(n) is not None and n not in listed]
+    for name in found:
+        message = (
+            f"variable {name!r} changes how the interpreter or loader behaves; it must be listed in env.allow_dangerous"
+        )
+        yield fail(f"$.env.{name}", name, expected, message, never_relaxed=True)
+    if not found:
+        yield ok("$.env", sorted(env), expected, "no dangerous variables")
+
+
+def _limits(ctx: Context) -> Iterator[Finding]:
+    env = ctx.request.env
+    rule = ctx.policy.env
+    total = 0
+    bad = False
+    for name, value in env.items():
+        size = len(value.encode("utf-8", "surrogatepass"))
+        total += size + len(name)
+        if "\x00" in value:
+            bad = True
+            yield fail(f"$.env.{name}", name, "no NUL characters", f"value of {name!r} contains NUL")
+        if size > rule.max_value_bytes:
+            bad = True
+            message = f"value of {name!r} is {size} bytes; at most {rule.max_value_bytes} allowed"
+            yield fail(f"$.env.{name}", size, {"max_value_bytes": rule.max_value_bytes}, message)
+    count = len(env)
+    if count > rule.max_count:
+        bad = True
+        message = f"{count} variables; at most {rule.max_count} allowed"
+        yield fail("$.env", count, {"max_count": rule.max_count}, message)
+    if total > rule.max_total_bytes:
+        bad = True
+        message = f"environment totals {total} bytes; at most {rule.max_total_bytes} allowed"
+        yield fail("$.env", total, {"max_total_bytes": rule.max_total_bytes}, message)
+    if not bad:
+        yield ok("$.env", count, {"max_count": rule.max_count}, f"{count} variable(s), {total} bytes")
+
+
+def _unless_empty(check: Check) -> Check:
+    """Skip the rule when the request sets no variables."""
+
+    def run(ctx: Context) -> Iterator[Finding]:
+        if not ctx.request.env:
+            yield skip("$.env", "no environment variables requested")
+        else:
+            yield from check(ctx)
+
+    return run
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("env.allowed", _unless_empty(_allowed), lambda p: p.env.mode, "$.env"),
+    Rule("env.dangerous", _unless_empty(_dangerous), lambda p: p.env.mode, "$.env"),
+    Rule("env.limits", _unless_empty(_limits), lambda p: p.env.mode, "$.env"),
+)

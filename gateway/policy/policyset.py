@@ -1,0 +1,56 @@
+"""The policies a Gateway decides under: one per principal, plus the default for everyone else.
+
+Each policy is compiled once, when the set is built; every decision reads the compiled form. A single policy
+is the simple case (``PolicySet.single(policy)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gateway.errors import PolicyError
+from gateway.policy.compiled import CompiledPolicy, compile_policy
+from gateway.policy.model import Policy
+
+__all__ = ["PolicySet"]
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """An immutable mapping of principal name to compiled policy, with a default."""
+
+    default: CompiledPolicy
+    """The policy of any principal not listed (and of requests that name none)."""
+    by_principal: Mapping[str, CompiledPolicy] = field(default_factory=lambda: MappingProxyType({}))
+    """Principal name → its own policy."""
+
+    @classmethod
+    def single(cls, policy: Policy) -> PolicySet:
+        return cls(compile_policy(policy))
+
+    @classmethod
+    def of(cls, default: Policy, by_principal: Mapping[str, Policy] | None = None) -> PolicySet:
+        """Compile ``default`` and each principal's policy once."""
+        principals = dict(by_principal or {})
+        for name in principals:
+            if not name:
+                raise PolicyError("a principal in a policy set needs a non-empty name")
+        compiled = {name: compile_policy(p) for name, p in principals.items()}
+        return cls(compile_policy(default), MappingProxyType(compiled))
+
+    def for_principal(self, name: str | None) -> CompiledPolicy:
+        """The policy that applies to ``name`` (the default when it has none of its own)."""
+        if name is not None and name in self.by_principal:
+            return self.by_principal[name]
+        return self.default
+
+    def __iter__(self) -> Iterator[CompiledPolicy]:
+        """Every distinct policy of the set, the default first."""
+        seen: set[str] = set()
+        for compiled in (self.default, *self.by_principal.values()):
+            key = f"{compiled.policy.source}\0{compiled.sha256}"
+            if key not in seen:
+                seen.add(key)
+                yield compiled

@@ -1,0 +1,145 @@
+"""What one request came to: :class:`ExecutionResult`, and the audit data of an outcome.
+
+Every interface (CLI, Python API, LLM tool, HTTP) serialises the same result; none rebuilds it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.decision import Decision
+from gateway.errors import (
+    EXIT_DENIED,
+    EXIT_GATEWAY_FAILURE,
+    EXIT_MEMORY,
+    EXIT_TIMEOUT,
+    GatewayError,
+    exit_code_for,
+)
+from gateway.runner.interface import NOTHING_RAN, Outcome
+
+__all__ = ["ExecutionResult", "outcome_data", "raw_bytes"]
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _file_entry(name: str, content: bytes) -> dict[str, Any]:
+    try:
+        return {"path": name, "bytes": len(content), "encoding": "utf-8", "content": content.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {
+            "path": name,
+            "bytes": len(content),
+            "encoding": "base64",
+            "content": base64.b64encode(content).decode("ascii"),
+        }
+
+
+def _digest(data: bytes, size: int | None = None) -> dict[str, Any]:
+    """sha256 of ``data``; ``size`` when more bytes were produced than kept (a capped stream)."""
+    return {"bytes": len(data) if size is None else size, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What one request came to. Serialised by every interface; none rebuilds it."""
+
+    request_id: str
+    """Gateway-assigned id, also in every audit record of this request."""
+    decision: Decision | None
+    """The policy decision; None when the request was invalid or the gateway failed before deciding."""
+    outcome: Outcome | None = None
+    """What the sandbox reported; None when nothing ran."""
+    error: GatewayError | None = None
+    """A gateway-side failure (invalid request, audit unavailable, engine down); the program's own failure is not
+    an error."""
+    audit_ok: bool = True
+    """False when a record of this request could not be made durable (the run, if any, already happened)."""
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision is not None and self.decision.allowed and self.error is None
+
+    @property
+    def exit_status(self) -> int:
+        """CLI exit status following ``docker run`` / ``timeout(1)`` (see DESIGN.md)."""
+        if self.error is not None and self.outcome is None:
+            return exit_code_for(self.error)
+        if self.decision is not None and not self.decision.allowed:
+            return EXIT_DENIED
+        if self.outcome is None:
+            return EXIT_GATEWAY_FAILURE
+        if self.outcome.timed_out:
+            return EXIT_TIMEOUT
+        if self.outcome.oom_killed or self.outcome.resource_killed:
+            return EXIT_MEMORY  # 128 + SIGKILL: killed for memory or another resource limit
+        if not self.audit_ok:
+            return EXIT_GATEWAY_FAILURE
+        if self.outcome.exit_code is None:
+            return EXIT_GATEWAY_FAILURE
+        return self.outcome.exit_code
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` result object (keys are a contract: add, never rename)."""
+        d = self.decision.to_dict() if self.decision is not None else None
+        o = self.outcome or NOTHING_RAN
+        out: dict[str, Any] = {
+            "request_id": self.request_id,
+            "allowed": self.allowed,
+            "decision_id": d["decision_id"] if d else None,
+            "violations": d["violations"] if d else [],
+            "warnings": d["warnings"] if d else [],
+            "policy": {"name": d["policy"]["name"], "sha256": d["policy"]["sha256"]} if d else None,
+            "exit_code": o.exit_code,
+            "stdout": _text(o.stdout),
+            "stderr": _text(o.stderr),
+            "stdout_truncated": o.stdout_truncated,
+            "stderr_truncated": o.stderr_truncated,
+            "timed_out": o.timed_out,
+            "oom_killed": o.oom_killed,
+            "output_limit_killed": o.output_limit_killed,
+            "resource_killed": o.resource_killed,
+            "duration_ms": o.duration_ms if self.outcome is not None else None,
+            "files": [_file_entry(k, v) for k, v in sorted(o.files.items())],
+            "files_truncated": o.files_truncated,
+            "error": self.error.to_dict() if self.error is not None else None,
+            "audit_ok": self.audit_ok,
+            "exit_status": self.exit_status,
+        }
+        return out
+
+
+def raw_bytes(raw: object) -> bytes:
+    if isinstance(raw, bytes):
+        return raw
+    if isinstance(raw, str):
+        return raw.encode("utf-8", errors="surrogatepass")
+    try:
+        return json.dumps(raw, sort_keys=True, default=repr).encode()
+    except (TypeError, ValueError, RecursionError):
+        return repr(raw).encode("utf-8", errors="replace")
+
+
+def outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None) -> dict[str, Any]:
+    o = outcome or NOTHING_RAN
+    return {
+        "exit_code": o.exit_code,
+        "timed_out": o.timed_out,
+        "oom_killed": o.oom_killed,
+        "output_limit_killed": o.output_limit_killed,
+        "resource_killed": o.resource_killed,
+        "duration_ms": int(o.duration_ms),
+        "container_id": o.container_id,
+        "image": image,
+        "image_id": o.image_id,
+        "stdout": {**_digest(o.stdout, o.stdout_bytes), "truncated": o.stdout_truncated},
+        "stderr": {**_digest(o.stderr, o.stderr_bytes), "truncated": o.stderr_truncated},
+        "files": [{"name": k, **_digest(v)} for k, v in sorted(o.files.items())],
+        "error": {"code": error.code, "message": error.message} if error else None,
+    }

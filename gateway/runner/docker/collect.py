@@ -1,0 +1,182 @@
+"""Collecting one run's output: Docker's multiplexed attach stream, the supervisor's verified frames inside
+it, the per-stream caps, and what the engine's final state says about how the run ended.
+
+Everything here is a pure function of the bytes read and the engine's inspect data, so it is unit-tested
+without an engine; :class:`~gateway.runner.docker.runner.DockerRunner` drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.runner.docker.supervisor import (
+    FRAME_ERROR,
+    FRAME_EXIT,
+    FRAME_FILE_DATA,
+    FRAME_FILE_NAME,
+    FRAME_STDERR,
+    FRAME_STDOUT,
+    FrameDecoder,
+    ProtocolError,
+)
+from gateway.runner.interface import Outcome, RunSpec
+
+__all__ = ["Collected", "Stream", "outcome_of", "read_frames", "take_frame"]
+
+_RECV = 1 << 16
+_DIAG_BYTES = 4096
+_MUX_HEADER = 8
+
+
+@dataclass
+class Stream:
+    """One output stream: what is kept (at most the cap) and how much the program produced."""
+
+    kept: bytearray = field(default_factory=bytearray)
+    seen: int = 0
+    truncated: bool = False
+
+    def take(self, data: bytes, cap: int) -> bool:
+        """Keep what fits under ``cap``; True once the program has produced more than that."""
+        self.seen += len(data)
+        self.kept += data[: max(cap - len(self.kept), 0)]
+        if self.seen > cap:
+            self.truncated = True
+        return self.truncated
+
+
+@dataclass
+class Collected:
+    stdout: Stream = field(default_factory=Stream)
+    stderr: Stream = field(default_factory=Stream)
+    files: dict[str, bytearray] = field(default_factory=dict)
+    files_bytes: int = 0
+    current_file: str | None = None
+    final: dict[str, Any] | None = None
+    error: str | None = None
+    diagnostics: bytearray = field(default_factory=bytearray)
+    timed_out: bool = False
+    output_limit_killed: bool = False
+
+
+def read_frames(sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec, deadline: float) -> bool:
+    """Read until the final frame or EOF. Returns True when the container must be killed."""
+    header = bytearray()
+    stream = 0
+    left = 0
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            got.timed_out = True
+            return True
+        sock.settimeout(remaining)
+        chunk = sock.recv(_RECV)
+        if not chunk:
+            return False
+        view = memoryview(chunk)
+        while view:
+            if left == 0:
+                need = _MUX_HEADER - len(header)
+                header += view[:need]
+                view = view[need:]
+                if len(header) < _MUX_HEADER:
+                    break
+                stream = header[0]
+                left = int.from_bytes(header[4:8], "big")
+                header.clear()
+                continue
+            part = bytes(view[:left])
+            view = view[len(part) :]
+            left -= len(part)
+            if stream == 1:
+                for frame in decoder.feed(part):
+                    if take_frame(frame.kind, frame.data, got, spec):
+                        return True
+                    if decoder.finished:
+                        return False
+            elif len(got.diagnostics) < _DIAG_BYTES:
+                got.diagnostics += part[: _DIAG_BYTES - len(got.diagnostics)]
+
+
+def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec) -> bool:
+    """Account for one frame. Returns True when an output cap was crossed (kill the container)."""
+    if kind in (FRAME_STDOUT, FRAME_STDERR):
+        stream = got.stdout if kind == FRAME_STDOUT else got.stderr
+        if stream.take(data, spec.output_bytes):
+            got.output_limit_killed = True
+            return True
+    elif kind == FRAME_FILE_NAME:
+        name = data.decode("utf-8", "replace")
+        if not name or name.startswith("/") or ".." in name.split("/") or name in got.files:
+            raise ProtocolError(f"bad output file name {name!r}")
+        got.files[name] = bytearray()
+        got.current_file = name
+    elif kind == FRAME_FILE_DATA:
+        if got.current_file is None:
+            raise ProtocolError("file data before a file name")
+        got.files_bytes += len(data)
+        if got.files_bytes > spec.output_files_bytes:
+            raise ProtocolError("output files exceed their cap")
+        got.files[got.current_file] += data
+    elif kind == FRAME_EXIT:
+        final = json.loads(data)
+        if not isinstance(final, dict) or not isinstance(final.get("status"), int):
+            raise ProtocolError("malformed exit frame")
+        got.final = final
+    elif kind == FRAME_ERROR:
+        try:
+            got.error = str(json.loads(data).get("error"))
+        except (ValueError, AttributeError):
+            got.error = data.decode("utf-8", "replace")
+    return False
+
+
+def outcome_of(
+    got: Collected, state: Mapping[str, Any], duration_ms: int, *, runtime: str, container_id: str | None,
+    image_id: str | None, pulled: bool,
+) -> Outcome:  # fmt: skip
+    engine_oom = bool(state.get("OOMKilled"))
+    oom = False
+    resource_killed = False
+    exit_code: int | None
+    files_truncated = False
+    if got.timed_out or got.output_limit_killed:
+        exit_code = None
+    elif got.final is not None:
+        exit_code = int(got.final["status"])
+        files_truncated = bool(got.final.get("files_truncated"))
+        oom = engine_oom and exit_code == 137
+    elif engine_oom:
+        exit_code, oom = 137, True
+    elif runtime == "runsc":
+        # gVisor counts its own threads against the pids limit: a sandbox killed for a resource limit
+        # exits without a word from the supervisor. That is not the program's own exit.
+        exit_code, resource_killed = None, True
+    else:
+        # The supervisor never reported: it was killed (by the program, which runs as the same uid) or
+        # could not even be started. Whatever the container's own status says, it is not the program's
+        # exit code, so none is reported.
+        exit_code, resource_killed = None, True
+    return Outcome(
+        exit_code=exit_code,
+        stdout=bytes(got.stdout.kept),
+        stderr=bytes(got.stderr.kept),
+        stdout_truncated=got.stdout.truncated,
+        stderr_truncated=got.stderr.truncated,
+        stdout_bytes=got.stdout.seen,
+        stderr_bytes=got.stderr.seen,
+        timed_out=got.timed_out,
+        oom_killed=oom,
+        output_limit_killed=got.output_limit_killed,
+        resource_killed=resource_killed,
+        duration_ms=duration_ms,
+        container_id=container_id,
+        image_id=image_id,
+        files={name: bytes(content) for name, content in got.files.items()},
+        files_truncated=files_truncated or (got.final is None and bool(got.files)),
+        pulled=pulled,
+    )

@@ -1,0 +1,110 @@
+"""The public API and the shape of the package: what users import, and which way dependencies point."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import gateway
+from gateway.decision import RULE_IDS, RULES
+
+PACKAGE = Path(gateway.__file__).parent
+
+PUBLIC = [
+    "Admission",
+    "AuditError",
+    "AuditIntegrityError",
+    "AuditUnavailableError",
+    "ContractError",
+    "Decision",
+    "EngineUnavailableError",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Gateway",
+    "GatewayError",
+    "ImageMissingError",
+    "Policy",
+    "PolicyError",
+    "PolicyNotFoundError",
+    "PolicySet",
+    "Problem",
+    "RequestError",
+    "RuleResult",
+    "RunnerError",
+    "SandboxError",
+    "UnsafeOptionsError",
+    "__version__",
+    "evaluate",
+    "exit_code_for",
+    "http_status_for",
+    "load_policy",
+    "load_policy_text",
+    "parse_request",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(gateway.__all__) == PUBLIC
+    for name in gateway.__all__:
+        assert hasattr(gateway, name), name
+
+
+def test_the_gateway_lives_in_the_core_not_in_service() -> None:
+    from gateway import ExecutionResult, Gateway
+
+    assert Gateway.__module__ == "gateway._gateway"
+    assert ExecutionResult.__module__ == "gateway.result"
+    assert not (PACKAGE / "service.py").exists()
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def _modules(subpackage: str) -> list[Path]:
+    return sorted((PACKAGE / subpackage).rglob("*.py"))
+
+
+def test_the_policy_package_imports_neither_the_decision_nor_intake() -> None:
+    for path in _modules("policy"):
+        bad = {m for m in _imports(path) if m.startswith(("gateway.decision", "gateway.request", "gateway.runner"))}
+        assert not bad, f"{path.name} imports {bad}"
+
+
+DOCKER_WORDS = ("mem_limit", "memswap_limit", "nano_cpus", "pids_limit", "cap_drop", "security_opt", "network_mode")
+
+
+def test_the_decision_package_knows_no_docker() -> None:
+    for path in _modules("decision"):
+        imports = _imports(path)
+        assert not {m for m in imports if m == "docker" or m.startswith(("docker.", "gateway.runner.docker"))}, path
+        text = path.read_text(encoding="utf-8")
+        assert not [w for w in DOCKER_WORDS if w in text], f"{path.name} names docker-py keys"
+
+
+def test_docker_py_is_imported_only_by_the_docker_backend() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if PACKAGE / "runner" / "docker" in path.parents:
+            continue
+        assert not {m for m in _imports(path) if m == "docker" or m.startswith("docker.")}, path
+
+
+def test_rule_ids_are_unique_and_every_result_carries_a_registered_id() -> None:
+    from gateway.policy import load_policy
+    from gateway.request import parse_request
+    from gateway.resources import default_policy_path
+    from gateway.testing import decide
+
+    assert len(RULE_IDS) == len(RULES)
+    request = parse_request(
+        {"code": "x", "env": {"A": "1"}, "files": {"a": "1"}, "mounts": [{"source": "/srv", "target": "/d"}]}
+    )
+    decision = decide(load_policy(default_policy_path()), request)
+    assert {r.rule for r in decision.results} == RULE_IDS
