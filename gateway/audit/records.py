@@ -34,7 +34,7 @@ __all__ = [
     "GenericRecordView",
     "ImagePulledView",
     "PolicyDecisionView",
-    "PolicyRef",
+    "PolicyRefView",
     "ProblemView",
     "RequestInvalidView",
     "RequestReceivedView",
@@ -49,7 +49,7 @@ _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\
 
 
 @dataclass(frozen=True, slots=True)
-class PolicyRef:
+class PolicyRefView:
     """The policy a record was made under (the envelope's ``policy``)."""
 
     name: str
@@ -104,7 +104,7 @@ class AuditRecordView:
     """When the record was chained: UTC RFC 3339 with microseconds and ``Z`` (sorts as text)."""
     request_id: str | None
     principal: str | None
-    policy: PolicyRef | None
+    policy: PolicyRefView | None
     redacted: tuple[str, ...]
     """JSON paths that redaction erased or cut."""
     trace_id: str | None
@@ -243,11 +243,11 @@ _Envelope = dict[str, Any]
 """The keyword arguments of :class:`AuditRecordView`, read from one record."""
 
 
-def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRef | None:
+def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRefView | None:
     policy = r.mapping_or_none(record, "policy", "$", required=True)
     if policy is None:
         return None
-    return PolicyRef(r.text(policy, "name", "$.policy"), r.digest(policy, "sha256", "$.policy"))
+    return PolicyRefView(r.text(policy, "name", "$.policy"), r.digest(policy, "sha256", "$.policy"))
 
 
 def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:

@@ -99,8 +99,9 @@ class Decision:
     @property
     def options_sha256(self) -> str | None:
         """sha256 of the options in the canonical options format, for records that refer to the exact options."""
-        options = self.options
-        return None if options is None else hashlib.sha256(options_bytes(options)).hexdigest()
+        if self.run is None:
+            return None
+        return hashlib.sha256(options_bytes(dict(self.run.options))).hexdigest()  # read only: no copy needed
 
     @property
     def violations(self) -> tuple[RuleResult, ...]:

@@ -20,7 +20,7 @@ from gateway.audit import (
     JsonlAuditTrail,
     MemoryAuditSink,
     PolicyDecisionView,
-    PolicyRef,
+    PolicyRefView,
     ProblemView,
     RequestInvalidView,
     RequestReceivedView,
@@ -131,7 +131,7 @@ def test_envelope_fields(records: list[dict[str, Any]]) -> None:
     assert (view.seq, view.event_id, view.event_type) == (2, raw["event_id"], "request.received")
     assert view.timestamp == raw["timestamp"]
     assert (view.request_id, view.principal) == ("r-1", "agent-1")
-    assert view.policy == PolicyRef("default", "a" * 64)
+    assert view.policy == PolicyRefView("default", "a" * 64)
     assert view.redacted == ("$.data.request.env.TOKEN", "$.data.request.files['in/a.txt']")
     assert (view.prev_hash, view.hash, view.hmac) == (records[0]["hash"], raw["hash"], raw["hmac"])
     assert (view.trace_id, view.span_id) == (None, None)

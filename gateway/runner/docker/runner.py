@@ -47,7 +47,6 @@ from gateway.runner.docker.options import (
     CONTAINER_CONFIG_KEYS,
     HOST_CONFIG_KEYS,
     MANAGED_LABEL,
-    RUNNER_OPTION_KEYS,
     WORKSPACE,
     DockerAssembler,
     guard,
@@ -185,10 +184,7 @@ class DockerRunner:
 
     def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
         options = dict(spec.options)
-        clash = sorted(RUNNER_OPTION_KEYS & options.keys())
-        if clash:
-            raise UnsafeOptionsError(f"assembled options contain runner-owned keys: {', '.join(clash)}")
-        guard(options)
+        guard(options)  # also refuses the runner-owned keys added below
         options["labels"] = {**dict(options.get("labels") or {}), MANAGED_LABEL: "true"}
         options.update(
             entrypoint=supervisor_command(WORKSPACE),
