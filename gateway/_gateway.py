@@ -154,10 +154,11 @@ class Gateway:
         carries the error (and ``exit_status``) so that every interface reports it the same way."""
         return self._handle(request, run=True)
 
-    def reap(self) -> list[str]:
-        """Remove containers left behind by a crashed gateway; audited."""
-        ids = self.runner.reap()
-        self._append("containers.reaped", {"container_ids": ids})
+    def reap(self, *, everything: bool = False) -> list[str]:
+        """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
+        every gateway container on the backend); audited."""
+        ids = self.runner.reap(everything=everything)
+        self._append("containers.reaped", {"container_ids": ids, "everything": everything})
         return ids
 
     def _handle(self, raw: RawRequest, *, run: bool) -> ExecutionResult:

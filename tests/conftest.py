@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,10 @@ from hypothesis import HealthCheck, settings
 # Timing is what benchmarks measure, never tests.
 settings.register_profile("gateway", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile("gateway")
+
+# One gateway instance per test session (subprocesses inherit it): the session's containers carry it, its
+# reaps remove only them (and expired ones), and parallel sessions on one engine never touch each other's.
+TEST_INSTANCE = os.environ.setdefault("GATEWAY_INSTANCE", f"pytest-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(autouse=True)

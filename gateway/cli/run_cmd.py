@@ -44,8 +44,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _common(run)
     run.set_defaults(func=_run)
 
-    reap = sub.add_parser("reap", help="remove sandbox containers left behind by a crash")
+    reap = sub.add_parser(
+        "reap",
+        help="remove sandbox containers left behind by a crash: this instance's and expired ones",
+        description="Remove gateway sandbox containers past their deadline (and this instance's, named by "
+        "$GATEWAY_INSTANCE). Other instances' live sandboxes are left alone unless --all is given.",
+    )
     _common(reap)
+    reap.add_argument(
+        "--all", dest="everything", action="store_true", help="remove every gateway container, live or not"
+    )
     reap.set_defaults(func=_reap)
 
 
@@ -174,7 +182,7 @@ def _reap(args: argparse.Namespace) -> int:
     shutdown = setup_otel(args.otel)
     try:
         with Gateway.from_env(args.policy, args.audit_dir) as gw:
-            ids = gw.reap()
+            ids = gw.reap(everything=args.everything)
     except GatewayError as exc:
         if args.json:
             print(json.dumps({"error": exc.to_dict()}))

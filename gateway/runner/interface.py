@@ -197,8 +197,9 @@ class Runner(Protocol):
         """``prepare`` + ``run``; nothing is left behind on any error."""
         ...
 
-    def reap(self) -> list[str]:
-        """Remove every container carrying the gateway's managed label; return their ids."""
+    def reap(self, *, everything: bool = False) -> list[str]:
+        """Remove this runner's own leftover containers and every expired one (``everything``: every container
+        of any gateway instance); return their ids."""
         ...
 
     def image_id(self, image: str) -> str | None:

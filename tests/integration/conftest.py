@@ -22,7 +22,10 @@ from gateway.testing import assemble
 
 SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
 MANAGED_LABEL = "io.agent-gateway.managed"
+INSTANCE_LABEL = "io.agent-gateway.instance"
+DEADLINE_LABEL = "io.agent-gateway.deadline"
 RUNTIMES = ("runc", "runsc")
+_OURS = [f"{MANAGED_LABEL}=true", f"{INSTANCE_LABEL}={os.environ['GATEWAY_INSTANCE']}"]
 
 
 def _unavailable(reason: str) -> None:
@@ -60,7 +63,7 @@ def engine() -> Iterator[Any]:
     except docker.errors.ImageNotFound:
         _unavailable(f"the sandbox image {SANDBOX_IMAGE} is missing; run scripts/build-image.sh")
     yield client
-    leftovers = client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+    leftovers = client.containers.list(all=True, filters={"label": _OURS})
     for container in leftovers:
         container.remove(force=True)
     assert not leftovers, f"containers with the gateway's label left behind: {[c.short_id for c in leftovers]}"
@@ -110,8 +113,13 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def gateway_containers(engine: Any) -> list[str]:
-    """Ids of every container carrying the managed label right now."""
-    return [c.id for c in engine.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})]
+    """Ids of this session's gateway containers right now (other sessions on the engine are not ours)."""
+    return [c.id for c in engine.containers.list(all=True, filters={"label": _OURS})]
+
+
+def leftover_labels() -> dict[str, str]:
+    """Labels for a hand-made leftover container that this session's reaper must remove."""
+    return {MANAGED_LABEL: "true", INSTANCE_LABEL: os.environ["GATEWAY_INSTANCE"]}
 
 
 @pytest.fixture
@@ -122,5 +130,5 @@ def make_options() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture
 def managed_containers(engine: Any) -> Callable[[], list[str]]:
-    """A function listing the ids of the containers carrying the managed label right now."""
+    """A function listing the ids of this session's gateway containers right now."""
     return lambda: gateway_containers(engine)

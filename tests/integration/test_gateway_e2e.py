@@ -6,6 +6,7 @@ trusting the gateway's own report.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,7 +25,14 @@ from gateway.cli import main
 from gateway.resources import load_schema, policies_dir
 from gateway.simple import run_in_sandbox
 from gateway.tool import TOOL_NAME, handle_tool_call
-from tests.integration.conftest import MANAGED_LABEL, SANDBOX_IMAGE, gateway_containers
+from tests.integration.conftest import (
+    DEADLINE_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_LABEL,
+    SANDBOX_IMAGE,
+    gateway_containers,
+    leftover_labels,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -300,16 +308,31 @@ def test_strict_policy_runs_under_gvisor(
 def test_reap_removes_labelled_leftovers_and_audits_it(
     engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    leftover = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels={MANAGED_LABEL: "true"})
+    leftover = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels=leftover_labels())
     other = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels={"someone.else": "true"})
+    far = str(int(time.time()) + 3600)
+    live = {MANAGED_LABEL: "true", INSTANCE_LABEL: "another-instance", DEADLINE_LABEL: far}
+    expired = {**live, DEADLINE_LABEL: str(int(time.time()) - 3600)}
+    live_other = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels=live)
+    expired_other = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels=expired)
     try:
         rc, out, _ = run_cli(capsys, "reap", "--json", "--audit-dir", str(audit_dir))
         assert rc == 0
-        assert leftover.id in json.loads(out)["removed"]
+        removed = json.loads(out)["removed"]
+        assert leftover.id in removed
+        assert expired_other.id in removed  # past its deadline: anyone's to reap
+        assert live_other.id not in removed  # another instance's live sandbox is left alone
         assert leftover.id not in gateway_containers(engine)
-        assert other.id in [c.id for c in engine.containers.list(all=True)]
+        all_ids = [c.id for c in engine.containers.list(all=True)]
+        assert other.id in all_ids
+        assert live_other.id in all_ids
+        rc, out, _ = run_cli(capsys, "reap", "--all", "--json", "--audit-dir", str(audit_dir))
+        assert rc == 0
+        assert live_other.id in json.loads(out)["removed"]
     finally:
-        other.remove(force=True)
+        for container in (other, live_other, expired_other):
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
     reaped = [
         json.loads(line)
         for seg in audit_dir.glob("*.jsonl")
@@ -317,6 +340,8 @@ def test_reap_removes_labelled_leftovers_and_audits_it(
         if '"containers.reaped"' in line
     ]
     assert leftover.id in reaped[0]["data"]["container_ids"]
+    assert reaped[0]["data"]["everything"] is False
+    assert reaped[1]["data"]["everything"] is True
 
 
 def test_python_helper_and_llm_tool(engine: Any, audit_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,9 @@ def test_reap_removes_leftover_containers(
 ) -> None:
     sandbox = runner.prepare(RunSpec(make_options(), timeout_s=5, output_bytes=100))
     assert sandbox.container_id in managed_containers()
+    labels = runner.client.api.inspect_container(sandbox.container_id)["Config"]["Labels"]
+    assert labels["io.agent-gateway.instance"] == runner.instance
+    assert time.time() < int(labels["io.agent-gateway.deadline"]) <= time.time() + 7
     removed = runner.reap()
     sandbox.close()
     assert sandbox.container_id in removed

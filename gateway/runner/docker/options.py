@@ -25,8 +25,10 @@ from gateway.policy.paths import denied_host_reason, target_problem
 __all__ = [
     "ASSEMBLED_OPTION_KEYS",
     "CONTAINER_CONFIG_KEYS",
+    "DEADLINE_LABEL",
     "DECISION_LABEL",
     "HOST_CONFIG_KEYS",
+    "INSTANCE_LABEL",
     "LABEL_PREFIX",
     "MANAGED_LABEL",
     "POLICY_LABEL",
@@ -46,6 +48,10 @@ MANAGED_LABEL = "io.agent-gateway.managed"
 DECISION_LABEL = "io.agent-gateway.decision"
 REQUEST_LABEL = "io.agent-gateway.request"
 POLICY_LABEL = "io.agent-gateway.policy"
+INSTANCE_LABEL = "io.agent-gateway.instance"
+"""The gateway instance (runner) that created the container: ``gateway reap`` removes its own by default."""
+DEADLINE_LABEL = "io.agent-gateway.deadline"
+"""Unix time (seconds) after which the container is expired whoever created it: any reaper may remove it."""
 WORKSPACE = "/workspace"
 """Where the program, its files and ``out/`` live inside a sandbox (a size-capped tmpfs)."""
 SANDBOX_HOSTNAME = "sandbox"

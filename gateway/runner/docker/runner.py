@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -45,7 +46,9 @@ from gateway.runner.docker.collect import Collected, outcome_of, read_frames
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.docker.options import (
     CONTAINER_CONFIG_KEYS,
+    DEADLINE_LABEL,
     HOST_CONFIG_KEYS,
+    INSTANCE_LABEL,
     MANAGED_LABEL,
     WORKSPACE,
     DockerAssembler,
@@ -60,12 +63,19 @@ from gateway.runner.docker.supervisor import (
 )
 from gateway.runner.interface import Outcome, Payload, RunSpec
 
-__all__ = ["BUILD_COMMAND", "DockerRunner", "DockerSandbox"]
+__all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
 BUILD_COMMAND = "scripts/build-image.sh"
 """How to build the default sandbox image locally (named in the error for a missing image)."""
 
 _WAIT_AFTER_KILL_S = 10.0
+EXPIRY_GRACE_S = 60
+"""Seconds past a container's own deadline after which any reaper treats it as abandoned."""
+
+
+def new_instance_id() -> str:
+    """A fresh gateway instance id: host name, process id and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 @dataclass(eq=False)
@@ -94,15 +104,20 @@ class DockerRunner:
 
     ``client`` is injectable (tests, a service sharing one client); otherwise one is created lazily from the
     environment (``DOCKER_HOST`` etc.) or from ``base_url``.
+
+    ``instance`` names this gateway instance on every container it creates (``INSTANCE_LABEL``), so that
+    :meth:`reap` removes only its own containers and expired ones, never another instance's live sandboxes.
+    Defaults to ``$GATEWAY_INSTANCE`` or a fresh id.
     """
 
     assembler = DockerAssembler()
     """Builds and guards this backend's options; the Gateway hands it to the decision."""
 
-    def __init__(self, client: Any | None = None, *, base_url: str | None = None) -> None:
+    def __init__(self, client: Any | None = None, *, base_url: str | None = None, instance: str | None = None) -> None:
         self._client = client
         self._owns_client = client is None
         self._base_url = base_url
+        self.instance = instance or os.environ.get("GATEWAY_INSTANCE") or new_instance_id()
 
     def close(self) -> None:
         """Close the client if this runner created it (an injected client belongs to its owner)."""
@@ -185,7 +200,13 @@ class DockerRunner:
     def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
         options = dict(spec.options)
         guard(options)  # also refuses the runner-owned keys added below
-        options["labels"] = {**dict(options.get("labels") or {}), MANAGED_LABEL: "true"}
+        deadline = int(time.time() + spec.timeout_s) + 1
+        options["labels"] = {
+            **dict(options.get("labels") or {}),
+            MANAGED_LABEL: "true",
+            INSTANCE_LABEL: self.instance,
+            DEADLINE_LABEL: str(deadline),
+        }
         options.update(
             entrypoint=supervisor_command(WORKSPACE),
             command=[],
@@ -318,15 +339,29 @@ class DockerRunner:
             if not quiet:
                 raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
 
-    def reap(self) -> list[str]:
+    def reap(self, *, everything: bool = False) -> list[str]:
+        """Remove this instance's containers and every expired one (``everything``: every gateway container)."""
         with self._step("listing the gateway's containers"):
             found = self.client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+        now = time.time()
         removed: list[str] = []
         for entry in found:
-            cid = str(entry["Id"])
-            self._remove(cid, quiet=False)
-            removed.append(cid)
+            labels = entry.get("Labels") or {}
+            if everything or labels.get(INSTANCE_LABEL) == self.instance or is_expired(labels, now):
+                cid = str(entry["Id"])
+                self._remove(cid, quiet=False)
+                removed.append(cid)
         return removed
+
+
+def is_expired(labels: Mapping[str, str], now: float) -> bool:
+    """True when a gateway container is past its deadline label plus the grace (or carries no valid one:
+    made by a gateway too old to label it, so nobody is waiting for it)."""
+    try:
+        deadline = float(labels.get(DEADLINE_LABEL, ""))
+    except ValueError:
+        return True
+    return now > deadline + EXPIRY_GRACE_S
 
 
 def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
