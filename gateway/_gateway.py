@@ -20,12 +20,20 @@ from opentelemetry import trace
 
 from gateway.audit import AuditSink, JsonlAuditTrail
 from gateway.decision import Assembler, Decision, RuleResult, evaluate
-from gateway.errors import ContractError, GatewayError, PolicyError, RequestError, SandboxError
+from gateway.errors import (
+    AuditUnavailableError,
+    ContractError,
+    GatewayError,
+    PolicyError,
+    RequestError,
+    SandboxError,
+)
 from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner import Outcome, Payload, Runner
+from gateway.slots import HostSlots
 from gateway.telemetry import (
     SPAN_AUDIT,
     SPAN_EXECUTE,
@@ -59,6 +67,8 @@ class Gateway:
     runner and an audit sink (tests pass a fake runner and an in-memory sink). Use it as a context manager so
     that the trail records the gateway's start and stop. :meth:`close` closes only what the Gateway itself
     created (:meth:`from_env` creates its trail and runner); a runner or sink passed in stays its owner's.
+    ``slots`` bounds concurrent sandboxes host-wide (default: :meth:`HostSlots.from_env`, shared by every
+    gateway process on the host).
     """
 
     def __init__(
@@ -69,6 +79,7 @@ class Gateway:
         audit: AuditSink,
         assembler: Assembler | None = None,
         admission: Admission | None = None,
+        slots: HostSlots | None = None,
         tracer: trace.Tracer | None = None,
     ) -> None:
         self.policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
@@ -76,6 +87,8 @@ class Gateway:
         self.audit = audit
         self.assembler = assembler if assembler is not None else runner.assembler
         self.admission = admission
+        self.slots = slots if slots is not None else HostSlots.from_env()
+        """Host-wide execution slots (``GATEWAY_SLOTS`` etc.): every run holds one while its sandbox exists."""
         self._tracer = tracer or get_tracer()
         self._owned: list[Callable[[], None]] = []
 
@@ -198,7 +211,7 @@ class Gateway:
             self._record_outcome(decision, outcome, error, records=records)
         except GatewayError as exc:
             audit_ok = False
-            error = error or exc
+            error = error or _unrecorded(exc, ran=outcome is not None)
         return ExecutionResult(request_id, decision, outcome=outcome, error=error, audit_ok=audit_ok)
 
     # -- stages ----------------------------------------------------------------------------------------
@@ -265,7 +278,8 @@ class Gateway:
                 sspan.set_attribute("container.runtime", settings.profile.runtime)
                 files = {name: text.encode("utf-8", "surrogatepass") for name, text in request.files.items()}
                 payload = Payload(code=request.code, language=settings.language, files=files)
-                outcome = self.runner.execute(spec, payload)
+                with self.slots.acquire():
+                    outcome = self.runner.execute(spec, payload)
             except GatewayError as exc:
                 error = exc
             except Exception as exc:  # noqa: BLE001 - a runner bug must come back as an audited failure, not a crash
@@ -288,6 +302,19 @@ class Gateway:
     def _append(self, event_type: str, data: Mapping[str, Any], **kw: Any) -> None:
         with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
             self.audit.append(event_type, data, **kw)
+
+
+def _unrecorded(exc: GatewayError, *, ran: bool) -> GatewayError:
+    """The error for an outcome record that could not be written, saying whether the program ran."""
+    if not ran:
+        return exc
+    error = AuditUnavailableError(
+        f"the program ran, but its outcome could not be recorded: {exc.message}",
+        hint="the run happened (its output and exit code are in this result) but the trail lacks its outcome; "
+        "fix the audit directory (GATEWAY_AUDIT_DIR) before running anything else",
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _close_all(closers: Iterable[Callable[[], None]]) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "AuditError",
     "AuditIntegrityError",
     "AuditUnavailableError",
+    "CapacityError",
     "ContractError",
     "EngineUnavailableError",
     "GatewayError",
@@ -43,7 +44,8 @@ EXIT_TIMEOUT = 124
 EXIT_GATEWAY_FAILURE = 125
 """The gateway or the engine failed, as ``docker run``."""
 EXIT_MEMORY = 137
-"""Killed for memory (128 + SIGKILL)."""
+"""Killed for memory or another resource limit: output past its cap, a sandbox killed under its pids limit (128 +
+SIGKILL). The JSON result's ``oom_killed`` / ``output_limit_killed`` / ``resource_killed`` say which."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,16 @@ class SandboxError(RunnerError):
     code = "runner.sandbox_failed"
 
 
+# --- capacity -----------------------------------------------------------------------------------------
+
+
+class CapacityError(GatewayError):
+    """Every host-wide execution slot stayed busy for the whole bounded wait: nothing ran; retry later."""
+
+    code = "gateway.capacity"
+    hint = "retry later, or raise the host's slot count (GATEWAY_SLOTS) if the host has room"
+
+
 # --- audit --------------------------------------------------------------------------------------------
 
 
@@ -216,6 +228,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (ImageMissingError, EXIT_GATEWAY_FAILURE, 503),
     (SandboxError, EXIT_GATEWAY_FAILURE, 502),
     (RunnerError, EXIT_GATEWAY_FAILURE, 502),
+    (CapacityError, EXIT_GATEWAY_FAILURE, 503),
     (AuditUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (AuditIntegrityError, EXIT_GATEWAY_FAILURE, 503),
     (AuditError, EXIT_GATEWAY_FAILURE, 500),

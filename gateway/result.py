@@ -77,8 +77,8 @@ class ExecutionResult:
             return EXIT_GATEWAY_FAILURE
         if self.outcome.timed_out:
             return EXIT_TIMEOUT
-        if self.outcome.oom_killed or self.outcome.resource_killed:
-            return EXIT_MEMORY  # 128 + SIGKILL: killed for memory or another resource limit
+        if self.outcome.oom_killed or self.outcome.resource_killed or self.outcome.output_limit_killed:
+            return EXIT_MEMORY  # 128 + SIGKILL: killed for memory or another resource limit (output, pids)
         if not self.audit_ok:
             return EXIT_GATEWAY_FAILURE
         if self.outcome.exit_code is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,9 @@ settings.load_profile("gateway")
 # One gateway instance per test session (subprocesses inherit it): the session's containers carry it, its
 # reaps remove only them (and expired ones), and parallel sessions on one engine never touch each other's.
 TEST_INSTANCE = os.environ.setdefault("GATEWAY_INSTANCE", f"pytest-{uuid.uuid4().hex[:12]}")
+# Host-wide execution slots of this session alone: another session's runs on the same machine never make a
+# test wait for a slot (the slot tests set their own directory and count).
+os.environ.setdefault("GATEWAY_RUNTIME_DIR", tempfile.mkdtemp(prefix="gateway-runtime-"))
 
 
 @pytest.fixture(autouse=True)

@@ -137,6 +137,23 @@ def test_audit_failure_after_the_run_is_reported_not_hidden(policy: Any) -> None
     assert result.audit_ok is False
     assert result.exit_status == EXIT_GATEWAY_FAILURE
     assert result.to_dict()["stdout"] == "4\n"
+    # the message says the program ran (it must not claim "nothing ran", the hint of a refused decision record)
+    assert result.error is not None
+    text = result.error.diagnostics()
+    assert "the program ran, but its outcome could not be recorded" in text
+    assert "nothing ran" not in text
+
+
+def test_an_output_flood_kill_is_a_resource_kill_not_a_gateway_failure(policy: Any) -> None:
+    flood = make_outcome(exit_code=None, stdout=b"x" * 10, stdout_truncated=True, output_limit_killed=True)
+    result = make_gateway(policy, FakeRunner(outcome=flood)).execute({"code": "print('x' * 10**9)"})
+    data = result.to_dict()
+    assert (result.exit_status, data["exit_code"], data["output_limit_killed"], data["error"]) == (
+        EXIT_MEMORY,
+        None,
+        True,
+        None,
+    )
 
 
 def test_engine_failure_is_an_audited_outcome_with_exit_125(policy: Any) -> None:

@@ -56,6 +56,9 @@ WORKSPACE = "/workspace"
 """Where the program, its files and ``out/`` live inside a sandbox (a size-capped tmpfs)."""
 SANDBOX_HOSTNAME = "sandbox"
 _TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
+_TMPFS_REQUIRED_FLAGS = ("noexec", "nosuid", "nodev")
+_TMPFS_FORBIDDEN_FLAGS = frozenset({"exec", "suid", "dev"})
+_TMPFS_TARGETS = ("/tmp", WORKSPACE)  # noqa: S108 - container paths
 
 CONTAINER_CONFIG_KEYS: frozenset[str] = frozenset(
     {"image", "user", "working_dir", "environment", "labels", "hostname", "network_disabled"}
@@ -307,6 +310,15 @@ def _check_tmpfs(options: Mapping[str, Any]) -> _Issues:
         size = _tmpfs_size(opts)
         if size is None or size <= 0:
             yield f"$.tmpfs[{target!r}]", "every tmpfs needs a positive size= in bytes"
+        flags = set(str(opts).split(","))
+        for flag in _TMPFS_REQUIRED_FLAGS:
+            if flag not in flags:
+                yield f"$.tmpfs[{target!r}]", f"every tmpfs must be mounted {flag} (nothing written there runs)"
+        for flag in sorted(flags & _TMPFS_FORBIDDEN_FLAGS):
+            yield f"$.tmpfs[{target!r}]", f"tmpfs option {flag!r} would undo {'no' + flag}"
+    for needed in _TMPFS_TARGETS:
+        if needed not in tmpfs:
+            yield "$.tmpfs", f"{needed} must be a size-capped tmpfs (the root filesystem is read-only)"
 
 
 def _check_labels(options: Mapping[str, Any]) -> _Issues:
