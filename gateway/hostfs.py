@@ -164,8 +164,9 @@ def _walk(fd: int, where: str, device: int, depth: int, budget: list[int]) -> It
         budget[0] -= 1
         if budget[0] < 0:
             yield (
-                f"{where} holds more than {SCAN_MAX_ENTRIES} entries; every entry below a mount source is checked "
-                "for sockets and mount points before it is bound, so mount a narrower directory"
+                f"the mount source holds more than {budget[1]} entries (seen at {where}); every entry below a "
+                "mount source is checked for sockets and mount points before it is bound, so mount a narrower "
+                "directory"
             )
             return
         shown = f"{where}/{name}"
@@ -201,7 +202,7 @@ def _walk(fd: int, where: str, device: int, depth: int, budget: list[int]) -> It
             return
 
 
-def scan(fd: int, path: str) -> str | None:
+def scan(fd: int, path: str, *, max_entries: int = SCAN_MAX_ENTRIES) -> str | None:
     """Why the directory open as ``fd`` (shown as ``path``) may not be bound, or None.
 
     Refused: a unix socket, device node or FIFO anywhere below it (a listening socket would answer the
@@ -211,5 +212,5 @@ def scan(fd: int, path: str) -> str | None:
     points = mount_points_below(path)
     if points:
         return f"{points[0]} is a mount point below {path}; a mount source may not have mount points below it"
-    budget = [SCAN_MAX_ENTRIES]
+    budget = [max_entries, max_entries]
     return next(_walk(fd, path, os.fstat(fd).st_dev, 1, budget), None)

@@ -18,8 +18,8 @@ from gateway.runner.docker.mounts import STAGING_ROOT
 from gateway.runner.docker.options import (
     ASSEMBLED_OPTION_KEYS,
     CONTAINER_CONFIG_KEYS,
-    HOST_CONFIG_KEYS,
     DECISION_LABEL,
+    HOST_CONFIG_KEYS,
     LABEL_PREFIX,
     MANAGED_LABEL,
     RUNNER_OPTION_KEYS,
