@@ -22,7 +22,11 @@ import pytest
 from gateway import Gateway
 from gateway.audit import MemoryAuditSink
 from gateway.policy import Policy, load_policy_text
+from gateway.request import parse_request
+from gateway.runner.docker.mounts import MountStagingError, Staging
 from gateway.runner.docker.runner import DockerRunner
+from gateway.runner.interface import HostMount, Payload
+from gateway.testing import decide
 
 pytestmark = pytest.mark.integration
 
@@ -275,3 +279,87 @@ def test_ro_mount_is_read_only_and_staging_is_gone_after_the_run(
     assert (source / "in.txt").read_text() == "host data"
     assert not (STAGING / result.decision.decision_id).exists()
     assert str(STAGING / result.decision.decision_id) not in Path("/proc/self/mountinfo").read_text()
+
+
+# -- staging: privilege, verification, cleanup ----------------------------------------------------------------
+
+
+def _judged(root: Path, source: Path, *, read_only: bool = True) -> HostMount:
+    st = source.stat()
+    return HostMount(str(root), str(source), st.st_dev, st.st_ino, "/data", read_only)
+
+
+@pytest.mark.parametrize("userns", [["--user"], ["--user", "--map-root-user"]], ids=["nobody", "root-in-userns"])
+def test_without_the_privilege_to_mount_staging_fails_closed(shared_dir: Path, userns: list[str]) -> None:
+    """Without root in the engine's namespaces (here: a fresh user namespace, as nobody, or as a root that has
+    no mount privilege over the host's mounts) the gateway cannot stage, and says so."""
+    source = shared_dir / "data"
+    source.mkdir()
+    code = (
+        "import sys; from gateway.runner.docker.mounts import Staging, MountStagingError\n"
+        "from gateway.runner.interface import HostMount\n"
+        f"m = HostMount({str(shared_dir)!r}, {str(source)!r}, 0, 0, '/data', True)\n"
+        "try:\n    Staging.stage([m], 'unprivileged-test')\nexcept MountStagingError as e:\n    print(e.message)\n"
+    )
+    proc = subprocess.run(
+        ["unshare", *userns, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PYTHONPATH": os.getcwd(), "PATH": os.environ["PATH"]},
+    )
+    assert "cannot stage mounts" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "need a gateway running as root" in proc.stdout
+    assert not (STAGING / "unprivileged-test").exists()
+
+
+def test_the_check_after_start_refuses_a_container_without_the_judged_directory(
+    engine: Any, shared_dir: Path, runtime: str
+) -> None:
+    """``verify`` against a real started container: the judged identity must be what the container has."""
+    source = shared_dir / "data"
+    other = shared_dir / "other"
+    source.mkdir()
+    other.mkdir()
+    policy = mount_policy(shared_dir)
+    request = parse_request(
+        {"code": "x", "runtime": runtime, "mounts": [{"source": str(source), "target": "/data", "mode": "ro"}]}
+    )
+    decision = decide(policy, request)
+    assert decision.run is not None
+    runner = DockerRunner(engine)
+    sandbox = runner.prepare(decision.run)  # verified once already, before any payload
+    try:
+        assert sandbox.staging is not None
+        info = runner.client.api.inspect_container(sandbox.container_id)
+        sandbox.staging.verify(info, runtime)
+        wrong = Staging(sandbox.staging.root, sandbox.staging.decision_id, (_judged(shared_dir, other),))
+        with pytest.raises(MountStagingError, match="judged"):
+            wrong.verify(info, runtime)
+    finally:
+        runner.run(sandbox, Payload("pass"))
+    assert not (STAGING / decision.decision_id).exists()
+
+
+def test_the_reaper_removes_staging_left_by_a_crashed_gateway(engine: Any, shared_dir: Path) -> None:
+    source = shared_dir / "data"
+    source.mkdir()
+    # A prepared sandbox whose gateway "crashed" (never ran, never cleaned up): reap removes both.
+    decision = decide(
+        mount_policy(shared_dir),
+        parse_request({"code": "x", "mounts": [{"source": str(source), "target": "/data", "mode": "ro"}]}),
+    )
+    assert decision.run is not None
+    runner = DockerRunner(engine)
+    sandbox = runner.prepare(decision.run)
+    staged = STAGING / decision.decision_id
+    assert str(staged / "0") in Path("/proc/self/mountinfo").read_text()
+    # And a staging directory whose container is long gone (older than the grace).
+    stale = Staging.stage([_judged(shared_dir, source)], "stale-" + secrets.token_hex(4))
+    os.utime(stale.directory, (1, 1))
+    runner.reap()
+    sandbox.close()
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    for directory in (staged, Path(stale.directory)):
+        assert not directory.exists()
+        assert str(directory) not in mountinfo

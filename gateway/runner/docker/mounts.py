@@ -278,10 +278,14 @@ def _remove_tree(directory: str) -> None:
     os.rmdir(directory)
 
 
-def reap_staging(live: Iterable[str], *, grace_s: float, root: str = STAGING_ROOT) -> list[str]:
+def reap_staging(
+    live: Iterable[str], *, grace_s: float, gone: Iterable[str] = (), root: str = STAGING_ROOT
+) -> list[str]:
     """Remove staging directories of decisions with no container in ``live`` (decision ids) and older than
-    ``grace_s`` (a run being prepared right now has staged but not yet created its container)."""
+    ``grace_s`` (a run being prepared right now has staged but not yet created its container); those of
+    ``gone`` (decisions whose container was just removed) whatever their age."""
     keep = set(live)
+    drop = set(gone)
     removed: list[str] = []
     try:
         names = os.listdir(root)
@@ -293,7 +297,7 @@ def reap_staging(live: Iterable[str], *, grace_s: float, root: str = STAGING_ROO
         if name in keep:
             continue
         try:
-            if now - os.lstat(path).st_mtime < grace_s:
+            if name not in drop and now - os.lstat(path).st_mtime < grace_s:
                 continue
             _remove_tree(path)
         except OSError:

@@ -365,17 +365,20 @@ class DockerRunner:
         now = time.time()
         removed: list[str] = []
         live: set[str] = set()
+        gone: set[str] = set()
         for entry in found:
             labels = entry.get("Labels") or {}
+            decision = str(labels.get(DECISION_LABEL, ""))
             if everything or labels.get(INSTANCE_LABEL) == self.instance or is_expired(labels, now):
                 cid = str(entry["Id"])
                 self._remove(cid, quiet=False)
                 removed.append(cid)
+                gone.add(decision)
             else:
-                live.add(str(labels.get(DECISION_LABEL, "")))
+                live.add(decision)
         # Staged binds of containers that no longer exist (a crashed gateway); a run being prepared right
         # now has staged before creating its container, hence the grace.
-        reap_staging(live, grace_s=EXPIRY_GRACE_S)
+        reap_staging(live, grace_s=EXPIRY_GRACE_S, gone=gone)
         return removed
 
 
