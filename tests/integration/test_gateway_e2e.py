@@ -61,7 +61,8 @@ class CreateWatch:
         events = self.engine.events(
             since=self.since, until=until, filters={"type": "container", "event": "create"}, decode=True
         )
-        return [e["id"] for e in events if e.get("Actor", {}).get("Attributes", {}).get(MANAGED_LABEL) == "true"]
+        ours = {MANAGED_LABEL: "true", INSTANCE_LABEL: os.environ["GATEWAY_INSTANCE"]}  # not other sessions'
+        return [e["id"] for e in events if ours.items() <= e.get("Actor", {}).get("Attributes", {}).items()]
 
     def created(self) -> list[str]:
         return [i for i in self._ids() if i not in self.before]

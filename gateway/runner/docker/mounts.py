@@ -12,7 +12,7 @@ So, for each judged mount (:class:`~gateway.runner.interface.HostMount`), the ru
    ``nosuid,nodev,noexec`` and read-only for ``ro``, and checks the staged root's identity again;
 4. gives the engine the staging path as a ``bind`` mount with ``BindOptions.NonRecursive``;
 5. after start, before the payload is sent, checks the container really has the judged directory at each
-   target (:meth:`Staging.verify`), and kills it otherwise;
+   target, by device and inode, under runc and runsc alike (:meth:`Staging.verify`), and kills it otherwise;
 6. unmounts and removes the staging directory once the container is removed (always); the reaper removes
    stale staging directories left by a crashed gateway.
 
@@ -225,8 +225,10 @@ class Staging:
             )
 
     def verify(self, inspect: Mapping[str, Any], runtime: str) -> None:
-        """After start, before the payload: the engine bound exactly the staging paths, and (runc) each target
-        in the container holds the judged directory. Raises :class:`MountStagingError` otherwise."""
+        """After start, before the payload: the engine bound exactly the staging paths, each still holds the
+        judged directory, and each target in the container's file system (runc: its init's root; runsc: the
+        gofer's root, see :func:`_container_root`) is the judged directory, read-only when judged ``ro``.
+        Raises :class:`MountStagingError` otherwise (the runner then removes the container)."""
         got = sorted(
             (str(m.get("Source")), str(m.get("Destination")), bool(m.get("RW")), str(m.get("Type")))
             for m in inspect.get("Mounts") or []
@@ -239,10 +241,9 @@ class Staging:
             if (st.st_dev, st.st_ino) != (m.device, m.inode):
                 raise MountStagingError(f"staging {self.directory}/{i} no longer holds the judged {m.path}")
         pid = int((inspect.get("State") or {}).get("Pid") or 0)
-        if runtime != "runc" or pid <= 0:
-            return  # gVisor: see ``docs`` (the sentry shows virtual inode numbers; the staged bind is checked)
+        root = _container_root(pid, runtime, str(inspect.get("Id") or ""))
         for m in self.mounts:
-            inside = f"/proc/{pid}/root{m.target}"
+            inside = f"{root}{m.target}"
             try:
                 st = os.stat(inside)
                 ro = bool(os.statvfs(inside).f_flag & _ST_RDONLY)
@@ -262,6 +263,36 @@ class Staging:
         with contextlib.suppress(OSError):
             _remove_tree(self.directory)
         self.staged.clear()
+
+
+def _container_root(pid: int, runtime: str, container_id: str) -> str:
+    """Where the container's file system is seen from the host, with its mounts as the runtime made them.
+
+    runc: the root of the container's init process. runsc: the sentry shows the program virtual device and
+    inode numbers, and its own root is not the container's; the gofer (a sibling of the sentry, named
+    ``runsc-gofer`` with the container id on its command line) serves every file the program opens from
+    its own root, where the binds are the host's, so that root is checked.
+    """
+    if pid <= 0:
+        raise MountStagingError("the engine reports no process for the started container; cannot check its mounts")
+    if runtime != "runsc":
+        return f"/proc/{pid}/root"
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            parent = f.read().rsplit(")", 1)[1].split()[1]
+        with open(f"/proc/{parent}/task/{parent}/children", encoding="ascii") as f:
+            siblings = f.read().split()
+    except OSError as exc:
+        raise MountStagingError(f"cannot find the gVisor gofer of the container: {exc.strerror}") from exc
+    for sibling in siblings:
+        try:
+            with open(f"/proc/{sibling}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0] == b"runsc-gofer" and container_id.encode() in b" ".join(argv):
+            return f"/proc/{sibling}/root"
+    raise MountStagingError("cannot find the gVisor gofer of the container; its mounts cannot be checked")
 
 
 def _remove_tree(directory: str) -> None:
