@@ -23,10 +23,11 @@ from gateway import Gateway
 from gateway.audit import MemoryAuditSink
 from gateway.policy import Policy, load_policy_text
 from gateway.request import parse_request
-from gateway.runner.docker.mounts import MountStagingError, Staging
+from gateway.runner.docker.mounts import MountStagingError, Staging, engine_mounts
 from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import HostMount, Payload
 from gateway.testing import decide
+from tests.integration.conftest import leftover_labels
 
 pytestmark = pytest.mark.integration
 
@@ -363,3 +364,68 @@ def test_the_reaper_removes_staging_left_by_a_crashed_gateway(engine: Any, share
     for directory in (staged, Path(stale.directory)):
         assert not directory.exists()
         assert str(directory) not in mountinfo
+
+
+def test_what_appears_after_the_decision_is_checked_again_when_staged(
+    engine: Any, shared_dir: Path, runtime: str
+) -> None:
+    """A socket created between the decision and the run is refused by the staging's own scan."""
+    source = shared_dir / "data"
+    (source / "deep").mkdir(parents=True)
+    request = {"code": "x", "runtime": runtime, "mounts": [{"source": str(source), "target": "/data", "mode": "ro"}]}
+    decision = decide(mount_policy(shared_dir), parse_request(request))
+    assert decision.run is not None
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(source / "deep" / "late.sock"))
+    try:
+        with pytest.raises(MountStagingError, match=r"late\.sock is a unix socket"):
+            DockerRunner(engine).execute(decision.run, Payload("pass"))
+    finally:
+        server.close()
+    assert not (STAGING / decision.decision_id).exists()
+
+
+def test_a_mount_made_below_the_source_after_staging_never_reaches_the_staged_bind(shared_dir: Path) -> None:
+    """The staged bind is non-recursive and private: a later host mount below the source does not appear in it.
+    (On this machine every mount is private already; on a host with shared propagation, as systemd sets up,
+    the staged bind's own ``MS_PRIVATE`` is what keeps it out.)"""
+    source = shared_dir / "data"
+    (source / "sub").mkdir(parents=True)
+    staging = Staging.stage([_judged(shared_dir, source)], "late-submount-" + secrets.token_hex(4))
+    try:
+        proc = subprocess.run(["mount", "--bind", "/etc", str(source / "sub")], capture_output=True, check=False)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot bind-mount here: {proc.stderr.decode().strip()}")
+        try:
+            assert (source / "sub" / "passwd").exists()  # the host sees the new submount
+            assert os.listdir(f"{staging.directory}/0/sub") == []  # the staged bind does not
+        finally:
+            subprocess.run(["umount", "-l", str(source / "sub")], check=False)
+    finally:
+        staging.remove()
+    assert not Path(staging.directory).exists()
+
+
+def test_the_engine_honours_the_non_recursive_bind_it_is_given(engine: Any, shared_dir: Path, runtime: str) -> None:
+    """The ``Mounts`` entry the assembler writes (``BindOptions.NonRecursive``) really leaves submounts out."""
+    (shared_dir / "sub").mkdir()
+    proc = subprocess.run(["mount", "--bind", "/etc", str(shared_dir / "sub")], capture_output=True, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {proc.stderr.decode().strip()}")
+    try:
+        mount = {**engine_mounts([("/data", True)], "x")[0], "Source": str(shared_dir)}
+        api = engine.api
+        cid = api.create_container(
+            "gateway/sandbox-python:3.11-bookworm",
+            ["python3", "-c", "import os; print(os.listdir('/data/sub'))"],
+            host_config=api.create_host_config(mounts=[mount], runtime=runtime, network_mode="none"),
+            labels=leftover_labels(),
+        )["Id"]
+        try:
+            api.start(cid)
+            api.wait(cid, timeout=60)
+            assert api.logs(cid) == b"[]\n"
+        finally:
+            api.remove_container(cid, force=True)
+    finally:
+        subprocess.run(["umount", "-l", str(shared_dir / "sub")], check=False)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import re
 import stat
@@ -139,9 +140,16 @@ def _ensure_root(root: str) -> None:
         os.makedirs(root, mode=0o700, exist_ok=True)
         _check_owned_by_root(root)
         os.chmod(root, 0o700)
-        if not _is_mount_point(root):
-            _mount(root, root, _MS_BIND)
-        _mount(None, root, _MS_PRIVATE)
+        # One gateway process at a time turns the directory into a mount (two binds stacked by a race would
+        # hide the first one's staged binds from the engine).
+        lock = os.open(os.path.dirname(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _is_mount_point(root):
+                _mount(root, root, _MS_BIND)
+            _mount(None, root, _MS_PRIVATE)
+        finally:
+            os.close(lock)
     except MountStagingError:
         raise
     except OSError as exc:
@@ -205,6 +213,8 @@ class Staging:
                 os.rmdir(dst)
                 raise _privilege_error(exc, f"binding {m.path}") from exc
             self.staged.append(dst)
+            # Out of the source's peer group: nothing mounted on the host later propagates into the staged bind.
+            _mount(None, dst, _MS_PRIVATE)
             flags = _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (_MS_RDONLY if m.read_only else 0)
             _mount(None, dst, flags)
         finally:
