@@ -147,10 +147,12 @@ def test_swapping_the_source_for_a_symlink_to_root_never_binds_the_host_root(
 ) -> None:
     root, checked = swap_race
     gw = gateway_for(root)
-    runs = 12
+    # Every attempt is checked; most are refused quickly (the swap is seen), so run until some got through.
+    attempts, wanted = 40, 6
     escaped: list[Any] = []
-    ran = 0
-    for _ in range(runs):
+    ran = tried = 0
+    while tried < attempts and ran < wanted:
+        tried += 1
         token = f"pwned-{secrets.token_hex(6)}"
         result = execute(gw, checked, _PROBE.format(token=token), mode=mode, runtime=runtime)
         if Path("/tmp", token).exists():
@@ -162,8 +164,8 @@ def test_swapping_the_source_for_a_symlink_to_root_never_binds_the_host_root(
         seen = json.loads(result.outcome.stdout)
         if seen["names"] != ["judged.txt"]:
             escaped.append(seen["names"][:8])
-    assert not escaped, f"{len(escaped)} of {runs} runs reached the host root: {escaped[:3]}"
-    # Every run that was allowed saw exactly the judged directory (at least some must get through the race).
+    assert not escaped, f"{len(escaped)} of {tried} runs reached the host root: {escaped[:3]}"
+    # Every run that was allowed saw exactly the judged directory (and some did get through the race).
     assert ran > 0
 
 
