@@ -181,7 +181,10 @@ class Staging:
             raise MountStagingError(f"cannot create staging directory {staging.directory}: {exc.strerror}") from exc
         try:
             for index, mount in enumerate(mounts):
-                staging._bind(mount, staging_path(decision_id, index, root=root))
+                try:
+                    staging._bind(mount, staging_path(decision_id, index, root=root))
+                except OSError as exc:
+                    raise MountStagingError(f"staging mount source {mount.path} failed: {exc}; nothing ran") from exc
         except BaseException:
             staging.remove()
             raise
