@@ -186,3 +186,12 @@ def test_rw_mount_when_allowed(make_policy: Callable[[str], Policy], data_root: 
     assert d.options["mounts"][0]["ReadOnly"] is False
     assert d.run is not None
     assert d.run.mounts[0].path == os.path.realpath(data_root)
+
+
+def test_a_socket_deep_below_the_source_is_denied_by_mounts_contents(
+    mount_policy: Policy, data_root: Path, unix_socket: Path
+) -> None:
+    d = mount(mount_policy, data_root)  # the socket is data_root/engine.sock, below the source
+    assert failing(d) == ["mounts.contents"]
+    assert f"{unix_socket} is a unix socket" in d.violations[0].message
+    assert d.violations[0].mode == "enforce"
