@@ -24,7 +24,7 @@ from gateway.errors import UnsafeOptionsError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
-from gateway.runner.interface import RunSpec
+from gateway.runner.interface import HostMount, RunSpec
 
 __all__ = ["Assembler", "evaluate"]
 
@@ -69,6 +69,16 @@ def _judge(ctx: Context, rules: Iterable[Rule]) -> list[RuleResult]:
             message = f"rule crashed: {type(exc).__name__}: {exc}"
             results.append(RuleResult(rule.id, "error", "enforce", rule.path, None, None, message))
     return results
+
+
+def _host_mounts(settings: SandboxSettings) -> tuple[HostMount, ...]:
+    """The judged directories of an allowed decision (every one was opened below its root and identified)."""
+    out = []
+    for m in settings.mounts:
+        if m.root is None or m.identity is None:
+            raise ValueError(f"mount source {m.canonical} was allowed without being opened below a root")
+        out.append(HostMount(m.root, m.canonical, m.identity.device, m.identity.inode, m.target, m.mode == "ro"))
+    return tuple(out)
 
 
 def _error(rule: str, message: str) -> RuleResult:
@@ -117,6 +127,7 @@ def evaluate(
             output_files_bytes=settings.output_files_bytes,
             pull=settings.profile.pull,
             backend=assembler.backend,
+            mounts=_host_mounts(settings),
         )
     except UnsafeOptionsError as exc:
         detail = "; ".join(str(p) for p in exc.problems) or exc.message

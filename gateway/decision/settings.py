@@ -13,7 +13,9 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
 from gateway.policy.model import RUNSC_MIN_PIDS, Policy
+from gateway.policy.paths import is_within
 from gateway.request import ExecutionRequest
 
 __all__ = ["ResolvedMount", "SandboxProfile", "SandboxSettings", "resolve"]
@@ -24,11 +26,48 @@ class ResolvedMount:
     source: str
     """As the request wrote it."""
     canonical: str
-    """``realpath`` of the source: what is judged and what is bound."""
+    """``realpath`` of the source: the path judged against the allowlist and the denied paths. What is bound
+    is not this string but the directory with ``identity``, opened below ``root`` from this path."""
     target: str
     """Container path as requested; the ``mounts.target`` rule denies it unless it is already normalised."""
     mode: str
     """``ro`` or ``rw``."""
+    root: str | None = None
+    """The allowlisted root that contains ``canonical`` (None: no root does)."""
+    identity: Identity | None = None
+    """Device and inode of the directory opened below ``root`` with no symlink followed: the judged
+    directory. A backend binds only a directory with this identity."""
+    problem: str | None = None
+    """Why the source could not be opened below its root (``identity`` is then None)."""
+    contents: str | None = None
+    """Why what lies below the source may not be exposed (a socket, a mount point, too many entries)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        ident = self.identity
+        return {
+            "source": self.source,
+            "canonical": self.canonical,
+            "target": self.target,
+            "mode": self.mode,
+            "device": ident.device if ident else None,
+            "inode": ident.inode if ident else None,
+        }
+
+
+def _judge_mount(policy: Policy, source: str, target: str, mode: str) -> ResolvedMount:
+    """Resolve the source, open it below its allowlisted root (no symlinks), take its identity, scan it."""
+    canonical = _canonical(source)
+    root = next((r.root for r in policy.mounts.allow if is_within(canonical, r.root)), None)
+    if root is None:
+        return ResolvedMount(source, canonical, target, mode)
+    try:
+        fd = open_beneath(root, canonical)
+    except HostPathError as exc:
+        return ResolvedMount(source, canonical, target, mode, root, problem=str(exc))
+    try:
+        return ResolvedMount(source, canonical, target, mode, root, identity_of(fd), contents=scan(fd, canonical))
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +123,7 @@ class SandboxSettings:
             "language": self.language,
             "code_bytes": self.code_bytes,
             "files_bytes": self.files_bytes,
+            "mounts": [m.to_dict() for m in self.mounts],
         }
 
 
@@ -129,7 +169,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         output_bytes=int(_pick(req.output_bytes, lim.output_bytes.default)),
         output_files_bytes=int(_pick(req.output_files_bytes, lim.output_files_bytes.default)),
         env=tuple(request.env.items()),
-        mounts=tuple(ResolvedMount(m.source, _canonical(m.source), m.target, m.mode) for m in request.mounts),
+        mounts=tuple(_judge_mount(policy, m.source, m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,
         files_bytes=request.files_bytes,
     )

@@ -36,7 +36,7 @@ from gateway.policy.model import (
     RuntimeRule,
     UserSpec,
 )
-from gateway.policy.paths import denied_host_reason, target_problem
+from gateway.policy.paths import denied_host_reason, rw_overlaps, target_problem
 from gateway.policy.sizes import SizeError, format_size, parse_size
 from gateway.policy.yamlstrict import LoadedYaml, load_yaml
 from gateway.resources import load_schema
@@ -213,6 +213,12 @@ def _mounts(spec: dict[str, Any], sem: _Semantic) -> MountsRule:
                 sem.fail(f"{path}.targets[{t_index}]", problem)
             targets.append(posixpath.normpath(target))
         roots.append(MountRoot(root, tuple(item.get("modes", ("ro",))), tuple(targets)))
+    for i, j in rw_overlaps([(r.root, r.modes) for r in roots]):
+        sem.fail(
+            f"$.spec.mounts.allow[{j}].root",
+            f"root {roots[j].root} overlaps root {roots[i].root} (allow[{i}]) and one of them allows rw: a "
+            "sandbox with the rw mount could rearrange the other's tree; use sibling directories instead",
+        )
     return MountsRule(tuple(roots), m_raw.get("max_count", 4), m_raw.get("mode", "enforce"))
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "RESERVED_TARGETS",
     "denied_host_reason",
     "is_within",
+    "rw_overlaps",
     "target_problem",
 ]
 
@@ -138,3 +139,22 @@ def target_problem(target: str) -> str | None:
         if is_within(normal, root):
             return f"target {normal} is inside {root}, which a mount may not shadow"
     return None
+
+
+def rw_overlaps(roots: list[tuple[str, tuple[str, ...]]]) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)``, ``i < j``, of canonical ``(root, modes)`` where one allows ``rw`` and they
+    overlap (equal, or one inside the other).
+
+    Such a policy is refused: a sandbox with the ``rw`` mount could rearrange (rename, exchange) the tree
+    in which the other root's sources are judged, and create a listening socket there after the check. The
+    staged binds make any such change a refusal, never an escape, but a read-only mount would then depend
+    on, and could talk to, a concurrent sandbox. Sibling roots (``/srv/in`` ro, ``/srv/out`` rw) give the
+    same capability without the coupling.
+    """
+    found = []
+    for i, (a, a_modes) in enumerate(roots):
+        for j in range(i + 1, len(roots)):
+            b, b_modes = roots[j]
+            if ("rw" in a_modes or "rw" in b_modes) and (is_within(a, b) or is_within(b, a)):
+                found.append((i, j))
+    return found

@@ -10,11 +10,33 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.errors import PolicyError
+from gateway.errors import PolicyError, Problem
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy
+from gateway.policy.paths import rw_overlaps
 
 __all__ = ["PolicySet"]
+
+
+def _refuse_shared_rw_roots(default: Policy, principals: Mapping[str, Policy]) -> None:
+    """Across different policies too, an ``rw`` root may not overlap another's root (see ``rw_overlaps``):
+    one principal's sandbox could otherwise rearrange the tree another principal's mounts are judged in."""
+    roots: list[tuple[str, tuple[str, ...]]] = []
+    owners: list[tuple[str, str]] = []
+    for who, policy in (("the default", default), *((f"principal {n!r}", p) for n, p in principals.items())):
+        for r in policy.mounts.allow:
+            roots.append((r.root, r.modes))
+            owners.append((who, policy.sha256))
+    problems = [
+        Problem(
+            f"mount root {roots[i][0]} of {owners[i][0]} policy and {roots[j][0]} of {owners[j][0]} policy "
+            "overlap and one allows rw; give each principal sibling directories"
+        )
+        for i, j in rw_overlaps(roots)
+        if owners[i][1] != owners[j][1]  # one policy's own roots were checked when it was loaded
+    ]
+    if problems:
+        raise PolicyError("policies of the set share a writable mount tree", problems=problems)
 
 
 @dataclass(frozen=True)
@@ -37,6 +59,7 @@ class PolicySet:
         for name in principals:
             if not name:
                 raise PolicyError("a principal in a policy set needs a non-empty name")
+        _refuse_shared_rw_roots(default, principals)
         compiled = {name: compile_policy(p) for name, p in principals.items()}
         return cls(compile_policy(default), MappingProxyType(compiled))
 

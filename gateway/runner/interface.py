@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NOTHING_RAN",
     "PULL_POLICIES",
+    "HostMount",
     "Outcome",
     "Payload",
     "RunSpec",
@@ -32,6 +33,22 @@ __all__ = [
 
 PULL_POLICIES = ("never", "if-missing")
 """``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostMount:
+    """A judged host directory to bind: a backend binds the directory with this identity, opened below
+    ``root`` from ``path`` with no symlink followed, and nothing else (see ``gateway.hostfs``)."""
+
+    root: str
+    """The allowlisted root the directory was opened from."""
+    path: str
+    """The canonical host path that was judged."""
+    device: int
+    inode: int
+    target: str
+    """Container path."""
+    read_only: bool
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ class RunSpec:
     """``never`` or ``if-missing`` (see ``PULL_POLICIES``)."""
     backend: str = "docker"
     """Which backend's vocabulary ``options`` are in."""
+    mounts: tuple[HostMount, ...] = ()
+    """The judged host directories, in the order of the request's mounts: what the backend must bind."""
 
     def __post_init__(self) -> None:
         # A private deep copy: nothing the caller keeps can change what was guarded.

@@ -61,13 +61,8 @@ class CreateWatch:
         events = self.engine.events(
             since=self.since, until=until, filters={"type": "container", "event": "create"}, decode=True
         )
-        ours = os.environ["GATEWAY_INSTANCE"]  # other sessions on this engine are not ours to count
-        return [
-            e["id"]
-            for e in events
-            if e.get("Actor", {}).get("Attributes", {}).get(MANAGED_LABEL) == "true"
-            and e["Actor"]["Attributes"].get(INSTANCE_LABEL) == ours
-        ]
+        ours = {MANAGED_LABEL: "true", INSTANCE_LABEL: os.environ["GATEWAY_INSTANCE"]}  # not other sessions'
+        return [e["id"] for e in events if ours.items() <= e.get("Actor", {}).get("Attributes", {}).items()]
 
     def created(self) -> list[str]:
         return [i for i in self._ids() if i not in self.before]

@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from gateway.errors import ImageMissingError, UnsafeOptionsError
+from gateway.policy import load_policy_text
+from gateway.request import parse_request
 from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import Outcome, Payload, RunSpec
+from gateway.testing import decide
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +54,40 @@ def test_output_files_are_capped(runner: DockerRunner, options_for: Options) -> 
     assert outcome.files_truncated
 
 
-def test_read_only_mount_is_readable_not_writable(runner: DockerRunner, options_for: Options, shared_dir: Path) -> None:
+_MOUNT_POLICY = """\
+apiVersion: gateway.agent-exec/v1
+kind: Policy
+metadata: {{name: io-mounts}}
+spec:
+  images:
+    default: gateway/sandbox-python:3.11-bookworm
+    allow: [{{repository: gateway/sandbox-python, tags: ["3.11-bookworm"]}}]
+  limits:
+    memory: {{default: 256m, max: 512m}}
+    cpus: {{default: 1, max: 2}}
+    pids: {{default: 256, max: 512}}
+    timeout_s: {{default: 20, max: 60}}
+    output_bytes: {{default: 1m, max: 4m}}
+    tmpfs: {{default: 64m, max: 128m}}
+    code_size: {{max: 256k}}
+    files_size: {{max: 1m}}
+  runtime: {{allowed: [runc, runsc], default: runc}}
+  user: {{uid: 65534, gid: 65534}}
+  mounts:
+    allow: [{{root: {root}, modes: [ro, rw], targets: [/data, /results]}}]
+"""
+
+
+def mounted_spec(runtime: str, source: Path, target: str, mode: str) -> RunSpec:
+    """The run specification the decision makes for one mount (options with the staged bind, judged mounts)."""
+    policy = load_policy_text(_MOUNT_POLICY.format(root=source))
+    request = {"code": "x", "runtime": runtime, "mounts": [{"source": str(source), "target": target, "mode": mode}]}
+    decision = decide(policy, parse_request(request))
+    assert decision.run is not None, [v.message for v in decision.violations]
+    return decision.run
+
+
+def test_read_only_mount_is_readable_not_writable(runner: DockerRunner, runtime: str, shared_dir: Path) -> None:
     (shared_dir / "input.txt").write_text("from the host")
     (shared_dir / "input.txt").chmod(0o644)
     code = """
@@ -62,8 +98,8 @@ def test_read_only_mount_is_readable_not_writable(runner: DockerRunner, options_
     except OSError as exc:
         print("refused", exc.errno)
     """
-    options = options_for(volumes={str(shared_dir): {"bind": "/data", "mode": "ro"}})
-    outcome = run(runner, options, code)
+    spec = mounted_spec(runtime, shared_dir, "/data", "ro")
+    outcome = runner.execute(spec, Payload(textwrap.dedent(code)))
     assert outcome.exit_code == 0, outcome.stderr
     lines = outcome.stdout.decode().splitlines()
     assert lines[0] == "from the host"
@@ -71,10 +107,10 @@ def test_read_only_mount_is_readable_not_writable(runner: DockerRunner, options_
     assert not (shared_dir / "new.txt").exists()
 
 
-def test_rw_mount_keeps_what_is_written(runner: DockerRunner, options_for: Options, shared_dir: Path) -> None:
+def test_rw_mount_keeps_what_is_written(runner: DockerRunner, runtime: str, shared_dir: Path) -> None:
     shared_dir.chmod(0o777)
-    options = options_for(volumes={str(shared_dir): {"bind": "/results", "mode": "rw"}})
-    outcome = run(runner, options, "open('/results/kept.bin', 'wb').write(bytes([0, 255, 10]))\n")
+    spec = mounted_spec(runtime, shared_dir, "/results", "rw")
+    outcome = runner.execute(spec, Payload("open('/results/kept.bin', 'wb').write(bytes([0, 255, 10]))\n"))
     assert outcome.exit_code == 0, outcome.stderr
     assert (shared_dir / "kept.bin").read_bytes() == bytes([0, 255, 10])
 

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from gateway.errors import UnsafeOptionsError
 from gateway.policy import Policy
 from gateway.request import parse_request
+from gateway.runner.docker.mounts import STAGING_ROOT
 from gateway.runner.docker.options import (
     ASSEMBLED_OPTION_KEYS,
     CONTAINER_CONFIG_KEYS,
+    DECISION_LABEL,
     HOST_CONFIG_KEYS,
     LABEL_PREFIX,
     MANAGED_LABEL,
@@ -185,11 +187,53 @@ def test_guard_reports_every_problem(safe: dict[str, Any]) -> None:
     assert {p.path for p in info.value.problems} >= {"$.privileged", "$.network_mode", "$.read_only", "$.user"}
 
 
-def test_guard_extra_denied_paths(safe: dict[str, Any], tmp_path: Path) -> None:
-    options = dict(safe, volumes={str(tmp_path): {"bind": "/data", "mode": "ro"}})
-    guard(options)
-    with pytest.raises(UnsafeOptionsError):
-        guard(options, denied_paths=(str(tmp_path / "audit"),))
+def _staged(safe: dict[str, Any], **change: Any) -> dict[str, Any]:
+    decision = safe["labels"][DECISION_LABEL]
+    mount = {
+        "Type": "bind",
+        "Source": f"{STAGING_ROOT}/{decision}/0",
+        "Target": "/data",
+        "ReadOnly": True,
+        "BindOptions": {"NonRecursive": True, "Propagation": "rprivate"},
+    }
+    mount.update(change)
+    return dict(safe, mounts=[{k: v for k, v in mount.items() if v is not None}])
+
+
+def test_guard_accepts_a_staged_non_recursive_bind(safe: dict[str, Any]) -> None:
+    guard(_staged(safe))
+
+
+MOUNT_UNSAFE: list[tuple[str, dict[str, Any]]] = [
+    ("host path as source", {"Source": "/srv/data"}),
+    ("another run's staging path", {"Source": f"{STAGING_ROOT}/other-decision/0"}),
+    ("wrong index", {"Source": f"{STAGING_ROOT}/d/1"}),
+    ("recursive bind", {"BindOptions": {"Propagation": "rprivate"}}),
+    ("shared propagation", {"BindOptions": {"NonRecursive": True, "Propagation": "rshared"}}),
+    ("volume type", {"Type": "volume"}),
+    ("ReadOnly not a bool", {"ReadOnly": "yes"}),
+    ("ReadOnly missing", {"ReadOnly": None}),
+    ("onto /etc", {"Target": "/etc"}),
+    ("onto the workspace", {"Target": "/workspace/x"}),
+    ("extra key", {"VolumeOptions": {}}),
+]
+
+
+@pytest.mark.parametrize(("case", "change"), MOUNT_UNSAFE, ids=[m[0] for m in MOUNT_UNSAFE])
+def test_guard_refuses_every_mount_but_this_runs_staged_non_recursive_binds(
+    safe: dict[str, Any], case: str, change: dict[str, Any]
+) -> None:
+    with pytest.raises(UnsafeOptionsError) as info:
+        guard(_staged(safe, **change))
+    assert [p.path for p in info.value.problems] == ["$.mounts[0]"], case
+
+
+def test_guard_refuses_two_mounts_on_one_target(safe: dict[str, Any]) -> None:
+    options = _staged(safe)
+    second = dict(options["mounts"][0], Source=options["mounts"][0]["Source"][:-1] + "1")
+    options["mounts"].append(second)
+    with pytest.raises(UnsafeOptionsError, match="refused"):
+        guard(options)
 
 
 # --- property: nothing an arbitrary request asks for yields options the guard refuses -------------------

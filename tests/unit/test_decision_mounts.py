@@ -28,7 +28,25 @@ def test_allowed_read_only_mount(mount_policy: Policy, data_root: Path) -> None:
     d = mount(mount_policy, data_root / "sets", "/data/sets")
     assert d.allowed, [v.message for v in d.violations]
     assert d.options is not None
-    assert d.options["volumes"] == {str((data_root / "sets").resolve()): {"bind": "/data/sets", "mode": "ro"}}
+    # The engine gets this run's staging path, never the host path; the plan records what was judged.
+    assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in d.options["mounts"]] == [
+        (f"/run/agent-gateway/staging/{d.decision_id}/0", "/data/sets", True)
+    ]
+    st = (data_root / "sets").stat()
+    assert d.to_dict()["plan"]["mounts"] == [
+        {
+            "source": str(data_root / "sets"),
+            "canonical": str((data_root / "sets").resolve()),
+            "target": "/data/sets",
+            "mode": "ro",
+            "device": st.st_dev,
+            "inode": st.st_ino,
+        }
+    ]
+    assert d.run is not None
+    assert [(m.path, m.device, m.inode, m.read_only) for m in d.run.mounts] == [
+        (str((data_root / "sets").resolve()), st.st_dev, st.st_ino, True)
+    ]
     assert mount(mount_policy, data_root).allowed
 
 
@@ -165,4 +183,15 @@ def test_rw_mount_when_allowed(make_policy: Callable[[str], Policy], data_root: 
     d = mount(policy, data_root, "/out", "rw")
     assert d.allowed
     assert d.options is not None
-    assert d.options["volumes"][os.path.realpath(data_root)]["mode"] == "rw"
+    assert d.options["mounts"][0]["ReadOnly"] is False
+    assert d.run is not None
+    assert d.run.mounts[0].path == os.path.realpath(data_root)
+
+
+def test_a_socket_deep_below_the_source_is_denied_by_mounts_contents(
+    mount_policy: Policy, data_root: Path, unix_socket: Path
+) -> None:
+    d = mount(mount_policy, data_root)  # the socket is data_root/engine.sock, below the source
+    assert failing(d) == ["mounts.contents"]
+    assert f"{unix_socket} is a unix socket" in d.violations[0].message
+    assert d.violations[0].mode == "enforce"

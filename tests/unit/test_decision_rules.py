@@ -276,7 +276,7 @@ def test_decision_to_dict_contract(default_policy: Policy) -> None:
     assert set(out["results"][0]) == {"rule", "status", "mode", "path", "got", "expected", "message"}
     assert set(out["plan"]) == {
         "image", "runtime", "network", "timeout_s", "output_bytes", "output_files_bytes",
-        "pull", "language", "code_bytes", "files_bytes",
+        "pull", "language", "code_bytes", "files_bytes", "mounts",
     }  # fmt: skip
     assert out["plan"]["pull"] == "never"
     labels = out["options"]["labels"]

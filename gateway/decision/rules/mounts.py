@@ -1,7 +1,9 @@
 """Mounts: only allowlisted host roots, never a denied path (the engine socket, system paths, the audit trail),
-only allowed targets, each target once.
+only allowed targets, each target once, and nothing below a source that a bind would expose dangerously.
 
-Sources are judged by their canonical path (``realpath``), so ``..`` and symlinks cannot leave a root.
+Sources are judged by their canonical path (``realpath``), so ``..`` and symlinks cannot leave a root; then
+the directory itself is opened below its root with no symlink followed (``gateway.hostfs``) and its device
+and inode become part of the decision: a backend binds that directory and no other.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def _allowlist(ctx: Context) -> Iterator[Finding]:
         root = ctx.compiled.matching_root(m.canonical)
         if not os.path.exists(m.canonical):
             yield fail(f"{path}.source", m.source, roots, f"mount source {m.source!r} does not exist")
+        elif m.problem is not None:
+            yield fail(f"{path}.source", m.canonical, roots, m.problem, never_relaxed=True)
         elif root is None:
             shown = m.source if m.canonical == m.source else f"{m.source} (resolves to {m.canonical})"
             yield fail(f"{path}.source", m.canonical, roots, f"mount source {shown} is not inside an allowlisted root")
@@ -62,6 +66,22 @@ def _allowlist(ctx: Context) -> Iterator[Finding]:
             yield fail(f"{path}.mode", m.mode, modes, message)
         else:
             yield ok(f"{path}.source", m.canonical, roots, f"{m.canonical} lies inside {root.root} ({m.mode})")
+
+
+def _contents(ctx: Context) -> Iterator[Finding]:
+    mounts = ctx.settings.mounts
+    if not mounts:
+        yield skip("$.mounts", "no mounts requested")
+        return
+    expected = "only directories, regular files and symlinks below the source; no mount points"
+    for index, m in enumerate(mounts):
+        path = f"$.mounts[{index}].source"
+        if m.identity is None:
+            yield skip(path, f"{m.canonical} was not opened (see mounts.allowlist)")
+        elif m.contents is not None:
+            yield fail(path, m.canonical, expected, m.contents)
+        else:
+            yield ok(path, m.canonical, expected, f"nothing below {m.canonical} is a socket, device or mount point")
 
 
 def _target(ctx: Context) -> Iterator[Finding]:
@@ -89,5 +109,6 @@ def _target(ctx: Context) -> Iterator[Finding]:
 RULES: tuple[Rule, ...] = (
     Rule("mounts.denied_path", _denied_path, lambda _p: "enforce", "$.mounts"),
     Rule("mounts.allowlist", _allowlist, lambda p: p.mounts.mode, "$.mounts"),
+    Rule("mounts.contents", _contents, lambda _p: "enforce", "$.mounts"),
     Rule("mounts.target", _target, lambda p: p.mounts.mode, "$.mounts"),
 )

@@ -13,14 +13,13 @@ profile (policy, image, runtime, limits: what a warm pool can prepare ahead of a
 
 from __future__ import annotations
 
-import os
-import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.decision.settings import SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
-from gateway.policy.paths import denied_host_reason, target_problem
+from gateway.policy.paths import target_problem
+from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
 
 __all__ = [
     "ASSEMBLED_OPTION_KEYS",
@@ -79,11 +78,11 @@ HOST_CONFIG_KEYS: frozenset[str] = frozenset(
         "init",
         "ipc_mode",
         "cgroupns",
-        "volumes",
+        "mounts",
         "runtime",
     }
 )
-"""Assembled keys that go to ``create_host_config`` (``volumes`` as its ``binds``)."""
+"""Assembled keys that go to ``create_host_config``."""
 ASSEMBLED_OPTION_KEYS: frozenset[str] = CONTAINER_CONFIG_KEYS | HOST_CONFIG_KEYS
 """Every key the assembler may produce, and the only keys the guard lets through."""
 
@@ -104,7 +103,8 @@ _FORBIDDEN_KEYS: Mapping[str, str] = {
     "pid_mode": "the host (or another container's) pid namespace is never shared",
     "uts_mode": "the host uts namespace is never shared",
     "userns_mode": "the host user namespace is never used",
-    "mounts": "mounts are only assembled from the policy as volumes",
+    "volumes": "host paths are never bound directly: judged mounts are staged and given as non-recursive mounts",
+    "binds": "host paths are never bound directly: judged mounts are staged and given as non-recursive mounts",
     "network": "networks are only set through network_mode",
     "sysctls": "sysctls are never set by a request",
     "oom_kill_disable": "the OOM killer is never disabled",
@@ -166,7 +166,8 @@ def run_options(settings: SandboxSettings, *, decision_id: str, request_id: str)
         "labels": {DECISION_LABEL: decision_id, REQUEST_LABEL: request_id},
     }
     if settings.mounts:
-        options["volumes"] = {m.canonical: {"bind": m.target, "mode": m.mode} for m in settings.mounts}
+        # Never the host path: the runner binds the judged directory at the staging path (see ``mounts.py``).
+        options["mounts"] = engine_mounts([(m.target, m.mode == "ro") for m in settings.mounts], decision_id)
     return options
 
 
@@ -192,13 +193,6 @@ class DockerAssembler:
 
     def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
         guard(options, denied_paths=denied_paths)
-
-
-def _canonical(path: str) -> str:
-    try:
-        return os.path.realpath(path)
-    except (OSError, ValueError):
-        return posixpath.normpath(path)
 
 
 # --- the invariant guard --------------------------------------------------------------------------------
@@ -327,49 +321,42 @@ def _check_labels(options: Mapping[str, Any]) -> _Issues:
         yield "$.labels", f"the {MANAGED_LABEL} label is missing"
 
 
-def _volume_entries(volumes: Any) -> Iterable[tuple[str, str | None, str | None, str | None]]:
-    """``(where, source, target, mode)`` per volume; ``source`` None when the entry is malformed (``target``
-    then says why)."""
-    if isinstance(volumes, Mapping):
-        for source, spec in volumes.items():
-            where = f"$.volumes[{source!r}]"
-            if not isinstance(spec, Mapping) or not isinstance(spec.get("bind"), str):
-                yield where, None, "volume must be {'bind': target, 'mode': 'ro'|'rw'}", None
-                continue
-            mode = spec.get("mode")
-            yield where, str(source), spec["bind"], mode if isinstance(mode, str) else None
-    elif isinstance(volumes, Sequence) and not isinstance(volumes, str):
-        for index, item in enumerate(volumes):
-            parts = item.split(":") if isinstance(item, str) else []
-            if len(parts) != 3:
-                yield f"$.volumes[{index}]", None, "volume must be 'source:target:mode' with an explicit mode", None
-                continue
-            yield f"$.volumes[{parts[0]!r}]", parts[0], parts[1], parts[2]
-    else:
-        yield "$.volumes", None, "volumes must be a mapping or a list", None
+_MOUNT_KEYS = frozenset({"Type", "Source", "Target", "ReadOnly", "BindOptions"})
+_BIND_OPTIONS = {"NonRecursive": True, "Propagation": "rprivate"}
 
 
-def _check_volumes(options: Mapping[str, Any], denied: tuple[str, ...]) -> _Issues:
-    if "volumes" not in options:
+def _check_mounts(options: Mapping[str, Any]) -> _Issues:
+    """Every mount is a non-recursive, private bind of this run's own staging path, onto an allowed target."""
+    if "mounts" not in options:
         return
-    for where, source, target, mode in _volume_entries(options["volumes"]):
-        if source is None or target is None:
-            yield where, target or "malformed volume"
+    mounts = options["mounts"]
+    if not isinstance(mounts, list):
+        yield "$.mounts", "mounts must be a list"
+        return
+    labels = options.get("labels")
+    decision = labels.get(DECISION_LABEL) if isinstance(labels, Mapping) else None
+    seen: set[str] = set()
+    for index, m in enumerate(mounts):
+        where = f"$.mounts[{index}]"
+        if not isinstance(m, Mapping) or set(m) != _MOUNT_KEYS:
+            yield where, f"a mount must have exactly the keys {sorted(_MOUNT_KEYS)}"
             continue
-        if mode not in ("ro", "rw"):
-            yield where, "every volume needs an explicit mode ro or rw"
-        if any(ch in source + target for ch in ":,\x00\n"):
-            yield where, "volume source and target must not contain ':', ',', NUL or line breaks"
-            continue
-        if not source.startswith("/"):
-            yield where, "volume source must be an absolute host path (named volumes are not allowed)"
-            continue
-        reason = denied_host_reason(_canonical(source), extra=denied)
-        if reason is not None:
-            yield where, reason
-        problem = target_problem(target)
+        if m["Type"] != "bind":
+            yield where, f"mount type {m['Type']!r} is not allowed (only bind)"
+        if m["BindOptions"] != _BIND_OPTIONS:
+            yield where, f"bind options must be {_BIND_OPTIONS} (non-recursive: no submount comes along)"
+        if not isinstance(m["ReadOnly"], bool):
+            yield where, "ReadOnly must be a boolean"
+        expected = f"{STAGING_ROOT}/{decision}/{index}"
+        if not isinstance(decision, str) or m["Source"] != expected:
+            yield where, f"mount source {m['Source']!r} is not this run's staging path {expected!r}"
+        target = m["Target"]
+        problem = target_problem(target) if isinstance(target, str) else "mount target must be a string"
+        if problem is None and target in seen:
+            problem = f"target {target} is used by more than one mount"
         if problem is not None:
             yield where, problem
+        seen.add(str(target))
 
 
 _CHECKS = (
@@ -382,16 +369,18 @@ _CHECKS = (
     _check_namespaces,
     _check_tmpfs,
     _check_labels,
+    _check_mounts,
 )
 
 
 def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
     """Refuse ``options`` (raise :class:`UnsafeOptionsError` listing every problem) unless all invariants hold.
 
-    ``denied_paths`` adds deployment paths (the audit sink's directory) to the never-mountable list.
+    ``denied_paths`` (deployment paths such as the audit sink's directory) needs no check here any more: no
+    host path reaches the options, only this run's staging paths (``_check_mounts``); the judged host paths
+    are checked by the decision's ``mounts.*`` rules and again, on the opened directory, when staged.
     """
     issues = [issue for check in _CHECKS for issue in check(options)]
-    issues.extend(_check_volumes(options, tuple(os.path.realpath(p) for p in denied_paths)))
     if issues:
         problems = [Problem(message, path=path, code="decision.unsafe_options") for path, message in issues]
         raise UnsafeOptionsError(f"refused unsafe run options ({len(problems)} problem(s))", problems=problems)

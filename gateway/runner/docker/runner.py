@@ -44,9 +44,11 @@ from gateway.errors import (
 )
 from gateway.runner.docker.collect import Collected, outcome_of, read_frames
 from gateway.runner.docker.errors import map_engine_error
+from gateway.runner.docker.mounts import Staging, reap_staging
 from gateway.runner.docker.options import (
     CONTAINER_CONFIG_KEYS,
     DEADLINE_LABEL,
+    DECISION_LABEL,
     HOST_CONFIG_KEYS,
     INSTANCE_LABEL,
     MANAGED_LABEL,
@@ -92,6 +94,8 @@ class DockerSandbox:
     """docker-py's socket object, kept referenced so the connection stays open."""
     used: bool = False
     runtime: str = "runc"
+    staging: Staging | None = None
+    """The staged binds of the judged mounts (removed after the container, always)."""
 
     def close(self) -> None:
         """Drop the attach connection of a sandbox that will never run (its container is reaped)."""
@@ -224,7 +228,10 @@ class DockerRunner:
         api = self.client.api
         container_id: str | None = None
         sockio: Any = None
+        staging: Staging | None = None
+        runtime = str(spec.options.get("runtime") or "runc")
         try:
+            staging = _stage(spec, kwargs)
             with self._step("creating the container"):
                 container_id = str(api.create_container(**_create_args(kwargs, api))["Id"])
             with self._step("attaching to the container"):
@@ -232,10 +239,17 @@ class DockerRunner:
                 sock = _raw_socket(sockio)
             with self._step("starting the container"):
                 api.start(container_id)
+            if staging is not None:  # before any payload: the program has not run yet
+                with self._step("verifying the container's mounts"):
+                    staging.verify(api.inspect_container(container_id), runtime)
         except BaseException:
             _close(sockio)
-            if container_id is not None:
-                self._remove(container_id, quiet=True)
+            try:
+                if container_id is not None:
+                    self._remove(container_id, quiet=True)
+            finally:
+                if staging is not None:
+                    staging.remove()
             raise
         return DockerSandbox(
             spec=spec,
@@ -244,7 +258,8 @@ class DockerRunner:
             pulled=pulled,
             sock=sock,
             sockio=sockio,
-            runtime=str(spec.options.get("runtime") or "runc"),
+            runtime=runtime,
+            staging=staging,
         )
 
     # -- run -------------------------------------------------------------------------------------------
@@ -262,8 +277,12 @@ class DockerRunner:
             return outcome
         finally:
             _close(sandbox.sockio)
-            if sandbox.container_id is not None:
-                self._remove(sandbox.container_id, quiet=failed)
+            try:
+                if sandbox.container_id is not None:
+                    self._remove(sandbox.container_id, quiet=failed)
+            finally:
+                if sandbox.staging is not None:
+                    sandbox.staging.remove()
 
     def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
         return self.run(self.prepare(spec), payload)
@@ -345,12 +364,21 @@ class DockerRunner:
             found = self.client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
         now = time.time()
         removed: list[str] = []
+        live: set[str] = set()
+        gone: set[str] = set()
         for entry in found:
             labels = entry.get("Labels") or {}
+            decision = str(labels.get(DECISION_LABEL, ""))
             if everything or labels.get(INSTANCE_LABEL) == self.instance or is_expired(labels, now):
                 cid = str(entry["Id"])
                 self._remove(cid, quiet=False)
                 removed.append(cid)
+                gone.add(decision)
+            else:
+                live.add(decision)
+        # Staged binds of containers that no longer exist (a crashed gateway); a run being prepared right
+        # now has staged before creating its container, hence the grace.
+        reap_staging(live, grace_s=EXPIRY_GRACE_S, gone=gone)
         return removed
 
 
@@ -368,8 +396,9 @@ def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
     """``create_container`` arguments through docker-py's public low-level API.
 
     The assembled keys are sorted by our own two allow-lists (container config, host config) into
-    ``create_container`` and ``create_host_config``; ``volumes`` becomes the host config's ``binds`` plus the
-    container paths. Anything else is refused: the guard already passed these options, so a leftover is a bug.
+    ``create_container`` and ``create_host_config`` (``mounts`` are the engine's own ``Mounts`` objects, passed
+    as they are: non-recursive binds of staging paths, see ``mounts.py``). Anything else is refused: the
+    guard already passed these options, so a leftover is a bug.
     ``stdin_once`` has no keyword of its own in docker-py: ``create_container`` sets ``StdinOnce`` (and the
     attach flags) from ``stdin_open`` when ``detach`` is false, so that is how it is expressed.
     ``use_config_proxy=False``: docker-py would otherwise copy proxy settings from the client's config file
@@ -378,9 +407,6 @@ def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
     args = dict(kwargs)
     stdin_once = bool(args.pop("stdin_once", False))
     host = {k: args.pop(k) for k in list(args) if k in HOST_CONFIG_KEYS or k == "log_config"}
-    volumes = host.pop("volumes", None)
-    if volumes:
-        host["binds"] = volumes
     transport: dict[str, Any] = {k: args.pop(k) for k in ("command", "entrypoint", "stdin_open", "tty") if k in args}
     args.pop("detach", None)  # expressed through stdin_once below
     leftovers = sorted(set(args) - CONTAINER_CONFIG_KEYS)
@@ -393,11 +419,21 @@ def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
         "host_config": api.create_host_config(**host),
         "use_config_proxy": False,
     }
-    if isinstance(volumes, Mapping):
-        create["volumes"] = [spec["bind"] for spec in volumes.values()]
-    elif volumes:
-        create["volumes"] = [str(entry).split(":")[1] for entry in volumes]
     return create
+
+
+def _stage(spec: RunSpec, kwargs: Mapping[str, Any]) -> Staging | None:
+    """Bind the judged mounts at this run's staging paths and check the assembled mounts name exactly them."""
+    if not spec.mounts and "mounts" not in kwargs:
+        return None
+    decision_id = str((kwargs.get("labels") or {}).get(DECISION_LABEL, ""))
+    staging = Staging.stage(spec.mounts, decision_id)
+    try:
+        staging.check_options(kwargs.get("mounts"))
+    except BaseException:
+        staging.remove()
+        raise
+    return staging
 
 
 def _unix_socket_path(base_url: str | None) -> str | None:

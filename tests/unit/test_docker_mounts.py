@@ -1,0 +1,46 @@
+"""The Docker backend's own cross-check: the assembled mounts must be exactly the staged binds of the judged ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.runner.docker.mounts import STAGING_ROOT, MountStagingError, Staging, engine_mounts, staging_path
+from gateway.runner.interface import HostMount
+
+JUDGED = (
+    HostMount("/srv/data", "/srv/data/in", 1, 2, "/data", True),
+    HostMount("/srv/out", "/srv/out", 1, 3, "/out", False),
+)
+
+
+def staging() -> Staging:
+    return Staging(STAGING_ROOT, "d1", JUDGED)
+
+
+def test_the_assembled_mounts_of_the_decision_pass() -> None:
+    staging().check_options(engine_mounts([("/data", True), ("/out", False)], "d1"))
+
+
+@pytest.mark.parametrize(
+    "mounts",
+    [
+        None,
+        [],
+        engine_mounts([("/data", False), ("/out", False)], "d1"),  # ro judged, rw assembled
+        engine_mounts([("/out", False), ("/data", True)], "d1"),  # swapped
+        engine_mounts([("/data", True), ("/out", False)], "d2"),  # another run's staging
+        engine_mounts([("/data", True)], "d1"),  # one left out
+    ],
+    ids=["none", "empty", "read-only-mismatch", "order", "other-decision", "missing"],
+)
+def test_anything_else_is_refused(mounts: Any) -> None:
+    with pytest.raises(MountStagingError, match="not the staged binds"):
+        staging().check_options(mounts)
+
+
+@pytest.mark.parametrize("decision_id", ["", "..", "a/b", "x" * 65, "a b"])
+def test_a_decision_id_that_is_not_a_plain_name_names_no_staging_directory(decision_id: str) -> None:
+    with pytest.raises(ValueError, match="cannot name a staging directory"):
+        staging_path(decision_id, 0)

@@ -1,0 +1,151 @@
+"""Opening a mount source below its root without following symlinks, and the scan of what a bind exposes."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import PolicyError
+from gateway.hostfs import HostPathError, identity_of, open_beneath, scan
+from gateway.policy import PolicySet, load_policy_text
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "root" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    return tmp_path
+
+
+def _open(root: Path, path: Path | str) -> int:
+    return open_beneath(str(root), str(path))
+
+
+def test_opens_the_judged_directory_and_reports_its_identity(tree: Path) -> None:
+    fd = _open(tree / "root", tree / "root" / "a" / "b")
+    try:
+        st = (tree / "root" / "a" / "b").stat()
+        assert (identity_of(fd).device, identity_of(fd).inode) == (st.st_dev, st.st_ino)
+        assert scan(fd, str(tree / "root" / "a" / "b")) is None
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("link_at", ["a", "a/b"])
+def test_a_symlink_anywhere_on_the_way_is_refused(tree: Path, link_at: str) -> None:
+    target = tree / "root" / link_at
+    os.rename(target, tree / "moved")
+    target.symlink_to(tree / "moved")  # points at a real directory: still refused
+    with pytest.raises(HostPathError, match="symlink"):
+        _open(tree / "root", tree / "root" / "a" / "b")
+
+
+def test_a_symlink_root_is_refused(tree: Path) -> None:
+    (tree / "link-root").symlink_to(tree / "root")
+    with pytest.raises(HostPathError, match="allowlisted root"):
+        _open(tree / "link-root", tree / "link-root" / "a")
+
+
+def test_a_path_outside_the_root_is_refused(tree: Path) -> None:
+    with pytest.raises(HostPathError, match="not inside"):
+        _open(tree / "root", tree / "outside")
+
+
+def test_a_file_is_not_a_mount_source(tree: Path) -> None:
+    (tree / "root" / "f").write_text("x")
+    with pytest.raises(HostPathError, match="not a directory"):
+        _open(tree / "root", tree / "root" / "f")
+
+
+@pytest.fixture
+def listening(tree: Path) -> Iterator[Path]:
+    path = tree / "root" / "a" / "b" / "api.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(1)
+    try:
+        yield path
+    finally:
+        sock.close()
+
+
+def test_scan_finds_a_socket_deep_below(tree: Path, listening: Path) -> None:
+    fd = _open(tree / "root", tree / "root")
+    try:
+        problem = scan(fd, str(tree / "root"))
+    finally:
+        os.close(fd)
+    assert problem is not None
+    assert f"{listening} is a unix socket" in problem
+
+
+def test_scan_finds_a_fifo(tree: Path) -> None:
+    os.mkfifo(tree / "root" / "a" / "pipe")
+    fd = _open(tree / "root", tree / "root" / "a")
+    try:
+        assert "is a FIFO" in (scan(fd, str(tree / "root" / "a")) or "")
+    finally:
+        os.close(fd)
+
+
+def test_scan_does_not_follow_symlinks(tree: Path, listening: Path) -> None:
+    (tree / "root" / "clean").mkdir()
+    (tree / "root" / "clean" / "to-sockets").symlink_to(listening.parent)
+    fd = _open(tree / "root", tree / "root" / "clean")
+    try:
+        assert scan(fd, str(tree / "root" / "clean")) is None  # a symlink resolves inside the sandbox, not here
+    finally:
+        os.close(fd)
+
+
+def test_a_source_too_large_to_walk_is_refused_with_what_to_do(tree: Path) -> None:
+    for i in range(12):
+        (tree / "root" / "a" / f"f{i}").write_text("")
+    fd = _open(tree / "root", tree / "root")
+    try:
+        problem = scan(fd, str(tree / "root"), max_entries=10)
+    finally:
+        os.close(fd)
+    assert problem is not None
+    assert "more than 10 entries" in problem
+    assert "mount a narrower directory" in problem
+
+
+_POLICY = """\
+apiVersion: gateway.agent-exec/v1
+kind: Policy
+metadata: {{name: {name}}}
+spec:
+  images:
+    default: gateway/sandbox-python:3.11-bookworm
+    allow: [{{repository: gateway/sandbox-python, tags: ["3.11-bookworm"]}}]
+  limits:
+    memory: {{default: 256m, max: 512m}}
+    cpus: {{default: 1, max: 2}}
+    pids: {{default: 64, max: 128}}
+    timeout_s: {{default: 10, max: 60}}
+    output_bytes: {{default: 1m, max: 4m}}
+    tmpfs: {{default: 64m, max: 128m}}
+    code_size: {{max: 256k}}
+    files_size: {{max: 1m}}
+  user: {{uid: 65534, gid: 65534}}
+  mounts:
+    allow:
+      - root: {root}
+        modes: [{modes}]
+        targets: [/data]
+"""
+
+
+def test_a_policy_set_refuses_one_principals_rw_root_overlapping_anothers_root(tree: Path) -> None:
+    writer = load_policy_text(_POLICY.format(name="writer", root=tree / "root", modes="ro, rw"))
+    reader = load_policy_text(_POLICY.format(name="reader", root=tree / "root" / "a", modes="ro"))
+    sibling = load_policy_text(_POLICY.format(name="sibling", root=tree / "outside", modes="ro"))
+    with pytest.raises(PolicyError, match="share a writable mount tree") as info:
+        PolicySet.of(reader, {"writer": writer})
+    assert "overlap and one allows rw" in info.value.problems[0].message
+    PolicySet.of(sibling, {"writer": writer, "writer2": writer})  # disjoint roots; one policy twice is fine
