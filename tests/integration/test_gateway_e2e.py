@@ -327,9 +327,8 @@ def test_reap_removes_labelled_leftovers_and_audits_it(
         all_ids = [c.id for c in engine.containers.list(all=True)]
         assert other.id in all_ids
         assert live_other.id in all_ids
-        rc, out, _ = run_cli(capsys, "reap", "--all", "--json", "--audit-dir", str(audit_dir))
-        assert rc == 0
-        assert live_other.id in json.loads(out)["removed"]
+        # (`reap --all` is tested in tests/unit/test_runner_units.py: on a shared engine it would remove
+        # other sessions' live sandboxes)
     finally:
         for container in (other, live_other, expired_other):
             with contextlib.suppress(Exception):
@@ -342,7 +341,6 @@ def test_reap_removes_labelled_leftovers_and_audits_it(
     ]
     assert leftover.id in reaped[0]["data"]["container_ids"]
     assert reaped[0]["data"]["everything"] is False
-    assert reaped[1]["data"]["everything"] is True
 
 
 def test_python_helper_and_llm_tool(engine: Any, audit_dir: Path) -> None:

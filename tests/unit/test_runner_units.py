@@ -3,6 +3,7 @@ refusals that must happen before any container exists (checked with a recording 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import docker.errors
@@ -216,3 +217,44 @@ def test_the_attach_socket_assumption_holds() -> None:
     finally:
         left.close()
         right.close()
+
+
+class ListingAPI:
+    """Lists a fixed set of gateway containers and records removals. Not an engine."""
+
+    def __init__(self, containers: list[dict[str, Any]]) -> None:
+        self.listed = containers
+        self.removed: list[str] = []
+
+    def containers(self, *, all: bool, filters: dict[str, str]) -> list[dict[str, Any]]:
+        assert all
+        assert filters == {"label": "io.agent-gateway.managed=true"}
+        return self.listed
+
+    def remove_container(self, container_id: str, *, force: bool) -> None:
+        assert force
+        self.removed.append(container_id)
+
+
+def test_reap_takes_its_own_and_expired_containers_and_all_only_when_asked() -> None:
+    now = int(time.time())
+
+    def labels(instance: str | None = None, deadline: int | None = None) -> dict[str, str]:
+        out = {"io.agent-gateway.managed": "true"}
+        if instance is not None:
+            out["io.agent-gateway.instance"] = instance
+        if deadline is not None:
+            out["io.agent-gateway.deadline"] = str(deadline)
+        return out
+
+    listed = [
+        {"Id": "mine", "Labels": labels("me", now + 600)},
+        {"Id": "theirs-live", "Labels": labels("other", now + 600)},
+        {"Id": "theirs-expired", "Labels": labels("other", now - 600)},
+        {"Id": "unlabelled", "Labels": labels()},
+    ]
+    client = type("Client", (), {})()
+    client.api = ListingAPI(listed)
+    assert DockerRunner(client, instance="me").reap() == ["mine", "theirs-expired", "unlabelled"]
+    client.api = ListingAPI(listed)
+    assert DockerRunner(client, instance="me").reap(everything=True) == [c["Id"] for c in listed]
