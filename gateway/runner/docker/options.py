@@ -85,11 +85,12 @@ ASSEMBLED_OPTION_KEYS: frozenset[str] = CONTAINER_CONFIG_KEYS | HOST_CONFIG_KEYS
 """Every key the assembler may produce, and the only keys the guard lets through."""
 
 RUNNER_OPTION_KEYS: frozenset[str] = frozenset(
-    {"command", "entrypoint", "stdin_open", "stdin_once", "detach", "tty", "log_config"}
+    {"command", "entrypoint", "stdin_open", "stdin_once", "detach", "tty", "log_config", "auto_remove"}
 )
 """Keys the runner adds itself (how the payload gets in, where logs go). Assembled options never contain them:
 the guard refuses them there. ``log_config`` is ``none``: output travels only through the attached, capped
-stream, never into an uncapped engine log on the host disk."""
+stream, never into an uncapped engine log on the host disk. ``auto_remove``: a container that ends while no
+gateway is there to remove it (the supervisor's own deadline, or the gateway gone) is removed by the engine."""
 
 _FORBIDDEN_KEYS: Mapping[str, str] = {
     "privileged": "privileged containers are never allowed",
@@ -142,7 +143,10 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
             {"name": "core", "soft": 0, "hard": 0},
             {"name": "fsize", "soft": profile.tmpfs, "hard": profile.tmpfs},
         ],
-        "init": True,
+        # No docker-init: the supervisor is the container's PID 1, which the program (same uid) can neither
+        # signal nor, being non-dumpable, trace. docker-init as PID 1 was dumpable: the program could
+        # ptrace-stop it and freeze the container, and read its environment.
+        "init": False,
         "ipc_mode": "private",
         "cgroupns": "private",
         "hostname": SANDBOX_HOSTNAME,
@@ -281,6 +285,11 @@ def _check_limits(options: Mapping[str, Any]) -> _Issues:
         yield "$.ulimits", "an nproc ulimit is shared by every sandbox of the uid: one sandbox could starve the others"
 
 
+def _check_init(options: Mapping[str, Any]) -> _Issues:
+    if options.get("init", False) is not False:
+        yield "$.init", "init must be false: the supervisor is the container's PID 1 (a separate init is traceable)"
+
+
 def _check_namespaces(options: Mapping[str, Any]) -> _Issues:
     if "ipc_mode" in options and options["ipc_mode"] not in ("private", "none"):
         yield "$.ipc_mode", f"ipc_mode {options['ipc_mode']!r} is not allowed (only private, none)"
@@ -367,6 +376,7 @@ _CHECKS = (
     _check_privileges,
     _check_user,
     _check_limits,
+    _check_init,
     _check_namespaces,
     _check_tmpfs,
     _check_labels,
