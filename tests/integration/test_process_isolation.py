@@ -102,10 +102,22 @@ print(json.dumps(out))
 """
 
 
+_HOST_KERNEL_ONLY = {"io_uring_setup", "ptrace_traceme", "perf_event_open", "keyctl", "add_key", "request_key"}
+"""Calls gVisor's sentry implements itself (no host kernel reached): refused under runsc only when runsc applies
+the OCI profile (registered with ``--oci-seccomp``)."""
+
+
+def _runsc_applies_seccomp(engine: Any) -> bool:
+    args = engine.info().get("Runtimes", {}).get("runsc", {}).get("runtimeArgs") or []
+    return any(str(a).lstrip("-").startswith("oci-seccomp") for a in args)
+
+
 def test_syscalls_a_code_sandbox_never_needs_are_refused(
-    runner: DockerRunner, options_for: Options, runtime: str
+    runner: DockerRunner, options_for: Options, runtime: str, engine: Any
 ) -> None:
     got = report(run(runner, options_for(), _SYSCALLS))
+    if runtime == "runsc" and not _runsc_applies_seccomp(engine):
+        got = {name: result for name, result in got.items() if name not in _HOST_KERNEL_ONLY}
     for name, result in got.items():
         assert result["rc"] == -1, (name, got)
         assert result["errno"] in (1, 38), (name, got)  # EPERM or ENOSYS: refused, not merely failing on its args
@@ -271,9 +283,9 @@ def _wait_for_container(engine: Any, proc: subprocess.Popen[bytes], limit: float
     ours = [f"{MANAGED_LABEL}=true", f"{INSTANCE_LABEL}={os.environ['GATEWAY_INSTANCE']}"]
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        running = engine.containers.list(filters={"label": ours, "status": "running"})
+        running = engine.api.containers(filters={"label": ours, "status": "running"})
         if running:
-            return str(running[0].id)
+            return str(running[0]["Id"])
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
     raise AssertionError("the gateway never started a container")

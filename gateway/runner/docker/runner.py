@@ -69,6 +69,7 @@ __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "
 BUILD_COMMAND = "scripts/build-image.sh"
 """How to build the default sandbox image locally (named in the error for a missing image)."""
 
+_REMOVAL_WAIT_S = 10.0
 EXPIRY_GRACE_S = 60
 """Seconds past a container's own deadline after which any reaper treats it as abandoned."""
 
@@ -372,9 +373,19 @@ class DockerRunner:
             return True
         except Exception as exc:
             if isinstance(exc, docker.errors.APIError) and exc.status_code == 409 and "in progress" in str(exc):
-                return True
+                return self._removed(container_id)  # the engine's AutoRemove got there first
             if not quiet:
                 raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
+            return False
+        return True
+
+    def _removed(self, container_id: str) -> bool:
+        """Wait (bounded) for a removal the engine is doing; True once the container is gone."""
+        try:
+            self.client.api.wait(container_id, timeout=_REMOVAL_WAIT_S, condition="removed")
+        except docker.errors.NotFound:
+            return True
+        except Exception:  # noqa: BLE001 - not gone in time, or the engine cannot say: not removed
             return False
         return True
 
