@@ -100,6 +100,8 @@ def put(fd, data):
     while view:
         view = view[os.write(fd, view):]
 def everyone():
+    if os.getpid() != 1:
+        return
     try:
         os.kill(-1, signal.SIGKILL)
     except OSError:
