@@ -199,6 +199,12 @@ def relay(fd):
     del streams[fd]
     os.close(fd)
     return False
+def stop():
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    everyone()
 status = None
 def reap():
     global status
@@ -214,7 +220,7 @@ def reap():
 while status is None:
     left = END - time.monotonic()
     if left <= 0:
-        everyone()
+        stop()
         os._exit(124)
     for fd, _ in poller.poll(max(int(left * 1000), 1)):
         if fd == wake_r:
@@ -224,16 +230,12 @@ while status is None:
                 pass
         elif fd == 0:
             if not os.read(0, 4096):
-                everyone()
+                stop()
                 os._exit(137)
         elif fd in streams:
             relay(fd)
     reap()
-try:
-    os.killpg(pid, signal.SIGKILL)
-except OSError:
-    pass
-everyone()
+stop()
 for fd in list(streams):
     os.set_blocking(fd, False)
     while fd in streams and relay(fd):
