@@ -112,7 +112,8 @@ def _supervise(
     with subprocess.Popen(
         supervisor_command(str(workspace)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     ) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
         proc.stdin.write(encode_payload(key, code, files, cap, timeout_s=timeout_s))
         proc.stdin.flush()
         while not decoder.finished:
@@ -214,7 +215,9 @@ _SLEEPER = "import os, time\nopen('pid', 'w').write(str(os.getpid()))\nos.write(
 def test_supervisor_enforces_its_own_deadline_without_the_host(tmp_path: Path) -> None:
     status, frames = _supervise(tmp_path, _SLEEPER, {}, timeout_s=1.0)
     assert status == 124  # the deadline, not the program's exit
-    assert [(f.kind, f.data) for f in frames] == [(FRAME_STDOUT, b"up")]  # no final frame: nobody is told the program's status
+    assert [(f.kind, f.data) for f in frames] == [
+        (FRAME_STDOUT, b"up")
+    ]  # no final frame: nobody is told the program's status
     assert _ended(int((tmp_path / "pid").read_text()))
 
 
@@ -224,10 +227,11 @@ def test_supervisor_ends_the_run_when_the_host_goes_away(tmp_path: Path) -> None
     with subprocess.Popen(
         supervisor_command(str(tmp_path)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     ) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
         proc.stdin.write(encode_payload(key, _SLEEPER, {}, 1 << 20, timeout_s=600))
         proc.stdin.flush()
-        assert list(FrameDecoder(key).feed(os.read(proc.stdout.fileno(), 1 << 16)))[0].data == b"up"
+        assert next(FrameDecoder(key).feed(os.read(proc.stdout.fileno(), 1 << 16))).data == b"up"
         proc.stdin.close()  # the gateway died: the engine closes the container's stdin
         status = proc.wait(timeout=60)
         proc.stdout.read()

@@ -27,7 +27,10 @@ def test_pinned_source_is_the_one_named() -> None:
 
 def test_shipped_profile_is_regenerated_byte_for_byte() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gen-seccomp.py"), "--check"], capture_output=True, text=True, check=False
+        [sys.executable, str(ROOT / "scripts" / "gen-seccomp.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -43,11 +46,17 @@ def test_profile_refuses_by_default_and_allows_none_of_the_never_list() -> None:
 
 def test_the_source_allowed_some_of_them_and_everything_else_is_kept() -> None:
     moby = json.loads(PINNED.read_text())
-    unconditional = {n for r in moby["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("includes") for n in r["names"]}
+    unconditional = {
+        n for r in moby["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("includes") for n in r["names"]
+    }
     kept = {n for r in json.loads(gateway_profile())["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
-    assert {"ptrace", "process_vm_readv", "name_to_handle_at"} & set(
-        n for r in moby["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("includes", {}).get("caps") for n in r["names"]
-    )
+    allowed_without_caps = {
+        n
+        for r in moby["syscalls"]
+        if r["action"] == "SCMP_ACT_ALLOW" and not r.get("includes", {}).get("caps")
+        for n in r["names"]
+    }
+    assert {"ptrace", "process_vm_readv", "process_vm_writev", "name_to_handle_at"} <= allowed_without_caps
     assert unconditional - set(NEVER) <= kept  # nothing else a program may use was taken away
 
 

@@ -273,7 +273,9 @@ def _check_privileges(options: Mapping[str, Any]) -> _Issues:
         if opt in _UNSAFE_SECURITY_OPTS:
             yield f"$.security_opt[{index}]", f"{_short(security_opt[index])!r} disables a kernel protection"
         elif opt.startswith("seccomp:"):
-            yield from _check_seccomp(f"$.security_opt[{index}]", str(security_opt[index]).strip()[len("seccomp") + 1 :])
+            yield from _check_seccomp(
+                f"$.security_opt[{index}]", str(security_opt[index]).strip()[len("seccomp") + 1 :]
+            )
     if sum(opt.startswith("seccomp:") for opt in normal) > 1:
         yield "$.security_opt", "at most one seccomp profile"
 
@@ -281,7 +283,7 @@ def _check_privileges(options: Mapping[str, Any]) -> _Issues:
 def _security_opt_head(opt: object) -> str:
     """``key:value`` lower-cased for the short options; a seccomp profile's JSON is kept as it is."""
     text = str(opt).strip()
-    key, sep, value = text.replace("=", ":", 1).partition(":")
+    key, _, value = text.replace("=", ":", 1).partition(":")
     if key.lower() == "seccomp" and value.strip().lower() not in ("unconfined", ""):
         return "seccomp:" + value
     return text.lower().replace("=", ":")

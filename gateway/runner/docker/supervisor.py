@@ -23,7 +23,8 @@ content on the command line) that:
    host keeps open for the whole run: EOF there means the gateway went away (killed, or its engine
    connection lost), so it kills every process and exits 137 at once. Either way the container ends, and
    the engine removes it (``AutoRemove``), with no client and no reaper;
-6. when the child exits, kills every other process (``kill(-1)``), sends the files under ``out/`` (capped)
+6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
+   struck (``FRAME_META``), sends the files under ``out/`` (capped)
    and a final frame with the exit status (a signal ``n`` is ``128 + n``), waits (at most 10 s) for the host
    to close its stdin, and exits with that status.
 
@@ -33,6 +34,7 @@ travels only in the payload; a program that writes to the container's stdout som
 through ``/proc/1/fd/1``) cannot produce a valid frame, and the host stops at the first frame that fails
 verification.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,6 +51,7 @@ __all__ = [
     "FRAME_EXIT",
     "FRAME_FILE_DATA",
     "FRAME_FILE_NAME",
+    "FRAME_META",
     "FRAME_STDERR",
     "FRAME_STDOUT",
     "MAGIC",
@@ -67,6 +70,10 @@ FRAME_STDOUT = b"o"
 FRAME_STDERR = b"e"
 FRAME_FILE_NAME = b"n"
 FRAME_FILE_DATA = b"f"
+FRAME_META = b"m"
+"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool}``, from the kernel's own
+``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the container exited, and
+by then AutoRemove may have taken the container away)."""
 FRAME_EXIT = b"x"
 """Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
 FRAME_ERROR = b"!"
@@ -76,7 +83,9 @@ MAX_FRAME = 1 << 20
 MAC_BYTES = 16
 _HEADER = struct.Struct(">cI")
 _SEQ = struct.Struct(">Q")
-_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
+_KNOWN = frozenset(
+    {FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR}
+)
 
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and few imports (each costs start-up time on every run). Keep it small and self-contained.
@@ -99,6 +108,17 @@ def put(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+def ooms():
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+    return None
 def everyone():
     if os.getpid() != 1:
         return
@@ -164,6 +184,7 @@ try:
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
     null = os.open("/dev/null", os.O_RDONLY)
+    OOM0 = ooms()
     pid = os.fork()
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
@@ -245,6 +266,8 @@ for fd in list(streams):
 code = os.waitstatus_to_exitcode(status)
 if code < 0:
     code = 128 - code
+oom = ooms()
+send(b"m", json.dumps({"oom_killed": OOM0 is not None and oom is not None and oom > OOM0}).encode())
 truncated = False
 total = 0
 root = W + "/out"
