@@ -83,9 +83,7 @@ MAX_FRAME = 1 << 20
 MAC_BYTES = 16
 _HEADER = struct.Struct(">cI")
 _SEQ = struct.Struct(">Q")
-_KNOWN = frozenset(
-    {FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR}
-)
+_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
 
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and few imports (each costs start-up time on every run). Keep it small and self-contained.
