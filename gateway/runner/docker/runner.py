@@ -10,11 +10,15 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     ``stdin_open``, ``stdin_once``, ``tty=False``, ``detach``); attach to its stdin/stdout/stderr *before*
     starting it; start it. The supervisor then waits for exactly one payload on stdin.
 ``run``
-    send the payload (length-prefixed JSON: code, base64 files, a per-run HMAC key) and half-close the
-    socket; read Docker's multiplexed stream and the supervisor's verified frames as they arrive, keeping at
-    most ``output_bytes`` per stream in memory (past it: truncate, kill the container, stop reading); a
-    monotonic deadline covers the whole read (at it: kill, ``timed_out``); then ``wait`` and ``inspect``
-    (``OOMKilled``, exit code); ``remove(force=True)`` in ``finally``, always.
+    send the payload (length-prefixed JSON: code, base64 files, the environment, the deadline, a per-run HMAC
+    key) and keep the socket open: its close is how the supervisor learns the gateway is gone. Read Docker's
+    multiplexed stream and the supervisor's verified frames as they arrive, keeping at most ``output_bytes``
+    per stream in memory (past it: truncate, kill the container, stop reading); a monotonic deadline covers
+    the whole read (at it: kill, ``timed_out``). After the final frame the supervisor waits for its stdin to
+    close: ``inspect`` it, close the attach connection, ``remove(force=True)`` in ``finally``, always (the
+    engine's ``AutoRemove`` may get there first). A run that reported but whose container cannot be removed
+    raises ``ContainerLeftError`` carrying the program's outcome; any other error that ends a run carries what
+    had arrived (``GatewayError.outcome``).
 
 No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
 payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
