@@ -61,7 +61,13 @@ class CreateWatch:
         events = self.engine.events(
             since=self.since, until=until, filters={"type": "container", "event": "create"}, decode=True
         )
-        return [e["id"] for e in events if e.get("Actor", {}).get("Attributes", {}).get(MANAGED_LABEL) == "true"]
+        mine = os.environ["GATEWAY_INSTANCE"]  # other sessions on the engine create containers too
+        return [
+            e["id"]
+            for e in events
+            if e.get("Actor", {}).get("Attributes", {}).get(MANAGED_LABEL) == "true"
+            and e.get("Actor", {}).get("Attributes", {}).get(INSTANCE_LABEL) == mine
+        ]
 
     def created(self) -> list[str]:
         return [i for i in self._ids() if i not in self.before]
