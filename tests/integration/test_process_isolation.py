@@ -7,6 +7,7 @@ supervisor's ``/proc`` entries, and a gateway CLI killed in the middle of a run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -352,3 +353,32 @@ def test_an_interrupted_gateway_removes_its_sandbox_and_records_the_outcome(
     assert len(outcome) == 1, records
     assert outcome[0]["data"]["error"]["code"] == "gateway.interrupted"
     assert outcome[0]["data"]["container_id"] == cid
+
+
+def test_gateway_run_sweeps_expired_sandboxes_first_and_audits_it(engine: Any, tmp_path: Path) -> None:
+    from tests.integration.conftest import DEADLINE_LABEL, SANDBOX_IMAGE
+
+    expired = {
+        MANAGED_LABEL: "true",
+        INSTANCE_LABEL: "a-gateway-that-was-killed",
+        DEADLINE_LABEL: str(int(time.time()) - 3600),
+    }
+    live = {**expired, DEADLINE_LABEL: str(int(time.time()) + 3600)}
+    old = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels=expired)
+    other = engine.containers.create(SANDBOX_IMAGE, command=["true"], labels=live)
+    audit_dir = tmp_path / "audit"
+    try:
+        proc = _cli("runc", audit_dir, "print(4)", 10)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (out, err)
+        ids = [str(c["Id"]) for c in engine.api.containers(all=True)]
+        assert old.id not in ids
+        assert other.id in ids  # another instance's live sandbox is not touched
+    finally:
+        for container in (old, other):
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+    records = [json.loads(line) for seg in audit_dir.glob("*.jsonl") for line in seg.read_text().splitlines()]
+    (reaped,) = [r for r in records if r["event_type"] == "containers.reaped"]
+    assert old.id in reaped["data"]["container_ids"]
+    assert reaped["data"]["expired_only"] is True
