@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="run code through the gateway",
         description="Decide, audit and run code in a hardened single-use sandbox. Exit status: the program's own; "
         "77 denied by policy; 124 killed at the deadline; 137 killed for memory (or the sandbox killed for another "
-        "resource limit); 125 gateway or engine failure; "
+        "resource limit); 125 gateway or engine failure; 130 / 143 the gateway itself was interrupted (SIGINT / "
+        "SIGTERM: its sandbox removed, the outcome recorded); "
         "2 usage or invalid request.",
     )
     src = run.add_mutually_exclusive_group(required=True)
