@@ -167,11 +167,14 @@ class Gateway:
         carries the error (and ``exit_status``) so that every interface reports it the same way."""
         return self._handle(request, run=True)
 
-    def reap(self, *, everything: bool = False) -> list[str]:
+    def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
-        every gateway container on the backend); audited."""
-        ids = self.runner.reap(everything=everything)
-        self._append("containers.reaped", {"container_ids": ids, "everything": everything})
+        every gateway container on the backend; ``expired_only``: only those past their deadline, what a
+        starting gateway does before its first run); audited (an expired-only sweep that found nothing is not)."""
+        ids = self.runner.reap(everything=everything, expired_only=expired_only)
+        if ids or not expired_only:
+            data = {"container_ids": ids, "everything": everything, "expired_only": expired_only}
+            self._append("containers.reaped", data)
         return ids
 
     def _handle(self, raw: RawRequest, *, run: bool) -> ExecutionResult:
@@ -282,6 +285,7 @@ class Gateway:
                     outcome = self.runner.execute(spec, payload)
             except GatewayError as exc:
                 error = exc
+                outcome = exc.outcome  # what ran before the failure (output so far, the container), if anything
             except Exception as exc:  # noqa: BLE001 - a runner bug must come back as an audited failure, not a crash
                 error = SandboxError(f"the runner failed unexpectedly: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc

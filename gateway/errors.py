@@ -7,8 +7,9 @@ happens, chained with ``raise ... from exc`` so that the cause is never lost.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "EXIT_DENIED",
@@ -20,10 +21,12 @@ __all__ = [
     "AuditIntegrityError",
     "AuditUnavailableError",
     "CapacityError",
+    "ContainerLeftError",
     "ContractError",
     "EngineUnavailableError",
     "GatewayError",
     "ImageMissingError",
+    "InterruptedRunError",
     "PolicyError",
     "PolicyNotFoundError",
     "Problem",
@@ -95,6 +98,9 @@ class GatewayError(Exception):
         self.message = message
         self.problems: tuple[Problem, ...] = tuple(problems)
         self._hint = hint or type(self).hint
+        self.outcome: Any = None
+        """What the sandbox had produced when this error ended the run (an ``Outcome``: output so far, the
+        container id), set by the runner when a container existed; None when nothing ran."""
 
     def diagnostics(self) -> str:
         """A multi-line text for people: the message, every problem, and what to do."""
@@ -194,6 +200,33 @@ class CapacityError(GatewayError):
     hint = "retry later, or raise the host's slot count (GATEWAY_SLOTS) if the host has room"
 
 
+class ContainerLeftError(SandboxError):
+    """The program ran to its end and reported, but its container could not be removed afterwards.
+
+    The outcome (output, exit code, container id) is kept on the error: the report is the program's, and the
+    container is left for ``gateway reap`` (it also ends itself at its deadline)."""
+
+    code = "runner.container_left"
+    hint = "the program's result is complete; remove the container with `gateway reap` (it expires at its deadline)"
+
+
+class InterruptedRunError(GatewayError):
+    """The gateway process was told to stop (SIGTERM, SIGINT) in the middle of a request.
+
+    The sandbox is killed and removed, the outcome recorded with this error, and the CLI exits ``128 + signal``."""
+
+    code = "gateway.interrupted"
+    hint = "the gateway was interrupted; the run did not finish and its sandbox was removed"
+
+    def __init__(self, signum: int) -> None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        super().__init__(f"the gateway was interrupted by {name} during the request; its sandbox was removed")
+        self.signum = signum
+
+
 # --- audit --------------------------------------------------------------------------------------------
 
 
@@ -226,12 +259,14 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),
     (EngineUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (ImageMissingError, EXIT_GATEWAY_FAILURE, 503),
+    (ContainerLeftError, EXIT_GATEWAY_FAILURE, 502),
     (SandboxError, EXIT_GATEWAY_FAILURE, 502),
     (RunnerError, EXIT_GATEWAY_FAILURE, 502),
     (CapacityError, EXIT_GATEWAY_FAILURE, 503),
     (AuditUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (AuditIntegrityError, EXIT_GATEWAY_FAILURE, 503),
     (AuditError, EXIT_GATEWAY_FAILURE, 500),
+    (InterruptedRunError, EXIT_GATEWAY_FAILURE, 503),
     (GatewayError, EXIT_GATEWAY_FAILURE, 500),
 )
 

@@ -81,6 +81,8 @@ class ExecutionResult:
             return EXIT_MEMORY  # 128 + SIGKILL: killed for memory or another resource limit (output, pids)
         if not self.audit_ok:
             return EXIT_GATEWAY_FAILURE
+        if self.error is not None:  # the run ended in a gateway failure, even if the program reported
+            return exit_code_for(self.error)
         if self.outcome.exit_code is None:
             return EXIT_GATEWAY_FAILURE
         return self.outcome.exit_code

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from gateway import ExecutionResult, Gateway
 from gateway.cli.otel import OTEL_HELP, setup_otel
-from gateway.errors import EXIT_USAGE, GatewayError, RequestError, exit_code_for
+from gateway.errors import EXIT_USAGE, GatewayError, InterruptedRunError, RequestError, exit_code_for
 
 __all__ = ["build_request", "register"]
 
@@ -22,7 +27,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="run code through the gateway",
         description="Decide, audit and run code in a hardened single-use sandbox. Exit status: the program's own; "
         "77 denied by policy; 124 killed at the deadline; 137 killed for memory (or the sandbox killed for another "
-        "resource limit); 125 gateway or engine failure; "
+        "resource limit); 125 gateway or engine failure; 130 / 143 the gateway itself was interrupted (SIGINT / "
+        "SIGTERM: its sandbox removed, the outcome recorded); "
         "2 usage or invalid request.",
     )
     src = run.add_mutually_exclusive_group(required=True)
@@ -156,6 +162,35 @@ def _print_human(result: ExecutionResult) -> None:
         print(note, file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`InterruptedRunError` in the main thread, once.
+
+    Raised inside the runner, it ends the run like any runner failure: the runner kills and removes the
+    container in its ``finally``, and the Gateway records the outcome with this error. A second signal during
+    that clean-up is ignored, so that the clean-up and the outcome record complete. (A gateway killed with
+    SIGKILL cannot clean up: then the supervisor sees its stdin close and ends the sandbox itself.)
+    """
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield
+        return
+    names = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in names}
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        for name in names:
+            signal.signal(name, signal.SIG_IGN)
+        raise InterruptedRunError(signum)
+
+    for signum in names:
+        signal.signal(signum, interrupted)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         request = build_request(args)
@@ -164,10 +199,12 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     shutdown = setup_otel(args.otel)
     try:
-        with Gateway.from_env(args.policy, args.audit_dir) as gw:
+        with _interruptible(), Gateway.from_env(args.policy, args.audit_dir) as gw:
+            _sweep(gw)
             result = gw.execute(request)
     except GatewayError as exc:
-        # the gateway could not start (policy unusable, trail unwritable): nothing ran; fail closed
+        # the gateway could not start (policy unusable, trail unwritable), or was interrupted before it ran
+        # anything: fail closed
         result = ExecutionResult(uuid.uuid4().hex, None, error=exc, audit_ok=False)
     finally:
         shutdown()
@@ -175,7 +212,20 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
         _print_human(result)
+    if isinstance(result.error, InterruptedRunError):
+        return 128 + result.error.signum
     return result.exit_status
+
+
+def _sweep(gw: Gateway) -> None:
+    """Remove sandboxes that outlived their deadline (a gateway killed mid-run, an engine restart): audited.
+    Best effort: an engine that cannot be listed now is reported by the run itself."""
+    try:
+        gw.reap(expired_only=True)
+    except InterruptedRunError:
+        raise
+    except GatewayError:
+        pass
 
 
 def _reap(args: argparse.Namespace) -> int:

@@ -93,6 +93,8 @@ class SandboxProfile:
     gid: int
     pull: str
     """``never`` or ``if-missing``."""
+    seccomp: str = "gateway"
+    """``gateway`` (the engine default minus what a code sandbox never needs) or ``engine-default``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         uid=policy.user.uid,
         gid=policy.user.gid,
         pull=policy.pull,
+        seccomp=policy.seccomp,
     )
     return SandboxSettings(
         profile=profile,

@@ -273,6 +273,7 @@ def _compile(loaded: LoadedYaml) -> Policy:
         env=env,
         files=files,
         pull=spec.get("pull", "never"),
+        seccomp=spec.get("seccomp", "gateway"),
         labels=tuple(sorted(meta.get("labels", {}).items())),
     )
 

@@ -164,6 +164,9 @@ class Policy:
     env: EnvRule
     files: FilesRule
     pull: Literal["never", "if-missing"] = "never"
+    seccomp: Literal["gateway", "engine-default"] = "gateway"
+    """The system-call filter: the gateway's profile (engine default minus what a sandbox never needs) or
+    the engine's own default. Never unconfined."""
     labels: tuple[tuple[str, str], ...] = field(default=())
 
     @property

@@ -108,7 +108,7 @@ class FakeRunner:
     def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
         return self.run(self.prepare(spec), payload)
 
-    def reap(self, *, everything: bool = False) -> list[str]:
+    def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         self.reaped += 1
         gone = sorted(self.live)
         self.live.clear()

@@ -216,9 +216,10 @@ class Runner(Protocol):
         """``prepare`` + ``run``; nothing is left behind on any error."""
         ...
 
-    def reap(self, *, everything: bool = False) -> list[str]:
+    def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         """Remove this runner's own leftover containers and every expired one (``everything``: every container
-        of any gateway instance); return their ids."""
+        of any gateway instance; ``expired_only``: only those past their deadline, what a starting gateway
+        does); return their ids."""
         ...
 
     def image_id(self, image: str) -> str | None:

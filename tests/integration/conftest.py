@@ -7,6 +7,7 @@ may remain.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -63,10 +64,11 @@ def engine() -> Iterator[Any]:
     except docker.errors.ImageNotFound:
         _unavailable(f"the sandbox image {SANDBOX_IMAGE} is missing; run scripts/build-image.sh")
     yield client
-    leftovers = client.containers.list(all=True, filters={"label": _OURS})
-    for container in leftovers:
-        container.remove(force=True)
-    assert not leftovers, f"containers with the gateway's label left behind: {[c.short_id for c in leftovers]}"
+    leftovers = gateway_containers(client)
+    for cid in leftovers:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(cid, force=True)
+    assert not leftovers, f"containers with the gateway's label left behind: {[c[:12] for c in leftovers]}"
     client.close()
 
 
@@ -114,7 +116,9 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def gateway_containers(engine: Any) -> list[str]:
     """Ids of this session's gateway containers right now (other sessions on the engine are not ours)."""
-    return [c.id for c in engine.containers.list(all=True, filters={"label": _OURS})]
+    # The low-level list: the high-level one inspects each container and fails on one the engine's
+    # AutoRemove takes away in between.
+    return [str(c["Id"]) for c in engine.api.containers(all=True, filters={"label": _OURS})]
 
 
 def leftover_labels() -> dict[str, str]:

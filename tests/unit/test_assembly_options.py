@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gateway.runner.docker.options import (
     RUNNER_OPTION_KEYS,
     guard,
 )
+from gateway.runner.docker.seccomp import gateway_profile
 from gateway.testing import assemble, decide
 
 MiB = 1024**2
@@ -41,7 +43,7 @@ def test_exact_options_for_the_default_policy(default_policy: Policy) -> None:
         "network_disabled": True,
         "read_only": True,
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": ["no-new-privileges", f"seccomp={gateway_profile()}"],
         "mem_limit": 256 * MiB,
         "memswap_limit": 256 * MiB,
         "nano_cpus": 1_000_000_000,
@@ -55,7 +57,7 @@ def test_exact_options_for_the_default_policy(default_policy: Policy) -> None:
             {"name": "core", "soft": 0, "hard": 0},
             {"name": "fsize", "soft": 67108864, "hard": 67108864},
         ],
-        "init": True,
+        "init": False,
         "ipc_mode": "private",
         "cgroupns": "private",
         "hostname": "sandbox",
@@ -111,11 +113,29 @@ UNSAFE: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("devices", lambda o: o.update(devices=["/dev/sda:/dev/sda"]), "$.devices"),
     ("device requests", lambda o: o.update(device_requests=[{}]), "$.device_requests"),
     ("volumes_from", lambda o: o.update(volumes_from=["other"]), "$.volumes_from"),
-    ("seccomp unconfined", lambda o: o["security_opt"].append("seccomp=unconfined"), "$.security_opt[1]"),
-    ("seccomp unconfined colon", lambda o: o["security_opt"].append("seccomp:unconfined"), "$.security_opt[1]"),
-    ("apparmor unconfined", lambda o: o["security_opt"].append("apparmor=unconfined"), "$.security_opt[1]"),
-    ("label disable", lambda o: o["security_opt"].append("label=disable"), "$.security_opt[1]"),
+    ("seccomp unconfined", lambda o: o["security_opt"].append("seccomp=unconfined"), "$.security_opt[2]"),
+    ("seccomp unconfined colon", lambda o: o["security_opt"].append("seccomp:unconfined"), "$.security_opt[2]"),
+    ("apparmor unconfined", lambda o: o["security_opt"].append("apparmor=unconfined"), "$.security_opt[2]"),
+    ("label disable", lambda o: o["security_opt"].append("label=disable"), "$.security_opt[2]"),
     ("no-new-privileges missing", lambda o: o.update(security_opt=[]), "$.security_opt"),
+    (
+        "seccomp profile allowing ptrace",
+        lambda o: o["security_opt"].__setitem__(1, _profile_allowing("ptrace")),
+        "$.security_opt[1]",
+    ),
+    (
+        "seccomp profile allowing io_uring",
+        lambda o: o["security_opt"].__setitem__(1, _profile_allowing("io_uring_setup")),
+        "$.security_opt[1]",
+    ),
+    (
+        "seccomp default allow",
+        lambda o: o["security_opt"].__setitem__(1, 'seccomp={"defaultAction":"SCMP_ACT_ALLOW","syscalls":[]}'),
+        "$.security_opt[1]",
+    ),
+    ("seccomp file path", lambda o: o["security_opt"].__setitem__(1, "seccomp=/etc/profile.json"), "$.security_opt[1]"),
+    ("two seccomp profiles", lambda o: o["security_opt"].append(o["security_opt"][1]), "$.security_opt"),
+    ("docker-init as PID 1", lambda o: o.update(init=True), "$.init"),
     ("cap_drop without ALL", lambda o: o.update(cap_drop=["NET_RAW"]), "$.cap_drop"),
     ("read_only false", lambda o: o.update(read_only=False), "$.read_only"),
     ("read_only missing", lambda o: o.pop("read_only"), "$.read_only"),
@@ -156,6 +176,12 @@ UNSAFE: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("unknown runtime", lambda o: o.update(runtime="nvidia"), "$.runtime"),
     ("unlabelled", lambda o: o["labels"].pop(MANAGED_LABEL), "$.labels"),
 ]
+
+
+def _profile_allowing(name: str) -> str:
+    profile = json.loads(gateway_profile())
+    profile["syscalls"].append({"names": [name], "action": "SCMP_ACT_ALLOW"})
+    return "seccomp=" + json.dumps(profile)
 
 
 @pytest.mark.parametrize(("case", "mutate", "path"), UNSAFE, ids=[u[0] for u in UNSAFE])

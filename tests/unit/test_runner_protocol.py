@@ -10,6 +10,7 @@ import json
 import os
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -101,17 +102,29 @@ needs_system_python = pytest.mark.skipif(
 )
 
 
-def _supervise(workspace: Path, code: str, files: dict[str, bytes], cap: int = 1 << 20) -> tuple[int, list]:
+def _supervise(
+    workspace: Path, code: str, files: dict[str, bytes], cap: int = 1 << 20, *, timeout_s: float = 60
+) -> tuple[int, list]:
+    """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed."""
     key = new_key()
-    proc = subprocess.run(
-        supervisor_command(str(workspace)),
-        input=encode_payload(key, code, files, cap),
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    frames = list(FrameDecoder(key).feed(proc.stdout))
-    return proc.returncode, frames
+    decoder = FrameDecoder(key)
+    frames: list = []
+    with subprocess.Popen(
+        supervisor_command(str(workspace)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write(encode_payload(key, code, files, cap, timeout_s=timeout_s))
+        proc.stdin.flush()
+        while not decoder.finished:
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            frames.extend(decoder.feed(chunk))
+        proc.stdin.close()
+        proc.stdout.read()
+        status = proc.wait(timeout=60)
+    return status, frames
 
 
 @needs_system_python
@@ -180,3 +193,47 @@ def test_supervisor_rejects_a_malformed_payload(tmp_path: Path) -> None:
     )
     assert proc.returncode == 125
     assert proc.stdout == b""
+
+
+def _ended(pid: int) -> bool:
+    """True once ``pid`` is gone or a zombie (it no longer runs), polled for a few seconds."""
+    for _ in range(100):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+_SLEEPER = "import os, time\nopen('pid', 'w').write(str(os.getpid()))\nos.write(1, b'up')\ntime.sleep(600)\n"
+
+
+@needs_system_python
+def test_supervisor_enforces_its_own_deadline_without_the_host(tmp_path: Path) -> None:
+    status, frames = _supervise(tmp_path, _SLEEPER, {}, timeout_s=1.0)
+    assert status == 124  # the deadline, not the program's exit
+    assert [(f.kind, f.data) for f in frames] == [
+        (FRAME_STDOUT, b"up")
+    ]  # no final frame: nobody is told the program's status
+    assert _ended(int((tmp_path / "pid").read_text()))
+
+
+@needs_system_python
+def test_supervisor_ends_the_run_when_the_host_goes_away(tmp_path: Path) -> None:
+    key = new_key()
+    with subprocess.Popen(
+        supervisor_command(str(tmp_path)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write(encode_payload(key, _SLEEPER, {}, 1 << 20, timeout_s=600))
+        proc.stdin.flush()
+        assert next(FrameDecoder(key).feed(os.read(proc.stdout.fileno(), 1 << 16))).data == b"up"
+        proc.stdin.close()  # the gateway died: the engine closes the container's stdin
+        status = proc.wait(timeout=60)
+        proc.stdout.read()
+    assert status == 137
+    assert _ended(int((tmp_path / "pid").read_text()))

@@ -258,3 +258,92 @@ def test_reap_takes_its_own_and_expired_containers_and_all_only_when_asked() -> 
     assert DockerRunner(client, instance="me").reap() == ["mine", "theirs-expired", "unlabelled"]
     client.api = ListingAPI(listed)
     assert DockerRunner(client, instance="me").reap(everything=True) == [c["Id"] for c in listed]
+
+
+class _ScriptedSocket:
+    """The attach socket of a run that reported completely: the supervisor's frames, then nothing more."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.sent = b""
+        self.shut = False
+
+    def recv(self, n: int) -> bytes:
+        chunk, self.data = self.data[:n], self.data[n:]
+        return chunk
+
+    def sendall(self, data: bytes) -> None:
+        self.sent += data
+
+    def settimeout(self, t: float) -> None:
+        pass
+
+    def shutdown(self, how: int) -> None:
+        self.shut = True
+
+    def close(self) -> None:
+        pass
+
+
+class _StuckAPI:
+    """An engine whose container cannot be removed after the run (scripted; not an engine)."""
+
+    _version = "1.41"
+
+    def __init__(self, sock: _ScriptedSocket) -> None:
+        self.sock = sock
+
+    def inspect_image(self, image: str) -> dict[str, str]:
+        return {"Id": "sha256:" + "1" * 64}
+
+    def create_host_config(self, **kw: Any) -> dict[str, Any]:
+        return kw
+
+    def create_container(self, **kw: Any) -> dict[str, str]:
+        return {"Id": "c" * 64}
+
+    def attach_socket(self, *a: Any, **kw: Any) -> _ScriptedSocket:
+        return self.sock
+
+    def start(self, cid: str) -> None:
+        pass
+
+    def inspect_container(self, cid: str) -> dict[str, Any]:
+        return {"State": {"Running": True, "OOMKilled": False}}
+
+    def remove_container(self, cid: str, force: bool) -> None:
+        raise docker.errors.APIError("500 Server Error", explanation="could not kill: device or resource busy")
+
+
+def test_a_container_left_after_a_complete_run_keeps_the_programs_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.runner.docker.runner as runner_module
+    from gateway.errors import ContainerLeftError
+    from gateway.runner.docker.supervisor import FRAME_EXIT, FRAME_META, FRAME_STDOUT, encode_frame
+
+    key = b"k" * 32
+    monkeypatch.setattr(runner_module, "new_key", lambda: key)
+    frames = [(FRAME_STDOUT, b"42\n"), (FRAME_META, b'{"oom_killed":false}'), (FRAME_EXIT, b'{"status":0}')]
+    body = b"".join(encode_frame(key, i, kind, data) for i, (kind, data) in enumerate(frames))
+    sock = _ScriptedSocket(b"\x01\x00\x00\x00" + len(body).to_bytes(4, "big") + body)
+    client = type("Client", (), {"api": _StuckAPI(sock)})()
+    with pytest.raises(ContainerLeftError) as info:
+        DockerRunner(client).execute(RunSpec(OPTIONS, timeout_s=5, output_bytes=100), Payload("print(42)"))
+    outcome = info.value.outcome
+    assert outcome.stdout == b"42\n"
+    assert outcome.exit_code == 0
+    assert outcome.container_id == "c" * 64
+    assert "could not be removed" in info.value.message
+    assert info.value.code == "runner.container_left"
+    assert not sock.shut  # stdin stays open for the whole run: its EOF tells the supervisor the host is gone
+
+
+def test_the_supervisors_oom_report_counts_when_the_engine_no_longer_knows() -> None:
+    from gateway.runner.docker.collect import Collected, outcome_of, take_frame
+    from gateway.runner.docker.supervisor import FRAME_EXIT, FRAME_META
+
+    got = Collected()
+    spec = RunSpec(OPTIONS, timeout_s=5, output_bytes=100)
+    take_frame(FRAME_META, b'{"oom_killed": true}', got, spec)
+    take_frame(FRAME_EXIT, b'{"status": 137}', got, spec)
+    out = outcome_of(got, {}, 1, runtime="runc", container_id="c", image_id=None, pulled=False)
+    assert (out.oom_killed, out.exit_code) == (True, 137)

@@ -18,6 +18,7 @@ from gateway.runner.docker.supervisor import (
     FRAME_EXIT,
     FRAME_FILE_DATA,
     FRAME_FILE_NAME,
+    FRAME_META,
     FRAME_STDERR,
     FRAME_STDOUT,
     FrameDecoder,
@@ -61,6 +62,8 @@ class Collected:
     diagnostics: bytearray = field(default_factory=bytearray)
     timed_out: bool = False
     output_limit_killed: bool = False
+    oom_reported: bool = False
+    """The supervisor saw the memory cgroup's OOM killer strike during the run (``FRAME_META``)."""
 
 
 def read_frames(sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec, deadline: float) -> bool:
@@ -122,6 +125,12 @@ def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec) -> bool:
         if got.files_bytes > spec.output_files_bytes:
             raise ProtocolError("output files exceed their cap")
         got.files[got.current_file] += data
+    elif kind == FRAME_META:
+        try:
+            meta = json.loads(data)
+        except ValueError as exc:
+            raise ProtocolError("malformed meta frame") from exc
+        got.oom_reported = isinstance(meta, dict) and meta.get("oom_killed") is True
     elif kind == FRAME_EXIT:
         final = json.loads(data)
         if not isinstance(final, dict) or not isinstance(final.get("status"), int):
@@ -139,7 +148,7 @@ def outcome_of(
     got: Collected, state: Mapping[str, Any], duration_ms: int, *, runtime: str, container_id: str | None,
     image_id: str | None, pulled: bool,
 ) -> Outcome:  # fmt: skip
-    engine_oom = bool(state.get("OOMKilled"))
+    engine_oom = bool(state.get("OOMKilled")) or got.oom_reported
     oom = False
     resource_killed = False
     exit_code: int | None

@@ -13,6 +13,7 @@ profile (policy, image, runtime, limits: what a warm pool can prepare ahead of a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from gateway.decision.settings import SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
+from gateway.runner.docker.seccomp import gateway_profile, profile_problems
 
 __all__ = [
     "ASSEMBLED_OPTION_KEYS",
@@ -40,6 +42,7 @@ __all__ = [
     "guard",
     "profile_options",
     "run_options",
+    "security_options",
 ]
 
 LABEL_PREFIX = "io.agent-gateway."
@@ -87,11 +90,12 @@ ASSEMBLED_OPTION_KEYS: frozenset[str] = CONTAINER_CONFIG_KEYS | HOST_CONFIG_KEYS
 """Every key the assembler may produce, and the only keys the guard lets through."""
 
 RUNNER_OPTION_KEYS: frozenset[str] = frozenset(
-    {"command", "entrypoint", "stdin_open", "stdin_once", "detach", "tty", "log_config"}
+    {"command", "entrypoint", "stdin_open", "stdin_once", "detach", "tty", "log_config", "auto_remove"}
 )
 """Keys the runner adds itself (how the payload gets in, where logs go). Assembled options never contain them:
 the guard refuses them there. ``log_config`` is ``none``: output travels only through the attached, capped
-stream, never into an uncapped engine log on the host disk."""
+stream, never into an uncapped engine log on the host disk. ``auto_remove``: a container that ends while no
+gateway is there to remove it (the supervisor's own deadline, or the gateway gone) is removed by the engine."""
 
 _FORBIDDEN_KEYS: Mapping[str, str] = {
     "privileged": "privileged containers are never allowed",
@@ -128,7 +132,7 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
         "network_mode": profile.network,
         "read_only": True,
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": security_options(profile.seccomp),
         "mem_limit": profile.memory,
         "memswap_limit": profile.memory,
         "nano_cpus": round(profile.cpus * 1_000_000_000),
@@ -145,7 +149,10 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
             {"name": "core", "soft": 0, "hard": 0},
             {"name": "fsize", "soft": profile.tmpfs, "hard": profile.tmpfs},
         ],
-        "init": True,
+        # No docker-init: the supervisor is the container's PID 1, which the program (same uid) can neither
+        # signal nor, being non-dumpable, trace. docker-init as PID 1 was dumpable: the program could
+        # ptrace-stop it and freeze the container, and read its environment.
+        "init": False,
         "ipc_mode": "private",
         "cgroupns": "private",
         "hostname": SANDBOX_HOSTNAME,
@@ -157,6 +164,16 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
         # engine's network set-up from the attack surface, it makes container start about 2x faster here.
         options["network_disabled"] = True
     return options
+
+
+def security_options(seccomp: str) -> list[str]:
+    """``no-new-privileges`` and, for ``seccomp: gateway``, the gateway's profile (the engine applies its own
+    default profile when none is given)."""
+    if seccomp == "gateway":
+        return ["no-new-privileges", f"seccomp={gateway_profile()}"]
+    if seccomp == "engine-default":
+        return ["no-new-privileges"]
+    raise UnsafeOptionsError(f"unknown seccomp setting {seccomp!r}: expected gateway or engine-default")
 
 
 def run_options(settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:
@@ -246,12 +263,44 @@ def _check_privileges(options: Mapping[str, Any]) -> _Issues:
     if not isinstance(security_opt, _LIST_OR_TUPLE):
         yield "$.security_opt", "security_opt must be a list including no-new-privileges"
         return
-    normal = [str(o).strip().lower().replace("=", ":") for o in security_opt]
+    normal = [_security_opt_head(o) for o in security_opt]
     if _NO_NEW_PRIVS.isdisjoint(normal):
         yield "$.security_opt", "no-new-privileges is missing"
     for index, opt in enumerate(normal):
         if opt in _UNSAFE_SECURITY_OPTS:
-            yield f"$.security_opt[{index}]", f"{security_opt[index]!r} disables a kernel protection"
+            yield f"$.security_opt[{index}]", f"{_short(security_opt[index])!r} disables a kernel protection"
+        elif opt.startswith("seccomp:"):
+            yield from _check_seccomp(
+                f"$.security_opt[{index}]", str(security_opt[index]).strip()[len("seccomp") + 1 :]
+            )
+    if sum(opt.startswith("seccomp:") for opt in normal) > 1:
+        yield "$.security_opt", "at most one seccomp profile"
+
+
+def _security_opt_head(opt: object) -> str:
+    """``key:value`` lower-cased for the short options; a seccomp profile's JSON is kept as it is."""
+    text = str(opt).strip()
+    key, _, value = text.replace("=", ":", 1).partition(":")
+    if key.lower() == "seccomp" and value.strip().lower() not in ("unconfined", ""):
+        return "seccomp:" + value
+    return text.lower().replace("=", ":")
+
+
+def _short(opt: object) -> str:
+    text = str(opt)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_seccomp(where: str, value: str) -> _Issues:
+    """A seccomp profile given inline must be one that refuses by default and lets none of the calls a
+    sandbox never needs through (the gateway's own profile passes; a path or anything else does not)."""
+    try:
+        profile = json.loads(value)
+    except ValueError:
+        yield where, "seccomp must be an inline JSON profile (the engine's API takes no file path)"
+        return
+    for problem in profile_problems(profile):
+        yield where, f"seccomp profile refused: {problem}"
 
 
 def _check_user(options: Mapping[str, Any]) -> _Issues:
@@ -276,6 +325,11 @@ def _check_limits(options: Mapping[str, Any]) -> _Issues:
     ulimits = options.get("ulimits", [])
     if isinstance(ulimits, list) and any(isinstance(u, Mapping) and u.get("name") == "nproc" for u in ulimits):
         yield "$.ulimits", "an nproc ulimit is shared by every sandbox of the uid: one sandbox could starve the others"
+
+
+def _check_init(options: Mapping[str, Any]) -> _Issues:
+    if options.get("init", False) is not False:
+        yield "$.init", "init must be false: the supervisor is the container's PID 1 (a separate init is traceable)"
 
 
 def _check_namespaces(options: Mapping[str, Any]) -> _Issues:
@@ -366,6 +420,7 @@ _CHECKS = (
     _check_privileges,
     _check_user,
     _check_limits,
+    _check_init,
     _check_namespaces,
     _check_tmpfs,
     _check_labels,

@@ -10,11 +10,15 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     ``stdin_open``, ``stdin_once``, ``tty=False``, ``detach``); attach to its stdin/stdout/stderr *before*
     starting it; start it. The supervisor then waits for exactly one payload on stdin.
 ``run``
-    send the payload (length-prefixed JSON: code, base64 files, a per-run HMAC key) and half-close the
-    socket; read Docker's multiplexed stream and the supervisor's verified frames as they arrive, keeping at
-    most ``output_bytes`` per stream in memory (past it: truncate, kill the container, stop reading); a
-    monotonic deadline covers the whole read (at it: kill, ``timed_out``); then ``wait`` and ``inspect``
-    (``OOMKilled``, exit code); ``remove(force=True)`` in ``finally``, always.
+    send the payload (length-prefixed JSON: code, base64 files, the environment, the deadline, a per-run HMAC
+    key) and keep the socket open: its close is how the supervisor learns the gateway is gone. Read Docker's
+    multiplexed stream and the supervisor's verified frames as they arrive, keeping at most ``output_bytes``
+    per stream in memory (past it: truncate, kill the container, stop reading); a monotonic deadline covers
+    the whole read (at it: kill, ``timed_out``). After the final frame the supervisor waits for its stdin to
+    close: ``inspect`` it, close the attach connection, ``remove(force=True)`` in ``finally``, always (the
+    engine's ``AutoRemove`` may get there first). A run that reported but whose container cannot be removed
+    raises ``ContainerLeftError`` carrying the program's outcome; any other error that ends a run carries what
+    had arrived (``GatewayError.outcome``).
 
 No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
 payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
@@ -29,13 +33,14 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import docker
 import docker.errors
 
 from gateway.errors import (
+    ContainerLeftError,
     EngineUnavailableError,
     GatewayError,
     ImageMissingError,
@@ -70,7 +75,7 @@ __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "
 BUILD_COMMAND = "scripts/build-image.sh"
 """How to build the default sandbox image locally (named in the error for a missing image)."""
 
-_WAIT_AFTER_KILL_S = 10.0
+_REMOVAL_WAIT_S = 10.0
 EXPIRY_GRACE_S = 60
 """Seconds past a container's own deadline after which any reaper treats it as abandoned."""
 
@@ -204,6 +209,9 @@ class DockerRunner:
     def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
         options = dict(spec.options)
         guard(options)  # also refuses the runner-owned keys added below
+        # The environment is the program's alone: it travels in the payload to the program's execve, never
+        # in the container's configuration (where the supervisor, PID 1, would hold it too).
+        options.pop("environment", None)
         deadline = int(time.time() + spec.timeout_s) + 1
         options["labels"] = {
             **dict(options.get("labels") or {}),
@@ -219,6 +227,7 @@ class DockerRunner:
             tty=False,
             detach=True,
             log_config={"type": "none", "config": {}},
+            auto_remove=True,
         )
         return options
 
@@ -270,37 +279,47 @@ class DockerRunner:
         if sandbox.used:
             raise SandboxError("a sandbox is used once; prepare a new one")
         sandbox.used = True
-        failed = True
+        got = Collected()
+        start = time.monotonic()
+        removed = True
         try:
-            outcome = self._run(sandbox, payload)
-            failed = False
-            return outcome
+            outcome = self._run(sandbox, payload, got, start)
+        except GatewayError as exc:
+            # Whatever ended the run (the engine, a tampered stream, the gateway interrupted), the report
+            # keeps what the program had produced and which container it was.
+            exc.outcome = exc.outcome or self._partial(sandbox, got, start)
+            raise
         finally:
             _close(sandbox.sockio)
             try:
                 if sandbox.container_id is not None:
-                    self._remove(sandbox.container_id, quiet=failed)
+                    removed = self._remove(sandbox.container_id, quiet=True)
             finally:
                 if sandbox.staging is not None:
                     sandbox.staging.remove()
+        if not removed:
+            raise _left(str(sandbox.container_id), outcome)
+        return outcome
 
     def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
         return self.run(self.prepare(spec), payload)
 
-    def _run(self, sb: DockerSandbox, payload: Payload) -> Outcome:
+    def _run(self, sb: DockerSandbox, payload: Payload, got: Collected, start: float) -> Outcome:
         spec = sb.spec
         assert sb.container_id is not None  # noqa: S101 - set by prepare
         cid = sb.container_id
         key = new_key()
-        data = encode_payload(key, payload.code, payload.files, spec.output_files_bytes)
-        start = time.monotonic()
+        env = dict(spec.options.get("environment") or {})
+        data = encode_payload(
+            key, payload.code, payload.files, spec.output_files_bytes, env=env, timeout_s=spec.timeout_s
+        )
         deadline = start + spec.timeout_s
-        got = Collected()
         kill = False
         try:
             sb.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            # No half-close: the supervisor's stdin stays open for the whole run, and its EOF (this process
+            # gone, or its engine connection lost) tells the supervisor to end the run on its own.
             sb.sock.sendall(data)
-            sb.sock.shutdown(socket.SHUT_WR)
             kill = read_frames(sb.sock, FrameDecoder(key), got, spec, deadline)
         except TimeoutError:
             got.timed_out = kill = True
@@ -322,10 +341,10 @@ class DockerRunner:
             self._kill(cid)
         if got.error is not None:
             raise SandboxError(f"the sandbox could not start the program: {got.error}")
-        with self._step("waiting for the container"):
-            self.client.api.wait(cid, timeout=_WAIT_AFTER_KILL_S if kill or got.final else spec.timeout_s + 5)
-        with self._step("inspecting the container"):
-            state = self.client.api.inspect_container(cid)["State"]
+        # After the final frame the supervisor waits for its stdin to close before it exits: the container is
+        # still there to be inspected (OOMKilled). Without a final frame it may already be gone (AutoRemove).
+        state = self._state(cid)
+        _close(sb.sockio)
         duration_ms = round((time.monotonic() - start) * 1000)
         return outcome_of(
             got,
@@ -336,6 +355,25 @@ class DockerRunner:
             image_id=sb.image_id,
             pulled=sb.pulled,
         )
+
+    def _partial(self, sb: DockerSandbox, got: Collected, start: float) -> Outcome:
+        """The outcome of a run that an error ended: what arrived so far, no exit code of the program's."""
+        got.final = None
+        return replace(
+            outcome_of(got, {}, round((time.monotonic() - start) * 1000), runtime=sb.runtime,
+                       container_id=sb.container_id, image_id=sb.image_id, pulled=sb.pulled),
+            resource_killed=False,
+        )  # fmt: skip
+
+    def _state(self, container_id: str) -> Mapping[str, Any]:
+        """The container's engine state, or an empty one when the engine already removed it."""
+        try:
+            state: Mapping[str, Any] = self.client.api.inspect_container(container_id)["State"]
+        except docker.errors.NotFound:
+            return {}
+        except Exception as exc:
+            raise map_engine_error(exc, "inspecting the container") from exc
+        return state
 
     # -- kill / remove / reap --------------------------------------------------------------------------
 
@@ -349,17 +387,34 @@ class DockerRunner:
         except Exception as exc:
             raise map_engine_error(exc, "killing the container") from exc
 
-    def _remove(self, container_id: str, *, quiet: bool) -> None:
+    def _remove(self, container_id: str, *, quiet: bool) -> bool:
+        """Force-remove a container. True when it is gone (or the engine's AutoRemove is removing it);
+        False when it could not be removed and ``quiet`` (otherwise the mapped error is raised)."""
         try:
             self.client.api.remove_container(container_id, force=True)
         except docker.errors.NotFound:
-            return
+            return True
         except Exception as exc:
+            if isinstance(exc, docker.errors.APIError) and exc.status_code == 409 and "in progress" in str(exc):
+                return self._removed(container_id)  # the engine's AutoRemove got there first
             if not quiet:
                 raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
+            return False
+        return True
 
-    def reap(self, *, everything: bool = False) -> list[str]:
-        """Remove this instance's containers and every expired one (``everything``: every gateway container)."""
+    def _removed(self, container_id: str) -> bool:
+        """Wait (bounded) for a removal the engine is doing; True once the container is gone."""
+        try:
+            self.client.api.wait(container_id, timeout=_REMOVAL_WAIT_S, condition="removed")
+        except docker.errors.NotFound:
+            return True
+        except Exception:  # noqa: BLE001 - not gone in time, or the engine cannot say: not removed
+            return False
+        return True
+
+    def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
+        """Remove this instance's containers and every expired one (``everything``: every gateway container;
+        ``expired_only``: only the expired ones, whoever made them)."""
         with self._step("listing the gateway's containers"):
             found = self.client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
         now = time.time()
@@ -369,7 +424,8 @@ class DockerRunner:
         for entry in found:
             labels = entry.get("Labels") or {}
             decision = str(labels.get(DECISION_LABEL, ""))
-            if everything or labels.get(INSTANCE_LABEL) == self.instance or is_expired(labels, now):
+            mine = labels.get(INSTANCE_LABEL) == self.instance and not expired_only
+            if everything or mine or is_expired(labels, now):
                 cid = str(entry["Id"])
                 self._remove(cid, quiet=False)
                 removed.append(cid)
@@ -380,6 +436,15 @@ class DockerRunner:
         # now has staged before creating its container, hence the grace.
         reap_staging(live, grace_s=EXPIRY_GRACE_S, gone=gone)
         return removed
+
+
+def _left(container_id: str, outcome: Outcome) -> ContainerLeftError:
+    error = ContainerLeftError(
+        f"the program finished and reported, but its container {container_id[:12]} could not be removed; "
+        "it was left for `gateway reap` (it also ends itself at its deadline)"
+    )
+    error.outcome = outcome
+    return error
 
 
 def is_expired(labels: Mapping[str, str], now: float) -> bool:
@@ -406,7 +471,7 @@ def _create_args(kwargs: Mapping[str, Any], api: Any) -> dict[str, Any]:
     """
     args = dict(kwargs)
     stdin_once = bool(args.pop("stdin_once", False))
-    host = {k: args.pop(k) for k in list(args) if k in HOST_CONFIG_KEYS or k == "log_config"}
+    host = {k: args.pop(k) for k in list(args) if k in HOST_CONFIG_KEYS or k in ("log_config", "auto_remove")}
     transport: dict[str, Any] = {k: args.pop(k) for k in ("command", "entrypoint", "stdin_open", "tty") if k in args}
     args.pop("detach", None)  # expressed through stdin_once below
     leftovers = sorted(set(args) - CONTAINER_CONFIG_KEYS)

@@ -5,22 +5,34 @@ able to tell the program's output and exit status from anything the program coul
 command is a fixed program (``SUPERVISOR``, run as ``python3 -I -S -c SUPERVISOR /workspace``; no caller
 content on the command line) that:
 
-1. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
-   big-endian length, then JSON ``{"key": hex, "code": str, "files": {relpath: base64}, "files_cap": int}``;
-2. writes the files and ``main.py`` into the workspace (refusing path escapes again: ``O_NOFOLLOW``,
+1. is the container's PID 1 (no ``docker-init``): the kernel delivers to a namespace's init only the signals it
+   handles, so the program (same uid) can neither kill nor stop it, and it ignores ``SIGINT`` (Python's
+   default handler would raise); it reaps every orphan itself;
+2. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
+   big-endian length, then JSON ``{"key": hex, "code": str, "files": {relpath: base64}, "files_cap": int,
+   "env": {name: value}, "timeout_s": float}``;
+3. writes the files and ``main.py`` into the workspace (refusing path escapes again: ``O_NOFOLLOW``,
    ``O_EXCL``, no ``..``), creates ``out/``;
-3. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
-   cannot read its memory (the per-run key) or its file descriptors through ``/proc``;
-4. runs ``python3 main.py`` as a child in its own session with stdin ``/dev/null`` and stdout / stderr as
-   pipes, relaying what arrives as frames on the container's stdout;
-5. when the child exits, kills its process group, sends the files under ``out/`` (capped) and a final frame
-   with the exit status (a signal ``n`` is ``128 + n``), and exits with that status.
+4. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
+   cannot trace it or read its memory (the per-run key) or file descriptors through ``/proc``. The policy's
+   environment travels in the payload and is given to the program's ``execve`` only: the supervisor's own
+   environment (which gVisor shows the program whatever the dumpable flag) holds nothing of the request;
+5. runs ``python3 main.py`` as a child in its own session with stdin ``/dev/null`` and stdout / stderr as
+   pipes, relaying what arrives as frames on the container's stdout. It enforces the deadline itself
+   (``timeout_s`` after the payload arrived: kill every process, exit 124) and watches its stdin, which the
+   host keeps open for the whole run: EOF there means the gateway went away (killed, or its engine
+   connection lost), so it kills every process and exits 137 at once. Either way the container ends, and
+   the engine removes it (``AutoRemove``), with no client and no reaper;
+6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
+   struck (``FRAME_META``), sends the files under ``out/`` (capped)
+   and a final frame with the exit status (a signal ``n`` is ``128 + n``), waits (at most 10 s) for the host
+   to close its stdin, and exits with that status.
 
 Every frame is ``type (1 byte) | length (4 bytes, big-endian) | data | mac (16 bytes)`` where ``mac`` is the
 first 16 bytes of HMAC-SHA256 under the per-run key over ``sequence (8 bytes) | type | length | data``. The key
 travels only in the payload; a program that writes to the container's stdout some other way (for instance
-through ``/proc/1/fd/1`` of the init process) cannot produce a valid frame, and the host stops at the first
-frame that fails verification.
+through ``/proc/1/fd/1``) cannot produce a valid frame, and the host stops at the first frame that fails
+verification.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ __all__ = [
     "FRAME_EXIT",
     "FRAME_FILE_DATA",
     "FRAME_FILE_NAME",
+    "FRAME_META",
     "FRAME_STDERR",
     "FRAME_STDOUT",
     "MAGIC",
@@ -57,6 +70,10 @@ FRAME_STDOUT = b"o"
 FRAME_STDERR = b"e"
 FRAME_FILE_NAME = b"n"
 FRAME_FILE_DATA = b"f"
+FRAME_META = b"m"
+"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool}``, from the kernel's own
+``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the container exited, and
+by then AutoRemove may have taken the container away)."""
 FRAME_EXIT = b"x"
 """Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
 FRAME_ERROR = b"!"
@@ -66,12 +83,13 @@ MAX_FRAME = 1 << 20
 MAC_BYTES = 16
 _HEADER = struct.Struct(">cI")
 _SEQ = struct.Struct(">Q")
-_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
+_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
 
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and few imports (each costs start-up time on every run). Keep it small and self-contained.
 SUPERVISOR = r"""
-import os, sys, json, struct, hmac, select, signal, binascii
+import os, sys, json, struct, hmac, select, signal, binascii, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 W = sys.argv[1]
 PY = "/usr/bin/python3"
 CHUNK = 65536
@@ -88,6 +106,24 @@ def put(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+def ooms():
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+    return None
+def everyone():
+    if os.getpid() != 1:
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
 head = readn(0, 8)
 if len(head) != 8 or head[:4] != b"GWP1":
     sys.stderr.write("supervisor: malformed payload\n")
@@ -99,6 +135,7 @@ if len(raw) != size:
     os._exit(125)
 req = json.loads(raw)
 del raw
+END = time.monotonic() + float(req["timeout_s"])
 KEY = bytes.fromhex(req["key"])
 SEQ = [0]
 def send(kind, data=b""):
@@ -131,6 +168,8 @@ try:
     create("main.py", req["code"].encode("utf-8", "surrogatepass"))
     os.makedirs(W + "/out", 0o700, exist_ok=True)
     cap = int(req["files_cap"])
+    env = dict(os.environ)
+    env.update(req["env"])
     del req
     import ctypes
     if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
@@ -143,6 +182,7 @@ try:
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
     null = os.open("/dev/null", os.O_RDONLY)
+    OOM0 = ooms()
     pid = os.fork()
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
@@ -153,17 +193,18 @@ if pid == 0:
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 1 << 16)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
         os.chdir(W)
-        os.execv(PY, [PY, W + "/main.py"])
+        os.execve(PY, [PY, W + "/main.py"], env)
     finally:
         os._exit(127)
+del env
 for fd in (out_w, err_w, null):
     os.close(fd)
 poller = select.poll()
 streams = {out_r: b"o", err_r: b"e"}
-for fd in (out_r, err_r, wake_r):
+for fd in (out_r, err_r, wake_r, 0):
     poller.register(fd, select.POLLIN)
 def relay(fd):
     try:
@@ -177,26 +218,43 @@ def relay(fd):
     del streams[fd]
     os.close(fd)
     return False
+def stop():
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    everyone()
 status = None
+def reap():
+    global status
+    while True:
+        try:
+            got, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not got:
+            return
+        if got == pid:
+            status = st
 while status is None:
-    if not streams:
-        status = os.waitpid(pid, 0)[1]
-        break
-    for fd, _ in poller.poll():
+    left = END - time.monotonic()
+    if left <= 0:
+        stop()
+        os._exit(124)
+    for fd, _ in poller.poll(max(int(left * 1000), 1)):
         if fd == wake_r:
             try:
                 os.read(wake_r, 512)
             except BlockingIOError:
                 pass
+        elif fd == 0:
+            if not os.read(0, 4096):
+                stop()
+                os._exit(137)
         elif fd in streams:
             relay(fd)
-    got, st = os.waitpid(pid, os.WNOHANG)
-    if got:
-        status = st
-try:
-    os.killpg(pid, signal.SIGKILL)
-except OSError:
-    pass
+    reap()
+stop()
 for fd in list(streams):
     os.set_blocking(fd, False)
     while fd in streams and relay(fd):
@@ -206,6 +264,8 @@ for fd in list(streams):
 code = os.waitstatus_to_exitcode(status)
 if code < 0:
     code = 128 - code
+oom = ooms()
+send(b"m", json.dumps({"oom_killed": OOM0 is not None and oom is not None and oom > OOM0}).encode())
 truncated = False
 total = 0
 root = W + "/out"
@@ -236,6 +296,10 @@ for top, dirs, names in os.walk(root):
         finally:
             os.close(fd)
 send(b"x", json.dumps({"status": code, "files_truncated": truncated}).encode())
+try:
+    select.select([0], [], [], 10)
+except OSError:
+    pass
 os._exit(code)
 """
 
@@ -250,14 +314,24 @@ def new_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def encode_payload(key: bytes, code: str, files: Mapping[str, bytes], files_cap: int) -> bytes:
-    """The bytes the host writes to the supervisor's stdin."""
+def encode_payload(
+    key: bytes,
+    code: str,
+    files: Mapping[str, bytes],
+    files_cap: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 3600.0,
+) -> bytes:
+    """The bytes the host writes to the supervisor's stdin (``timeout_s``: the supervisor's own deadline)."""
     body = json.dumps(
         {
             "key": key.hex(),
             "code": code,
             "files": {name: base64.b64encode(bytes(data)).decode("ascii") for name, data in files.items()},
             "files_cap": files_cap,
+            "env": dict(env or {}),
+            "timeout_s": float(timeout_s),
         },
         ensure_ascii=True,
         separators=(",", ":"),

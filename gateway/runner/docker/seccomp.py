@@ -1,0 +1,118 @@
+"""The gateway's seccomp profile: the engine's default profile minus what a code sandbox never needs.
+
+Derived, never hand-edited: ``scripts/gen-seccomp.py`` reads the pinned copy of moby's default profile
+(``scripts/seccomp/moby-default.json``, see ``SOURCE``) and applies :func:`derive`, which
+
+1. drops every rule that only applies with a capability (``includes.caps``): the gateway drops all
+   capabilities and its guard refuses ``cap_add``, so these rules can never match (this is where moby keeps
+   ``bpf``, ``perf_event_open``, ``unshare``/``setns``/``mount``, ``kcmp``, ``pidfd_getfd``, ...);
+2. removes each name of :data:`NEVER` from every remaining allow rule (a rule left without names is dropped);
+3. checks that no allow rule names any of them any more, and that the default action still refuses.
+
+The result is shipped as ``gateway-seccomp.json`` next to this module and given to the engine as
+``security_opt: seccomp=<profile JSON>`` when the policy says ``seccomp: gateway`` (the default).
+``tests/unit/test_seccomp_profile.py`` regenerates it and compares, so the shipped file cannot drift.
+
+Under gVisor (runsc) the sentry, not the host kernel, implements these calls (it has no ``process_vm_*``,
+``userfaultfd`` or ``bpf`` at all; its ``io_uring``, ``ptrace`` and keyring are its own code), and runsc applies
+the OCI profile inside the sandbox only when registered with ``--oci-seccomp``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["NEVER", "PROFILE_FILE", "SOURCE", "derive", "gateway_profile", "profile_problems"]
+
+SOURCE = {
+    "repository": "github.com/moby/moby",
+    "commit": "b985e2313a8676e18072b442911fc8f64f17d440",
+    "path": "vendor/github.com/moby/profiles/seccomp/default.json",
+    "module": "github.com/moby/profiles/seccomp v0.2.3",
+    "sha256": "536529b665dd0972c37bfb569f5d4ac8a53592e7b00752bc39ff063ca9864c74",
+}
+"""Where ``scripts/seccomp/moby-default.json`` comes from (byte for byte; its sha256)."""
+
+PROFILE_FILE = "gateway-seccomp.json"
+
+NEVER: Mapping[str, str] = {
+    # Reaching other processes. The program may only act on its own process tree; these read, write or stop
+    # any same-uid process it can name, which is how a program froze the container's init (issue 14).
+    "ptrace": "traces, stops and rewrites other processes (froze PID 1 under runc); no debugger runs here",
+    "process_vm_readv": "reads another process's memory (the supervisor's frame key) without ptrace",
+    "process_vm_writev": "writes another process's memory",
+    "kcmp": "compares kernel objects of two processes: a probe of other processes (capability rule anyway)",
+    "pidfd_getfd": "copies a file descriptor out of another process (capability rule anyway)",
+    "process_madvise": "advises on another process's memory (capability rule anyway)",
+    # Kernel attack surface a Python snippet never uses, each with a long record of privilege escalations.
+    "io_uring_setup": "io_uring: a second system-call interface that bypasses seccomp filtering of its ops",
+    "io_uring_enter": "io_uring (see io_uring_setup)",
+    "io_uring_register": "io_uring (see io_uring_setup)",
+    "userfaultfd": "lets a program stall the kernel on its own page faults: the standard race widener",
+    "bpf": "loads programs into the kernel (capability rule in moby's profile; listed so it can never return)",
+    "perf_event_open": "hardware and kernel performance counters: side channels and kernel bugs",
+    "keyctl": "the kernel keyring is not namespaced: keys of other containers and the host share it",
+    "add_key": "the kernel keyring (see keyctl)",
+    "request_key": "the kernel keyring (see keyctl)",
+    "name_to_handle_at": "exposes file handles (inode, generation) usable with open_by_handle_at to leave a mount",
+    "open_by_handle_at": "opens a file by handle, bypassing the mount (the 'shocker' escape; capability rule)",
+    "modify_ldt": "x86 16-bit segment tables: only old DOS/Wine code needs them; a history of kernel bugs",
+    "unshare": "new namespaces (capability rule): a sandbox never makes its own",
+    "setns": "joins namespaces (capability rule)",
+    "mount": "mounts (capability rule)",
+}
+"""Every system call the gateway's profile refuses beyond the engine's, with the reason."""
+
+_REFUSING = frozenset({"SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD"})
+
+
+def derive(moby: Mapping[str, Any]) -> dict[str, Any]:
+    """The gateway's profile from moby's default profile (a pure function of it)."""
+    profile = copy.deepcopy(dict(moby))
+    rules: list[dict[str, Any]] = []
+    for rule in profile["syscalls"]:
+        if rule.get("includes", {}).get("caps"):
+            continue  # applies only with a capability the gateway never grants
+        if rule["action"] == "SCMP_ACT_ALLOW":
+            rule["names"] = [name for name in rule["names"] if name not in NEVER]
+            if not rule["names"]:
+                continue
+        rules.append(rule)
+    profile["syscalls"] = rules
+    problems = profile_problems(profile)
+    if problems:
+        raise ValueError("the derived profile is not safe: " + "; ".join(problems))
+    return profile
+
+
+def profile_problems(profile: Any) -> list[str]:
+    """What makes ``profile`` unfit for a sandbox: a default that allows, or an allow rule for a call of
+    :data:`NEVER`. Empty when it is fit. Used by the generator and by the options guard."""
+    if not isinstance(profile, Mapping) or not isinstance(profile.get("syscalls"), list):
+        return ["a seccomp profile must be a JSON object with a syscalls list"]
+    problems: list[str] = []
+    if profile.get("defaultAction") not in _REFUSING:
+        problems.append(f"defaultAction {profile.get('defaultAction')!r} does not refuse unlisted calls")
+    for index, rule in enumerate(profile["syscalls"]):
+        if not isinstance(rule, Mapping):
+            problems.append(f"syscalls[{index}] is not an object")
+            continue
+        if rule.get("action") in _REFUSING:
+            continue
+        names = rule.get("names") or ([rule["name"]] if "name" in rule else [])
+        listed = sorted(set(names) & set(NEVER))
+        if listed:
+            problems.append(f"syscalls[{index}] ({rule.get('action')}) lets through {', '.join(listed)}")
+    return problems
+
+
+@cache
+def gateway_profile() -> str:
+    """The shipped profile as compact JSON: the value of ``security_opt: seccomp=...``."""
+    text = resources.files(__package__).joinpath(PROFILE_FILE).read_text(encoding="utf-8")
+    return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
