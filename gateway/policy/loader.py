@@ -19,6 +19,7 @@ from gateway.errors import PolicyError, PolicyNotFoundError, Problem
 from gateway.policy.images import image_allowed
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
+    MIN_CPUS,
     MIN_MEMORY,
     RUNSC_MIN_PIDS,
     EnvRule,
@@ -152,6 +153,12 @@ def _limits(spec: dict[str, Any], sem: _Semantic) -> Limits:
         value = getattr(limits.memory, key)
         if 0 < value < MIN_MEMORY or value == 0:
             sem.fail(f"$.spec.limits.memory.{key}", f"{format_size(value)} is below Docker's minimum of 6m")
+        cpus = getattr(limits.cpus, key)
+        if cpus < MIN_CPUS:
+            sem.fail(
+                f"$.spec.limits.cpus.{key}",
+                f"{cpus:g} CPU is below the smallest quota a sandbox can be given ({MIN_CPUS:g}); no request could run",
+            )
     if limits.tmpfs.max == 0:
         sem.fail("$.spec.limits.tmpfs.max", "a tmpfs of size 0 would be unbounded in Docker; give a size")
     return limits

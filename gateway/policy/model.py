@@ -11,6 +11,7 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_LANGUAGE",
+    "MIN_CPUS",
     "MIN_MEMORY",
     "RUNSC_MIN_PIDS",
     "EnvRule",
@@ -35,6 +36,9 @@ DEFAULT_LANGUAGE = "python"
 MIN_MEMORY = 6 * 1024 * 1024
 """The smallest memory limit a sandbox can be given (Docker refuses less than 6 MiB); the loader and the
 limits rule both use it."""
+MIN_CPUS = 0.01
+"""The smallest CPU quota a sandbox can be given: the kernel's CFS quota is at least 1 ms per 100 ms period, so
+an engine refuses (or fails to start) anything below 0.01 CPU. The loader and the limits rule both use it."""
 RUNSC_MIN_PIDS = 256
 """gVisor's own threads count against the pids limit; below this a runsc sandbox dies (see DESIGN). The loader,
 the settings resolver and the limits rule all use it."""

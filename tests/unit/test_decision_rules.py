@@ -225,6 +225,27 @@ def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], bas
     assert out["warnings"][0]["rule"] == "limits.memory"
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [("cpus", 0.004, "limits.cpus"), ("cpus", 0.0099, "limits.cpus"), ("memory", "5m", "limits.memory")],
+)
+def test_below_what_a_sandbox_can_be_given_denies_even_in_audit_mode(
+    base_policy_text: str, field: str, value: Any, rule: str
+) -> None:
+    """The engine refuses these after a container is made (item 11); audit mode must not let them through."""
+    from gateway.policy import load_policy_text
+
+    text = base_policy_text.replace("cpus: {default: 1, max: 2}", "cpus: {default: 1, max: 2, mode: audit}")
+    text = text.replace("memory: {default: 256m, max: 512m}", "memory: {default: 256m, max: 512m, mode: audit}")
+    assert "mode: audit}" in text.split("cpus:")[1].split("\n")[0]
+    d = judge(load_policy_text(text), parse_request({"code": "x", "limits": {field: value}}))
+    assert not d.allowed
+    [violation] = d.violations
+    assert (violation.rule, violation.mode, violation.path) == (rule, "enforce", f"$.limits.{field}")
+    assert "below the minimum" in violation.message
+    assert judge(load_policy_text(text), parse_request({"code": "x", "limits": {"cpus": 0.01}})).allowed
+
+
 def test_a_crashing_rule_is_an_error_and_a_deny_under_its_own_id(default_policy: Policy) -> None:
     # A policy object the loader could never produce (no env section) behind a valid compiled policy: each
     # env rule crashes, and each error carries the id of the rule that crashed (one a golden case can name).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from gateway.decision.rules.base import Context, Finding, Rule, fail, ok
-from gateway.policy.model import MIN_MEMORY, RUNSC_MIN_PIDS, Limit, Policy
+from gateway.policy.model import MIN_CPUS, MIN_MEMORY, RUNSC_MIN_PIDS, Limit, Policy
 from gateway.policy.sizes import format_size
 
 __all__ = ["RULES"]
@@ -42,7 +42,12 @@ def _ceiling_rule(
         if got > maximum:
             yield fail(path, got, expected, f"{field} {_show(got, size)} is above the ceiling {_show(maximum, size)}")
         elif low is not None and got < low:
-            yield fail(path, got, expected, f"{field} {_show(got, size)} is below the minimum {_show(low, size)}")
+            # Below what a sandbox can be given: the backend would refuse it after a container was made, so
+            # it denies even in audit mode.
+            yield fail(
+                path, got, expected, f"{field} {_show(got, size)} is below the minimum {_show(low, size)}",
+                never_relaxed=True,
+            )  # fmt: skip
         else:
             asked = getattr(ctx.request.limits, field) is not None
             yield ok(path, got, expected, f"{'requested value' if asked else 'policy default'} within the ceiling")
@@ -74,7 +79,10 @@ RULES: tuple[Rule, ...] = (
         "limits.memory", "memory", lambda p: p.limits.memory, lambda c: c.settings.profile.memory,
         size=True, floor=lambda _c: MIN_MEMORY,
     ),
-    _ceiling_rule("limits.cpus", "cpus", lambda p: p.limits.cpus, lambda c: c.settings.profile.cpus, size=False),
+    _ceiling_rule(
+        "limits.cpus", "cpus", lambda p: p.limits.cpus, lambda c: c.settings.profile.cpus,
+        size=False, floor=lambda _c: MIN_CPUS,
+    ),
     _ceiling_rule(
         "limits.pids", "pids", lambda p: p.limits.pids, lambda c: c.settings.profile.pids,
         size=False, floor=_pids_floor,
