@@ -86,7 +86,9 @@ class RequestLimits:
     output_bytes: int | None = None
     """Bytes of stdout and of stderr kept, each."""
     output_files_bytes: int | None = None
-    """Total bytes of files returned from ``/workspace/out``."""
+    """Total bytes of files returned from ``/workspace/out`` (contents and names)."""
+    output_files: int | None = None
+    """How many files are returned from ``/workspace/out`` at most."""
     tmpfs: int | None = None
     """Bytes of each tmpfs."""
 
@@ -297,7 +299,7 @@ def _limits(raw: Mapping[str, Any], bad: _Report) -> RequestLimits:
                 values[key] = parse_size(int(value) if isinstance(value, float) else value)
             except SizeError as exc:
                 bad(f"$.limits.{key}", str(exc))
-        elif key == "pids":
+        elif key in ("pids", "output_files"):
             values[key] = int(value)
         elif key == "cpus":
             values[key] = float(value)

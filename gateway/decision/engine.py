@@ -115,6 +115,7 @@ def evaluate(
             timeout_s=settings.timeout_s,
             output_bytes=settings.output_bytes,
             output_files_bytes=settings.output_files_bytes,
+            output_files=settings.output_files,
             pull=settings.profile.pull,
             backend=assembler.backend,
         )

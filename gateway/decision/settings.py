@@ -65,6 +65,8 @@ class SandboxSettings:
     timeout_s: float
     output_bytes: int
     output_files_bytes: int
+    output_files: int
+    """How many files the run returns at most."""
     env: tuple[tuple[str, str], ...]
     mounts: tuple[ResolvedMount, ...]
     code_bytes: int
@@ -80,6 +82,7 @@ class SandboxSettings:
             "timeout_s": self.timeout_s,
             "output_bytes": self.output_bytes,
             "output_files_bytes": self.output_files_bytes,
+            "output_files": self.output_files,
             "pull": p.pull,
             "language": self.language,
             "code_bytes": self.code_bytes,
@@ -128,6 +131,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         timeout_s=float(_pick(req.timeout_s, lim.timeout_s.default)),
         output_bytes=int(_pick(req.output_bytes, lim.output_bytes.default)),
         output_files_bytes=int(_pick(req.output_files_bytes, lim.output_files_bytes.default)),
+        output_files=int(_pick(req.output_files, lim.output_files.default)),
         env=tuple(request.env.items()),
         mounts=tuple(ResolvedMount(m.source, _canonical(m.source), m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,

@@ -19,6 +19,7 @@ from gateway.errors import PolicyError, PolicyNotFoundError, Problem
 from gateway.policy.images import image_allowed
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
+    DEFAULT_OUTPUT_FILES,
     MIN_CPUS,
     MIN_MEMORY,
     RUNSC_MIN_PIDS,
@@ -98,11 +99,13 @@ class _Semantic:
             self.fail(path, str(exc))
             return 0
 
-    def limit(self, raw: dict[str, Any], key: str, *, size: bool, has_default: bool = True) -> Limit:
+    def limit(
+        self, raw: dict[str, Any], key: str, *, size: bool, has_default: bool = True, absent: Limit | None = None
+    ) -> Limit:
         path = f"$.spec.limits.{key}"
         entry = raw.get(key)
         if entry is None:  # only optional limits reach here
-            return Limit(default=_DEFAULT_OUTPUT_FILES, max=_DEFAULT_OUTPUT_FILES)
+            return absent or Limit(default=_DEFAULT_OUTPUT_FILES, max=_DEFAULT_OUTPUT_FILES)
         convert = self.size if size else (lambda v, _p: v)
         maximum = convert(entry["max"], f"{path}.max")
         default = convert(entry["default"], f"{path}.default") if has_default else maximum
@@ -148,6 +151,7 @@ def _limits(spec: dict[str, Any], sem: _Semantic) -> Limits:
         code_size=sem.limit(lim, "code_size", size=True, has_default=False),
         files_size=sem.limit(lim, "files_size", size=True, has_default=False),
         nofile=lim.get("nofile", 256),
+        output_files=sem.limit(lim, "output_files", size=False, absent=DEFAULT_OUTPUT_FILES),
     )
     for key in ("default", "max"):
         value = getattr(limits.memory, key)

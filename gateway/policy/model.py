@@ -11,6 +11,7 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_LANGUAGE",
+    "DEFAULT_OUTPUT_FILES",
     "MIN_CPUS",
     "MIN_MEMORY",
     "RUNSC_MIN_PIDS",
@@ -76,6 +77,10 @@ class Limit:
     mode: Mode = "enforce"
 
 
+DEFAULT_OUTPUT_FILES = Limit(default=256, max=256)
+"""``limits.output_files`` of a policy that does not say: at most 256 files come back from a run."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     memory: Limit
@@ -90,6 +95,8 @@ class Limits:
     files_size: Limit
     """Only ``max`` matters; ``default`` equals it."""
     nofile: int = 256
+    output_files: Limit = DEFAULT_OUTPUT_FILES
+    """How many files a run returns at most (``/workspace/out``); the rest are left out, marked truncated."""
 
 
 @dataclass(frozen=True, slots=True)

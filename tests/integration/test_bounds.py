@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from tests.integration.conftest import MANAGED_LABEL, gateway_containers
+from tests.integration.conftest import INSTANCE_LABEL, MANAGED_LABEL, gateway_containers
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def audit_dir(tmp_path: Path) -> Path:
 
 
 class Attempts:
-    """Container ``create`` events (and ``die`` of created ones) of the gateway's label since the start."""
+    """Container ``create`` events of this session's gateway containers since the start."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -47,7 +47,9 @@ class Attempts:
         events = self.engine.events(
             since=self.since, until=int(time.time()) + 1, filters={"type": "container", "event": "create"}, decode=True
         )
-        return [e["id"] for e in events if e.get("Actor", {}).get("Attributes", {}).get(MANAGED_LABEL) == "true"]
+        # Other sessions share the engine: only this session's containers count.
+        mine = {MANAGED_LABEL: "true", INSTANCE_LABEL: os.environ["GATEWAY_INSTANCE"]}
+        return [e["id"] for e in events if mine.items() <= e.get("Actor", {}).get("Attributes", {}).items()]
 
     def created(self) -> list[str]:
         return [i for i in self._ids() if i not in self.before]
@@ -79,10 +81,69 @@ def test_limits_below_the_engines_minimum_are_denied_before_any_container(
     """Before: the decision allowed ``cpus: 0.004``; the runner's create was refused by the engine ("Range of
     CPUs is from 0.01 to ...") and the CLI exited 125 with ``runner.sandbox_failed``."""
     attempts = Attempts(engine)
-    rc, out, err = run_cli(capsys, "run", "--json", "--audit-dir", str(audit_dir), *flags, "--code", "print(1)")
+    rc, out, _ = run_cli(capsys, "run", "--json", "--audit-dir", str(audit_dir), *flags, "--code", "print(1)")
     result = json.loads(out)
     assert rc == 77, result
     assert [v["rule"] for v in result["violations"]] == [rule]
     assert "minimum" in result["violations"][0]["message"]
     assert attempts.created() == []
     assert not any(r["event_type"] == "execution.outcome" for r in records(audit_dir))
+
+
+# --- item 5: returned files are bounded by count, and names cost bytes -------------------------------------
+
+_MANY_EMPTY_FILES = (
+    "import os\n"
+    "os.makedirs('/workspace/out/d', exist_ok=True)\n"
+    "for i in range(20000):\n"
+    "    os.close(os.open('/workspace/out/d/f%06d' % i, os.O_CREAT | os.O_WRONLY, 0o600))\n"
+    "print('made')\n"
+)
+
+
+def test_many_empty_output_files_give_a_bounded_result_and_record(
+    engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: empty files cost nothing against ``output_files_bytes``; all 20,000 came back (a result listing
+    each, an ``execution.outcome`` record of ~1.6 MB naming each), ``files_truncated`` false. (At 200,000 files
+    the review saw 490 MB RSS, a 62 MB JSON result and a 70 MB record.)"""
+    rc, out, err = run_cli(
+        capsys, "run", "--json", "--timeout", "60", "--audit-dir", str(audit_dir), "--code", _MANY_EMPTY_FILES
+    )
+    result = json.loads(out)
+    assert rc == 0, (result["error"], err)
+    assert result["stdout"] == "made\n"
+    assert result["files_truncated"] is True
+    assert 0 < len(result["files"]) <= 256  # the default policy's limits.output_files default
+    assert len(out) < 256 * 1024
+    [outcome] = [r for r in records(audit_dir) if r["event_type"] == "execution.outcome"]
+    line = json.dumps(outcome, separators=(",", ":"))
+    assert len(line) < 16 * 1024, len(line)
+    files = outcome["data"]["files"]
+    assert len(files) <= 32
+    assert outcome["data"]["files_count"] == len(result["files"])
+    assert outcome["data"]["files_truncated"] is True
+    omitted = outcome["data"]["files_omitted"]
+    assert omitted["count"] == len(result["files"]) - len(files)
+    assert len(omitted["sha256"]) == 64
+    assert gateway_containers(engine) == []
+
+
+def test_output_file_count_limit_is_a_policy_limit_a_request_may_lower(
+    engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request may ask for fewer returned files than the ceiling, never more (rule limits.output_files)."""
+    code = "import os\nfor i in range(10):\n    open('/workspace/out/f%d' % i, 'w').write('x')\n"
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"code": code, "limits": {"output_files": 3}}))
+    rc, out, _ = run_cli(capsys, "check", "--audit-dir", str(audit_dir), str(request))
+    assert rc == 0, out
+    from gateway import Gateway
+
+    with Gateway.from_env(audit_dir=audit_dir) as gw:
+        result = gw.execute({"code": code, "limits": {"output_files": 3}})
+        denied = gw.decide({"code": code, "limits": {"output_files": 100000}})
+    data = result.to_dict()
+    assert [f["path"] for f in data["files"]] == ["f0", "f1", "f2"]
+    assert data["files_truncated"] is True
+    assert [v["rule"] for v in denied.to_dict()["violations"]] == ["limits.output_files"]

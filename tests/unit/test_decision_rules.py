@@ -296,7 +296,7 @@ def test_decision_to_dict_contract(default_policy: Policy) -> None:
     }
     assert set(out["results"][0]) == {"rule", "status", "mode", "path", "got", "expected", "message"}
     assert set(out["plan"]) == {
-        "image", "runtime", "network", "timeout_s", "output_bytes", "output_files_bytes",
+        "image", "runtime", "network", "timeout_s", "output_bytes", "output_files_bytes", "output_files",
         "pull", "language", "code_bytes", "files_bytes",
     }  # fmt: skip
     assert out["plan"]["pull"] == "never"

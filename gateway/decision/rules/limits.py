@@ -99,6 +99,10 @@ RULES: tuple[Rule, ...] = (
         lambda c: c.settings.output_files_bytes, size=True,
     ),
     _ceiling_rule(
+        "limits.output_files", "output_files", lambda p: p.limits.output_files, lambda c: c.settings.output_files,
+        size=False,
+    ),
+    _ceiling_rule(
         "limits.tmpfs", "tmpfs", lambda p: p.limits.tmpfs, lambda c: c.settings.profile.tmpfs,
         size=True, floor=lambda _c: _MIN_TMPFS,
     ),

@@ -273,7 +273,7 @@ class DockerRunner:
         assert sb.container_id is not None  # noqa: S101 - set by prepare
         cid = sb.container_id
         key = new_key()
-        data = encode_payload(key, payload.code, payload.files, spec.output_files_bytes)
+        data = encode_payload(key, payload.code, payload.files, spec.output_files_bytes, spec.output_files)
         start = time.monotonic()
         deadline = start + spec.timeout_s
         got = Collected()

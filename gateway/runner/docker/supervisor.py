@@ -6,14 +6,16 @@ command is a fixed program (``SUPERVISOR``, run as ``python3 -I -S -c SUPERVISOR
 content on the command line) that:
 
 1. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
-   big-endian length, then JSON ``{"key": hex, "code": str, "files": {relpath: base64}, "files_cap": int}``;
+   big-endian length, then JSON ``{"key": hex, "code": str, "files": {relpath: base64}, "files_cap": int,
+   "files_max": int}``;
 2. writes the files and ``main.py`` into the workspace (refusing path escapes again: ``O_NOFOLLOW``,
    ``O_EXCL``, no ``..``), creates ``out/``;
 3. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
    cannot read its memory (the per-run key) or its file descriptors through ``/proc``;
 4. runs ``python3 main.py`` as a child in its own session with stdin ``/dev/null`` and stdout / stderr as
    pipes, relaying what arrives as frames on the container's stdout;
-5. when the child exits, kills its process group, sends the files under ``out/`` (capped) and a final frame
+5. when the child exits, kills its process group, sends the files under ``out/`` (at most ``files_max`` of
+   them, and ``files_cap`` bytes counting contents and the names of every entry walked) and a final frame
    with the exit status (a signal ``n`` is ``128 + n``), and exits with that status.
 
 Every frame is ``type (1 byte) | length (4 bytes, big-endian) | data | mac (16 bytes)`` where ``mac`` is the
@@ -131,6 +133,7 @@ try:
     create("main.py", req["code"].encode("utf-8", "surrogatepass"))
     os.makedirs(W + "/out", 0o700, exist_ok=True)
     cap = int(req["files_cap"])
+    most = int(req["files_max"])
     del req
     import ctypes
     if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
@@ -206,26 +209,44 @@ for fd in list(streams):
 code = os.waitstatus_to_exitcode(status)
 if code < 0:
     code = 128 - code
-truncated = False
+truncated = stop = False
 total = 0
+count = 0
 root = W + "/out"
+# Every entry walked costs its name's bytes against the byte cap (a file: its whole relative path, which the
+# host charges too), and at most `most` files are sent: many empty files or directories are not free. The walk
+# stops at the first cap it meets, so its own work is bounded as well.
 for top, dirs, names in os.walk(root):
     dirs.sort()
+    rel_top = top[len(root) + 1:]
+    for name in dirs:
+        total += len(os.fsencode(name))
+    if total > cap:
+        truncated = True
+        break
     for name in sorted(names):
-        path = top + "/" + name
+        rel = os.fsencode(rel_top + "/" + name if rel_top else name)
+        if total + len(rel) > cap:
+            truncated = stop = True
+            break
+        total += len(rel)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(top + "/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
             info = os.fstat(fd)
             if not (info.st_mode & 0o170000 == 0o100000):
                 continue
+            if count >= most:
+                truncated = stop = True
+                break
             if total + info.st_size > cap:
                 truncated = True
                 continue
             total += info.st_size
-            send(b"n", os.fsencode(path[len(root) + 1:]))
+            count += 1
+            send(b"n", rel)
             left = info.st_size
             while left > 0:
                 data = os.read(fd, min(CHUNK, left))
@@ -235,6 +256,8 @@ for top, dirs, names in os.walk(root):
                 send(b"f", data)
         finally:
             os.close(fd)
+    if stop:
+        break
 send(b"x", json.dumps({"status": code, "files_truncated": truncated}).encode())
 os._exit(code)
 """
@@ -250,14 +273,16 @@ def new_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def encode_payload(key: bytes, code: str, files: Mapping[str, bytes], files_cap: int) -> bytes:
-    """The bytes the host writes to the supervisor's stdin."""
+def encode_payload(key: bytes, code: str, files: Mapping[str, bytes], files_cap: int, files_max: int = 256) -> bytes:
+    """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
+    included; ``files_max``: how many files at most)."""
     body = json.dumps(
         {
             "key": key.hex(),
             "code": code,
             "files": {name: base64.b64encode(bytes(data)).decode("ascii") for name, data in files.items()},
             "files_cap": files_cap,
+            "files_max": files_max,
         },
         ensure_ascii=True,
         separators=(",", ":"),
