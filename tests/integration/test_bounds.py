@@ -147,3 +147,72 @@ def test_output_file_count_limit_is_a_policy_limit_a_request_may_lower(
     assert [f["path"] for f in data["files"]] == ["f0", "f1", "f2"]
     assert data["files_truncated"] is True
     assert [v["rule"] for v in denied.to_dict()["violations"]] == ["limits.output_files"]
+
+
+# --- item 9: `gateway audit verify` says when HMACs were not checked, and a mix of keyed records fails ------
+
+
+def _rewrite(audit_dir: Path, strip: set[int] | None) -> None:
+    """Rehash the trail from the first record in ``strip`` on, dropping the hmac of the records in ``strip``
+    (``None``: of every record) and keeping the stale hmac of the others: what a forger without the key does."""
+    from gateway.audit.canonical import canonical_bytes, seal
+
+    prev_hash = None
+    for seg in sorted(audit_dir.glob("*.jsonl")):
+        out = []
+        for original in seg.read_bytes().splitlines(keepends=True):
+            line = original
+            record = json.loads(line)
+            if strip is None or record["seq"] >= min(strip):
+                record.pop("hash")
+                mac = record.pop("hmac")
+                if strip is not None and record["seq"] == min(strip):
+                    record["data"]["exit_code"] = 0  # the forgery: another outcome
+                if prev_hash is not None:
+                    record["prev_hash"] = prev_hash
+                line = seal(canonical_bytes(record))[0]
+                if strip is not None and record["seq"] not in strip:
+                    line = line[:-3] + b'","hmac":"' + mac.encode() + b'"}\n'
+            prev_hash = json.loads(line)["hash"]
+            out.append(line)
+        seg.write_bytes(b"".join(out))
+
+
+def test_verify_without_a_key_fails_on_a_forged_unkeyed_record_and_says_hmacs_were_not_checked(
+    engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: on a keyed trail, a forged record without ``hmac`` (chain rehashed) and a trail with every HMAC
+    stripped both verified OK without the key (exit 0, "chain intact"); the second printed no warning at all."""
+    key_file = tmp_path / "key"
+    key_file.write_text(os.urandom(32).hex())
+    monkeypatch.setenv("GATEWAY_AUDIT_KEY_FILE", str(key_file))
+    rc, _, _ = run_cli(capsys, "run", "--audit-dir", str(audit_dir), "--code", "import sys; sys.exit(3)")
+    assert rc == 3
+    monkeypatch.delenv("GATEWAY_AUDIT_KEY_FILE")
+    pristine = {seg: seg.read_bytes() for seg in audit_dir.glob("*.jsonl")}
+    outcome_seq = next(r["seq"] for r in records(audit_dir) if r["event_type"] == "execution.outcome")
+
+    rc, out, _ = run_cli(capsys, "audit", "verify", str(audit_dir))
+    assert rc == 0
+    assert "HMACs were NOT checked" in out
+    assert run_cli(capsys, "audit", "verify", "--key-file", str(key_file), str(audit_dir))[0] == 0
+
+    _rewrite(audit_dir, strip={outcome_seq})
+    rc, out, _ = run_cli(capsys, "audit", "verify", "--json", str(audit_dir))
+    report = json.loads(out)
+    assert rc == 1, report
+    assert (report["first_break"]["seq"], report["first_break"]["reason"]) == (outcome_seq, "bad_hmac")
+    rc, out, _ = run_cli(capsys, "audit", "verify", "--key-file", str(key_file), str(audit_dir))
+    assert rc == 1
+    assert f"BROKEN at seq {outcome_seq}" in out
+
+    for seg, data in pristine.items():
+        seg.write_bytes(data)
+    _rewrite(audit_dir, strip=None)
+    rc, out, _ = run_cli(capsys, "audit", "verify", str(audit_dir))
+    assert rc == 0  # nothing without the key can tell an unkeyed trail from a stripped one; it says so
+    assert "HMACs were NOT checked: no record carries one" in out
+    rc, out, _ = run_cli(capsys, "audit", "verify", "--key-file", str(key_file), str(audit_dir))
+    assert rc == 1
+    assert "BROKEN at seq 1" in out
+    assert "no hmac" in out
