@@ -216,3 +216,127 @@ def test_verify_without_a_key_fails_on_a_forged_unkeyed_record_and_says_hmacs_we
     assert rc == 1
     assert "BROKEN at seq 1" in out
     assert "no hmac" in out
+
+
+# --- item 6: metadata, lists in records, and a free-space watermark on the trail ----------------------------
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Any]:
+    """Mount a small tmpfs (as root) for the trail; unmounted after the test."""
+    mounted: list[Path] = []
+
+    def make(options: str) -> Path:
+        target = tmp_path / f"fs{len(mounted)}"
+        target.mkdir()
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True, check=False
+        )
+        if proc.returncode != 0:
+            reason = f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}"
+            if os.environ.get("CI"):
+                pytest.fail(reason)
+            pytest.skip(reason)
+        mounted.append(target)
+        return target
+
+    yield make
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def _free(path: Path) -> int:
+    fs = os.statvfs(path)
+    return fs.f_bavail * fs.f_frsize
+
+
+def _fill(path: Path, leave: int) -> None:
+    """Write ballast until about ``leave`` bytes are free."""
+    (path / "ballast").write_bytes(b"\0" * max(_free(path) - leave, 0))
+
+
+def test_below_the_watermark_new_work_is_refused_but_a_run_in_flight_records_its_outcome(
+    engine: Any, tiny_fs: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: nothing protected the trail's disk; requests (dry runs included) wrote until it was full, and then
+    the outcome of a run in flight could not be recorded (``audit_ok`` false, exit 125 after the program ran)."""
+    import threading
+
+    from gateway import Gateway
+
+    fs = tiny_fs("size=2m")
+    trail = fs / "audit"
+    monkeypatch.setenv("GATEWAY_AUDIT_MIN_FREE", "1m")
+    attempts = Attempts(engine)
+    results: dict[str, Any] = {}
+    code = "import time\ntime.sleep(4)\nprint('done')"
+    with Gateway.from_env(audit_dir=trail) as gw:
+        thread = threading.Thread(target=lambda: results.setdefault("run", gw.execute({"code": code})))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not attempts.created() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _fill(fs, 256 * 1024)  # below the watermark, with room for a few records
+        refused = gw.execute({"code": "print('never')"})
+        dry = gw.decide({"code": "print('never')"})
+        thread.join()
+    run = results["run"]
+    assert run.exit_status == 0, run.to_dict()
+    assert run.audit_ok is True
+    assert len(attempts.created()) == 1  # the refused request created nothing
+    for result in (refused, dry):
+        assert result.exit_status == 125
+        assert result.error is not None
+        assert result.error.code == "audit.low_space"
+        assert "watermark" in result.error.message
+    outcomes = [r for r in records(trail) if r["event_type"] == "execution.outcome"]
+    assert [o["request_id"] for o in outcomes] == [run.request_id]
+    rc, out, _ = run_cli(capsys, "run", "--json", "--audit-dir", str(trail), "--code", "print('never')")
+    assert rc == 125
+    assert json.loads(out)["error"]["code"] == "audit.low_space"
+    assert run_cli(capsys, "audit", "verify", str(trail))[0] == 0
+    assert _free(fs) > 100 * 1024  # refused before the disk was full
+
+
+def test_a_denied_request_with_thousands_of_file_names_costs_a_bounded_trail(
+    engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: each of 5,000 refused names was listed in ``request.received`` and twice in ``policy.decision``
+    (results and violations, each with a message naming it): the trail grew by several times the request."""
+    attempts = Attempts(engine)
+    request = {"code": "print(1)", "files": {f"../escape-{i:05d}": "x" for i in range(5000)}}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(request))
+    rc, out, _ = run_cli(capsys, "check", "--json", "--audit-dir", str(audit_dir), str(path))
+    assert rc == 77
+    violations = json.loads(out)["violations"]
+    assert len(violations) == 5001  # every name, and files.max_count: the caller's own result is complete
+    by_type = {r["event_type"]: r for r in records(audit_dir)}
+    received, decision = by_type["request.received"], by_type["policy.decision"]
+    for record in (received, decision):
+        assert len(json.dumps(record)) < 32 * 1024, record["event_type"]
+    files = received["data"]["request"]
+    assert len(files["files"]) == 32
+    assert files["files_omitted"]["count"] == 5000 - 32
+    body = decision["data"]["decision"]
+    assert len(body["violations"]) <= 32
+    assert body["violations_omitted"]["count"] == len(violations) - len(body["violations"])
+    assert "$.data.decision.violations" in decision["redacted"]
+    trail_bytes = sum(seg.stat().st_size for seg in audit_dir.glob("*.jsonl"))
+    assert trail_bytes < path.stat().st_size  # the trail no longer multiplies what the caller sends
+    assert attempts.created() == []
+    assert run_cli(capsys, "audit", "verify", str(audit_dir))[0] == 0
+
+
+def test_a_dry_run_with_megabytes_of_metadata_is_invalid_and_writes_a_small_record(
+    audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``gateway check`` with 8 MiB of metadata was accepted and each dry run wrote it to the trail."""
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps({"code": "print(1)", "metadata": {f"k{i}": "v" * 1000 for i in range(60)}}))
+    rc, out, err = run_cli(capsys, "check", "--audit-dir", str(audit_dir), str(path))
+    assert rc == 2, (out, err)
+    assert "$.metadata" in err
+    assert "at most 16384" in err
+    [invalid] = [r for r in records(audit_dir) if r["event_type"] == "request.invalid"]
+    assert len(json.dumps(invalid)) < 4096
