@@ -20,6 +20,8 @@ from gateway.policy.images import image_allowed
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
     DEFAULT_OUTPUT_FILES,
+    MAX_ENV_TOTAL_BYTES,
+    MAX_ENV_VALUE_BYTES,
     MIN_CPUS,
     MIN_MEMORY,
     RUNSC_MIN_PIDS,
@@ -231,7 +233,7 @@ def _env(spec: dict[str, Any], sem: _Semantic) -> EnvRule:
     if "env" not in spec:
         return EnvRule()
     e_raw = spec["env"]
-    return EnvRule(
+    rule = EnvRule(
         allowed=tuple(e_raw["allowed"]),
         allow_dangerous=frozenset(e_raw.get("allow_dangerous", ())),
         max_count=e_raw.get("max_count", 32),
@@ -239,6 +241,13 @@ def _env(spec: dict[str, Any], sem: _Semantic) -> EnvRule:
         max_total_bytes=sem.size(e_raw.get("max_total_bytes", 32768), "$.spec.env.max_total_bytes"),
         mode=e_raw.get("mode", "enforce"),
     )
+    for key, most, what in (
+        ("max_value_bytes", MAX_ENV_VALUE_BYTES, "the kernel refuses to start a program with a longer variable"),
+        ("max_total_bytes", MAX_ENV_TOTAL_BYTES, "a larger environment can fail the sandbox's exec"),
+    ):
+        if getattr(rule, key) > most:
+            sem.fail(f"$.spec.env.{key}", f"{getattr(rule, key)} bytes is above {most}: {what}")
+    return rule
 
 
 def _compile(loaded: LoadedYaml) -> Policy:

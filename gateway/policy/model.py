@@ -12,6 +12,8 @@ from typing import Literal
 __all__ = [
     "DEFAULT_LANGUAGE",
     "DEFAULT_OUTPUT_FILES",
+    "MAX_ENV_TOTAL_BYTES",
+    "MAX_ENV_VALUE_BYTES",
     "MIN_CPUS",
     "MIN_MEMORY",
     "RUNSC_MIN_PIDS",
@@ -40,6 +42,13 @@ limits rule both use it."""
 MIN_CPUS = 0.01
 """The smallest CPU quota a sandbox can be given: the kernel's CFS quota is at least 1 ms per 100 ms period, so
 an engine refuses (or fails to start) anything below 0.01 CPU. The loader and the limits rule both use it."""
+MAX_ENV_VALUE_BYTES = 128 * 1024 - 256
+"""Largest value of one environment variable a sandbox can be started with: the kernel refuses an exec whose
+``NAME=value`` string is longer than 128 KiB (MAX_ARG_STRLEN; "argument list too long"), and a name may have
+up to 128 bytes. The loader and the env.limits rule both use it."""
+MAX_ENV_TOTAL_BYTES = 1024 * 1024
+"""Largest total environment (names and values): well below the kernel's limit on an exec's arguments and
+environment together (a quarter of the 8 MiB default stack), leaving room for the supervisor's command line."""
 RUNSC_MIN_PIDS = 256
 """gVisor's own threads count against the pids limit; below this a runsc sandbox dies (see DESIGN). The loader,
 the settings resolver and the limits rule all use it."""

@@ -90,6 +90,29 @@ def test_limits_below_the_engines_minimum_are_denied_before_any_container(
     assert not any(r["event_type"] == "execution.outcome" for r in records(audit_dir))
 
 
+def test_an_environment_variable_the_kernel_cannot_exec_is_denied_even_in_audit_mode(
+    engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: under a policy with ``env`` in audit mode, a 140 KB variable was only a warning; the container was
+    created and its exec failed ("argument list too long"): no program ran, and the run was reported as the
+    sandbox dying instead of a denial."""
+    from gateway.resources import policies_dir
+
+    text = (policies_dir() / "default.yaml").read_text()
+    text = text.replace("    max_total_bytes: 16k\n", "    max_total_bytes: 16k\n    mode: audit\n")
+    policy = tmp_path / "audit-env.yaml"
+    policy.write_text(text)
+    attempts = Attempts(engine)
+    rc, out, _ = run_cli(
+        capsys, "run", "--json", "--policy", str(policy), "--audit-dir", str(audit_dir),
+        "--env", "APP_X=" + "a" * 140_000, "--code", "print(1)",
+    )  # fmt: skip
+    result = json.loads(out)
+    assert rc == 77, result
+    assert {v["rule"] for v in result["violations"]} == {"env.limits"}
+    assert attempts.created() == []
+
+
 # --- item 5: returned files are bounded by count, and names cost bytes -------------------------------------
 
 _MANY_EMPTY_FILES = (
