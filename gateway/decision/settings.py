@@ -16,7 +16,17 @@ from typing import Any
 from gateway.policy.model import RUNSC_MIN_PIDS, Policy
 from gateway.request import ExecutionRequest
 
-__all__ = ["ResolvedMount", "SandboxProfile", "SandboxSettings", "resolve"]
+__all__ = ["BackendLimits", "ResolvedMount", "SandboxProfile", "SandboxSettings", "resolve"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLimits:
+    """What a backend says it can give one sandbox, besides the fixed minimums every backend shares (the policy
+    model's ``MIN_CPUS``, ``MIN_MEMORY``, ...). The limits rules deny a request beyond them, even in audit mode,
+    instead of letting the backend fail after a container was made. ``None``: the backend does not know."""
+
+    max_cpus: float | None = None
+    """The most CPUs one sandbox can be given (for an engine: the CPUs of its host)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,37 @@ def test_limits_below_the_engines_minimum_are_denied_before_any_container(
     assert not any(r["event_type"] == "execution.outcome" for r in records(audit_dir))
 
 
+def test_more_cpus_than_the_engines_host_has_are_denied_before_any_container(
+    engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a policy allowing more CPUs than the engine's host has let ``--cpus`` past the host through; the
+    container was created and the engine refused it ("Range of CPUs is from 0.01 to N"): 125. Now the Docker
+    backend declares its host's CPUs to the decision."""
+    from gateway.resources import policies_dir
+
+    host = int(engine.info()["NCPU"])
+    text = (policies_dir() / "default.yaml").read_text()
+    assert "cpus: {default: 1, max: 2}" in text
+    policy = tmp_path / "many-cpus.yaml"
+    policy.write_text(text.replace("cpus: {default: 1, max: 2}", f"cpus: {{default: 1, max: {host + 4}}}"))
+    attempts = Attempts(engine)
+    rc, out, _ = run_cli(
+        capsys, "run", "--json", "--policy", str(policy), "--audit-dir", str(audit_dir),
+        "--cpus", str(host + 1), "--code", "print(1)",
+    )  # fmt: skip
+    result = json.loads(out)
+    assert rc == 77, result
+    [violation] = result["violations"]
+    assert violation["rule"] == "limits.cpus"
+    assert "above what the backend can give" in violation["message"]
+    assert attempts.created() == []
+    rc, out, _ = run_cli(
+        capsys, "run", "--json", "--policy", str(policy), "--audit-dir", str(audit_dir),
+        "--cpus", str(host), "--code", "print(1)",
+    )  # fmt: skip
+    assert rc == 0, json.loads(out)
+
+
 def test_an_environment_variable_the_kernel_cannot_exec_is_denied_even_in_audit_mode(
     engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

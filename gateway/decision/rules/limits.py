@@ -30,16 +30,24 @@ def _ceiling_rule(
     *,
     size: bool,
     floor: Callable[[Context], float | None] = lambda _ctx: None,
+    capacity: Callable[[Context], float | None] = lambda _ctx: None,
 ) -> Rule:
-    """A rule that bounds one resolved value by the policy's ceiling (and a floor the engine needs)."""
+    """A rule that bounds one resolved value by the policy's ceiling (and a floor the engine needs, and what the
+    backend says it can give)."""
     path = f"$.limits.{field}"
 
     def check(ctx: Context) -> Iterator[Finding]:
         maximum = limit(ctx.policy).max
         low = floor(ctx)
+        most = capacity(ctx)
         expected = {"max": maximum} if low is None else {"max": maximum, "min": low}
+        if most is not None and most < maximum:
+            expected["backend_max"] = most
         got = value(ctx)
-        if got > maximum:
+        if most is not None and got > most:
+            message = f"{field} {_show(got, size)} is above what the backend can give ({_show(most, size)})"
+            yield fail(path, got, expected, message, never_relaxed=True)
+        elif got > maximum:
             yield fail(path, got, expected, f"{field} {_show(got, size)} is above the ceiling {_show(maximum, size)}")
         elif low is not None and got < low:
             # Below what a sandbox can be given: the backend would refuse it after a container was made, so
@@ -81,7 +89,7 @@ RULES: tuple[Rule, ...] = (
     ),
     _ceiling_rule(
         "limits.cpus", "cpus", lambda p: p.limits.cpus, lambda c: c.settings.profile.cpus,
-        size=False, floor=lambda _c: MIN_CPUS,
+        size=False, floor=lambda _c: MIN_CPUS, capacity=lambda c: c.backend.max_cpus,
     ),
     _ceiling_rule(
         "limits.pids", "pids", lambda p: p.limits.pids, lambda c: c.settings.profile.pids,
