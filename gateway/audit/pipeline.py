@@ -171,7 +171,14 @@ def bounded(
     return kept, {"count": len(rest), "sha256": hashlib.sha256(canonical_bytes(rest)).hexdigest()}
 
 
+_KEPT_WHOLE: Final = ("$.data.decision.options",)
+"""Subtrees never cut: the decision record holds exactly the options the backend will submit (the gateway
+builds them, and the policy schema bounds every list in them: mounts, variables, ...)."""
+
+
 def _bound(value: Any, path: str, erased: list[str], max_items: int) -> Any:
+    if path in _KEPT_WHOLE:
+        return value
     if isinstance(value, dict):
         for key in list(value):
             item = value[key]
@@ -190,7 +197,8 @@ def _bound(value: Any, path: str, erased: list[str], max_items: int) -> Any:
 def bound_lists(max_items: int = LIST_MAX_ITEMS) -> Processor:
     """The processor that caps every list under ``data``, whatever the event: a list ``k`` longer than the caps
     keeps its first items and gains a sibling ``k_omitted`` (``{"count", "sha256"}`` of the rest); its path is
-    listed in ``redacted``. Runs after redaction, so a request's thousands of file names, a decision's thousands
+    listed in ``redacted``. The assembled options of a decision are kept whole (:data:`_KEPT_WHOLE`). Runs after
+    redaction, so a request's thousands of file names, a decision's thousands
     of rule results, an outcome's thousands of returned files all cost a bounded record."""
 
     def bound(record: Record) -> Record:

@@ -73,19 +73,23 @@ def records(audit_dir: Path) -> list[dict[str, Any]]:
     [
         (["--cpus", "0.004"], "limits.cpus"),  # the engine's minimum is 0.01 CPU
         (["--cpus", "0.0099"], "limits.cpus"),
+        (["--memory", "5m"], "limits.memory"),  # the engine's minimum is 6 MiB (denied before this change too)
+        (["--file", f"{__file__}:{'a' * 300}"], "files.path"),  # NAME_MAX is 255 bytes (denied before too)
+        (["--file", f"{__file__}:{'/'.join(['d' * 200] * 6)}"], "files.path"),  # a path beyond 1024 bytes
     ],
 )
 def test_limits_below_the_engines_minimum_are_denied_before_any_container(
     engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str], flags: list[str], rule: str
 ) -> None:
-    """Before: the decision allowed ``cpus: 0.004``; the runner's create was refused by the engine ("Range of
-    CPUs is from 0.01 to ...") and the CLI exited 125 with ``runner.sandbox_failed``."""
+    """Before: the decision allowed ``cpus: 0.004``; the container was created and its start failed (the kernel
+    refuses a CFS quota below 1 ms: "cpu.cfs_quota_us: invalid argument"), so the CLI exited 125 with
+    ``runner.sandbox_failed``. Memory below 6 MiB and over-long file names were already denied; pinned here."""
     attempts = Attempts(engine)
     rc, out, _ = run_cli(capsys, "run", "--json", "--audit-dir", str(audit_dir), *flags, "--code", "print(1)")
     result = json.loads(out)
     assert rc == 77, result
     assert [v["rule"] for v in result["violations"]] == [rule]
-    assert "minimum" in result["violations"][0]["message"]
+    assert any(word in result["violations"][0]["message"] for word in ("minimum", "longer than"))
     assert attempts.created() == []
     assert not any(r["event_type"] == "execution.outcome" for r in records(audit_dir))
 
