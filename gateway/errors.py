@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_USAGE",
     "AuditError",
     "AuditIntegrityError",
+    "AuditSpaceError",
     "AuditUnavailableError",
     "CapacityError",
     "ContainerLeftError",
@@ -241,6 +242,17 @@ class AuditUnavailableError(AuditError):
     hint = "nothing ran; fix the audit directory (GATEWAY_AUDIT_DIR) and retry"
 
 
+class AuditSpaceError(AuditUnavailableError):
+    """The trail's file system is below its free-space watermark: new work is refused *before* the disk is
+    full, so that the records of runs already in flight (their outcomes) can still be written."""
+
+    code = "audit.low_space"
+    hint = (
+        "nothing ran; free space on the trail's file system (or move GATEWAY_AUDIT_DIR to a larger one) and "
+        "retry; the watermark is GATEWAY_AUDIT_MIN_FREE (a size such as 64m, or a percentage such as 1%)"
+    )
+
+
 class AuditIntegrityError(AuditError):
     """The trail on disk is broken (torn tail, bad hash); the writer refuses to extend it."""
 
@@ -263,6 +275,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (SandboxError, EXIT_GATEWAY_FAILURE, 502),
     (RunnerError, EXIT_GATEWAY_FAILURE, 502),
     (CapacityError, EXIT_GATEWAY_FAILURE, 503),
+    (AuditSpaceError, EXIT_GATEWAY_FAILURE, 507),
     (AuditUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (AuditIntegrityError, EXIT_GATEWAY_FAILURE, 503),
     (AuditError, EXIT_GATEWAY_FAILURE, 500),

@@ -11,7 +11,8 @@ which reports what it finds as a :class:`RequestError` and nothing else:
 3. *Validate* the copy against ``schemas/request.schema.json`` with one Draft 2020-12 validator, built once.
    The schema is the only statement of the request format; every error is reported with its JSON path.
 4. *Build* the request, with the checks a schema cannot state: no line breaks where a pattern's ``$`` would
-   let a trailing one through, no bind-syntax characters in mount paths, sizes parsed into bytes.
+   let a trailing one through, no bind-syntax characters in mount paths, sizes parsed into bytes, the total
+   size of ``metadata`` (:data:`MAX_METADATA_BYTES`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from gateway.validation import problems_from_error
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
     "MAX_REQUEST_BYTES",
     "ExecutionRequest",
     "MountRequest",
@@ -45,6 +48,13 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Requests larger than this are refused before they are decoded or parsed."""
 MAX_DEPTH = 32
 """Maximum nesting of objects/arrays anywhere in a request (``metadata`` is free-form)."""
+
+MAX_METADATA_BYTES = 16 * 1024
+"""Largest ``metadata`` as compact JSON (UTF-8). It is recorded in the trail with every request, dry runs and
+denials included, so it is bounded tightly; the schema bounds its keys, strings, items and nesting."""
+MAX_METADATA_DEPTH = 4
+"""Deepest nesting of objects and arrays in ``metadata`` (``metadata`` itself is level 1); stated in the schema
+(``$defs/metadata2`` .. ``metadata5``)."""
 
 _SIZE_FIELDS = frozenset(("memory", "output_bytes", "output_files_bytes", "tmpfs"))
 _TEXT_FIELDS = ("language", "image", "network", "runtime", "principal")
@@ -86,7 +96,9 @@ class RequestLimits:
     output_bytes: int | None = None
     """Bytes of stdout and of stderr kept, each."""
     output_files_bytes: int | None = None
-    """Total bytes of files returned from ``/workspace/out``."""
+    """Total bytes of files returned from ``/workspace/out`` (contents and names)."""
+    output_files: int | None = None
+    """How many files are returned from ``/workspace/out`` at most."""
     tmpfs: int | None = None
     """Bytes of each tmpfs."""
 
@@ -297,7 +309,7 @@ def _limits(raw: Mapping[str, Any], bad: _Report) -> RequestLimits:
                 values[key] = parse_size(int(value) if isinstance(value, float) else value)
             except SizeError as exc:
                 bad(f"$.limits.{key}", str(exc))
-        elif key == "pids":
+        elif key in ("pids", "output_files"):
             values[key] = int(value)
         elif key == "cpus":
             values[key] = float(value)
@@ -332,6 +344,16 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
     for name in doc.get("env", {}):
         if "\n" in name:
             bad("$.env", f"variable name {name!r} must not contain a line break")
+    if "metadata" in doc:
+        size = len(
+            json.dumps(doc["metadata"], separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+        )
+        if size > MAX_METADATA_BYTES:
+            bad(
+                "$.metadata",
+                f"is {size} bytes as compact JSON; at most {MAX_METADATA_BYTES} are allowed (it is recorded with "
+                "every request: send large data as files instead)",
+            )
     if problems:
         raise RequestError(f"invalid request: {len(problems)} problem(s)", problems=problems)
     return ExecutionRequest(

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.audit.pipeline import bounded
 from gateway.decision import Decision
 from gateway.errors import (
     EXIT_DENIED,
@@ -142,6 +143,26 @@ def outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None
         "image_id": o.image_id,
         "stdout": {**_digest(o.stdout, o.stdout_bytes), "truncated": o.stdout_truncated},
         "stderr": {**_digest(o.stderr, o.stderr_bytes), "truncated": o.stderr_truncated},
-        "files": [{"name": k, **_digest(v)} for k, v in sorted(o.files.items())],
+        **_files_data(o),
         "error": {"code": error.code, "message": error.message} if error else None,
     }
+
+
+def _files_data(o: Outcome) -> dict[str, Any]:
+    """The returned files in the outcome record: a bounded listing whatever the program wrote.
+
+    ``files`` names the first few (name, bytes, sha256), ``files_omitted`` counts the rest with a digest of
+    their entries, ``files_count`` / ``files_bytes`` cover all of them. The result returned to the caller holds
+    every file (bounded by the policy's ``limits.output_files`` and ``limits.output_files_bytes``).
+    """
+    entries = [{"name": k, **_digest(v)} for k, v in sorted(o.files.items())]
+    listed, omitted = bounded(entries)
+    out: dict[str, Any] = {
+        "files": listed,
+        "files_count": len(entries),
+        "files_bytes": sum(len(v) for v in o.files.values()),
+        "files_truncated": o.files_truncated,
+    }
+    if omitted is not None:
+        out["files_omitted"] = omitted
+    return out

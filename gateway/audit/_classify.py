@@ -63,6 +63,8 @@ class Parsed:
     hash: str | None
     problem: str | None  # reason when the line itself is bad
     detail: str
+    keyed: bool = False
+    """The line carries an ``hmac``."""
 
 
 def parse_line(raw: bytes, key: bytes | None) -> Parsed:
@@ -82,7 +84,7 @@ def parse_line(raw: bytes, key: bytes | None) -> Parsed:
             return Parsed(seq, prev, stored_hash, "bad_hmac", "the record has no hmac")
         if not _hmac.compare_digest(mac(key, body), stored_mac):
             return Parsed(seq, prev, stored_hash, "bad_hmac", "the record's hmac does not match (chain re-forged?)")
-    return Parsed(seq, prev, stored_hash, None, "")
+    return Parsed(seq, prev, stored_hash, None, "", stored_mac is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +127,11 @@ class Anomaly:
 class Classifier:
     """Names the first anomaly using a short look-ahead over what follows it."""
 
-    def __init__(self, rest: Iterator[Line], key: bytes | None) -> None:
+    def __init__(self, rest: Iterator[Line], key: bytes | None, keyed: bool | None = None) -> None:
         self._rest = rest
         self._key = key
+        self._keyed = keyed
+        """Whether the records before the anomaly carry an hmac (None: it is the first record)."""
 
     def next(self) -> tuple[Line, Parsed] | None:
         item = next(self._rest, None)
@@ -145,6 +149,13 @@ class Classifier:
         found = Anomaly(here, cur, expected, prev, prev_prev, prev_at)
         if cur.problem is not None:
             return found.at(cur.problem, cur.detail)
+        if self._keyed is not None and cur.keyed != self._keyed:
+            detail = (
+                "the record has no hmac but the records before it do (forged or stripped without the key?)"
+                if self._keyed
+                else "the record has an hmac but the records before it do not"
+            )
+            return found.at("bad_hmac", detail)
         if cur.seq is None or cur.hash is None:  # pragma: no cover - _parse sets both when problem is None
             return found.at("modified", "unreadable record")
         if cur.seq == expected:

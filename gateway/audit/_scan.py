@@ -61,6 +61,10 @@ class SegmentScan(NamedTuple):
     """Byte offset of the failing line (when ``broken``)."""
     break_raw: bytes
     """The failing line's bytes (when ``broken``)."""
+    keyed: bool | None = None
+    """Whether the lines that verified carry an HMAC (``None`` when none did). A trail is keyed throughout or
+    not at all (the writer refuses to mix), so a line whose keyedness differs from the lines before is a break
+    even without the key: a record forged, or stripped, by someone without it."""
 
 
 def _line_ok(raw: bytes, key: bytes | None, expected: int | None, prev: bytes | None) -> tuple[bool, bytes, bool]:
@@ -109,20 +113,30 @@ def _first_link(raw: bytes) -> tuple[bytes, bytes] | None:
 
 
 def scan_segment(
-    path: str, limit: int | None, key: bytes | None, expected: int | None, prev: bytes | None
+    path: str,
+    limit: int | None,
+    key: bytes | None,
+    expected: int | None,
+    prev: bytes | None,
+    *,
+    keyed: bool | None = None,
 ) -> SegmentScan:
     """Verify the lines of one segment (up to ``limit`` bytes when given), stopping at the first bad one.
 
     ``expected``/``prev``: the ``seq`` and ``hash`` the first line must chain to; both None in a worker, where
-    the first line is checked on its own and its link reported in ``first_seq``/``first_prev``.
+    the first line is checked on its own and its link reported in ``first_seq``/``first_prev``. ``keyed``:
+    whether every line must carry an HMAC (True), none may (False), or like the first line (None); with a key
+    it is always True.
     """
     with FileIO(path, "rb") as fh:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        return _scan(fh, limit, key, expected, prev)
+        return _scan(fh, limit, key, expected, prev, keyed=True if key is not None else keyed)
 
 
-def _scan(fh: FileIO, limit: int | None, key: bytes | None, expected: int | None, prev: bytes | None) -> SegmentScan:
+def _scan(
+    fh: FileIO, limit: int | None, key: bytes | None, expected: int | None, prev: bytes | None, *, keyed: bool | None
+) -> SegmentScan:
     # Longer than our usual 60 lines on purpose: this is the verifier's per-line loop over millions of records
     # (`gateway audit verify`, ~200k records/s), where a helper call per line is a cost a user waits for.
     readinto = fh.readinto
@@ -172,12 +186,12 @@ def _scan(fh: FileIO, limit: int | None, key: bytes | None, expected: int | None
         if expected is not None and e - pos >= 76:
             end = e - 75  # end of the hashed body (its closing "}" is the suffix's first byte)
             if buf.startswith(_HK, e - 76):  # plain suffix: ,"hash":"<64>"}\n
-                if key is None:
+                if key is None and keyed is not True:
                     buf[e - 76] = _CLOSE
                     digest = sha(mv[pos : e - 75]).hexdigest().encode()
                     buf[e - 76] = _COMMA
                     ok = buf.startswith(digest + _END, e - 67)
-            elif e - pos >= 150 and buf.startswith(_HK, e - 150):  # keyed: ,"hash":"<64>","hmac":"<64>"}\n
+            elif keyed is not False and e - pos >= 150 and buf.startswith(_HK, e - 150):  # keyed suffix
                 end = e - 149
                 buf[e - 150] = _CLOSE
                 body = mv[pos:end]
@@ -199,8 +213,9 @@ def _scan(fh: FileIO, limit: int | None, key: bytes | None, expected: int | None
                     stored = digest
         if not ok:
             raw = bytes(mv[pos:e])
-            ok, stored, keyed = _line_ok(raw, key, expected, prev)
-            hmac_present = hmac_present or keyed
+            ok, stored, line_keyed = _line_ok(raw, key, expected, prev)
+            hmac_present = hmac_present or line_keyed
+            ok = ok and (keyed is None or keyed == line_keyed)
             if ok and expected is None:
                 link = _first_link(raw)
                 if link is None:
@@ -210,8 +225,11 @@ def _scan(fh: FileIO, limit: int | None, key: bytes | None, expected: int | None
                     expected = int(first_seq)
             if not ok:
                 return SegmentScan(
-                    lines, True, first_seq, first_prev, last, before_last, last_offset, hmac_present, base + pos, raw
-                )
+                    lines, True, first_seq, first_prev, last, before_last, last_offset, hmac_present, base + pos, raw,
+                    keyed,
+                )  # fmt: skip
+        if keyed is None:
+            keyed = buf.startswith(_MK, e - 77)
         lines += 1
         before_last, last, last_offset = last, stored, base + pos
         prev = stored
@@ -219,7 +237,7 @@ def _scan(fh: FileIO, limit: int | None, key: bytes | None, expected: int | None
         expected = (expected or 0) + 1
         seq_tok = b"%d," % expected
         pos = e
-    return SegmentScan(lines, False, first_seq, first_prev, last, before_last, last_offset, hmac_present, 0, b"")
+    return SegmentScan(lines, False, first_seq, first_prev, last, before_last, last_offset, hmac_present, 0, b"", keyed)
 
 
 def encode_scan(scan: SegmentScan) -> bytes:
@@ -235,6 +253,7 @@ def encode_scan(scan: SegmentScan) -> bytes:
                 scan.before_last_hash.hex(),
                 scan.last_offset,
                 scan.hmac_present,
+                scan.keyed,
             ]
         ).encode("ascii")
         + b"\n"
@@ -243,7 +262,7 @@ def encode_scan(scan: SegmentScan) -> bytes:
 
 def decode_scan(line: bytes) -> SegmentScan:
     """The parent's side of :func:`encode_scan` (the failing line itself is not sent: the parent re-reads it)."""
-    lines, broken, first_seq, first_prev, last_hash, before_last, last_offset, hmac_present = json.loads(line)
+    lines, broken, first_seq, first_prev, last_hash, before_last, last_offset, hmac_present, keyed = json.loads(line)
     return SegmentScan(
         int(lines),
         bool(broken),
@@ -255,6 +274,7 @@ def decode_scan(line: bytes) -> SegmentScan:
         bool(hmac_present),
         0,
         b"",
+        None if keyed is None else bool(keyed),
     )
 
 

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from gateway.audit.canonical import (
     GENESIS_HASH,
@@ -42,9 +42,16 @@ from gateway.audit.canonical import (
 from gateway.audit.interface import AuditReceipt
 from gateway.audit.pipeline import RecordPipeline, SealedRecord, chain
 from gateway.audit.segments import LOCK_NAME, AuditIO, key_from_env, list_segments, resolve_directory, segment_name
-from gateway.errors import AuditError, AuditIntegrityError, AuditUnavailableError
+from gateway.errors import AuditError, AuditIntegrityError, AuditSpaceError, AuditUnavailableError
+from gateway.policy.sizes import SizeError, parse_size
 
-__all__ = ["JsonlAuditTrail", "TailState", "read_tail"]
+__all__ = ["DEFAULT_MIN_FREE", "NEW_WORK_EVENTS", "JsonlAuditTrail", "TailState", "min_free_bytes", "read_tail"]
+
+DEFAULT_MIN_FREE: Final = "64m|1%"
+"""The default free-space watermark: 64 MiB, or 1 % of the file system when that is smaller (a small disk)."""
+NEW_WORK_EVENTS: Final = frozenset({"request.received", "request.invalid", "policy.decision"})
+"""Records that start new work; below the watermark they are refused (:class:`AuditSpaceError`). Every other
+record (an ``execution.outcome`` of a run in flight above all) is still written while the disk has room."""
 
 _TAIL_CHUNK = 65536
 
@@ -130,6 +137,35 @@ def read_tail(directory: Path, key: bytes | None, *, check_key: bool = True) -> 
     return TailState(newest_index, newest_size, 0, GENESIS_HASH, None)
 
 
+def min_free_bytes(spec: str | int, total: int) -> int:
+    """The watermark in bytes for a file system of ``total`` bytes: ``spec`` is a size (``64m``, bytes), a
+    percentage (``1%``), or several joined by ``|`` of which the smallest applies; ``0`` turns it off.
+
+    Raises :class:`ValueError` with what was wrong for anything else.
+    """
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"the free-space watermark must be >= 0 bytes, got {spec}")
+        return spec
+    values = []
+    for part in spec.strip().split("|"):
+        item = part.strip()
+        if item.endswith("%"):
+            try:
+                percent = float(item[:-1])
+            except ValueError:
+                percent = -1.0
+            if not 0 <= percent <= 100:
+                raise ValueError(f"{item!r} is not a percentage between 0% and 100%")
+            values.append(int(total * percent / 100))
+        else:
+            try:
+                values.append(parse_size(item))
+            except SizeError as exc:
+                raise ValueError(f"{item!r}: {exc}; or a percentage such as 1%") from None
+    return min(values)
+
+
 def _unavailable(action: str, exc: OSError) -> AuditUnavailableError:
     reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
     return AuditUnavailableError(f"cannot {action}: {reason}")
@@ -148,9 +184,14 @@ class JsonlAuditTrail:
         code_max_bytes: int = 65536,
         host: str | None = None,
         io: AuditIO | None = None,
+        min_free: str | int = DEFAULT_MIN_FREE,
     ) -> None:
         if segment_max_bytes <= 0:
             raise ValueError("segment_max_bytes must be positive")
+        min_free_bytes(min_free, 1 << 40)  # a bad watermark is refused here, not at the first request
+        self.min_free = min_free
+        """Free-space watermark of the trail's file system (see :func:`min_free_bytes`); below it records of new
+        work (:data:`NEW_WORK_EVENTS`) are refused."""
         self.directory = Path(directory)
         self.key = key
         self.segment_max_bytes = segment_max_bytes
@@ -172,7 +213,15 @@ class JsonlAuditTrail:
     @classmethod
     def from_env(cls, directory: str | Path | None = None, **kwargs: Any) -> JsonlAuditTrail:
         """Directory: argument > ``GATEWAY_AUDIT_DIR`` > ``./audit``; key: ``GATEWAY_AUDIT_KEY_FILE`` or
-        ``GATEWAY_AUDIT_KEY`` (hex) when set; code kept: ``GATEWAY_AUDIT_CODE_MAX_BYTES`` (default 65536)."""
+        ``GATEWAY_AUDIT_KEY`` (hex) when set; code kept: ``GATEWAY_AUDIT_CODE_MAX_BYTES`` (default 65536);
+        free-space watermark: ``GATEWAY_AUDIT_MIN_FREE`` (default ``64m|1%``: 64 MiB or 1 %, the smaller)."""
+        min_free = os.environ.get("GATEWAY_AUDIT_MIN_FREE")
+        if min_free is not None and "min_free" not in kwargs:
+            try:
+                min_free_bytes(min_free, 1 << 40)
+            except ValueError as exc:
+                raise AuditUnavailableError(f"GATEWAY_AUDIT_MIN_FREE={min_free!r}: {exc}") from None
+            kwargs["min_free"] = min_free
         raw = os.environ.get("GATEWAY_AUDIT_CODE_MAX_BYTES")
         if raw is not None and "code_max_bytes" not in kwargs:
             if not raw.isdigit():
@@ -203,6 +252,8 @@ class JsonlAuditTrail:
             if self._failed is not None:
                 raise AuditUnavailableError(f"the audit trail failed earlier and refuses appends: {self._failed}")
             self._ensure_open()
+            if event_type in NEW_WORK_EVENTS:
+                self._check_space(event_type)
             sealed, segment, generation = self._append_locked(record)
         if self.group_commit:
             self._await_durable(generation)
@@ -250,6 +301,21 @@ class JsonlAuditTrail:
                 self._lock_fd = self._io.open(str(self.directory / LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o640)
             except OSError as exc:
                 raise _unavailable(f"open the audit directory {self.directory}", exc) from exc
+
+    def _check_space(self, event_type: str) -> None:
+        """Refuse a record of new work when the trail's file system is below its watermark."""
+        try:
+            fs = os.statvfs(self.directory)
+        except OSError as exc:
+            raise _unavailable(f"check the free space of {self.directory}", exc) from exc
+        free = fs.f_bavail * fs.f_frsize
+        watermark = min_free_bytes(self.min_free, fs.f_blocks * fs.f_frsize)
+        if free < watermark:
+            raise AuditSpaceError(
+                f"refusing new work ({event_type}): the audit trail's file system ({self.directory}) has {free} "
+                f"bytes free, below its watermark of {watermark} bytes ({self.min_free}); the space left is kept "
+                "for the outcomes of runs in flight"
+            )
 
     def _segment_path(self, index: int) -> Path:
         return self.directory / segment_name(index)

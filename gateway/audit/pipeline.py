@@ -13,6 +13,9 @@ Redaction rules (each erased path is listed in the record's ``redacted``):
   ``env_names`` (values never kept).
 * ``policy.decision``: values of ``data.decision.options.environment`` become ``"<redacted>"``, and the
   ``got`` of any rule result whose path is under ``$.env`` keeps names only.
+* every event: any list under ``data`` keeps at most :data:`LIST_MAX_ITEMS` items and :data:`LIST_MAX_BYTES`
+  bytes; a cut list ``k`` gains ``k_omitted: {"count", "sha256"}`` (:func:`bound_lists`), so no caller input
+  can make one record unbounded.
 
 Numbers: records hold no floats. Inside ``data.request`` and ``data.decision`` (which carry caller-supplied
 JSON such as ``limits.cpus: 0.5``) a float is stored as its shortest round-trip decimal string (``"0.5"``);
@@ -38,10 +41,14 @@ from gateway.audit.canonical import CanonicalError, canonical_bytes, check_json,
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
 
 __all__ = [
+    "LIST_MAX_BYTES",
+    "LIST_MAX_ITEMS",
     "REDACTED",
     "Processor",
     "RecordPipeline",
     "SealedRecord",
+    "bound_lists",
+    "bounded",
     "chain",
     "json_path",
     "normalise",
@@ -57,6 +64,12 @@ Processor = Callable[[Record], Record]
 REDACTED: Final = "<redacted>"
 """Placeholder stored in place of an erased value where the shape must stay (docker ``environment``)."""
 
+LIST_MAX_ITEMS: Final = 32
+"""At most this many items of any list are kept in a record; the rest become ``<key>_omitted``."""
+LIST_MAX_BYTES: Final = 8192
+"""...and at most this many bytes of them (canonical JSON), so 32 long names cannot blow a record up either."""
+
+_REDACTED_MAX: Final = 4 * LIST_MAX_ITEMS
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FLOAT_SUBTREES: Final = ("request", "decision")
 
@@ -135,6 +148,71 @@ def normalise(record: Record) -> Record:
     return record
 
 
+def bounded(
+    items: list[Any], *, max_items: int = LIST_MAX_ITEMS, max_bytes: int = LIST_MAX_BYTES
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """The first items of ``items`` that fit both caps, and a summary of the rest (``None`` when none left).
+
+    The summary is ``{"count": n, "sha256": hex}``: how many items were left out and the sha256 of their
+    canonical JSON array, so whoever holds the full list (the caller's own result) can prove it is the one.
+    At least one item is kept whatever its size (an item is a single value the record already bounds).
+    """
+    kept: list[Any] = []
+    used = 0
+    for item in items:
+        size = len(canonical_bytes(item))
+        if len(kept) >= max_items or (kept and used + size > max_bytes):
+            break
+        kept.append(item)
+        used += size
+    rest = items[len(kept) :]
+    if not rest:
+        return kept, None
+    return kept, {"count": len(rest), "sha256": hashlib.sha256(canonical_bytes(rest)).hexdigest()}
+
+
+_KEPT_WHOLE: Final = ("$.data.decision.options",)
+"""Subtrees never cut: the decision record holds exactly the options the backend will submit (the gateway
+builds them, and the policy schema bounds every list in them: mounts, variables, ...)."""
+
+
+def _bound(value: Any, path: str, erased: list[str], max_items: int) -> Any:
+    if path in _KEPT_WHOLE:
+        return value
+    if isinstance(value, dict):
+        for key in list(value):
+            item = value[key]
+            if isinstance(item, list) and len(item) > 0 and not key.endswith("_omitted"):
+                kept, rest = bounded(item, max_items=max_items)
+                if rest is not None:
+                    value[key] = kept
+                    value[f"{key}_omitted"] = rest
+                    erased.append(json_path(path, key))
+            value[key] = _bound(value[key], json_path(path, key), erased, max_items)
+    elif isinstance(value, list):
+        return [_bound(item, json_path(path, index), erased, max_items) for index, item in enumerate(value)]
+    return value
+
+
+def bound_lists(max_items: int = LIST_MAX_ITEMS) -> Processor:
+    """The processor that caps every list under ``data``, whatever the event: a list ``k`` longer than the caps
+    keeps its first items and gains a sibling ``k_omitted`` (``{"count", "sha256"}`` of the rest); its path is
+    listed in ``redacted``. The assembled options of a decision are kept whole (:data:`_KEPT_WHOLE`). Runs after
+    redaction, so a request's thousands of file names, a decision's thousands
+    of rule results, an outcome's thousands of returned files all cost a bounded record."""
+
+    def bound(record: Record) -> Record:
+        erased: list[str] = []
+        record["data"] = _bound(record["data"], "$.data", erased, max_items)
+        if erased:
+            record["redacted"] = sorted({*record.get("redacted", ()), *erased})
+        if len(record.get("redacted", ())) > _REDACTED_MAX:  # defence in depth: every producer above bounds its own
+            record["redacted"] = [*record["redacted"][: _REDACTED_MAX - 1], "$.data"]
+        return record
+
+    return bound
+
+
 def _sha256_text(value: Any) -> tuple[str, int]:
     raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else canonical_bytes(value)
     return hashlib.sha256(raw).hexdigest(), len(raw)
@@ -157,13 +235,20 @@ def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[s
         for name in sorted(files):
             sha, size = _sha256_text(files[name])
             summary.append({"name": name, "sha256": sha, "bytes": size})
-            erased.append(json_path(json_path(base, "files"), name))
         request["files"] = summary
+        erased.extend(_erased_paths(json_path(base, "files"), sorted(files)))
     env = request.get("env")
     if isinstance(env, dict):
         request["env_names"] = sorted(env)
-        erased.extend(json_path(json_path(base, "env"), name) for name in sorted(env))
+        erased.extend(_erased_paths(json_path(base, "env"), sorted(env)))
         del request["env"]
+
+
+def _erased_paths(base: str, keys: list[str]) -> list[str]:
+    """One path per erased member, or only ``base`` when there are more than a record lists of anything."""
+    if len(keys) > LIST_MAX_ITEMS:
+        return [base]
+    return [json_path(base, key) for key in keys]
 
 
 def _names_only(got: Any) -> Any:
@@ -183,17 +268,19 @@ def _redact_decision(decision: dict[str, Any], erased: list[str]) -> None:
         if isinstance(env, dict):
             for name in sorted(env):
                 env[name] = REDACTED
-                erased.append(json_path(env_path, name))
+            erased.extend(_erased_paths(env_path, sorted(env)))
         elif isinstance(env, list):
+            cut: list[str | int] = []
             for index, item in enumerate(env):
                 if isinstance(item, str) and "=" in item:
                     env[index] = item.split("=", 1)[0] + "=" + REDACTED
-                    erased.append(json_path(env_path, index))
+                    cut.append(index)
+            erased.extend([env_path] if len(cut) > LIST_MAX_ITEMS else [json_path(env_path, i) for i in cut])
     for group in ("results", "violations", "warnings"):
         results = decision.get(group)
         if not isinstance(results, list):
             continue
-        for index, result in enumerate(results):
+        for index, result in enumerate(results[:LIST_MAX_ITEMS]):  # the rest is cut by bound_lists
             if not isinstance(result, dict):
                 continue
             path = result.get("path")
@@ -270,7 +357,7 @@ class RecordPipeline:
 
     def __post_init__(self) -> None:
         if not self.processors:
-            self.processors = [normalise, redactor(self.code_max_bytes), stamper(self.host)]
+            self.processors = [normalise, redactor(self.code_max_bytes), bound_lists(), stamper(self.host)]
 
     def build(
         self,

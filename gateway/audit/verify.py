@@ -8,7 +8,9 @@ scan of the rest) names what happened:
 ``modified``   a record's bytes do not match its hash, or a record was altered and re-hashed (its
                successor still chains to the original hash)
 ``bad_hmac``   the hash matches but the HMAC does not (or is missing) under the given key: the chain was
-               re-forged by someone without the key
+               re-forged by someone without the key; or, with or without a key, a record's HMAC is missing
+               while the records before it carry one (or the other way round): a trail is keyed throughout
+               or not at all, so a mix is a record forged or stripped by someone without the key
 ``deleted``    records are missing (``seq`` jumps and the missing ones appear nowhere later)
 ``inserted``   an extra record sits in the chain
 ``duplicated`` a record appears twice
@@ -69,8 +71,17 @@ class VerifyReport:
     hmac_present: bool
     """Whether records carry HMACs (a keyed trail verified without its key has only its hashes checked)."""
 
+    @property
+    def hmac_status(self) -> str:
+        """``checked`` (a key was given: every record's HMAC verified), ``not_checked`` (records carry HMACs but
+        no key was given: anyone could have re-forged the chain), ``absent`` (no record carries one: the chain
+        proves order and integrity only against someone who cannot recompute sha256, i.e. no one)."""
+        if self.hmac_checked:
+            return "checked"
+        return "not_checked" if self.hmac_present else "absent"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "hmac_status": self.hmac_status}
 
 
 def _read_lines(lines: Iterator[bytes], segment: str, line_no: int, offset: int) -> Iterator[Line]:
@@ -123,10 +134,13 @@ class _Chain:
     p_line: int = 0
     p_off: int = 0
     hmac_present: bool = False
+    keyed: bool | None = None  # whether the records verified so far carry an hmac (None: no record yet)
 
     def advance(self, name: str, scan: SegmentScan) -> None:
         """Move past the ``scan.lines`` records of ``name`` that verified."""
         self.hmac_present = self.hmac_present or scan.hmac_present
+        if self.keyed is None and scan.lines > 0:
+            self.keyed = scan.keyed
         if scan.lines == 0:
             return
         self.prev_prev = scan.before_last_hash if scan.lines > 1 else self.prev
@@ -138,6 +152,8 @@ class _Chain:
         """Whether a worker's segment verified on its own and its first record chains to the previous one."""
         if scan.broken:
             return False
+        if scan.lines > 0 and self.keyed is not None and scan.keyed != self.keyed:
+            return False  # the in-process pass names the first record that differs
         return scan.lines == 0 or (scan.first_seq == b"%d" % self.expected and scan.first_prev == self.prev)
 
 
@@ -282,7 +298,7 @@ def verify_trail(
     start = _verify_parallel(segments, key, count, state) if count > 1 else 0
     for position in range(start, len(segments)):
         path, limit = segments[position]
-        scan = scan_segment(str(path), limit, key, state.expected, state.prev)
+        scan = scan_segment(str(path), limit, key, state.expected, state.prev, keyed=state.keyed)
         state.advance(path.name, scan)
         if scan.broken:
             return _broken(segments, position, key, scan, state)
@@ -309,7 +325,7 @@ def _broken(
     before = None if state.expected == 1 else Line(state.p_name, state.p_line, state.p_off, b"")
     after = scan.break_offset + len(raw)
     rest = _read_lines(_lines_from(path, after, limit), path.name, line_no, after)
-    brk = Classifier(_chain(rest, _later(segments[position + 1 :])), key).classify(
+    brk = Classifier(_chain(rest, _later(segments[position + 1 :])), key, state.keyed).classify(
         here,
         state.expected,
         state.prev.decode("ascii"),

@@ -66,10 +66,19 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
         return 0 if report.ok else EXIT_BROKEN
-    hmac = "hashes and HMACs" if report.hmac_checked else "hashes"
+    hmac = "hashes and HMACs" if report.hmac_checked else "hashes only"
     print(f"records checked: {report.records_checked} in {report.segments} segment(s) ({hmac})")
-    if report.hmac_present and not report.hmac_checked:
-        print("note: records carry HMACs but no key was given; only the hash chain was checked")
+    if report.hmac_status == "not_checked":
+        print(
+            "WARNING: HMACs were NOT checked: the records carry HMACs but no key was given, so anyone who can "
+            "write the trail could have re-forged it; pass --key-file (or set GATEWAY_AUDIT_KEY_FILE)"
+        )
+    elif report.hmac_status == "absent":
+        print(
+            "WARNING: HMACs were NOT checked: no record carries one (an unkeyed trail, or every HMAC was "
+            "stripped); the hash chain alone does not prove who wrote it. If this trail was written with a key, "
+            "verify with --key-file: it will fail"
+        )
     brk = report.first_break
     if brk is None:
         print(f"OK: chain intact up to seq {report.last_seq}")

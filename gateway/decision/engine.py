@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from gateway.decision.model import Decision, PolicyRef, RuleResult, Status
 from gateway.decision.rules import RULES, Context, Finding, Rule
-from gateway.decision.settings import SandboxSettings, resolve
+from gateway.decision.settings import BackendLimits, SandboxSettings, resolve
 from gateway.errors import UnsafeOptionsError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Mode, Policy
@@ -43,6 +43,11 @@ class Assembler(Protocol):
 
     def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
         """Raise :class:`~gateway.errors.UnsafeOptionsError` listing every broken invariant of ``options``."""
+        ...
+
+    @property
+    def limits(self) -> BackendLimits:
+        """What this backend can give one sandbox (the rules deny more, before anything is created)."""
         ...
 
 
@@ -113,7 +118,11 @@ def evaluate(
     except Exception as exc:  # noqa: BLE001 - a policy object that cannot be resolved is a deny with the reason
         results.append(_error("engine.resolve", f"{type(exc).__name__}: {exc}"))
         return Decision(decision_id, request_id, False, ref, tuple(results))
-    ctx = Context(compiled, request, settings, tuple(denied_paths))
+    try:
+        backend = assembler.limits
+    except Exception:  # noqa: BLE001 - a backend that cannot say what it can give is judged on the policy alone
+        backend = BackendLimits()
+    ctx = Context(compiled, request, settings, tuple(denied_paths), backend)
     results.extend(_judge(ctx, RULES))
     if any(r.denies for r in results):
         return Decision(decision_id, request_id, False, ref, tuple(results), settings)
@@ -125,6 +134,7 @@ def evaluate(
             timeout_s=settings.timeout_s,
             output_bytes=settings.output_bytes,
             output_files_bytes=settings.output_files_bytes,
+            output_files=settings.output_files,
             pull=settings.profile.pull,
             backend=assembler.backend,
             mounts=_host_mounts(settings),

@@ -18,7 +18,17 @@ from gateway.policy.model import RUNSC_MIN_PIDS, Policy
 from gateway.policy.paths import is_within
 from gateway.request import ExecutionRequest
 
-__all__ = ["ResolvedMount", "SandboxProfile", "SandboxSettings", "resolve"]
+__all__ = ["BackendLimits", "ResolvedMount", "SandboxProfile", "SandboxSettings", "resolve"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLimits:
+    """What a backend says it can give one sandbox, besides the fixed minimums every backend shares (the policy
+    model's ``MIN_CPUS``, ``MIN_MEMORY``, ...). The limits rules deny a request beyond them, even in audit mode,
+    instead of letting the backend fail after a container was made. ``None``: the backend does not know."""
+
+    max_cpus: float | None = None
+    """The most CPUs one sandbox can be given (for an engine: the CPUs of its host)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,8 @@ class SandboxSettings:
     timeout_s: float
     output_bytes: int
     output_files_bytes: int
+    output_files: int
+    """How many files the run returns at most."""
     env: tuple[tuple[str, str], ...]
     mounts: tuple[ResolvedMount, ...]
     code_bytes: int
@@ -121,6 +133,7 @@ class SandboxSettings:
             "timeout_s": self.timeout_s,
             "output_bytes": self.output_bytes,
             "output_files_bytes": self.output_files_bytes,
+            "output_files": self.output_files,
             "pull": p.pull,
             "language": self.language,
             "code_bytes": self.code_bytes,
@@ -171,6 +184,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         timeout_s=float(_pick(req.timeout_s, lim.timeout_s.default)),
         output_bytes=int(_pick(req.output_bytes, lim.output_bytes.default)),
         output_files_bytes=int(_pick(req.output_files_bytes, lim.output_files_bytes.default)),
+        output_files=int(_pick(req.output_files, lim.output_files.default)),
         env=tuple(request.env.items()),
         mounts=tuple(_judge_mount(policy, m.source, m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,

@@ -19,6 +19,10 @@ from gateway.errors import PolicyError, PolicyNotFoundError, Problem
 from gateway.policy.images import image_allowed
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
+    DEFAULT_OUTPUT_FILES,
+    MAX_ENV_TOTAL_BYTES,
+    MAX_ENV_VALUE_BYTES,
+    MIN_CPUS,
     MIN_MEMORY,
     RUNSC_MIN_PIDS,
     EnvRule,
@@ -97,11 +101,13 @@ class _Semantic:
             self.fail(path, str(exc))
             return 0
 
-    def limit(self, raw: dict[str, Any], key: str, *, size: bool, has_default: bool = True) -> Limit:
+    def limit(
+        self, raw: dict[str, Any], key: str, *, size: bool, has_default: bool = True, absent: Limit | None = None
+    ) -> Limit:
         path = f"$.spec.limits.{key}"
         entry = raw.get(key)
         if entry is None:  # only optional limits reach here
-            return Limit(default=_DEFAULT_OUTPUT_FILES, max=_DEFAULT_OUTPUT_FILES)
+            return absent or Limit(default=_DEFAULT_OUTPUT_FILES, max=_DEFAULT_OUTPUT_FILES)
         convert = self.size if size else (lambda v, _p: v)
         maximum = convert(entry["max"], f"{path}.max")
         default = convert(entry["default"], f"{path}.default") if has_default else maximum
@@ -147,11 +153,18 @@ def _limits(spec: dict[str, Any], sem: _Semantic) -> Limits:
         code_size=sem.limit(lim, "code_size", size=True, has_default=False),
         files_size=sem.limit(lim, "files_size", size=True, has_default=False),
         nofile=lim.get("nofile", 256),
+        output_files=sem.limit(lim, "output_files", size=False, absent=DEFAULT_OUTPUT_FILES),
     )
     for key in ("default", "max"):
         value = getattr(limits.memory, key)
         if 0 < value < MIN_MEMORY or value == 0:
             sem.fail(f"$.spec.limits.memory.{key}", f"{format_size(value)} is below Docker's minimum of 6m")
+        cpus = getattr(limits.cpus, key)
+        if cpus < MIN_CPUS:
+            sem.fail(
+                f"$.spec.limits.cpus.{key}",
+                f"{cpus:g} CPU is below the smallest quota a sandbox can be given ({MIN_CPUS:g}); no request could run",
+            )
     if limits.tmpfs.max == 0:
         sem.fail("$.spec.limits.tmpfs.max", "a tmpfs of size 0 would be unbounded in Docker; give a size")
     return limits
@@ -226,7 +239,7 @@ def _env(spec: dict[str, Any], sem: _Semantic) -> EnvRule:
     if "env" not in spec:
         return EnvRule()
     e_raw = spec["env"]
-    return EnvRule(
+    rule = EnvRule(
         allowed=tuple(e_raw["allowed"]),
         allow_dangerous=frozenset(e_raw.get("allow_dangerous", ())),
         max_count=e_raw.get("max_count", 32),
@@ -234,6 +247,13 @@ def _env(spec: dict[str, Any], sem: _Semantic) -> EnvRule:
         max_total_bytes=sem.size(e_raw.get("max_total_bytes", 32768), "$.spec.env.max_total_bytes"),
         mode=e_raw.get("mode", "enforce"),
     )
+    for key, most, what in (
+        ("max_value_bytes", MAX_ENV_VALUE_BYTES, "the kernel refuses to start a program with a longer variable"),
+        ("max_total_bytes", MAX_ENV_TOTAL_BYTES, "a larger environment can fail the sandbox's exec"),
+    ):
+        if getattr(rule, key) > most:
+            sem.fail(f"$.spec.env.{key}", f"{getattr(rule, key)} bytes is above {most}: {what}")
+    return rule
 
 
 def _compile(loaded: LoadedYaml) -> Policy:

@@ -11,6 +11,10 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_LANGUAGE",
+    "DEFAULT_OUTPUT_FILES",
+    "MAX_ENV_TOTAL_BYTES",
+    "MAX_ENV_VALUE_BYTES",
+    "MIN_CPUS",
     "MIN_MEMORY",
     "RUNSC_MIN_PIDS",
     "EnvRule",
@@ -35,6 +39,16 @@ DEFAULT_LANGUAGE = "python"
 MIN_MEMORY = 6 * 1024 * 1024
 """The smallest memory limit a sandbox can be given (Docker refuses less than 6 MiB); the loader and the
 limits rule both use it."""
+MIN_CPUS = 0.01
+"""The smallest CPU quota a sandbox can be given: the kernel's CFS quota is at least 1 ms per 100 ms period, so
+an engine refuses (or fails to start) anything below 0.01 CPU. The loader and the limits rule both use it."""
+MAX_ENV_VALUE_BYTES = 128 * 1024 - 256
+"""Largest value of one environment variable a sandbox can be started with: the kernel refuses an exec whose
+``NAME=value`` string is longer than 128 KiB (MAX_ARG_STRLEN; "argument list too long"), and a name may have
+up to 128 bytes. The loader and the env.limits rule both use it."""
+MAX_ENV_TOTAL_BYTES = 1024 * 1024
+"""Largest total environment (names and values): well below the kernel's limit on an exec's arguments and
+environment together (a quarter of the 8 MiB default stack), leaving room for the supervisor's command line."""
 RUNSC_MIN_PIDS = 256
 """gVisor's own threads count against the pids limit; below this a runsc sandbox dies (see DESIGN). The loader,
 the settings resolver and the limits rule all use it."""
@@ -72,6 +86,10 @@ class Limit:
     mode: Mode = "enforce"
 
 
+DEFAULT_OUTPUT_FILES = Limit(default=256, max=256)
+"""``limits.output_files`` of a policy that does not say: at most 256 files come back from a run."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     memory: Limit
@@ -86,6 +104,8 @@ class Limits:
     files_size: Limit
     """Only ``max`` matters; ``default`` equals it."""
     nofile: int = 256
+    output_files: Limit = DEFAULT_OUTPUT_FILES
+    """How many files a run returns at most (``/workspace/out``); the rest are left out, marked truncated."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,10 @@ class RunSpec:
     output_bytes: int
     """Cap per stream (stdout, stderr each). Beyond it the output is truncated and the container killed."""
     output_files_bytes: int = 8 << 20
-    """Cap on the total size of the files returned from ``/workspace/out``."""
+    """Cap on the total size of the files returned from ``/workspace/out``: their contents and the bytes of
+    their names (the supervisor also charges every directory entry it walks), so empty files are not free."""
+    output_files: int = 256
+    """Cap on how many files are returned from ``/workspace/out``; the rest are left out (``files_truncated``)."""
     pull: str = "never"
     """``never`` or ``if-missing`` (see ``PULL_POLICIES``)."""
     backend: str = "docker"
@@ -87,6 +90,8 @@ class RunSpec:
             problems.append(
                 Problem(f"output_files_bytes must be >= 0, got {self.output_files_bytes!r}", "$.output_files_bytes")
             )
+        if self.output_files < 0:
+            problems.append(Problem(f"output_files must be >= 0, got {self.output_files!r}", "$.output_files"))
         if self.pull not in PULL_POLICIES:
             problems.append(Problem(f"pull must be one of {PULL_POLICIES}, got {self.pull!r}", "$.pull"))
         if not isinstance(self.options.get("image"), str) or not self.options.get("image"):
@@ -131,7 +136,7 @@ class Outcome:
     files: Mapping[str, bytes] = field(default_factory=dict)
     """Files the program wrote under ``/workspace/out``, by path relative to it (binary-safe)."""
     files_truncated: bool = False
-    """Some files under ``/workspace/out`` were left out because of ``output_files_bytes``."""
+    """Some files under ``/workspace/out`` were left out because of ``output_files_bytes`` or ``output_files``."""
     pulled: bool = False
     """An image pull happened for this run (to be audited)."""
 

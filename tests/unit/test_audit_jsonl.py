@@ -310,3 +310,41 @@ def test_group_commit_batches_fsyncs_and_never_acknowledges_early(tmp_path: Path
     report = verify_trail(tmp_path)
     assert (report.ok, report.records_checked) == (True, 200)
     assert io.fsyncs <= 200 - 3  # the records written during the first sync shared the next one
+
+
+def test_the_free_space_watermark_is_a_size_a_percentage_or_the_smaller_of_both() -> None:
+    from gateway.audit.jsonl import DEFAULT_MIN_FREE, min_free_bytes
+
+    gib = 1 << 30
+    assert min_free_bytes("64m", gib) == 64 << 20
+    assert min_free_bytes("1%", 100 * gib) == gib
+    assert min_free_bytes(DEFAULT_MIN_FREE, 1000 * gib) == 64 << 20  # a big disk: 64 MiB
+    assert min_free_bytes(DEFAULT_MIN_FREE, 1 << 30) == (1 << 30) // 100  # a small one: 1 %
+    assert min_free_bytes("0", gib) == 0
+    assert min_free_bytes(4096, gib) == 4096
+    for bad in ("lots", "101%", "-1%", "1.5m"):
+        with pytest.raises(ValueError, match="percentage"):
+            min_free_bytes(bad, gib)
+
+
+def test_a_bad_watermark_in_the_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gateway.errors import AuditUnavailableError
+
+    monkeypatch.setenv("GATEWAY_AUDIT_MIN_FREE", "plenty")
+    with pytest.raises(AuditUnavailableError, match="GATEWAY_AUDIT_MIN_FREE='plenty'"):
+        JsonlAuditTrail.from_env(tmp_path)
+
+
+def test_below_the_watermark_only_records_of_new_work_are_refused(tmp_path: Path) -> None:
+    from gateway.errors import AuditSpaceError, exit_code_for
+
+    fs = os.statvfs(tmp_path)
+    everything = fs.f_blocks * fs.f_frsize  # a watermark no file system can meet
+    with JsonlAuditTrail(tmp_path / "t", min_free=everything) as trail:
+        for event in ("request.received", "request.invalid", "policy.decision"):
+            with pytest.raises(AuditSpaceError) as info:
+                trail.append(event, {})
+            assert info.value.code == "audit.low_space"
+            assert exit_code_for(info.value) == 125
+        receipt = trail.append("execution.outcome", {"exit_code": 0})  # a run in flight still records its outcome
+        assert receipt.seq == 1

@@ -283,3 +283,27 @@ def test_memory_lines_are_a_valid_trail(tmp_path: Path) -> None:
     report = verify_trail(tmp_path, key=key)
     assert report.ok
     assert report.records_checked == len(SAMPLES)
+
+
+def test_every_list_in_a_record_is_bounded_but_the_decisions_options_are_kept_whole() -> None:
+    """Item 6: a record keeps the first items of any list, a count and a digest of the rest."""
+    import hashlib
+
+    from gateway.audit import MemoryAuditSink
+    from gateway.audit.canonical import canonical_bytes
+
+    sink = MemoryAuditSink()
+    names = [f"n{i:04d}" for i in range(1000)]
+    env = [f"V{i}=x" for i in range(100)]
+    sink.append("policy.rejected", {"source": "p.yaml", "problems": names})
+    sink.append("policy.decision", {"decision": {"results": names, "options": {"environment": env}}})
+    rejected, decision = sink.records
+    assert rejected["data"]["problems"] == names[:32]
+    omitted = rejected["data"]["problems_omitted"]
+    assert omitted == {"count": 968, "sha256": hashlib.sha256(canonical_bytes(names[32:])).hexdigest()}
+    assert "$.data.problems" in rejected["redacted"]
+    assert len(decision["data"]["decision"]["results"]) == 32
+    assert len(decision["data"]["decision"]["options"]["environment"]) == 100
+    long_names = ["x" * 1000 for _ in range(32)]
+    sink.append("policy.rejected", {"source": "p.yaml", "problems": long_names})
+    assert len(sink.records[2]["data"]["problems"]) == 8  # 8 KiB of items at most

@@ -196,7 +196,65 @@ def test_with_a_key_a_rehashed_chain_fails_its_hmac(tmp_path: Path) -> None:
     assert verify_trail(tmp_path, key=KEY).ok
     rehash_everything_from(segments, 6, b'"name":"p5"', b'"name":"XX"')
     check(tmp_path, 6, "bad_hmac", key=KEY)
-    assert verify_trail(tmp_path).ok  # the plain chain alone still looks fine
+    # Without the key too: records 1-5 carry an hmac and 6 does not, and a trail is keyed throughout or not at
+    # all (item 9: before, this re-forged tail verified as intact without the key).
+    check(tmp_path, 6, "bad_hmac")
+
+
+def _strip_hmacs(segments: list[Path], only_seq: int | None = None) -> None:
+    """Remove the hmac of every record (or only of ``only_seq``, rehashing the chain after it)."""
+    prev_hash = None
+    for path in segments:
+        out = []
+        for original in path.read_bytes().splitlines(keepends=True):
+            line = original
+            record = json.loads(line)
+            if only_seq is None or record["seq"] >= only_seq:
+                record.pop("hash")
+                if only_seq is None or record["seq"] == only_seq:
+                    record.pop("hmac", None)
+                mac = record.pop("hmac", None)
+                if prev_hash is not None:
+                    record["prev_hash"] = prev_hash
+                line = seal(canonical_bytes(record))[0]
+                if mac is not None:  # keep the (now stale) hmac on later records, as a forger without the key would
+                    line = line[:-3] + b'","hmac":"' + mac.encode() + b'"}\n'
+            prev_hash = json.loads(line)["hash"]
+            out.append(line)
+        rewrite(path, out)
+
+
+def test_a_keyed_trail_with_one_forged_record_without_hmac_fails_with_and_without_the_key(tmp_path: Path) -> None:
+    segments = build(tmp_path, key=KEY)
+    _strip_hmacs(segments, only_seq=7)
+    check(tmp_path, 7, "bad_hmac", key=KEY)
+    check(tmp_path, 7, "bad_hmac")
+    brk = verify_trail(tmp_path).first_break
+    assert brk is not None
+    assert "no hmac but the records before it do" in brk.detail
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_keyed_trail_with_every_hmac_stripped_fails_with_the_key_and_says_unchecked_without(
+    tmp_path: Path, workers: int
+) -> None:
+    segments = build(tmp_path, key=KEY)
+    _strip_hmacs(segments)
+    check(tmp_path, 1, "bad_hmac", key=KEY)
+    report = verify_trail(tmp_path, workers=workers)
+    assert report.ok  # without the key nothing can tell: the report must say so
+    assert (report.hmac_checked, report.hmac_present, report.hmac_status) == (False, False, "absent")
+    assert report.to_dict()["hmac_status"] == "absent"
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_mix_is_found_across_segments_in_parallel_too(tmp_path: Path, workers: int) -> None:
+    segments = build(tmp_path, key=KEY)
+    first_of_third = json.loads(segments[2].read_bytes().splitlines()[0])["seq"]
+    _strip_hmacs(segments, only_seq=first_of_third)
+    check_report = verify_trail(tmp_path, workers=workers)
+    assert check_report.first_break is not None
+    assert (check_report.first_break.seq, check_report.first_break.reason) == (first_of_third, "bad_hmac")
 
 
 def test_a_wrong_key_fails_at_the_first_record(tmp_path: Path) -> None:

@@ -225,6 +225,47 @@ def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], bas
     assert out["warnings"][0]["rule"] == "limits.memory"
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [("cpus", 0.004, "limits.cpus"), ("cpus", 0.0099, "limits.cpus"), ("memory", "5m", "limits.memory")],
+)
+def test_below_what_a_sandbox_can_be_given_denies_even_in_audit_mode(
+    base_policy_text: str, field: str, value: Any, rule: str
+) -> None:
+    """The engine refuses these after a container is made (item 11); audit mode must not let them through."""
+    from gateway.policy import load_policy_text
+
+    text = base_policy_text.replace("cpus: {default: 1, max: 2}", "cpus: {default: 1, max: 2, mode: audit}")
+    text = text.replace("memory: {default: 256m, max: 512m}", "memory: {default: 256m, max: 512m, mode: audit}")
+    assert "mode: audit}" in text.split("cpus:")[1].split("\n")[0]
+    d = judge(load_policy_text(text), parse_request({"code": "x", "limits": {field: value}}))
+    assert not d.allowed
+    [violation] = d.violations
+    assert (violation.rule, violation.mode, violation.path) == (rule, "enforce", f"$.limits.{field}")
+    assert "below the minimum" in violation.message
+    assert judge(load_policy_text(text), parse_request({"code": "x", "limits": {"cpus": 0.01}})).allowed
+
+
+def test_a_backend_that_declares_its_cpus_gets_no_more_even_in_audit_mode(base_policy_text: str) -> None:
+    from gateway.decision import evaluate
+    from gateway.decision.settings import BackendLimits
+    from gateway.policy import load_policy_text
+    from gateway.runner.docker.options import DockerAssembler
+
+    policy = load_policy_text(
+        base_policy_text.replace("cpus: {default: 1, max: 2}", "cpus: {default: 1, max: 2, mode: audit}")
+    )
+    small = DockerAssembler(capacity=lambda: BackendLimits(max_cpus=1.5))
+    d = evaluate(policy, parse_request({"code": "x", "limits": {"cpus": 2}}), assembler=small)
+    assert not d.allowed
+    [violation] = d.violations
+    assert (violation.rule, violation.mode) == ("limits.cpus", "enforce")
+    assert violation.expected == {"max": 2, "min": 0.01, "backend_max": 1.5}
+    assert evaluate(policy, parse_request({"code": "x", "limits": {"cpus": 1.5}}), assembler=small).allowed
+    unknown = DockerAssembler(capacity=BackendLimits)  # no engine: judged on the policy alone
+    assert evaluate(policy, parse_request({"code": "x", "limits": {"cpus": 2}}), assembler=unknown).allowed
+
+
 def test_a_crashing_rule_is_an_error_and_a_deny_under_its_own_id(default_policy: Policy) -> None:
     # A policy object the loader could never produce (no env section) behind a valid compiled policy: each
     # env rule crashes, and each error carries the id of the rule that crashed (one a golden case can name).
@@ -275,7 +316,7 @@ def test_decision_to_dict_contract(default_policy: Policy) -> None:
     }
     assert set(out["results"][0]) == {"rule", "status", "mode", "path", "got", "expected", "message"}
     assert set(out["plan"]) == {
-        "image", "runtime", "network", "timeout_s", "output_bytes", "output_files_bytes",
+        "image", "runtime", "network", "timeout_s", "output_bytes", "output_files_bytes", "output_files",
         "pull", "language", "code_bytes", "files_bytes", "mounts",
     }  # fmt: skip
     assert out["plan"]["pull"] == "never"

@@ -206,3 +206,18 @@ def test_mutated_valid_policy_never_escapes(base_policy_text: str, line: int, ju
     else:
         problems = (None,)
     assert problems
+
+
+def test_env_caps_above_what_a_sandbox_can_be_started_with_are_refused(base_policy_text: str) -> None:
+    """Item 11: a 140 KB variable passes a policy allowing 1m values, then the sandbox's exec fails (E2BIG)."""
+    from gateway.errors import PolicyError
+    from gateway.policy import load_policy_text
+    from gateway.policy.model import MAX_ENV_VALUE_BYTES
+
+    text = base_policy_text + "  env: {allowed: [X], max_value_bytes: 1m, max_total_bytes: 8m}\n"
+    with pytest.raises(PolicyError) as info:
+        load_policy_text(text)
+    paths = sorted(p.path for p in info.value.problems)
+    assert paths == ["$.spec.env.max_total_bytes", "$.spec.env.max_value_bytes"]
+    ok = base_policy_text + f"  env: {{allowed: [X], max_value_bytes: {MAX_ENV_VALUE_BYTES}}}\n"
+    assert load_policy_text(ok).env.max_value_bytes == MAX_ENV_VALUE_BYTES

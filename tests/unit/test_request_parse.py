@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import RequestError, exit_code_for
-from gateway.request import MAX_DEPTH, ExecutionRequest, parse_request, schema_problems
+from gateway.request import (
+    MAX_DEPTH,
+    MAX_METADATA_BYTES,
+    MAX_METADATA_DEPTH,
+    ExecutionRequest,
+    parse_request,
+    schema_problems,
+)
 
 
 def _paths(data: Any, **kwargs: Any) -> set[str]:
@@ -135,11 +142,43 @@ def test_deeply_nested_json_is_refused_without_recursion_error() -> None:
         parse_request({"code": "x", "metadata": nested})
 
 
-def test_nesting_at_the_limit_is_fine() -> None:
+def test_metadata_nesting_at_the_limit_is_fine_one_deeper_is_refused_with_its_path() -> None:
     value: Any = 1
-    for _ in range(MAX_DEPTH - 2):
+    for _ in range(MAX_METADATA_DEPTH - 1):
         value = [value]
     assert parse_request({"code": "x", "metadata": {"a": value}}).metadata["a"] == value
+    with pytest.raises(RequestError) as info:
+        parse_request({"code": "x", "metadata": {"a": [value]}})
+    [problem] = info.value.problems
+    assert problem.path == "$.metadata.a" + "[0]" * (MAX_METADATA_DEPTH - 1)  # the list at level 5
+    assert f"nest objects and arrays at most {MAX_METADATA_DEPTH} levels" in problem.message
+    assert MAX_DEPTH > MAX_METADATA_DEPTH + 1
+
+
+def test_metadata_size_keys_and_strings_are_capped_with_clear_errors() -> None:
+    """Item 6: 8 MiB of metadata per dry run wrote 42 MB of trail in 2 s before."""
+    fits = {f"k{i}": "v" * 200 for i in range(64)}
+    assert len(json.dumps(fits)) < MAX_METADATA_BYTES
+    assert parse_request({"code": "x", "metadata": fits}).metadata == fits
+    too_big = {f"k{i}": ["v" * 1000] * 20 for i in range(10)}
+    with pytest.raises(RequestError) as info:
+        parse_request({"code": "x", "metadata": too_big})
+    [problem] = info.value.problems
+    assert problem.path == "$.metadata"
+    assert f"at most {MAX_METADATA_BYTES} are allowed" in problem.message
+    assert _paths({"code": "x", "metadata": {f"k{i}": 1 for i in range(65)}}) == {"$.metadata"}
+    assert _paths({"code": "x", "metadata": {"k": "v" * 1025}}) == {"$.metadata.k"}
+    assert _paths({"code": "x", "metadata": {"k": list(range(65))}}) == {"$.metadata.k"}
+    assert _paths({"code": "x", "metadata": {"k" * 129: 1}}) == {"$.metadata"}
+    assert _paths({"code": "x", "metadata": {"a": {"b" * 129: 1}}}) == {"$.metadata.a"}
+
+
+def test_the_schema_states_the_metadata_depth_of_the_code() -> None:
+    from gateway.resources import load_schema
+
+    defs = load_schema("request")["$defs"]
+    levels = sorted(int(name[len("metadata") :]) for name in defs if name.startswith("metadata"))
+    assert levels == list(range(2, MAX_METADATA_DEPTH + 2))
 
 
 def test_byte_cap_is_checked_before_parsing() -> None:

@@ -44,6 +44,7 @@ def test_payload_is_length_prefixed_json_without_shell_quoting() -> None:
     assert body["files"] == {"a/b.bin": "AP8="}
     assert body["key"] == key.hex()
     assert body["files_cap"] == 10
+    assert body["files_max"] == 256
 
 
 def test_decoder_accepts_frames_split_anywhere() -> None:
@@ -103,10 +104,17 @@ needs_system_python = pytest.mark.skipif(
 
 
 def _supervise(
-    workspace: Path, code: str, files: dict[str, bytes], cap: int = 1 << 20, *, timeout_s: float = 60
+    workspace: Path,
+    code: str,
+    files: dict[str, bytes],
+    cap: int = 1 << 20,
+    most: int = 256,
+    *,
+    timeout_s: float = 60,
 ) -> tuple[int, list]:
     """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed."""
     key = new_key()
+    workspace.mkdir(exist_ok=True)
     decoder = FrameDecoder(key)
     frames: list = []
     with subprocess.Popen(
@@ -114,7 +122,7 @@ def _supervise(
     ) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None
-        proc.stdin.write(encode_payload(key, code, files, cap, timeout_s=timeout_s))
+        proc.stdin.write(encode_payload(key, code, files, cap, most, timeout_s=timeout_s))
         proc.stdin.flush()
         while not decoder.finished:
             chunk = os.read(proc.stdout.fileno(), 1 << 16)
@@ -158,6 +166,35 @@ def test_supervisor_reports_signals_as_128_plus_n_and_caps_files(tmp_path: Path)
     assert status == 128 + 15
     assert json.loads(frames[-1].data) == {"status": 143, "files_truncated": True}
     assert not [f for f in frames if f.kind == FRAME_FILE_NAME]
+
+
+@needs_system_python
+def test_supervisor_sends_at_most_files_max_files(tmp_path: Path) -> None:
+    code = "for i in range(10):\n    open('out/f%d' % i, 'w').write('x')\n"
+    status, frames = _supervise(tmp_path, code, {}, most=3)
+    assert status == 0
+    assert [f.data for f in frames if f.kind == FRAME_FILE_NAME] == [b"f0", b"f1", b"f2"]
+    assert json.loads(frames[-1].data) == {"status": 0, "files_truncated": True}
+    status, frames = _supervise(tmp_path / "exact", "open('out/only', 'w').write('x')\n", {}, most=1)
+    assert json.loads(frames[-1].data) == {"status": 0, "files_truncated": False}
+
+
+@needs_system_python
+def test_empty_files_and_directories_cost_their_names_against_the_byte_cap(tmp_path: Path) -> None:
+    """Item 5: 200,000 empty files cost nothing against the byte cap before; now each costs its path."""
+    empty = "for i in range(200):\n    open('out/' + 'n' * 40 + '%03d' % i, 'w').close()\n"
+    status, frames = _supervise(tmp_path / "files", empty, {}, cap=1000, most=10_000)
+    names = [f.data for f in frames if f.kind == FRAME_FILE_NAME]
+    assert status == 0
+    assert 0 < len(names) <= 1000 // 43
+    assert sum(len(n) for n in names) <= 1000
+    assert json.loads(frames[-1].data)["files_truncated"] is True
+    dirs = (
+        "import os\nfor i in range(300):\n    os.mkdir('out/' + 'd' * 40 + '%03d' % i)\nopen('out/z', 'w').write('x')\n"
+    )
+    status, frames = _supervise(tmp_path / "dirs", dirs, {}, cap=1000, most=10_000)
+    assert [f for f in frames if f.kind == FRAME_FILE_NAME] == []
+    assert json.loads(frames[-1].data)["files_truncated"] is True
 
 
 @needs_system_python

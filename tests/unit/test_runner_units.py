@@ -70,6 +70,7 @@ def test_payload_reports_every_problem() -> None:
         ({"timeout_s": 1, "output_bytes": -1}, "$.output_bytes"),
         ({"timeout_s": 1, "output_bytes": 1, "pull": "always"}, "$.pull"),
         ({"timeout_s": 1, "output_bytes": 1, "output_files_bytes": -5}, "$.output_files_bytes"),
+        ({"timeout_s": 1, "output_bytes": 1, "output_files": -1}, "$.output_files"),
     ],
 )
 def test_runspec_validation(kwargs: dict[str, Any], path: str) -> None:
@@ -347,3 +348,35 @@ def test_the_supervisors_oom_report_counts_when_the_engine_no_longer_knows() -> 
     take_frame(FRAME_EXIT, b'{"status": 137}', got, spec)
     out = outcome_of(got, {}, 1, runtime="runc", container_id="c", image_id=None, pulled=False)
     assert (out.oom_killed, out.exit_code) == (True, 137)
+
+
+def test_the_host_refuses_more_output_files_or_name_bytes_than_the_caps() -> None:
+    """An honest supervisor stops at both caps; a stream with more names is tampering (item 5)."""
+    from gateway.runner.docker.collect import Collected, take_frame
+    from gateway.runner.docker.supervisor import FRAME_FILE_NAME, ProtocolError
+
+    spec = RunSpec(OPTIONS, timeout_s=1, output_bytes=1, output_files_bytes=1 << 20, output_files=2)
+    got = Collected()
+    take_frame(FRAME_FILE_NAME, b"a", got, spec)
+    take_frame(FRAME_FILE_NAME, b"b", got, spec)
+    with pytest.raises(ProtocolError, match="more output files than the cap of 2"):
+        take_frame(FRAME_FILE_NAME, b"c", got, spec)
+    spec = RunSpec(OPTIONS, timeout_s=1, output_bytes=1, output_files_bytes=10, output_files=100)
+    got = Collected()
+    take_frame(FRAME_FILE_NAME, b"12345", got, spec)
+    with pytest.raises(ProtocolError, match="names and contents"):
+        take_frame(FRAME_FILE_NAME, b"123456", got, spec)  # empty files are not free: names cost bytes
+
+
+def test_the_outcome_record_lists_a_bounded_number_of_files() -> None:
+    from gateway.result import outcome_data
+
+    files = {f"out{i:05d}": b"" for i in range(5000)}
+    data = outcome_data("img", make_outcome(files=files, files_truncated=True), None)
+    assert len(data["files"]) == 32
+    assert data["files_count"] == 5000
+    assert data["files_omitted"]["count"] == 5000 - 32
+    assert data["files_truncated"] is True
+    few = outcome_data("img", make_outcome(files={"a": b"x"}), None)
+    assert few["files"] == [{"name": "a", "bytes": 1, "sha256": few["files"][0]["sha256"]}]
+    assert "files_omitted" not in few

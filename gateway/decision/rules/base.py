@@ -9,10 +9,10 @@ rule's own id, and an error always denies.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.decision.settings import SandboxSettings
+from gateway.decision.settings import BackendLimits, SandboxSettings
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
@@ -29,6 +29,8 @@ class Context:
     settings: SandboxSettings
     denied_paths: tuple[str, ...]
     """Host paths no mount may reach besides the built-in list (the audit sink's own, for one)."""
+    backend: BackendLimits = field(default_factory=BackendLimits)
+    """What the backend can give one sandbox (from its assembler)."""
 
     @property
     def policy(self) -> Policy:

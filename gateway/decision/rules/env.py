@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from gateway.decision.rules.base import Check, Context, Finding, Rule, fail, ok, skip
 from gateway.policy.compiled import compile_globs
+from gateway.policy.model import MAX_ENV_TOTAL_BYTES, MAX_ENV_VALUE_BYTES
 
 __all__ = ["DANGEROUS_ENV", "RULES"]
 
@@ -83,7 +84,11 @@ def _limits(ctx: Context) -> Iterator[Finding]:
         if size > rule.max_value_bytes:
             bad = True
             message = f"value of {name!r} is {size} bytes; at most {rule.max_value_bytes} allowed"
-            yield fail(f"$.env.{name}", size, {"max_value_bytes": rule.max_value_bytes}, message)
+            # Above what a sandbox can be started with: denied even in audit mode (the exec would fail).
+            yield fail(
+                f"$.env.{name}", size, {"max_value_bytes": rule.max_value_bytes}, message,
+                never_relaxed=size > MAX_ENV_VALUE_BYTES,
+            )  # fmt: skip
     count = len(env)
     if count > rule.max_count:
         bad = True
@@ -92,7 +97,13 @@ def _limits(ctx: Context) -> Iterator[Finding]:
     if total > rule.max_total_bytes:
         bad = True
         message = f"environment totals {total} bytes; at most {rule.max_total_bytes} allowed"
-        yield fail("$.env", total, {"max_total_bytes": rule.max_total_bytes}, message)
+        yield fail(
+            "$.env",
+            total,
+            {"max_total_bytes": rule.max_total_bytes},
+            message,
+            never_relaxed=total > MAX_ENV_TOTAL_BYTES,
+        )
     if not bad:
         yield ok("$.env", count, {"max_count": rule.max_count}, f"{count} variable(s), {total} bytes")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from gateway.decision.rules.base import Context, Finding, Rule, fail, ok
-from gateway.policy.model import MIN_MEMORY, RUNSC_MIN_PIDS, Limit, Policy
+from gateway.policy.model import MIN_CPUS, MIN_MEMORY, RUNSC_MIN_PIDS, Limit, Policy
 from gateway.policy.sizes import format_size
 
 __all__ = ["RULES"]
@@ -30,19 +30,32 @@ def _ceiling_rule(
     *,
     size: bool,
     floor: Callable[[Context], float | None] = lambda _ctx: None,
+    capacity: Callable[[Context], float | None] = lambda _ctx: None,
 ) -> Rule:
-    """A rule that bounds one resolved value by the policy's ceiling (and a floor the engine needs)."""
+    """A rule that bounds one resolved value by the policy's ceiling (and a floor the engine needs, and what the
+    backend says it can give)."""
     path = f"$.limits.{field}"
 
     def check(ctx: Context) -> Iterator[Finding]:
         maximum = limit(ctx.policy).max
         low = floor(ctx)
+        most = capacity(ctx)
         expected = {"max": maximum} if low is None else {"max": maximum, "min": low}
+        if most is not None and most < maximum:
+            expected["backend_max"] = most
         got = value(ctx)
-        if got > maximum:
+        if most is not None and got > most:
+            message = f"{field} {_show(got, size)} is above what the backend can give ({_show(most, size)})"
+            yield fail(path, got, expected, message, never_relaxed=True)
+        elif got > maximum:
             yield fail(path, got, expected, f"{field} {_show(got, size)} is above the ceiling {_show(maximum, size)}")
         elif low is not None and got < low:
-            yield fail(path, got, expected, f"{field} {_show(got, size)} is below the minimum {_show(low, size)}")
+            # Below what a sandbox can be given: the backend would refuse it after a container was made, so
+            # it denies even in audit mode.
+            yield fail(
+                path, got, expected, f"{field} {_show(got, size)} is below the minimum {_show(low, size)}",
+                never_relaxed=True,
+            )  # fmt: skip
         else:
             asked = getattr(ctx.request.limits, field) is not None
             yield ok(path, got, expected, f"{'requested value' if asked else 'policy default'} within the ceiling")
@@ -74,7 +87,10 @@ RULES: tuple[Rule, ...] = (
         "limits.memory", "memory", lambda p: p.limits.memory, lambda c: c.settings.profile.memory,
         size=True, floor=lambda _c: MIN_MEMORY,
     ),
-    _ceiling_rule("limits.cpus", "cpus", lambda p: p.limits.cpus, lambda c: c.settings.profile.cpus, size=False),
+    _ceiling_rule(
+        "limits.cpus", "cpus", lambda p: p.limits.cpus, lambda c: c.settings.profile.cpus,
+        size=False, floor=lambda _c: MIN_CPUS, capacity=lambda c: c.backend.max_cpus,
+    ),
     _ceiling_rule(
         "limits.pids", "pids", lambda p: p.limits.pids, lambda c: c.settings.profile.pids,
         size=False, floor=_pids_floor,
@@ -89,6 +105,10 @@ RULES: tuple[Rule, ...] = (
     _ceiling_rule(
         "limits.output_files_bytes", "output_files_bytes", lambda p: p.limits.output_files_bytes,
         lambda c: c.settings.output_files_bytes, size=True,
+    ),
+    _ceiling_rule(
+        "limits.output_files", "output_files", lambda p: p.limits.output_files, lambda c: c.settings.output_files,
+        size=False,
     ),
     _ceiling_rule(
         "limits.tmpfs", "tmpfs", lambda p: p.limits.tmpfs, lambda c: c.settings.profile.tmpfs,

@@ -113,6 +113,12 @@ def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec) -> bool:
             got.output_limit_killed = True
             return True
     elif kind == FRAME_FILE_NAME:
+        # An honest supervisor stops at both caps (it charges each name's bytes, as here): more is tampering.
+        if len(got.files) >= spec.output_files:
+            raise ProtocolError(f"more output files than the cap of {spec.output_files}")
+        got.files_bytes += len(data)
+        if got.files_bytes > spec.output_files_bytes:
+            raise ProtocolError("output files (names and contents) exceed their cap")
         name = data.decode("utf-8", "replace")
         if not name or name.startswith("/") or ".." in name.split("/") or name in got.files:
             raise ProtocolError(f"bad output file name {name!r}")
@@ -123,7 +129,7 @@ def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec) -> bool:
             raise ProtocolError("file data before a file name")
         got.files_bytes += len(data)
         if got.files_bytes > spec.output_files_bytes:
-            raise ProtocolError("output files exceed their cap")
+            raise ProtocolError("output files (names and contents) exceed their cap")
         got.files[got.current_file] += data
     elif kind == FRAME_META:
         try:

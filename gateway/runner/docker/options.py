@@ -14,10 +14,10 @@ profile (policy, image, runtime, limits: what a warm pool can prepare ahead of a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.decision.settings import SandboxProfile, SandboxSettings
+from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
@@ -204,6 +204,20 @@ class DockerAssembler:
     """The Docker backend's assembler: what the Gateway hands the decision (see ``gateway.decision.Assembler``)."""
 
     backend = "docker"
+
+    def __init__(self, capacity: Callable[[], BackendLimits] | None = None) -> None:
+        self._capacity = capacity
+        self._limits: BackendLimits | None = None
+
+    @property
+    def limits(self) -> BackendLimits:
+        """What the engine can give one container (its host's CPUs), asked once; unknown without an engine."""
+        if self._limits is None:
+            found = self._capacity() if self._capacity is not None else BackendLimits()
+            if found.max_cpus is None:
+                return found  # asked again next time: the engine may be up by then
+            self._limits = found
+        return self._limits
 
     def build(self, settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:
         return build_options(settings, decision_id=decision_id, request_id=request_id)

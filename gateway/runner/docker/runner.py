@@ -39,6 +39,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from gateway.decision.settings import BackendLimits
 from gateway.errors import (
     ContainerLeftError,
     EngineUnavailableError,
@@ -119,14 +120,21 @@ class DockerRunner:
     Defaults to ``$GATEWAY_INSTANCE`` or a fresh id.
     """
 
-    assembler = DockerAssembler()
-    """Builds and guards this backend's options; the Gateway hands it to the decision."""
-
     def __init__(self, client: Any | None = None, *, base_url: str | None = None, instance: str | None = None) -> None:
+        self.assembler = DockerAssembler(capacity=self._engine_limits)
+        """Builds and guards this backend's options; the Gateway hands it to the decision."""
         self._client = client
         self._owns_client = client is None
         self._base_url = base_url
         self.instance = instance or os.environ.get("GATEWAY_INSTANCE") or new_instance_id()
+
+    def _engine_limits(self) -> BackendLimits:
+        """The engine refuses (at start) a CPU quota above its host's CPUs: say so to the decision."""
+        try:
+            cpus = int(self.client.info()["NCPU"])
+        except Exception:  # noqa: BLE001 - no engine, or an answer without NCPU: unknown, judged on the policy alone
+            return BackendLimits()
+        return BackendLimits(max_cpus=float(cpus)) if cpus > 0 else BackendLimits()
 
     def close(self) -> None:
         """Close the client if this runner created it (an injected client belongs to its owner)."""
@@ -311,7 +319,13 @@ class DockerRunner:
         key = new_key()
         env = dict(spec.options.get("environment") or {})
         data = encode_payload(
-            key, payload.code, payload.files, spec.output_files_bytes, env=env, timeout_s=spec.timeout_s
+            key,
+            payload.code,
+            payload.files,
+            spec.output_files_bytes,
+            spec.output_files,
+            env=env,
+            timeout_s=spec.timeout_s,
         )
         deadline = start + spec.timeout_s
         kill = False

@@ -10,7 +10,7 @@ content on the command line) that:
    default handler would raise); it reaps every orphan itself;
 2. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
    big-endian length, then JSON ``{"key": hex, "code": str, "files": {relpath: base64}, "files_cap": int,
-   "env": {name: value}, "timeout_s": float}``;
+   "files_max": int, "env": {name: value}, "timeout_s": float}``;
 3. writes the files and ``main.py`` into the workspace (refusing path escapes again: ``O_NOFOLLOW``,
    ``O_EXCL``, no ``..``), creates ``out/``;
 4. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
@@ -24,9 +24,10 @@ content on the command line) that:
    connection lost), so it kills every process and exits 137 at once. Either way the container ends, and
    the engine removes it (``AutoRemove``), with no client and no reaper;
 6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
-   struck (``FRAME_META``), sends the files under ``out/`` (capped)
-   and a final frame with the exit status (a signal ``n`` is ``128 + n``), waits (at most 10 s) for the host
-   to close its stdin, and exits with that status.
+   struck (``FRAME_META``), sends the files under ``out/`` (at most ``files_max`` of them, and ``files_cap``
+   bytes counting contents and the names of every entry walked) and a final frame with the exit status (a
+   signal ``n`` is ``128 + n``), waits (at most 10 s) for the host to close its stdin, and exits with that
+   status.
 
 Every frame is ``type (1 byte) | length (4 bytes, big-endian) | data | mac (16 bytes)`` where ``mac`` is the
 first 16 bytes of HMAC-SHA256 under the per-run key over ``sequence (8 bytes) | type | length | data``. The key
@@ -170,6 +171,7 @@ try:
     cap = int(req["files_cap"])
     env = dict(os.environ)
     env.update(req["env"])
+    most = int(req["files_max"])
     del req
     import ctypes
     if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
@@ -266,26 +268,44 @@ if code < 0:
     code = 128 - code
 oom = ooms()
 send(b"m", json.dumps({"oom_killed": OOM0 is not None and oom is not None and oom > OOM0}).encode())
-truncated = False
+truncated = stop = False
 total = 0
+count = 0
 root = W + "/out"
+# Every entry walked costs its name's bytes against the byte cap (a file: its whole relative path, which the
+# host charges too), and at most `most` files are sent: many empty files or directories are not free. The walk
+# stops at the first cap it meets, so its own work is bounded as well.
 for top, dirs, names in os.walk(root):
     dirs.sort()
+    rel_top = top[len(root) + 1:]
+    for name in dirs:
+        total += len(os.fsencode(name))
+    if total > cap:
+        truncated = True
+        break
     for name in sorted(names):
-        path = top + "/" + name
+        rel = os.fsencode(rel_top + "/" + name if rel_top else name)
+        if total + len(rel) > cap:
+            truncated = stop = True
+            break
+        total += len(rel)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(top + "/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
             info = os.fstat(fd)
             if not (info.st_mode & 0o170000 == 0o100000):
                 continue
+            if count >= most:
+                truncated = stop = True
+                break
             if total + info.st_size > cap:
                 truncated = True
                 continue
             total += info.st_size
-            send(b"n", os.fsencode(path[len(root) + 1:]))
+            count += 1
+            send(b"n", rel)
             left = info.st_size
             while left > 0:
                 data = os.read(fd, min(CHUNK, left))
@@ -295,6 +315,8 @@ for top, dirs, names in os.walk(root):
                 send(b"f", data)
         finally:
             os.close(fd)
+    if stop:
+        break
 send(b"x", json.dumps({"status": code, "files_truncated": truncated}).encode())
 try:
     select.select([0], [], [], 10)
@@ -319,11 +341,13 @@ def encode_payload(
     code: str,
     files: Mapping[str, bytes],
     files_cap: int,
+    files_max: int = 256,
     *,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 3600.0,
 ) -> bytes:
-    """The bytes the host writes to the supervisor's stdin (``timeout_s``: the supervisor's own deadline)."""
+    """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
+    included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline)."""
     body = json.dumps(
         {
             "key": key.hex(),
@@ -332,6 +356,7 @@ def encode_payload(
             "files_cap": files_cap,
             "env": dict(env or {}),
             "timeout_s": float(timeout_s),
+            "files_max": files_max,
         },
         ensure_ascii=True,
         separators=(",", ":"),
