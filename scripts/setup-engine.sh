@@ -60,6 +60,7 @@ RUNSC="$(command -v runsc || true)"
 if [[ -n "$RUNSC" ]]; then
     mkdir -p "$(dirname "$DAEMON_JSON")"
     python3 - "$DAEMON_JSON" "$RUNSC" <<'PY' || die "cannot update $DAEMON_JSON"
+
 import json, os, sys
 path, runsc = sys.argv[1], sys.argv[2]
 try:
@@ -71,8 +72,12 @@ except FileNotFoundError:
 if not isinstance(conf, dict):
     sys.exit(f"{path}: not a JSON object")
 runtimes = conf.setdefault("runtimes", {})
-if "runsc" not in runtimes:
-    runtimes["runsc"] = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"]}
+# --oci-seccomp: gVisor applies the container's seccomp profile (the policy's) inside the sandbox too;
+# without it the sentry serves ptrace, io_uring, keyctl, ... itself whatever the profile says.
+ours = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none", "--oci-seccomp"]}
+earlier = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"]}  # what older set-ups wrote
+if runtimes.get("runsc") in (None, earlier):
+    runtimes["runsc"] = ours
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(conf, fh, indent=2, sort_keys=True)

@@ -15,6 +15,7 @@ from gateway.errors import GatewayError
 from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import DockerRunner
+from gateway.runner.docker.mounts import STAGING_ROOT
 
 __all__ = ["register"]
 
@@ -67,7 +68,21 @@ def _doctor(args: argparse.Namespace) -> int:
         runtimes = runner.client.info().get("Runtimes", {})
         if "runsc" not in runtimes:
             raise RuntimeError("runsc (gVisor) is not registered with the engine; scripts/setup-engine.sh registers it")
-        return "runsc registered"
+        args = [str(a) for a in runtimes["runsc"].get("runtimeArgs") or []]
+        if not any(a.lstrip("-").startswith("oci-seccomp") for a in args):
+            raise RuntimeError(
+                "runsc is registered without --oci-seccomp: gVisor ignores the policy's seccomp profile and a "
+                "program can signal its supervisor; add --oci-seccomp to its runtimeArgs in /etc/docker/daemon.json"
+            )
+        return "runsc registered, applies seccomp profiles (--oci-seccomp)"
+
+    def check_mounts() -> str:
+        if os.geteuid() != 0:
+            raise RuntimeError(
+                "not root: requests with mounts will fail, since staging a judged mount needs root on the "
+                "engine's host (requests without mounts are unaffected)"
+            )
+        return f"root: judged mounts can be staged under {STAGING_ROOT}"
 
     def check_image() -> str:
         if not policy:
@@ -83,6 +98,7 @@ def _doctor(args: argparse.Namespace) -> int:
         ("audit", check_audit),
         ("engine", check_engine),
         ("gvisor", check_runsc),
+        ("mounts", check_mounts),
         ("image", check_image),
     ):
         checks.append(_run_check(name, fn))

@@ -375,7 +375,7 @@ def test_doctor_reports_every_check(engine: Any, audit_dir: Path, capsys: pytest
     rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir))
     report = json.loads(out)
     assert rc == 0, report
-    assert [c["name"] for c in report["checks"]] == ["policy", "audit", "engine", "gvisor", "image"]
+    assert [c["name"] for c in report["checks"]] == ["policy", "audit", "engine", "gvisor", "mounts", "image"]
     assert all(c["ok"] for c in report["checks"])
     image = next(c for c in report["checks"] if c["name"] == "image")
     assert engine.images.get(SANDBOX_IMAGE).id in image["detail"]

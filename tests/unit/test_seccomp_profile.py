@@ -13,7 +13,15 @@ import pytest
 from gateway.policy import load_policy_text
 from gateway.request import parse_request
 from gateway.resources import policies_dir
-from gateway.runner.docker.seccomp import NEVER, PROFILE_FILE, SOURCE, derive, gateway_profile, profile_problems
+from gateway.runner.docker.seccomp import (
+    AT_INIT,
+    NEVER,
+    PROFILE_FILE,
+    SOURCE,
+    derive,
+    gateway_profile,
+    profile_problems,
+)
 from gateway.testing import assemble
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,3 +100,13 @@ def test_policy_cannot_ask_for_unconfined() -> None:
     with pytest.raises(PolicyError) as info:
         load_policy_text(_policy("unconfined"))
     assert any("seccomp" in p.path for p in info.value.problems)
+
+
+def test_signal_calls_reach_everything_but_pid_1() -> None:
+    profile = json.loads(gateway_profile())
+    for name in AT_INIT:
+        rules = [r for r in profile["syscalls"] if name in r["names"] and r["action"] == "SCMP_ACT_ALLOW"]
+        assert len(rules) == 1, name
+        assert rules[0]["args"] == [{"index": 0, "value": 1, "valueTwo": 0, "op": "SCMP_CMP_NE"}], name
+    loose = {**profile, "syscalls": [*profile["syscalls"], {"names": ["kill"], "action": "SCMP_ACT_ALLOW"}]}
+    assert any("kill reach PID 1" in p for p in profile_problems(loose))

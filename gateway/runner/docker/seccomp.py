@@ -7,7 +7,12 @@ Derived, never hand-edited: ``scripts/gen-seccomp.py`` reads the pinned copy of 
    capabilities and its guard refuses ``cap_add``, so these rules can never match (this is where moby keeps
    ``bpf``, ``perf_event_open``, ``unshare``/``setns``/``mount``, ``kcmp``, ``pidfd_getfd``, ...);
 2. removes each name of :data:`NEVER` from every remaining allow rule (a rule left without names is dropped);
-3. checks that no allow rule names any of them any more, and that the default action still refuses.
+3. takes the calls that send a signal to a process named by number (:data:`AT_INIT`) out of every
+   unconditional allow rule and allows them again only when that number is not 1: the program may signal
+   its own processes, never the container's PID 1 (the supervisor). Under runc the kernel already protects a
+   namespace's init; gVisor does not, so this rule is what keeps a program there from stopping its supervisor;
+4. checks that no allow rule names any of :data:`NEVER` any more, that the calls of :data:`AT_INIT` are
+   allowed only with that condition, and that the default action still refuses.
 
 The result is shipped as ``gateway-seccomp.json`` next to this module and given to the engine as
 ``security_opt: seccomp=<profile JSON>`` when the policy says ``seccomp: gateway`` (the default).
@@ -27,7 +32,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["NEVER", "PROFILE_FILE", "SOURCE", "derive", "gateway_profile", "profile_problems"]
+__all__ = ["AT_INIT", "NEVER", "PROFILE_FILE", "SOURCE", "derive", "gateway_profile", "profile_problems"]
 
 SOURCE = {
     "repository": "github.com/moby/moby",
@@ -68,6 +73,18 @@ NEVER: Mapping[str, str] = {
 }
 """Every system call the gateway's profile refuses beyond the engine's, with the reason."""
 
+AT_INIT: Mapping[str, str] = {
+    "kill": "kill(1, ...) would stop or kill the supervisor (gVisor delivers it to init)",
+    "tkill": "tkill(1, ...), the thread form of kill",
+    "tgkill": "tgkill(1, ...), the thread-group form of kill",
+    "rt_sigqueueinfo": "rt_sigqueueinfo(1, ...), kill with a payload",
+    "rt_tgsigqueueinfo": "rt_tgsigqueueinfo(1, ...), its thread form",
+    "pidfd_open": "pidfd_open(1) hands pidfd_send_signal a handle on the supervisor",
+}
+"""Calls allowed only when their first argument (the target pid) is not 1, with the reason."""
+
+_NOT_INIT = [{"index": 0, "value": 1, "valueTwo": 0, "op": "SCMP_CMP_NE"}]
+
 _REFUSING = frozenset({"SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD"})
 
 
@@ -79,10 +96,12 @@ def derive(moby: Mapping[str, Any]) -> dict[str, Any]:
         if rule.get("includes", {}).get("caps"):
             continue  # applies only with a capability the gateway never grants
         if rule["action"] == "SCMP_ACT_ALLOW":
-            rule["names"] = [name for name in rule["names"] if name not in NEVER]
+            unconditional = not rule.get("args")
+            rule["names"] = [n for n in rule["names"] if n not in NEVER and not (unconditional and n in AT_INIT)]
             if not rule["names"]:
                 continue
         rules.append(rule)
+    rules.append({"names": sorted(AT_INIT), "action": "SCMP_ACT_ALLOW", "args": copy.deepcopy(_NOT_INIT)})
     profile["syscalls"] = rules
     problems = profile_problems(profile)
     if problems:
@@ -108,6 +127,9 @@ def profile_problems(profile: Any) -> list[str]:
         listed = sorted(set(names) & set(NEVER))
         if listed:
             problems.append(f"syscalls[{index}] ({rule.get('action')}) lets through {', '.join(listed)}")
+        at_init = sorted(set(names) & set(AT_INIT))
+        if at_init and rule.get("args") != _NOT_INIT:
+            problems.append(f"syscalls[{index}] ({rule.get('action')}) lets {', '.join(at_init)} reach PID 1")
     return problems
 
 
