@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from gateway.policy import Policy, load_policy_text
 
 # Shared 2-core machines stall at random: a per-example deadline would turn a slow moment into a failure.
 # Timing is what benchmarks measure, never tests.
@@ -29,3 +32,35 @@ def _isolated_audit_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     path = tmp_path_factory.mktemp("audit")
     monkeypatch.setenv("GATEWAY_AUDIT_DIR", str(path))
     return path
+
+
+_MOUNT_POLICY = """\
+apiVersion: gateway.agent-exec/v1
+kind: Policy
+metadata: {{name: {name}}}
+spec:
+  images:
+    default: gateway/sandbox-python:3.11-bookworm
+    allow: [{{repository: gateway/sandbox-python, tags: ["3.11-bookworm"]}}]
+  limits:
+    memory: {{default: 256m, max: 512m}}
+    cpus: {{default: 1, max: 2}}
+    pids: {{default: 256, max: 512}}
+    timeout_s: {{default: 20, max: 60}}
+    output_bytes: {{default: 1m, max: 4m}}
+    tmpfs: {{default: 64m, max: 128m}}
+    code_size: {{max: 256k}}
+    files_size: {{max: 1m}}
+  runtime: {{allowed: [runc, runsc], default: runc}}
+  user: {{uid: 65534, gid: 65534}}
+  mounts:
+    allow: [{{root: {root}, modes: {modes}, targets: {targets}}}]
+"""
+
+
+def mount_policy(
+    root: object, *, modes: tuple[str, ...] = ("ro", "rw"), targets: tuple[str, ...] = ("/data",), name: str = "mounts"
+) -> Policy:
+    """A policy that allowlists ``root`` with ``modes`` onto ``targets``, for the mount tests."""
+    text = _MOUNT_POLICY.format(root=root, modes=json.dumps(list(modes)), targets=json.dumps(list(targets)), name=name)
+    return load_policy_text(text, source=f"{name}.yaml")

@@ -136,3 +136,28 @@ def make_options() -> Callable[..., dict[str, Any]]:
 def managed_containers(engine: Any) -> Callable[[], list[str]]:
     """A function listing the ids of this session's gateway containers right now."""
     return lambda: gateway_containers(engine)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Any) -> Iterator[Callable[[str], Any]]:
+    """Mount a small tmpfs (as root) with the given options, so a trail really meets a read-only, full or
+    nearly full file system; unmounted after the test."""
+    import subprocess
+    from pathlib import Path
+
+    mounted: list[Path] = []
+
+    def make(options: str) -> Path:
+        target = Path(tmp_path) / f"fs{len(mounted)}"
+        target.mkdir()
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True, check=False
+        )
+        if proc.returncode != 0:
+            _unavailable(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+        mounted.append(target)
+        return target
+
+    yield make
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -277,30 +275,6 @@ def test_verify_without_a_key_fails_on_a_forged_unkeyed_record_and_says_hmacs_we
 
 
 # --- item 6: metadata, lists in records, and a free-space watermark on the trail ----------------------------
-
-
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Any]:
-    """Mount a small tmpfs (as root) for the trail; unmounted after the test."""
-    mounted: list[Path] = []
-
-    def make(options: str) -> Path:
-        target = tmp_path / f"fs{len(mounted)}"
-        target.mkdir()
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True, check=False
-        )
-        if proc.returncode != 0:
-            reason = f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}"
-            if os.environ.get("CI"):
-                pytest.fail(reason)
-            pytest.skip(reason)
-        mounted.append(target)
-        return target
-
-    yield make
-    for target in mounted:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def _free(path: Path) -> int:

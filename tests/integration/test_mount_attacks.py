@@ -21,47 +21,17 @@ import pytest
 
 from gateway import Gateway
 from gateway.audit import MemoryAuditSink
-from gateway.policy import Policy, load_policy_text
 from gateway.request import parse_request
 from gateway.runner.docker.mounts import MountStagingError, Staging, engine_mounts
 from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import HostMount, Payload
 from gateway.testing import decide
+from tests.conftest import mount_policy
 from tests.integration.conftest import leftover_labels
 
 pytestmark = pytest.mark.integration
 
 STAGING = Path("/run/agent-gateway/staging")
-
-_POLICY = """\
-apiVersion: gateway.agent-exec/v1
-kind: Policy
-metadata: {{name: mount-attacks}}
-spec:
-  images:
-    default: gateway/sandbox-python:3.11-bookworm
-    allow: [{{repository: gateway/sandbox-python, tags: ["3.11-bookworm"]}}]
-  limits:
-    memory: {{default: 256m, max: 512m}}
-    pids: {{default: 256, max: 512}}
-    timeout_s: {{default: 20, max: 60}}
-    cpus: {{default: 1, max: 2}}
-    output_bytes: {{default: 64k, max: 1m}}
-    tmpfs: {{default: 32m, max: 64m}}
-    code_size: {{max: 64k}}
-    files_size: {{max: 64k}}
-  runtime: {{allowed: [runc, runsc], default: runc}}
-  user: {{uid: 65534, gid: 65534}}
-  mounts:
-    allow:
-      - root: {root}
-        modes: [ro, rw]
-        targets: [/data]
-"""
-
-
-def mount_policy(root: Path) -> Policy:
-    return load_policy_text(_POLICY.format(root=root), source="mount-attacks.yaml")
 
 
 @pytest.fixture

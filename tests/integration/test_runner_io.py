@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from gateway.errors import ImageMissingError, UnsafeOptionsError
-from gateway.policy import load_policy_text
 from gateway.request import parse_request
 from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import Outcome, Payload, RunSpec
 from gateway.testing import decide
+from tests.conftest import mount_policy
 
 pytestmark = pytest.mark.integration
 
@@ -54,33 +54,9 @@ def test_output_files_are_capped(runner: DockerRunner, options_for: Options) -> 
     assert outcome.files_truncated
 
 
-_MOUNT_POLICY = """\
-apiVersion: gateway.agent-exec/v1
-kind: Policy
-metadata: {{name: io-mounts}}
-spec:
-  images:
-    default: gateway/sandbox-python:3.11-bookworm
-    allow: [{{repository: gateway/sandbox-python, tags: ["3.11-bookworm"]}}]
-  limits:
-    memory: {{default: 256m, max: 512m}}
-    cpus: {{default: 1, max: 2}}
-    pids: {{default: 256, max: 512}}
-    timeout_s: {{default: 20, max: 60}}
-    output_bytes: {{default: 1m, max: 4m}}
-    tmpfs: {{default: 64m, max: 128m}}
-    code_size: {{max: 256k}}
-    files_size: {{max: 1m}}
-  runtime: {{allowed: [runc, runsc], default: runc}}
-  user: {{uid: 65534, gid: 65534}}
-  mounts:
-    allow: [{{root: {root}, modes: [ro, rw], targets: [/data, /results]}}]
-"""
-
-
 def mounted_spec(runtime: str, source: Path, target: str, mode: str) -> RunSpec:
     """The run specification the decision makes for one mount (options with the staged bind, judged mounts)."""
-    policy = load_policy_text(_MOUNT_POLICY.format(root=source))
+    policy = mount_policy(source, targets=("/data", "/results"))
     request = {"code": "x", "runtime": runtime, "mounts": [{"source": str(source), "target": target, "mode": mode}]}
     decision = decide(policy, parse_request(request))
     assert decision.run is not None, [v.message for v in decision.violations]

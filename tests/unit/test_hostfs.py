@@ -11,7 +11,8 @@ import pytest
 
 from gateway.errors import PolicyError
 from gateway.hostfs import HostPathError, identity_of, open_beneath, scan
-from gateway.policy import PolicySet, load_policy_text
+from gateway.policy import PolicySet
+from tests.conftest import mount_policy
 
 
 @pytest.fixture
@@ -115,36 +116,10 @@ def test_a_source_too_large_to_walk_is_refused_with_what_to_do(tree: Path) -> No
     assert "mount a narrower directory" in problem
 
 
-_POLICY = """\
-apiVersion: gateway.agent-exec/v1
-kind: Policy
-metadata: {{name: {name}}}
-spec:
-  images:
-    default: gateway/sandbox-python:3.11-bookworm
-    allow: [{{repository: gateway/sandbox-python, tags: ["3.11-bookworm"]}}]
-  limits:
-    memory: {{default: 256m, max: 512m}}
-    cpus: {{default: 1, max: 2}}
-    pids: {{default: 64, max: 128}}
-    timeout_s: {{default: 10, max: 60}}
-    output_bytes: {{default: 1m, max: 4m}}
-    tmpfs: {{default: 64m, max: 128m}}
-    code_size: {{max: 256k}}
-    files_size: {{max: 1m}}
-  user: {{uid: 65534, gid: 65534}}
-  mounts:
-    allow:
-      - root: {root}
-        modes: [{modes}]
-        targets: [/data]
-"""
-
-
 def test_a_policy_set_refuses_one_principals_rw_root_overlapping_anothers_root(tree: Path) -> None:
-    writer = load_policy_text(_POLICY.format(name="writer", root=tree / "root", modes="ro, rw"))
-    reader = load_policy_text(_POLICY.format(name="reader", root=tree / "root" / "a", modes="ro"))
-    sibling = load_policy_text(_POLICY.format(name="sibling", root=tree / "outside", modes="ro"))
+    writer = mount_policy(tree / "root", name="writer")
+    reader = mount_policy(tree / "root" / "a", modes=("ro",), name="reader")
+    sibling = mount_policy(tree / "outside", modes=("ro",), name="sibling")
     with pytest.raises(PolicyError, match="share a writable mount tree") as info:
         PolicySet.of(reader, {"writer": writer})
     assert "overlap and one allows rw" in info.value.problems[0].message
