@@ -68,8 +68,8 @@ def _test(args: argparse.Namespace) -> int:
         for r in results:
             mark = "ok" if r.ok else "FAIL"
             print(f"{mark:4} {r.name:<{width}}  {r.expected:<40} {r.got}")
-            if not r.ok and r.detail:
-                print(f"     {r.suite}: {r.detail}")
+            if not r.ok and r.detail:  # a broken suite's problems already start with file:line
+                print(f"     {r.detail}" if r.detail.startswith(r.suite) else f"     {r.suite}: {r.detail}")
     passed = sum(r.ok for r in results)
     print(f"{passed} passed, {len(results) - passed} failed, {len(results)} total")
     if not results:
@@ -98,7 +98,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.set_defaults(func=_validate)
 
-    test = policy_sub.add_parser("test", help="run the policy test suites (kind: PolicyTest) under DIR")
+    test = policy_sub.add_parser(
+        "test",
+        help="run the policy test suites (kind: PolicyTest) under DIR",
+        description="Run every suite (a *.yaml with kind: PolicyTest) under DIR. Suites are validated strictly "
+        "against schemas/policy-test.schema.json: an unknown key or a decision case without `allowed` is an "
+        "error (file:line: $.path), and a suite with any problem runs no case. Exit 0 when every case passes.",
+    )
     test.add_argument("directory", metavar="DIR")
     test.add_argument("--json", action="store_true", help="print the case results as JSON")
     test.set_defaults(func=_test)

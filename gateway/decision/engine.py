@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gateway.decision.model import Decision, PolicyRef, RuleResult, Status
@@ -86,6 +87,13 @@ def _host_mounts(settings: SandboxSettings) -> tuple[HostMount, ...]:
     return tuple(out)
 
 
+def _utc(now: datetime | None) -> datetime:
+    """The decision time in UTC: the current time for ``None``; a naive time is taken as UTC."""
+    if now is None:
+        return datetime.now(UTC)
+    return now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
+
+
 def _error(rule: str, message: str) -> RuleResult:
     return RuleResult(rule, "error", "enforce", "$", None, None, message)
 
@@ -99,13 +107,15 @@ def evaluate(
     admission: Sequence[RuleResult] = (),
     request_id: str | None = None,
     decision_id: str | None = None,
+    now: datetime | None = None,
 ) -> Decision:
     """Judge ``request`` under ``policy``; assemble the backend's options if nothing denies.
 
     ``policy`` is best given compiled (a :class:`~gateway.policy.PolicySet` compiles each policy once); a
     plain :class:`Policy` is compiled for this one call. ``admission`` results (from the Gateway's admission
-    hook) come first in the decision and deny like any other. Never raises for a bad request or a broken
-    policy object: every failure is an ``error`` result and a deny.
+    hook) come first in the decision and deny like any other. ``now`` is the decision time the rules judge
+    against (``ctx.now``; ``None``: the current time; a naive time is taken as UTC). Never raises for a bad
+    request or a broken policy object: every failure is an ``error`` result and a deny.
     """
     decision_id = decision_id or uuid.uuid4().hex
     request_id = request_id or uuid.uuid4().hex
@@ -122,7 +132,7 @@ def evaluate(
         backend = assembler.limits
     except Exception:  # noqa: BLE001 - a backend that cannot say what it can give is judged on the policy alone
         backend = BackendLimits()
-    ctx = Context(compiled, request, settings, tuple(denied_paths), backend)
+    ctx = Context(compiled, request, settings, tuple(denied_paths), backend, _utc(now))
     results.extend(_judge(ctx, RULES))
     if any(r.denies for r in results):
         return Decision(decision_id, request_id, False, ref, tuple(results), settings)

@@ -33,7 +33,7 @@ def _described(node: Any, path: str, missing: list[str]) -> None:
             _described(sub, f"{path}[{index}]", missing)
 
 
-@pytest.mark.parametrize("name", ["policy", "request", "decision"])
+@pytest.mark.parametrize("name", ["policy", "request", "decision", "policy-test"])
 def test_schema_is_valid_and_every_field_described(name: str) -> None:
     schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
@@ -48,6 +48,7 @@ def test_all_schema_files_are_checked() -> None:
         "policy.schema.json",
         "request.schema.json",
         "decision.schema.json",
+        "policy-test.schema.json",
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.decision.settings import BackendLimits, SandboxSettings
@@ -31,6 +32,8 @@ class Context:
     """Host paths no mount may reach besides the built-in list (the audit sink's own, for one)."""
     backend: BackendLimits = field(default_factory=BackendLimits)
     """What the backend can give one sandbox (from its assembler)."""
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    """The decision time (UTC): what a time-bound rule (an exception's expiry) judges against."""
 
     @property
     def policy(self) -> Policy:
