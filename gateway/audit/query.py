@@ -1,7 +1,9 @@
 """Query a trail: stream records that match filters, one line at a time (constant memory).
 
-Filters combine with AND. ``decision`` and ``rule`` select ``policy.decision`` records only: ``rule`` matches
-a decision in which that rule did not pass (status ``fail``, ``error`` or ``warn``). ``image`` matches the
+Filters combine with AND. ``decision``, ``rule`` and ``dry_run`` select ``policy.decision`` records only: ``rule``
+matches a decision in which that rule did not pass (status ``fail``, ``error`` or ``warn``); ``dry_run`` ``True``
+the decisions of ``gateway check`` (nothing was meant to run), ``False`` those of real runs. ``policy`` matches
+the name of the policy a record was made under (the envelope's ``policy.name``). ``image`` matches the
 image named by a request, a decision (plan or options), a pull or an outcome. ``since`` is inclusive,
 ``until`` exclusive. The filters on ``data`` (decision, rule, image) read each candidate record through its
 typed view (:func:`~gateway.audit.records.view_record`): a record without the shape of
@@ -56,16 +58,20 @@ class QueryFilters:
     image: str | None = None
     event_types: frozenset[str] | None = None
     request_id: str | None = None
+    policy: str | None = None
+    """Name of the policy the record was made under."""
+    dry_run: bool | None = None
+    """``True``: decisions of dry runs (``gateway check``) only; ``False``: decisions of real runs only."""
 
     _types: frozenset[str] | None = field(init=False, repr=False, compare=False)
     """The event types a matching record can have (``None``: any): ``event_types``, narrowed to decisions by
-    ``decision`` and ``rule``."""
+    ``decision``, ``rule`` and ``dry_run``."""
 
     def __post_init__(self) -> None:
         if self.decision not in (None, "allow", "deny"):
             raise AuditError(f"decision filter must be 'allow' or 'deny', got {self.decision!r}")
         types = self.event_types
-        if self.decision is not None or self.rule is not None:
+        if self.decision is not None or self.rule is not None or self.dry_run is not None:
             types = _DECISIONS if types is None else types & _DECISIONS
         object.__setattr__(self, "_types", types)  # derived once; the dataclass stays frozen
 
@@ -88,7 +94,11 @@ class QueryFilters:
             return False
         if self.request_id is not None and record.get("request_id") != self.request_id:
             return False
-        if self.decision is None and self.rule is None and self.image is None:
+        if self.policy is not None:
+            ref = record.get("policy")
+            if not (isinstance(ref, dict) and ref.get("name") == self.policy):
+                return False
+        if self.decision is None and self.rule is None and self.image is None and self.dry_run is None:
             return True
         try:
             entry = view_record(record)
@@ -102,7 +112,9 @@ class QueryFilters:
                 return False
             if self.rule is not None and self.rule not in entry.not_passed:
                 return False
-        elif self.decision is not None or self.rule is not None:
+            if self.dry_run is not None and entry.dry_run is not self.dry_run:
+                return False
+        elif self.decision is not None or self.rule is not None or self.dry_run is not None:
             return False
         return self.image is None or self.image in entry.images
 
@@ -119,6 +131,8 @@ def query_trail(
     image: str | None = None,
     event_types: Collection[str] | None = None,
     request_id: str | None = None,
+    policy: str | None = None,
+    dry_run: bool | None = None,
     on_skip: Callable[[str, int], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the records of the trail that match, in trail order; ``filters`` or keyword filters."""
@@ -132,6 +146,8 @@ def query_trail(
             image=image,
             event_types=None if event_types is None else frozenset(event_types),
             request_id=request_id,
+            policy=policy,
+            dry_run=dry_run,
         )
     root = Path(directory)
     if not root.is_dir():
@@ -141,7 +157,7 @@ def query_trail(
 
 def _scan(root: Path, filters: QueryFilters, on_skip: Callable[[str, int], None] | None) -> Iterator[dict[str, Any]]:
     needles: list[bytes] = []  # cheap byte pre-filter before parsing: exact JSON strings that must appear
-    for value in (filters.principal, filters.request_id, filters.rule, filters.image):
+    for value in (filters.principal, filters.request_id, filters.rule, filters.image, filters.policy):
         if value is not None:
             needles.append(json.dumps(value).encode("ascii"))
     for _index, path in list_segments(root):

@@ -1,7 +1,9 @@
 """``gateway audit verify | query | repair``: work on a trail directory.
 
-Trail directory precedence: the ``DIR`` argument, ``GATEWAY_AUDIT_DIR``, ``./audit``. The HMAC key comes
-from ``--key-file`` or, as for the writer, ``GATEWAY_AUDIT_KEY_FILE`` / ``GATEWAY_AUDIT_KEY``.
+Trail directory precedence: ``--audit-dir DIR`` (as for ``run``, ``check`` and ``doctor``) or the positional
+``DIR`` (the same thing; giving both with different values is a usage error), then ``GATEWAY_AUDIT_DIR``, then
+``./audit``. The HMAC key comes from ``--key-file`` or, as for the writer, ``GATEWAY_AUDIT_KEY_FILE`` /
+``GATEWAY_AUDIT_KEY``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from gateway.audit.query import QueryFilters, parse_time, query_trail
@@ -23,21 +27,69 @@ EXIT_BROKEN = 1
 """``verify`` found a break."""
 
 
+_DIR_DEFAULT = "(default: $GATEWAY_AUDIT_DIR, then ./audit)"
+
+
+def _directory_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "directory", nargs="?", metavar="DIR", help=f"trail directory, the same as --audit-dir {_DIR_DEFAULT}"
+    )
+    p.add_argument("--audit-dir", metavar="DIR", help=f"trail directory {_DIR_DEFAULT}")
+
+
+class UsageError(Exception):
+    """A command line that contradicts itself (exit 2)."""
+
+
+def _directory(args: argparse.Namespace) -> Path:
+    """The trail directory the command line names; raises :class:`UsageError` when it names two."""
+    positional, flag = args.directory, args.audit_dir
+    if positional is not None and flag is not None and Path(positional) != Path(flag):
+        raise UsageError(f"give the trail directory once: DIR {positional!r} and --audit-dir {flag!r} differ")
+    return resolve_directory(flag if flag is not None else positional)
+
+
+def _usage_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``func`` with a contradictory command line reported as a usage error (exit 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except UsageError as exc:
+            print(f"gateway audit: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+
+    return run
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    audit = sub.add_parser("audit", help="verify, query and repair the audit trail")
+    audit = sub.add_parser(
+        "audit",
+        help="verify, query and repair the audit trail",
+        description=f"Work on an audit trail directory: --audit-dir DIR or DIR {_DIR_DEFAULT}.",
+    )
     commands = audit.add_subparsers(dest="audit_command", metavar="AUDIT_COMMAND")
     commands.required = True
 
-    verify = commands.add_parser("verify", help="recompute the hash chain; exit 0 intact, 1 broken")
-    verify.add_argument(
-        "directory", nargs="?", metavar="DIR", help="trail directory (default: $GATEWAY_AUDIT_DIR or ./audit)"
+    verify = commands.add_parser(
+        "verify",
+        help="recompute the hash chain; exit 0 intact, 1 broken",
+        description=f"Recompute the hash chain (and the HMACs with a key) of the trail in DIR {_DIR_DEFAULT}. "
+        "Exit 0 intact, 1 broken.",
     )
+    _directory_arguments(verify)
     verify.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
     verify.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    verify.set_defaults(func=_verify)
+    verify.set_defaults(func=_usage_errors(_verify))
 
-    query = commands.add_parser("query", help="print matching records (streaming)")
-    query.add_argument("directory", nargs="?", metavar="DIR", help="trail directory")
+    query = commands.add_parser(
+        "query",
+        help="print matching records (streaming)",
+        description=f"Print the records of the trail in DIR {_DIR_DEFAULT} that match every filter given, in "
+        "trail order, as a table (a decision's summary: allow/deny, the denying rules, warn:RULES for warnings, "
+        "dry-run for `gateway check`) or as JSON lines.",
+    )
+    _directory_arguments(query)
     query.add_argument("--since", metavar="TIME", help="RFC 3339 time, inclusive")
     query.add_argument("--until", metavar="TIME", help="RFC 3339 time, exclusive")
     query.add_argument("--principal")
@@ -46,15 +98,27 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     query.add_argument("--image")
     query.add_argument("--event-type", action="append", metavar="TYPE", help="repeatable")
     query.add_argument("--request-id")
+    query.add_argument("--policy", metavar="NAME", help="records made under the policy named NAME (metadata.name)")
+    query.add_argument(
+        "--dry-run",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only the decisions of dry runs (`gateway check`); --no-dry-run: only those of real runs",
+    )
     query.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    query.set_defaults(func=_query)
+    query.set_defaults(func=_usage_errors(_query))
 
-    repair = commands.add_parser("repair", help="seal a torn or broken tail with a recorded recovery event")
-    repair.add_argument("directory", nargs="?", metavar="DIR", help="trail directory")
+    repair = commands.add_parser(
+        "repair",
+        help="seal a torn or broken tail with a recorded recovery event",
+        description=f"Seal a torn or broken tail of the trail in DIR {_DIR_DEFAULT}: without --yes, only say "
+        "what would be done.",
+    )
+    _directory_arguments(repair)
     repair.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
     repair.add_argument("--yes", action="store_true", help="really do it (moves the broken tail to quarantine/)")
     repair.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    repair.set_defaults(func=_repair)
+    repair.set_defaults(func=_usage_errors(_repair))
 
 
 def _key(args: argparse.Namespace) -> bytes | None:
@@ -62,7 +126,7 @@ def _key(args: argparse.Namespace) -> bytes | None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = verify_trail(resolve_directory(args.directory), key=_key(args))
+    report = verify_trail(_directory(args), key=_key(args))
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))
         return 0 if report.ok else EXIT_BROKEN
@@ -92,9 +156,15 @@ def _summary(record: dict[str, Any]) -> str:
     kind = record.get("event_type")
     if kind == "policy.decision":
         decision = data.get("decision") or {}
-        verdict = "allow" if decision.get("allowed") else "deny"
-        rules = ",".join(sorted({str(v.get("rule")) for v in decision.get("violations") or () if isinstance(v, dict)}))
-        return f"{verdict} {rules}".strip()
+        parts = ["dry-run"] if data.get("dry_run") is True else []
+        parts.append("allow" if decision.get("allowed") else "deny")
+        for group, prefix in (("violations", ""), ("warnings", "warn:")):
+            rules = sorted({str(v.get("rule")) for v in decision.get(group) or () if isinstance(v, dict)})
+            if rules:
+                parts.append(prefix + ",".join(rules))
+        return " ".join(parts)
+    if kind == "policy.rejected":
+        return f"{data.get('source')}: {len(data.get('problems') or ())} problem(s)"
     if kind == "execution.outcome":
         parts = [f"exit={data.get('exit_code')}"]
         parts.extend(flag for flag in ("timed_out", "oom_killed") if data.get(flag))
@@ -130,12 +200,14 @@ def _query(args: argparse.Namespace) -> int:
         image=args.image,
         event_types=None if not args.event_type else frozenset(args.event_type),
         request_id=args.request_id,
+        policy=args.policy,
+        dry_run=args.dry_run,
     )
 
     def skipped(segment: str, line: int) -> None:
         print(f"warning: {segment} line {line} is not a complete record; skipped", file=sys.stderr)
 
-    records = query_trail(resolve_directory(args.directory), filters, on_skip=skipped)
+    records = query_trail(_directory(args), filters, on_skip=skipped)
     out = sys.stdout
     try:
         if not args.json:
@@ -153,7 +225,7 @@ def _query(args: argparse.Namespace) -> int:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    directory = resolve_directory(args.directory)
+    directory = _directory(args)
     key = _key(args)
     if not args.yes:
         report = verify_trail(directory, key=key)

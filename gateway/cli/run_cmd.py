@@ -16,7 +16,15 @@ from typing import Any
 
 from gateway import ExecutionResult, Gateway
 from gateway.cli.otel import OTEL_HELP, setup_otel
-from gateway.errors import EXIT_USAGE, GatewayError, InterruptedRunError, RequestError, exit_code_for
+from gateway.errors import (
+    EXIT_USAGE,
+    AuditError,
+    GatewayError,
+    InterruptedRunError,
+    PolicyError,
+    RequestError,
+    exit_code_for,
+)
 
 __all__ = ["build_request", "register"]
 
@@ -139,12 +147,17 @@ def _print_human(result: ExecutionResult) -> None:
     sys.stdout.write(data["stdout"])
     sys.stdout.flush()
     sys.stderr.write(data["stderr"])
-    notes: list[str] = []
+    notes: list[str] = [
+        f"gateway: warning: {w['rule']} at {w.get('path', '$')}: {w['message']} ({w.get('mode', 'audit')} mode)"
+        for w in data["warnings"]
+    ]
     if result.decision is not None and not result.decision.allowed:
         notes.append(f"gateway: denied by policy {data['policy']['name']} (request {result.request_id}):")
         notes.extend(f"  {v['rule']} at {v.get('path', '$')}: {v['message']}" for v in data["violations"])
     if result.error is not None:
         notes.append(result.error.diagnostics())
+        if isinstance(result.error, PolicyError) and result.decision is None:
+            notes.append("gateway: nothing ran; the rejection is recorded in the audit trail (policy.rejected)")
     if data["stdout_truncated"] or data["stderr_truncated"]:
         notes.append(
             "gateway: output truncated at the policy's cap"
@@ -203,9 +216,10 @@ def _run(args: argparse.Namespace) -> int:
             _sweep(gw)
             result = gw.execute(request)
     except GatewayError as exc:
-        # the gateway could not start (policy unusable, trail unwritable), or was interrupted before it ran
-        # anything: fail closed
-        result = ExecutionResult(uuid.uuid4().hex, None, error=exc, audit_ok=False)
+        # The gateway could not start (policy unusable, trail unwritable), or was interrupted before it ran
+        # anything: fail closed. Only a trail failure means a record is missing: an unusable policy was recorded
+        # as policy.rejected before Gateway.from_env raised (when that record fails, the AuditError is raised).
+        result = ExecutionResult(uuid.uuid4().hex, None, error=exc, audit_ok=not isinstance(exc, AuditError))
     finally:
         shutdown()
     if args.json:
