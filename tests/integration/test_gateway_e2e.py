@@ -217,6 +217,21 @@ def test_full_trail_filesystem_fails_closed(
     assert watch.created() == []
 
 
+def test_plain_run_prints_warnings_on_stderr_and_the_query_table_marks_them(
+    engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 defect 4: a warning of the decision was visible only with --json."""
+    policy = Path(__file__).resolve().parents[1] / "policies" / "audit-warnings" / "policy.yaml"
+    argv = ["run", "--policy", str(policy), "--audit-dir", str(audit_dir), "--memory", "600m", "--code", "print(2+2)"]
+    rc, out, err = run_cli(capsys, *argv)
+    assert (rc, out) == (0, "4\n")
+    [line] = [x for x in err.splitlines() if x.startswith("gateway: warning:")]
+    assert line.startswith("gateway: warning: limits.memory at $.limits.memory: ")
+    rc, out, _ = run_cli(capsys, "audit", "query", "--audit-dir", str(audit_dir), "--event-type", "policy.decision")
+    assert rc == 0
+    assert out.splitlines()[1].endswith("allow warn:limits.memory")
+
+
 def test_missing_engine_exits_125(audit_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
     rc = main(["run", "--audit-dir", str(audit_dir), "--code", "print(1)"])
