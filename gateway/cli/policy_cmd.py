@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from gateway.cli import rules_cmd
 from gateway.errors import EXIT_USAGE, PolicyError
 from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
@@ -108,3 +109,5 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     test.add_argument("directory", metavar="DIR")
     test.add_argument("--json", action="store_true", help="print the case results as JSON")
     test.set_defaults(func=_test)
+
+    rules_cmd.register(policy_sub)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
-from gateway.policy.model import RUNSC_MIN_PIDS, Policy
+from gateway.policy.model import RUNSC_MIN_PIDS, Limit, Policy
 from gateway.policy.paths import is_within
 from gateway.request import ExecutionRequest
 
@@ -51,6 +51,8 @@ class ResolvedMount:
     """Why the source could not be opened below its root (``identity`` is then None)."""
     contents: str | None = None
     """Why what lies below the source may not be exposed (a socket, a mount point, too many entries)."""
+    owner: tuple[int, int, int] | None = None
+    """``(st_uid, st_gid, st_mode)`` of the opened directory (the ``mounts.writable`` warning reads it)."""
 
     def to_dict(self) -> dict[str, Any]:
         ident = self.identity
@@ -75,7 +77,10 @@ def _judge_mount(policy: Policy, source: str, target: str, mode: str) -> Resolve
     except HostPathError as exc:
         return ResolvedMount(source, canonical, target, mode, root, problem=str(exc))
     try:
-        return ResolvedMount(source, canonical, target, mode, root, identity_of(fd), contents=scan(fd, canonical))
+        st = os.fstat(fd)
+        owner = (st.st_uid, st.st_gid, st.st_mode)
+        contents = scan(fd, canonical)
+        return ResolvedMount(source, canonical, target, mode, root, identity_of(fd), contents=contents, owner=owner)
     finally:
         os.close(fd)
 
@@ -149,16 +154,23 @@ def _canonical(path: str) -> str:
         return posixpath.normpath(path)
 
 
-def _pick(asked: float | None, default: float) -> float:
-    return default if asked is None else asked
+def _pick(asked: float | None, limit: Limit) -> float:
+    """The request's value, else the default; in audit mode never above the ceiling (clamped to ``max``: an
+    audit rollout observes a limit, it never removes it)."""
+    if asked is None:
+        return limit.default
+    if limit.mode == "audit" and asked > limit.max:
+        return limit.max
+    return asked
 
 
 def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
-    """Decide every setting: the request's value where it gave one, otherwise the policy default."""
+    """Decide every setting: the request's value where it gave one, otherwise the policy default; a limit in
+    audit mode is clamped to its ceiling (the rule still judges, and warns about, what was asked)."""
     lim = policy.limits
     req = request.limits
     runtime = request.runtime or policy.runtime.default
-    pids = req.pids
+    pids = req.pids if req.pids is None else int(_pick(req.pids, lim.pids))
     if pids is None:
         pids = int(lim.pids.default)
         if runtime == "runsc" and pids < RUNSC_MIN_PIDS:
@@ -168,10 +180,10 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         image=request.image or policy.images.default,
         runtime=runtime,
         network=request.network or policy.network.default,
-        memory=int(_pick(req.memory, lim.memory.default)),
-        cpus=float(_pick(req.cpus, lim.cpus.default)),
+        memory=int(_pick(req.memory, lim.memory)),
+        cpus=float(_pick(req.cpus, lim.cpus)),
         pids=pids,
-        tmpfs=int(_pick(req.tmpfs, lim.tmpfs.default)),
+        tmpfs=int(_pick(req.tmpfs, lim.tmpfs)),
         nofile=lim.nofile,
         uid=policy.user.uid,
         gid=policy.user.gid,
@@ -181,10 +193,10 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
     return SandboxSettings(
         profile=profile,
         language=request.language or policy.languages.default,
-        timeout_s=float(_pick(req.timeout_s, lim.timeout_s.default)),
-        output_bytes=int(_pick(req.output_bytes, lim.output_bytes.default)),
-        output_files_bytes=int(_pick(req.output_files_bytes, lim.output_files_bytes.default)),
-        output_files=int(_pick(req.output_files, lim.output_files.default)),
+        timeout_s=float(_pick(req.timeout_s, lim.timeout_s)),
+        output_bytes=int(_pick(req.output_bytes, lim.output_bytes)),
+        output_files_bytes=int(_pick(req.output_files_bytes, lim.output_files_bytes)),
+        output_files=int(_pick(req.output_files, lim.output_files)),
         env=tuple(request.env.items()),
         mounts=tuple(_judge_mount(policy, m.source, m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,

@@ -114,7 +114,35 @@ class _Semantic:
         if default > maximum:
             shown = (format_size(default), format_size(maximum)) if size else (default, maximum)
             self.fail(f"{path}.default", f"default {shown[0]} is above the ceiling max {shown[1]}")
-        return Limit(default=default, max=maximum, mode=cast(Mode, entry.get("mode", "enforce")))
+        mode = cast(Mode, entry.get("mode", "enforce"))
+        hard_max = None if "hard_max" not in entry else convert(entry["hard_max"], f"{path}.hard_max")
+        self._hard_max(path, mode, maximum, hard_max, size=size, clampable=has_default)
+        return Limit(default=default, max=maximum, mode=mode, hard_max=hard_max)
+
+    def _hard_max(
+        self, path: str, mode: Mode, maximum: float, hard_max: float | None, *, size: bool, clampable: bool
+    ) -> None:
+        """``hard_max`` belongs to audit mode and lies at or above ``max``; a limit that cannot be clamped (the
+        bytes a request sends) needs one in audit mode, or audit mode would lift its ceiling altogether."""
+
+        def show(value: float) -> str:
+            return format_size(int(value)) if size else f"{value:g}"
+
+        if hard_max is not None and mode != "audit":
+            self.fail(
+                f"{path}.hard_max",
+                "hard_max is only valid with mode: audit (in enforce mode max already denies); "
+                "set mode: audit or remove hard_max",
+            )
+        elif hard_max is not None and hard_max < maximum:
+            message = f"hard_max {show(hard_max)} is below max {show(maximum)}; it must be at least max"
+            self.fail(f"{path}.hard_max", message)
+        elif hard_max is None and mode == "audit" and not clampable:
+            self.fail(
+                f"{path}.mode",
+                "audit mode cannot clamp what a request sends, so it would lift this ceiling; "
+                "add hard_max (the size denied even in audit mode) or use mode: enforce",
+            )
 
 
 def _languages(spec: dict[str, Any], sem: _Semantic) -> LanguagesRule:

@@ -84,6 +84,9 @@ class Limit:
     default: int | float
     max: int | float
     mode: Mode = "enforce"
+    """``audit``: a request above ``max`` is a warning and gets ``max`` (clamped), never its own value."""
+    hard_max: int | float | None = None
+    """Only in audit mode: a request above this is denied even in audit mode (None: no such bound)."""
 
 
 DEFAULT_OUTPUT_FILES = Limit(default=256, max=256)

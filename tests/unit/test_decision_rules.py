@@ -205,7 +205,7 @@ def test_all_violations_reported_not_just_first(default_policy: Policy) -> None:
     ]
 
 
-def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], base_policy_text: str) -> None:
+def test_audit_mode_warns_and_proceeds_within_the_ceiling(base_policy_text: str) -> None:
     from gateway.policy import load_policy_text
 
     text = base_policy_text.replace(
@@ -218,9 +218,11 @@ def test_audit_mode_warns_and_proceeds(make_policy: Callable[[str], Policy], bas
     assert warning.rule == "limits.memory"
     assert warning.status == "warn"
     assert warning.mode == "audit"
+    assert warning.got == 1024**3  # what was asked is what the warning reports
+    assert warning.message == "memory 1g is above the ceiling 512m; clamped to 512m (audit mode)"
     assert d.violations == ()
     assert d.options is not None
-    assert d.options["mem_limit"] == 1024**3  # audit mode lets the request's value through
+    assert d.options["mem_limit"] == 512 * MiB  # audit mode never removes the limit: clamped to max
     out = d.to_dict()
     assert out["warnings"][0]["rule"] == "limits.memory"
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from gateway.decision.settings import BackendLimits, SandboxSettings
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
 
-__all__ = ["Check", "Context", "Finding", "Rule", "fail", "ok", "skip"]
+__all__ = ["AuditEffect", "Check", "Context", "Finding", "Rule", "fail", "ok", "skip"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,11 @@ def skip(path: str, message: str) -> Finding:
 
 Check = Callable[[Context], Iterable[Finding]]
 
+AuditEffect = Literal["clamp", "warn", "never", "advisory"]
+"""What ``mode: audit`` does to a rule's failures: ``clamp`` (a warning, and the value bounded by the ceiling),
+``warn`` (a warning, and the request proceeds), ``never`` (the rule always enforces), ``advisory`` (the rule
+only ever warns, whatever the mode)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Rule:
@@ -78,3 +83,13 @@ class Rule:
     """The rule's mode under a policy (``enforce`` or ``audit``)."""
     path: str = "$"
     """Where an error of this rule is reported."""
+    checks: str = ""
+    """What the rule checks, in one sentence (the rule catalogue: ``gateway policy rules``, docs/rules.md)."""
+    setting: str = ""
+    """The policy field that configures the rule (``$.spec...``), or empty when the rule is fixed."""
+    audit: AuditEffect = "never"
+    """What ``mode: audit`` can relax; ``never`` rules have no mode of their own and always enforce."""
+    never_relaxed: str = ""
+    """What stays denied even in audit mode (the rule's ``never_relaxed`` findings)."""
+    example: str = ""
+    """A message the rule yields on a failure."""

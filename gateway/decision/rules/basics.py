@@ -43,7 +43,8 @@ def _files(ctx: Context) -> Iterator[Finding]:
     bad = False
     for name, why in file_name_problems(files):
         bad = True
-        yield fail(f"$.files[{name!r}]", name, _FILES_EXPECTED, f"file name {name!r} {why}")
+        # The payload refuses such a name too (one check, gateway/payload.py): denied even in audit mode.
+        yield fail(f"$.files[{name!r}]", name, _FILES_EXPECTED, f"file name {name!r} {why}", never_relaxed=True)
     count = len(files)
     max_count = ctx.policy.files.max_count
     if count > max_count:
@@ -88,16 +89,56 @@ def _user(ctx: Context) -> Iterator[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("language.supported", _language, lambda p: p.languages.mode, "$.language"),
-    Rule("images.allowlist", _images, lambda p: p.images.mode, "$.image"),
-)
+    Rule(
+        "language.supported", _language, lambda p: p.languages.mode, "$.language",
+        checks="the request's language is one the policy allows",
+        setting="$.spec.languages", audit="warn",
+        example="language 'ruby' is not supported (allowed: ['python'])",
+    ),
+    Rule(
+        "images.allowlist", _images, lambda p: p.images.mode, "$.image",
+        checks="the image's repository is listed with the requested tag or pinned digest (or local image id)",
+        setting="$.spec.images", audit="warn",
+        never_relaxed="nothing is pulled unless the policy says pull: if-missing; a digest pin is still checked "
+        "against the engine before create",
+        example="tag 'latest' of 'gateway/sandbox-python' is not allowed (allowed tags: 3.11-bookworm)",
+    ),
+)  # fmt: skip
 """Judged before the limits (the order results appear in a decision)."""
 
 LATER_RULES: tuple[Rule, ...] = (
-    Rule("files.path", _files, lambda p: p.files.mode, "$.files"),
-    Rule("network.mode", _network, lambda p: p.network.mode, "$.network"),
-    Rule("runtime.allowed", _runtime_allowed, lambda p: p.runtime.mode, "$.runtime"),
-    Rule("runtime.required", _runtime_required, lambda p: p.runtime.mode, "$.runtime"),
-    Rule("user.non_root", _user, lambda _p: "enforce", "$"),
-)
+    Rule(
+        "files.path", _files, lambda p: p.files.mode, "$.files",
+        checks="file names are safe relative paths, and no more files are sent than files.max_count",
+        setting="$.spec.files", audit="warn",
+        never_relaxed="an unsafe file name (absolute, '..', NUL, backslash, empty components, reserved names)",
+        example="65 files sent; at most 64 allowed",
+    ),
+    Rule(
+        "network.mode", _network, lambda p: p.network.mode, "$.network",
+        checks="the network is one the policy allows",
+        setting="$.spec.network", audit="warn",
+        never_relaxed="host networking and container:* networks",
+        example="network 'bridge' is not allowed (allowed: ['none'])",
+    ),
+    Rule(
+        "runtime.allowed", _runtime_allowed, lambda p: p.runtime.mode, "$.runtime",
+        checks="the OCI runtime (runc, runsc) is one the policy allows",
+        setting="$.spec.runtime.allowed", audit="warn",
+        example="runtime 'runsc' is not allowed (allowed: ['runc'])",
+    ),
+    Rule(
+        "runtime.required", _runtime_required, lambda p: p.runtime.mode, "$.runtime",
+        checks="the runtime is the one the policy requires, when it requires one",
+        setting="$.spec.runtime.required", audit="warn",
+        example="runtime 'runc' is not the required 'runsc'",
+    ),
+    Rule(
+        "user.non_root", _user, lambda _p: "enforce", "$",
+        checks="the policy's user is not root (uid and gid not 0)",
+        setting="$.spec.user",
+        never_relaxed="always enforced",
+        example="the policy user is root",
+    ),
+)  # fmt: skip
 """Judged after the limits."""

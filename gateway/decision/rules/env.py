@@ -80,7 +80,9 @@ def _limits(ctx: Context) -> Iterator[Finding]:
         total += size + len(name)
         if "\x00" in value:
             bad = True
-            yield fail(f"$.env.{name}", name, "no NUL characters", f"value of {name!r} contains NUL")
+            # No program can be started with it: denied even in audit mode.
+            message = f"value of {name!r} contains NUL"
+            yield fail(f"$.env.{name}", name, "no NUL characters", message, never_relaxed=True)
         if size > rule.max_value_bytes:
             bad = True
             message = f"value of {name!r} is {size} bytes; at most {rule.max_value_bytes} allowed"
@@ -121,7 +123,27 @@ def _unless_empty(check: Check) -> Check:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("env.allowed", _unless_empty(_allowed), lambda p: p.env.mode, "$.env"),
-    Rule("env.dangerous", _unless_empty(_dangerous), lambda p: p.env.mode, "$.env"),
-    Rule("env.limits", _unless_empty(_limits), lambda p: p.env.mode, "$.env"),
-)
+    Rule(
+        "env.allowed", _unless_empty(_allowed), lambda p: p.env.mode, "$.env",
+        checks="every variable name matches env.allowed (exact names or globs)",
+        setting="$.spec.env.allowed", audit="warn",
+        example="variable 'SECRET' is not allowed",
+    ),
+    Rule(
+        "env.dangerous", _unless_empty(_dangerous), lambda _p: "enforce", "$.env",
+        checks="no variable that changes how the interpreter or loader behaves (LD_*, PYTHONPATH, PATH, ...) "
+        "unless env.allow_dangerous lists its exact name",
+        setting="$.spec.env.allow_dangerous",
+        never_relaxed="always enforced (only env.allow_dangerous admits such a name)",
+        example="variable 'LD_PRELOAD' changes how the interpreter or loader behaves; it must be listed in "
+        "env.allow_dangerous",
+    ),
+    Rule(
+        "env.limits", _unless_empty(_limits), lambda p: p.env.mode, "$.env",
+        checks="the number of variables and the bytes of each value and of all of them are within env.max_*",
+        setting="$.spec.env", audit="warn",
+        never_relaxed=f"a NUL in a value, a value above {MAX_ENV_VALUE_BYTES} bytes or an environment above "
+        f"{MAX_ENV_TOTAL_BYTES} bytes (no program can be started with them)",
+        example="17 variables; at most 16 allowed",
+    ),
+)  # fmt: skip

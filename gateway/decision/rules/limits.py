@@ -29,26 +29,48 @@ def _ceiling_rule(
     value: Callable[[Context], float],
     *,
     size: bool,
-    floor: Callable[[Context], float | None] = lambda _ctx: None,
-    capacity: Callable[[Context], float | None] = lambda _ctx: None,
+    checks: str,
+    example: str,
+    floor: Callable[[Context], float | None] | None = None,
+    capacity: Callable[[Context], float | None] | None = None,
 ) -> Rule:
-    """A rule that bounds one resolved value by the policy's ceiling (and a floor the engine needs, and what the
-    backend says it can give)."""
+    """A rule that bounds one value by the policy's ceiling (and a floor the engine needs, and what the backend
+    says it can give).
+
+    It judges what the request asked for; the resolved value (``value``) is what will run: the same, except
+    in audit mode, where :func:`~gateway.decision.settings.resolve` clamps it to ``max``. So an audit-mode
+    failure is a warning that says the value was clamped, and only ``hard_max`` (and what no sandbox can be
+    given) still denies.
+    """
     path = f"$.limits.{field}"
 
     def check(ctx: Context) -> Iterator[Finding]:
-        maximum = limit(ctx.policy).max
-        low = floor(ctx)
-        most = capacity(ctx)
+        rule = limit(ctx.policy)
+        maximum = rule.max
+        low = None if floor is None else floor(ctx)
+        most = None if capacity is None else capacity(ctx)
         expected = {"max": maximum} if low is None else {"max": maximum, "min": low}
+        if rule.hard_max is not None:
+            expected["hard_max"] = rule.hard_max
         if most is not None and most < maximum:
             expected["backend_max"] = most
-        got = value(ctx)
-        if most is not None and got > most:
-            message = f"{field} {_show(got, size)} is above what the backend can give ({_show(most, size)})"
+        effective = value(ctx)
+        asked = getattr(ctx.request.limits, field)
+        got = effective if asked is None else asked
+        if most is not None and effective > most:
+            message = f"{field} {_show(effective, size)} is above what the backend can give ({_show(most, size)})"
+            yield fail(path, got, expected, message, never_relaxed=True)
+        elif rule.hard_max is not None and got > rule.hard_max:
+            message = (
+                f"{field} {_show(got, size)} is above the hard ceiling {_show(rule.hard_max, size)} "
+                "(hard_max: denied even in audit mode)"
+            )
             yield fail(path, got, expected, message, never_relaxed=True)
         elif got > maximum:
-            yield fail(path, got, expected, f"{field} {_show(got, size)} is above the ceiling {_show(maximum, size)}")
+            message = f"{field} {_show(got, size)} is above the ceiling {_show(maximum, size)}"
+            if rule.mode == "audit":
+                message += f"; clamped to {_show(effective, size)} (audit mode)"
+            yield fail(path, got, expected, message)
         elif low is not None and got < low:
             # Below what a sandbox can be given: the backend would refuse it after a container was made, so
             # it denies even in audit mode.
@@ -57,65 +79,116 @@ def _ceiling_rule(
                 never_relaxed=True,
             )  # fmt: skip
         else:
-            asked = getattr(ctx.request.limits, field) is not None
-            yield ok(path, got, expected, f"{'requested value' if asked else 'policy default'} within the ceiling")
+            what = "requested value" if asked is not None else "policy default"
+            yield ok(path, got, expected, f"{what} within the ceiling")
 
-    return Rule(rule_id, check, lambda p: limit(p).mode, path)
+    never = ["a value above hard_max"]
+    if floor is not None:
+        never.append("below the minimum a sandbox can be given")
+    if capacity is not None:
+        never.append("above what the backend can give (for Docker: the host's CPUs)")
+    return Rule(
+        rule_id, check, lambda p: limit(p).mode, path,
+        checks=checks, setting=f"$.spec.limits.{field}", audit="clamp", never_relaxed="; ".join(never), example=example,
+    )  # fmt: skip
 
 
 def _size_cap_rule(
-    rule_id: str, path: str, what: str, limit: Callable[[Policy], Limit], size: Callable[[Context], int]
+    rule_id: str,
+    path: str,
+    what: str,
+    limit: Callable[[Policy], Limit],
+    size: Callable[[Context], int],
+    *,
+    example: str,
 ) -> Rule:
-    """A rule that caps how many bytes of code or files a request sends."""
+    """A rule that caps how many bytes of code or files a request sends. What was sent cannot be clamped, so
+    in audit mode (where the loader requires ``hard_max``) a request above ``max`` is a warning and one above
+    ``hard_max`` is denied."""
 
     def check(ctx: Context) -> Iterator[Finding]:
-        maximum = int(limit(ctx.policy).max)
+        rule = limit(ctx.policy)
+        maximum = int(rule.max)
+        expected: dict[str, int] = {"max": maximum}
+        if rule.hard_max is not None:
+            expected["hard_max"] = int(rule.hard_max)
         got = size(ctx)
-        if got <= maximum:
-            yield ok(path, got, {"max": maximum}, f"{what} within ceiling")
-        else:
-            total = "is" if what == "code" else "total"
-            yield fail(
-                path, got, {"max": maximum}, f"{what} {total} {got} bytes; the ceiling is {format_size(maximum)}"
+        total = "is" if what == "code" else "total"
+        if rule.hard_max is not None and got > rule.hard_max:
+            message = (
+                f"{what} {total} {got} bytes; the hard ceiling is {format_size(int(rule.hard_max))} "
+                "(hard_max: denied even in audit mode)"
             )
+            yield fail(path, got, expected, message, never_relaxed=True)
+        elif got > maximum:
+            yield fail(path, got, expected, f"{what} {total} {got} bytes; the ceiling is {format_size(maximum)}")
+        else:
+            yield ok(path, got, expected, f"{what} within ceiling")
 
-    return Rule(rule_id, check, lambda p: limit(p).mode, path)
+    return Rule(
+        rule_id, check, lambda p: limit(p).mode, path,
+        checks=f"the bytes of {what} a request sends are at most the ceiling (UTF-8)",
+        setting=f"$.spec.limits.{rule_id.removeprefix('limits.')}", audit="warn",
+        never_relaxed="a request above hard_max (required in audit mode: what was sent cannot be clamped)",
+        example=example,
+    )  # fmt: skip
 
 
 RULES: tuple[Rule, ...] = (
     _ceiling_rule(
         "limits.memory", "memory", lambda p: p.limits.memory, lambda c: c.settings.profile.memory,
         size=True, floor=lambda _c: MIN_MEMORY,
+        checks="the memory limit (memory + swap alike) is at most the ceiling and at least 6m",
+        example="memory 1g is above the ceiling 512m",
     ),
     _ceiling_rule(
         "limits.cpus", "cpus", lambda p: p.limits.cpus, lambda c: c.settings.profile.cpus,
         size=False, floor=lambda _c: MIN_CPUS, capacity=lambda c: c.backend.max_cpus,
+        checks="the CPU quota is at most the ceiling, at least 0.01 and no more than the backend's CPUs",
+        example="cpus 4 is above the ceiling 2",
     ),
     _ceiling_rule(
         "limits.pids", "pids", lambda p: p.limits.pids, lambda c: c.settings.profile.pids,
         size=False, floor=_pids_floor,
+        checks="the process/thread limit is at most the ceiling (and at least 256 under runsc)",
+        example="pids 1000 is above the ceiling 128",
     ),
     _ceiling_rule(
-        "limits.timeout", "timeout_s", lambda p: p.limits.timeout_s, lambda c: c.settings.timeout_s, size=False
+        "limits.timeout", "timeout_s", lambda p: p.limits.timeout_s, lambda c: c.settings.timeout_s, size=False,
+        checks="the wall-clock deadline in seconds is at most the ceiling",
+        example="timeout_s 600 is above the ceiling 60",
     ),
     _ceiling_rule(
         "limits.output_bytes", "output_bytes", lambda p: p.limits.output_bytes, lambda c: c.settings.output_bytes,
         size=True,
+        checks="the bytes of stdout and of stderr kept (each) are at most the ceiling",
+        example="output_bytes 16m is above the ceiling 4m",
     ),
     _ceiling_rule(
         "limits.output_files_bytes", "output_files_bytes", lambda p: p.limits.output_files_bytes,
         lambda c: c.settings.output_files_bytes, size=True,
+        checks="the total bytes of files returned from /workspace/out are at most the ceiling",
+        example="output_files_bytes 16m is above the ceiling 4m",
     ),
     _ceiling_rule(
         "limits.output_files", "output_files", lambda p: p.limits.output_files, lambda c: c.settings.output_files,
         size=False,
+        checks="how many files are returned from /workspace/out is at most the ceiling",
+        example="output_files 5000 is above the ceiling 1024",
     ),
     _ceiling_rule(
         "limits.tmpfs", "tmpfs", lambda p: p.limits.tmpfs, lambda c: c.settings.profile.tmpfs,
         size=True, floor=lambda _c: _MIN_TMPFS,
+        checks="the size of each tmpfs (/tmp, /workspace; also the file-size ulimit) is at most the ceiling and at "
+        "least 1m",
+        example="tmpfs 1g is above the ceiling 128m",
     ),
-    _size_cap_rule("limits.code_size", "$.code", "code", lambda p: p.limits.code_size, lambda c: c.settings.code_bytes),
     _size_cap_rule(
-        "limits.files_size", "$.files", "files", lambda p: p.limits.files_size, lambda c: c.settings.files_bytes
+        "limits.code_size", "$.code", "code", lambda p: p.limits.code_size, lambda c: c.settings.code_bytes,
+        example="code is 300000 bytes; the ceiling is 256k",
+    ),
+    _size_cap_rule(
+        "limits.files_size", "$.files", "files", lambda p: p.limits.files_size, lambda c: c.settings.files_bytes,
+        example="files total 2000000 bytes; the ceiling is 1m",
     ),
 )  # fmt: skip

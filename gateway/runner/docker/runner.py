@@ -48,6 +48,7 @@ from gateway.errors import (
     SandboxError,
     UnsafeOptionsError,
 )
+from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import Collected, outcome_of, read_frames
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.docker.mounts import Staging, reap_staging
@@ -181,19 +182,79 @@ class DockerRunner:
 
     # -- images ----------------------------------------------------------------------------------------
 
-    def image_id(self, image: str) -> str | None:
+    def _inspect(self, image: str) -> dict[str, Any] | None:
         with self._step(f"inspecting image {image}"):
             try:
-                found: str = self.client.api.inspect_image(image)["Id"]
+                found: dict[str, Any] = self.client.api.inspect_image(image)
             except docker.errors.ImageNotFound:
                 return None
         return found
 
-    def _ensure_image(self, image: str, pull: str) -> tuple[str, bool]:
-        found = self.image_id(image)
+    def _resolve(self, image: str) -> tuple[str, str] | None:
+        """``(image id, what to create from)`` of ``image`` on the engine, or None when it is not there.
+
+        A reference found as written (a tag, or ``name@sha256:<registry digest>`` of a pulled image) is created
+        from as written. A locally built or imported image has no registry digest, so ``name[:tag]@sha256:<x>``
+        is also looked up as the local image id ``sha256:<x>``: an image id names its content, so that image
+        is created from the id itself, and only if it carries the repository (and tag) the reference names.
+        """
+        found = self._inspect(image)
         if found is not None:
-            return found, False
+            return str(found["Id"]), image
+        ref = parse_image_ref(image)
+        if ref.digest is None:
+            return None
+        local = self._inspect(ref.digest)
+        if local is None or str(local.get("Id")) != ref.digest:
+            return None
+        names = [str(t) for t in local.get("RepoTags") or ()]
+        wanted = f"{ref.repository}:{ref.tag}" if ref.tag else None
+        if (wanted is None and any(parse_image_ref(n).repository == ref.repository for n in names)) or wanted in names:
+            return ref.digest, ref.digest
+        return None
+
+    def image_id(self, image: str) -> str | None:
+        resolved = self._resolve(image)
+        return None if resolved is None else resolved[0]
+
+    def _pin_mismatch(self, image: str) -> ImageMissingError | None:
+        """When ``image`` pins a digest that no local image has, but the repository (or ``name:tag``) is present
+        under another id: the clear refusal (the image was rebuilt or replaced since the policy pinned it)."""
+        ref = parse_image_ref(image)
+        if ref.digest is None:
+            return None
+        name = f"{ref.repository}:{ref.tag}" if ref.tag else ref.repository
+        with self._step(f"listing images of {name}"):
+            present = self.client.api.images(name=name) or []
+        ids = sorted({str(i["Id"]) for i in present})
+        if not ids:
+            return None
+        return ImageMissingError(
+            f"image {image!r} is pinned to {ref.digest}, but the local {name} is {', '.join(ids)}: neither its "
+            "registry digest nor its image id matches the pin, so it is not the pinned image (it was rebuilt, "
+            "re-imported or replaced); nothing was created",
+            hint=f"review the local image, then pin its id in the policy (docker image inspect --format "
+            f"'{{{{.Id}}}}' {name}) under images.allow digests; or load the pinned image. Rebuilding changes the id.",
+        )
+
+    def _ensure_image(self, image: str, pull: str) -> tuple[str, bool, str]:
+        """``(image id, pulled, what to create from)``; never a silent pull."""
+        resolved = self._resolve(image)
+        if resolved is not None:
+            return resolved[0], False, resolved[1]
+        pinned = parse_image_ref(image).digest is not None
         if pull != "if-missing":
+            mismatch = self._pin_mismatch(image)
+            if mismatch is not None:
+                raise mismatch
+            if pinned:
+                raise ImageMissingError(
+                    f"image {image!r} is pinned by digest and no local image has that registry digest or image "
+                    "id, and the policy does not allow pulls",
+                    hint="load the pinned image (docker load, or pull it by digest where a registry is allowed); a "
+                    "locally built image is pinned by its id (docker image inspect --format '{{.Id}}' NAME:TAG), "
+                    "which a rebuild changes",
+                )
             raise ImageMissingError(
                 f"image {image!r} is not present on the engine and the policy does not allow pulls; "
                 f"build it locally with {BUILD_COMMAND}",
@@ -207,10 +268,10 @@ class DockerRunner:
                 f"image {image!r} is missing and pulling it failed (registry unreachable or image unknown): {detail}",
                 hint=f"build the image locally ({BUILD_COMMAND}) or make its registry reachable",
             ) from exc
-        found = self.image_id(image)
-        if found is None:
+        resolved = self._resolve(image)
+        if resolved is None:
             raise ImageMissingError(f"image {image!r} is still missing after a pull")
-        return found, True
+        return resolved[0], True, resolved[1]
 
     # -- prepare ---------------------------------------------------------------------------------------
 
@@ -241,7 +302,7 @@ class DockerRunner:
 
     def prepare(self, spec: RunSpec) -> DockerSandbox:
         kwargs = self._create_kwargs(spec)
-        image_id, pulled = self._ensure_image(spec.image, spec.pull)
+        image_id, pulled, kwargs["image"] = self._ensure_image(spec.image, spec.pull)
         api = self.client.api
         container_id: str | None = None
         sockio: Any = None
