@@ -33,7 +33,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,20 @@ __all__ = [
 ]
 
 
-def decide(policy: Policy, request: ExecutionRequest, **kwargs: Any) -> Decision:
+def decide(
+    policy: Policy,
+    request: ExecutionRequest,
+    *,
+    now: datetime | None = None,
+    principal: str | None = None,
+    **kwargs: Any,
+) -> Decision:
     """``evaluate`` with the Docker backend's assembler: the decision a Gateway over the Docker runner makes
-    (``kwargs``: ``denied_paths``, ``request_id``, ``decision_id``, ``admission``)."""
-    return evaluate(policy, request, assembler=DockerAssembler(), **kwargs)
+    (``kwargs``: ``denied_paths``, ``request_id``, ``decision_id``, ``admission``). ``now``: the decision time
+    (exception expiry); ``principal``: replaces the request's principal."""
+    if principal is not None:
+        request = replace(request, principal=principal)
+    return evaluate(policy, request, assembler=DockerAssembler(), now=now, **kwargs)
 
 
 def assemble(policy: Policy, request: ExecutionRequest, *, decision_id: str, request_id: str) -> dict[str, Any]:
@@ -129,7 +140,12 @@ def _run_case(suite: str, policy: Policy, index: int, case: Any, denied_paths: S
         request = parse_request(case["request"])
     except RequestError as exc:
         return CaseResult(suite, name, False, "a valid request", "invalid request", exc.diagnostics())
-    decision = evaluate(compile_policy(policy), request, assembler=DockerAssembler(), denied_paths=denied_paths)
+    if case.get("principal") is not None:
+        request = replace(request, principal=str(case["principal"]))
+    now = datetime.fromisoformat(str(case["now"])) if case.get("now") is not None else None
+    decision = evaluate(
+        compile_policy(policy), request, assembler=DockerAssembler(), denied_paths=denied_paths, now=now
+    )
     want_allowed = bool(case.get("allowed", False))
     expected = f"{'allow' if want_allowed else 'deny'} {_fmt(case.get('violations') or [])}"
     got_violations = [v.rule for v in decision.violations]
@@ -144,6 +160,9 @@ def _run_case(suite: str, policy: Policy, index: int, case: Any, denied_paths: S
         if set(case["warnings"] or []) != set(got_warnings):
             ok = False
             detail.append(f"warnings {_fmt(got_warnings)} != expected {_fmt(case['warnings'] or [])}")
+    if "exceptions" in case and sorted(case["exceptions"] or []) != sorted(decision.exceptions):
+        ok = False
+        detail.append(f"exceptions {_fmt(decision.exceptions)} != expected {_fmt(case['exceptions'] or [])}")
     if not ok:
         detail.extend(f"{v.rule}: {v.message}" for v in decision.violations)
     return CaseResult(suite, name, ok, expected, got, "; ".join(detail))

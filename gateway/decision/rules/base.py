@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from gateway.decision.settings import BackendLimits, SandboxSettings
@@ -31,6 +32,8 @@ class Context:
     """Host paths no mount may reach besides the built-in list (the audit sink's own, for one)."""
     backend: BackendLimits = field(default_factory=BackendLimits)
     """What the backend can give one sandbox (from its assembler)."""
+    now: datetime | None = None
+    """The decision time (UTC), as ``evaluate`` was given it or the current time."""
 
     @property
     def policy(self) -> Policy:
