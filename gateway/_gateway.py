@@ -13,6 +13,7 @@ import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,7 @@ class Gateway:
                 denied_paths=self.audit.protected_paths,
                 admission=self._admit(request, compiled.policy),
                 request_id=request_id,
+                now=datetime.now(UTC),
             )
             annotate_decision(pspan, span, decision)
         return decision

@@ -1,4 +1,4 @@
-"""``gateway policy validate`` and ``gateway policy test``.
+"""``gateway policy validate`` and ``gateway policy test`` (``show``, ``diff``, ``impact``: :mod:`policy_review`).
 
 ``load_policy_for(args)`` is the one place that picks the policy file, so other commands choose it the same
 way.
@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from gateway.cli import rules_cmd
+from gateway.cli import policy_review, rules_cmd
 from gateway.errors import EXIT_USAGE, PolicyError
 from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
@@ -49,6 +50,8 @@ def _validate(args: argparse.Namespace) -> int:
                 print(f"{name}: {exc.message}", file=out)
             continue
         print(f"{name}: ok ({policy.name}@sha256:{policy.sha256[:12]})", file=out)
+        for warning in policy_review.expiry_warnings(policy, now=datetime.now(UTC), ahead=args.warn_expiring):
+            print(warning, file=out)
     return 1 if failed else 0
 
 
@@ -97,6 +100,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
     validate = policy_sub.add_parser("validate", help="check policy files; every problem as file:line: $.path: msg")
     validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument(
+        "--warn-expiring",
+        metavar="DURATION",
+        type=policy_review.parse_duration,
+        help="also warn about exceptions that expire within DURATION (14d, 36h, 2w); expired ones always warn",
+    )
     validate.set_defaults(func=_validate)
 
     test = policy_sub.add_parser(
@@ -111,3 +120,4 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     test.set_defaults(func=_test)
 
     rules_cmd.register(policy_sub)
+    policy_review.register(policy_sub)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from gateway.decision.model import Decision, PolicyRef, RuleResult, Status
+from gateway.decision.model import Decision, PolicyRef, RuleResult, ShadowVerdict, Status
 from gateway.decision.rules import RULES, Context, Finding, Rule
 from gateway.decision.settings import BackendLimits, SandboxSettings, resolve
 from gateway.errors import UnsafeOptionsError
@@ -113,29 +114,73 @@ def evaluate(
 
     ``policy`` is best given compiled (a :class:`~gateway.policy.PolicySet` compiles each policy once); a
     plain :class:`Policy` is compiled for this one call. ``admission`` results (from the Gateway's admission
-    hook) come first in the decision and deny like any other. ``now`` is the decision time the rules judge
-    against (``ctx.now``; ``None``: the current time; a naive time is taken as UTC). Never raises for a bad
-    request or a broken policy object: every failure is an ``error`` result and a deny.
+    hook) come first in the decision and deny like any other. ``now`` is the decision time (UTC; ``None``:
+    the current time; a naive time is read as UTC): the policy's exceptions that match the principal and have
+    not expired by then widen the policy for this request, and the decision lists their ids. A shadow policy
+    (``spec.audit_policy``) judges the same request; its failures join the results as ``shadow:<rule id>``
+    failures in mode ``audit``, which never deny. Never raises for a bad request or a broken policy object:
+    every failure is an ``error`` result and a deny.
     """
     decision_id = decision_id or uuid.uuid4().hex
     request_id = request_id or uuid.uuid4().hex
+    moment = _utc(now)
+    decision = _evaluate(
+        policy, request, assembler=assembler, denied_paths=denied_paths, admission=admission,
+        request_id=request_id, decision_id=decision_id, now=moment,
+    )  # fmt: skip
+    shadow = policy.shadow if isinstance(policy, CompiledPolicy) else None
+    if shadow is None and isinstance(policy, Policy) and policy.audit_policy is not None:
+        shadow = compile_policy(policy.audit_policy)
+    if shadow is None:
+        return decision
+    verdict = evaluate(
+        shadow, request, assembler=assembler, denied_paths=denied_paths, request_id=request_id,
+        decision_id=decision_id, now=moment,
+    )  # fmt: skip
+    note = f"the audit policy {shadow.name!r} would deny: "
+    warnings = tuple(
+        RuleResult(f"shadow:{r.rule}", "fail", "audit", r.path, r.got, r.expected, note + r.message)
+        for r in verdict.violations
+    )
+    return replace(
+        decision,
+        results=decision.results + warnings,
+        shadow=ShadowVerdict(shadow.name, shadow.sha256, verdict.allowed),
+    )
+
+
+def _evaluate(
+    policy: CompiledPolicy | Policy,
+    request: ExecutionRequest,
+    *,
+    assembler: Assembler,
+    denied_paths: Sequence[str],
+    admission: Sequence[RuleResult],
+    request_id: str,
+    decision_id: str,
+    now: datetime,
+) -> Decision:
     raw = policy.policy if isinstance(policy, CompiledPolicy) else policy
     ref = PolicyRef(raw.name, raw.sha256, raw.source)
     results = list(admission)
+    used: tuple[str, ...] = ()
     try:
         compiled = policy if isinstance(policy, CompiledPolicy) else compile_policy(policy)
+        applied = compiled.exceptions_for(request.principal, now)
+        used = tuple(exc.id for exc in applied)
+        compiled = compiled.relaxed(applied)
         settings = resolve(compiled.policy, request)
     except Exception as exc:  # noqa: BLE001 - a policy object that cannot be resolved is a deny with the reason
         results.append(_error("engine.resolve", f"{type(exc).__name__}: {exc}"))
-        return Decision(decision_id, request_id, False, ref, tuple(results))
+        return Decision(decision_id, request_id, False, ref, tuple(results), exceptions=used)
     try:
         backend = assembler.limits
     except Exception:  # noqa: BLE001 - a backend that cannot say what it can give is judged on the policy alone
         backend = BackendLimits()
-    ctx = Context(compiled, request, settings, tuple(denied_paths), backend, _utc(now))
+    ctx = Context(compiled, request, settings, tuple(denied_paths), backend, now=now)
     results.extend(_judge(ctx, RULES))
     if any(r.denies for r in results):
-        return Decision(decision_id, request_id, False, ref, tuple(results), settings)
+        return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
     try:
         options = assembler.build(settings, decision_id=decision_id, request_id=request_id)
         assembler.guard(options, denied_paths=ctx.denied_paths)
@@ -152,8 +197,8 @@ def evaluate(
     except UnsafeOptionsError as exc:
         detail = "; ".join(str(p) for p in exc.problems) or exc.message
         results.append(_error("assembly.guard", f"unsafe options refused: {detail}"))
-        return Decision(decision_id, request_id, False, ref, tuple(results), settings)
+        return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
     except Exception as exc:  # noqa: BLE001 - an assembler that fails denies
         results.append(_error("assembly.build", f"{type(exc).__name__}: {exc}"))
-        return Decision(decision_id, request_id, False, ref, tuple(results), settings)
-    return Decision(decision_id, request_id, True, ref, tuple(results), settings, run)
+        return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
+    return Decision(decision_id, request_id, True, ref, tuple(results), settings, run, exceptions=used)

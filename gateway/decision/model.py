@@ -16,7 +16,7 @@ from gateway.decision.settings import SandboxSettings
 from gateway.policy.model import Mode
 from gateway.runner.interface import RunSpec
 
-__all__ = ["DENYING", "Decision", "PolicyRef", "RuleResult", "Status", "copy_json"]
+__all__ = ["DENYING", "Decision", "PolicyRef", "RuleResult", "ShadowVerdict", "Status", "copy_json"]
 
 Status = Literal["pass", "fail", "warn", "error", "skip"]
 
@@ -78,6 +78,18 @@ class PolicyRef:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowVerdict:
+    """What the shadow policy (``spec.audit_policy``) made of the same request; it never decides."""
+
+    name: str
+    sha256: str
+    allowed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": {"name": self.name, "sha256": self.sha256}, "allowed": self.allowed}
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What the policy made of one request."""
 
@@ -90,6 +102,10 @@ class Decision:
     """Every resolved setting (None when they could not be resolved)."""
     run: RunSpec | None = None
     """What the runner receives: the guarded backend options and the runner's own limits. None when denied."""
+    exceptions: tuple[str, ...] = ()
+    """Ids of the policy exceptions that applied to this request (matching principal, not expired)."""
+    shadow: ShadowVerdict | None = None
+    """The shadow policy's verdict (its failures are among the warnings as ``shadow:<rule id>``)."""
 
     @property
     def options(self) -> dict[str, Any] | None:
@@ -110,7 +126,8 @@ class Decision:
 
     @property
     def warnings(self) -> tuple[RuleResult, ...]:
-        return tuple(r for r in self.results if r.status == "warn")
+        """Audit-mode failures (``warn``) and the shadow policy's failures (``fail`` in mode ``audit``)."""
+        return tuple(r for r in self.results if r.status == "warn" or (r.status == "fail" and r.mode == "audit"))
 
     def to_dict(self) -> dict[str, Any]:
         """The decision record (``schemas/decision.schema.json``)."""
@@ -124,4 +141,6 @@ class Decision:
             "warnings": [r.to_dict() for r in self.warnings],
             "options": self.options,
             "plan": self.settings.plan() if self.settings is not None and self.run is not None else None,
+            "exceptions": list(self.exceptions),
+            "shadow": None if self.shadow is None else self.shadow.to_dict(),
         }

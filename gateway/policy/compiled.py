@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
-from gateway.policy.model import MountRoot, Policy
+from gateway.policy.model import MountRoot, Policy, PolicyException
 from gateway.policy.paths import is_within
 
-__all__ = ["CompiledPolicy", "compile_globs", "compile_policy"]
+__all__ = ["CompiledPolicy", "compile_globs", "compile_policy", "relax"]
 
 
 def compile_globs(patterns: tuple[str, ...] | frozenset[str]) -> re.Pattern[str]:
@@ -38,6 +40,10 @@ class CompiledPolicy:
     """Every allowlisted mount root, in policy order."""
     mount_targets: tuple[str, ...]
     """Every allowed mount target of any root, sorted."""
+    exception_principals: tuple[re.Pattern[str], ...] = ()
+    """For each of ``policy.exceptions``, in order: the principals it matches."""
+    shadow: CompiledPolicy | None = None
+    """The compiled shadow policy (``policy.audit_policy``), if any."""
 
     @property
     def name(self) -> str:
@@ -54,6 +60,32 @@ class CompiledPolicy:
                 return root
         return None
 
+    def exceptions_for(self, principal: str | None, now: datetime) -> tuple[PolicyException, ...]:
+        """The exceptions that apply to a request of ``principal`` at ``now`` (aware): matching and unexpired."""
+        if not principal:
+            return ()
+        pairs = zip(self.policy.exceptions, self.exception_principals, strict=True)
+        return tuple(exc for exc, names in pairs if now < exc.expires and names.match(principal))
+
+    def relaxed(self, exceptions: Sequence[PolicyException]) -> CompiledPolicy:
+        """This policy widened by ``exceptions`` (see :func:`relax`), compiled; itself when there are none."""
+        return compile_policy(relax(self.policy, exceptions)) if exceptions else self
+
+
+def relax(policy: Policy, exceptions: Sequence[PolicyException]) -> Policy:
+    """``policy`` with each exception's raised ceilings and added image entries; name and sha256 stay (the
+    decision names the policy as written, and the exceptions by id). The result has no exceptions and no
+    shadow policy of its own: it judges one request."""
+    limits = policy.limits
+    for exc in exceptions:
+        for name, ceiling in exc.limits:
+            current = getattr(limits, name)
+            if ceiling > current.max:
+                limits = replace(limits, **{name: replace(current, max=ceiling)})
+    added = tuple(entry for exc in exceptions for entry in exc.images)
+    images = replace(policy.images, allow=policy.images.allow + added)
+    return replace(policy, limits=limits, images=images, exceptions=(), audit_policy=None)
+
 
 def compile_policy(policy: Policy) -> CompiledPolicy:
     """Derive everything the rules need from ``policy``; raises only on a policy the loader could not produce."""
@@ -66,4 +98,6 @@ def compile_policy(policy: Policy) -> CompiledPolicy:
         ),
         mount_roots=tuple(r.root for r in allow),
         mount_targets=tuple(sorted({t for r in allow for t in r.targets})),
+        exception_principals=tuple(compile_globs(e.principals) for e in policy.exceptions),
+        shadow=None if policy.audit_policy is None else compile_policy(policy.audit_policy),
     )

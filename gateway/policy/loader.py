@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 import posixpath
+from dataclasses import replace
+from datetime import datetime
 from functools import cache
-from pathlib import Path
 from typing import Any, cast
 
 from jsonschema import Draft202012Validator
 
 from gateway.canonical import policy_fingerprint_bytes, sha256_hex
-from gateway.errors import PolicyError, PolicyNotFoundError, Problem
+from gateway.errors import PolicyError, Problem
+from gateway.policy.compose import MAX_POLICY_BYTES, decode_policy, read_policy, resolve_extends
 from gateway.policy.images import image_allowed
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
@@ -24,6 +26,7 @@ from gateway.policy.model import (
     MAX_ENV_VALUE_BYTES,
     MIN_CPUS,
     MIN_MEMORY,
+    RELAXABLE_LIMITS,
     RUNSC_MIN_PIDS,
     EnvRule,
     FilesRule,
@@ -37,6 +40,7 @@ from gateway.policy.model import (
     MountsRule,
     NetworkRule,
     Policy,
+    PolicyException,
     RuntimeRule,
     UserSpec,
 )
@@ -53,9 +57,6 @@ __all__ = [
     "load_policy_text",
     "schema_problems",
 ]
-
-MAX_POLICY_BYTES = 1024 * 1024
-"""A policy larger than this is refused before parsing."""
 
 _SIZE_LIMITS = ("memory", "output_bytes", "output_files_bytes", "tmpfs", "code_size", "files_size")
 _DEFAULT_OUTPUT_FILES = 1024 * 1024
@@ -76,8 +77,14 @@ def schema_problems(loaded: LoadedYaml) -> list[Problem]:
     """Every JSON Schema violation of a loaded document, as problems with lines."""
     problems: list[Problem] = []
     for error in _validator().iter_errors(loaded.data):
-        problems.extend(problems_from_error(error, source=loaded.source, domain="policy", line_of=loaded.line_of))
+        found = problems_from_error(error, source=loaded.source, domain="policy", line_of=loaded.line_of)
+        problems.extend(replace(p, source=loaded.source_of(p.path)) for p in found)
     return problems
+
+
+def _order(problem: Problem) -> tuple[str, int, str]:
+    """Problems sorted by file (a merged policy's own file and its bases), then line, then path."""
+    return (problem.source or "", problem.line or 0, problem.path)
 
 
 class _Semantic:
@@ -90,7 +97,11 @@ class _Semantic:
     def fail(self, path: str, message: str) -> None:
         self.problems.append(
             Problem(
-                message, path=path, source=self.loaded.source, line=self.loaded.line_of(path), code="policy.semantic"
+                message,
+                path=path,
+                source=self.loaded.source_of(path),
+                line=self.loaded.line_of(path),
+                code="policy.semantic",
             )
         )
 
@@ -156,12 +167,8 @@ def _languages(spec: dict[str, Any], sem: _Semantic) -> LanguagesRule:
 
 def _images(spec: dict[str, Any], sem: _Semantic) -> ImagesRule:
     img_raw = spec["images"]
-    entries = []
-    for index, item in enumerate(img_raw["allow"]):
-        if "tags" not in item and "digests" not in item:
-            sem.fail(f"$.spec.images.allow[{index}]", "lists neither tags nor digests; nothing would be allowed")
-        entries.append(ImageEntry(item["repository"], tuple(item.get("tags", ())), tuple(item.get("digests", ()))))
-    images = ImagesRule(img_raw["default"], tuple(entries), img_raw.get("mode", "enforce"))
+    entries = _image_entries(img_raw["allow"], "$.spec.images.allow", sem)
+    images = ImagesRule(img_raw["default"], entries, img_raw.get("mode", "enforce"))
     why = image_allowed(images, images.default)
     if why is not None:
         sem.fail("$.spec.images.default", f"the default image is not allowed by the allowlist: {why}")
@@ -284,6 +291,69 @@ def _env(spec: dict[str, Any], sem: _Semantic) -> EnvRule:
     return rule
 
 
+_SIZE_CEILINGS = frozenset(_SIZE_LIMITS)
+
+
+def _image_entries(raw: list[Any], path: str, sem: _Semantic) -> tuple[ImageEntry, ...]:
+    entries = []
+    for index, item in enumerate(raw):
+        if "tags" not in item and "digests" not in item:
+            sem.fail(f"{path}[{index}]", "lists neither tags nor digests; nothing would be allowed")
+        entries.append(ImageEntry(item["repository"], tuple(item.get("tags", ())), tuple(item.get("digests", ()))))
+    return tuple(entries)
+
+
+def _exceptions(spec: dict[str, Any], sem: _Semantic, limits: Limits) -> tuple[PolicyException, ...]:
+    """``spec.exceptions``: unique ids, aware expiry times, and relaxations that only widen."""
+    out: list[PolicyException] = []
+    first: dict[str, int] = {}
+    for index, raw in enumerate(spec.get("exceptions", ())):
+        path = f"$.spec.exceptions[{index}]"
+        if raw["id"] in first:
+            sem.fail(f"{path}.id", f"exception id {raw['id']!r} is already used by exceptions[{first[raw['id']]}]")
+        first.setdefault(raw["id"], index)
+        try:
+            expires = datetime.fromisoformat(raw["expires"].replace("z", "Z"))
+        except ValueError:
+            sem.fail(f"{path}.expires", f"{raw['expires']!r} is not an RFC 3339 time such as 2027-01-31T00:00:00Z")
+            expires = datetime.min
+        if expires.tzinfo is None:
+            sem.fail(f"{path}.expires", f"{raw['expires']!r} has no UTC offset; write Z or +HH:MM")
+        relaxed: list[tuple[str, int | float]] = []
+        for name in RELAXABLE_LIMITS:
+            if name not in raw.get("limits", {}):
+                continue
+            where = f"{path}.limits.{name}.max"
+            value = raw["limits"][name]["max"]
+            ceiling = sem.size(value, where) if name in _SIZE_CEILINGS else value
+            current = getattr(limits, name).max
+            if ceiling <= current:
+                shown = (
+                    (format_size(int(ceiling)), format_size(int(current)))
+                    if name in _SIZE_CEILINGS
+                    else (f"{ceiling:g}", f"{current:g}")
+                )
+                sem.fail(
+                    where, f"{shown[0]} does not raise the policy's ceiling {shown[1]}; an exception only widens",
+                )  # fmt: skip
+            relaxed.append((name, ceiling))
+        images = _image_entries(raw.get("images", {}).get("allow", []), f"{path}.images.allow", sem)
+        out.append(
+            PolicyException(
+                id=raw["id"],
+                principals=tuple(raw["match"]["principals"]),
+                reason=raw["reason"],
+                approved_by=raw["approved_by"],
+                expires=expires,
+                limits=tuple(relaxed),
+                images=images,
+                source=sem.loaded.source_of(path),
+                line=sem.loaded.line_of(path),
+            )
+        )
+    return tuple(out)
+
+
 def _compile(loaded: LoadedYaml) -> Policy:
     """The frozen model of a schema-valid document, after the semantic pass (every problem, sorted)."""
     doc: dict[str, Any] = loaded.data
@@ -298,11 +368,12 @@ def _compile(loaded: LoadedYaml) -> Policy:
     env = _env(spec, sem)
     f_raw = spec.get("files", {})
     files = FilesRule(f_raw.get("max_count", 64), f_raw.get("mode", "enforce"))
+    exceptions = _exceptions(spec, sem, limits)
 
     if sem.problems:
         raise PolicyError(
             f"{loaded.source} has {len(sem.problems)} problem(s)",
-            problems=sorted(sem.problems, key=lambda p: (p.line or 0, p.path)),
+            problems=sorted(sem.problems, key=_order),
         )
     meta = doc["metadata"]
     return Policy(
@@ -323,50 +394,49 @@ def _compile(loaded: LoadedYaml) -> Policy:
         pull=spec.get("pull", "never"),
         seccomp=spec.get("seccomp", "gateway"),
         labels=tuple(sorted(meta.get("labels", {}).items())),
+        exceptions=exceptions,
     )
 
 
 def load_policy_text(text: str | bytes, *, source: str = "<string>") -> Policy:
-    """Load a policy from its text. Raises :class:`PolicyError` (with every problem) and nothing else."""
-    if isinstance(text, bytes):
-        if len(text) > MAX_POLICY_BYTES:
-            raise PolicyError(
-                f"{source} is too large",
-                problems=[Problem(f"{len(text)} bytes is above the {MAX_POLICY_BYTES} byte cap", source=source)],
-            )
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PolicyError(
-                f"{source} is not UTF-8",
-                problems=[Problem(f"not valid UTF-8 at byte {exc.start}", source=source)],
-            ) from exc
-    if len(text) > MAX_POLICY_BYTES:
-        raise PolicyError(
-            f"{source} is too large",
-            problems=[Problem(f"{len(text)} characters is above the {MAX_POLICY_BYTES} cap", source=source)],
-        )
-    loaded = load_yaml(text, source=source)
+    """Load a policy from its text. Raises :class:`PolicyError` (with every problem) and nothing else.
+
+    A document that ``extends`` a base is merged with it first (:mod:`gateway.policy.compose`)."""
+    loaded = resolve_extends(load_yaml(decode_policy(text, source=source), source=source))
     problems = schema_problems(loaded)
     if problems:
-        problems.sort(key=lambda p: (p.line or 0, p.path))
+        problems.sort(key=_order)
         raise PolicyError(f"{source} has {len(problems)} problem(s)", problems=problems)
-    return _compile(loaded)
+    policy = _compile(loaded)
+    return _with_audit_policy(policy, loaded)
+
+
+def _with_audit_policy(policy: Policy, loaded: LoadedYaml) -> Policy:
+    """``policy`` with the shadow policy its ``spec.audit_policy`` names, loaded (relative to the file that
+    names it). A shadow policy may not name one of its own."""
+    name = loaded.data["spec"].get("audit_policy")
+    if name is None:
+        return policy
+    path = "$.spec.audit_policy"
+    declared_in = loaded.source_of(path)
+    folder = os.path.dirname(declared_in) if not declared_in.startswith("<") else ""
+    target = os.path.normpath(os.path.join(folder, name))
+
+    def problem(message: str) -> Problem:
+        return Problem(message, path=path, source=declared_in, line=loaded.line_of(path), code="policy.audit_policy")
+
+    try:
+        shadow = load_policy(target)
+    except PolicyError as exc:
+        head = problem(f"the audit policy {name!r} ({target}) does not load: {exc.message}")
+        raise PolicyError(f"{loaded.source}: its audit policy does not load", problems=[head, *exc.problems]) from exc
+    if shadow.audit_policy is not None:
+        message = f"the audit policy {name!r} names an audit policy of its own; a shadow policy cannot have one"
+        raise PolicyError(f"{loaded.source} has 1 problem(s)", problems=[problem(message)])
+    return replace(policy, audit_policy=shadow)
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
     """Load and compile the policy file at ``path``."""
     source = os.fspath(path)
-    try:
-        with Path(source).open("rb") as fh:
-            data = fh.read(MAX_POLICY_BYTES + 1)
-    except FileNotFoundError as exc:
-        raise PolicyNotFoundError(
-            f"policy file {source} does not exist", problems=[Problem("no such file", source=source)]
-        ) from exc
-    except OSError as exc:
-        raise PolicyError(
-            f"policy file {source} cannot be read",
-            problems=[Problem(f"cannot read: {exc.strerror or exc}", source=source)],
-        ) from exc
-    return load_policy_text(data, source=source)
+    return load_policy_text(read_policy(source), source=source)

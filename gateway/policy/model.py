@@ -7,6 +7,7 @@ guess what an omitted field means.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "MAX_ENV_VALUE_BYTES",
     "MIN_CPUS",
     "MIN_MEMORY",
+    "RELAXABLE_LIMITS",
     "RUNSC_MIN_PIDS",
     "EnvRule",
     "FilesRule",
@@ -29,6 +31,7 @@ __all__ = [
     "MountsRule",
     "NetworkRule",
     "Policy",
+    "PolicyException",
     "RuntimeRule",
     "UserSpec",
 ]
@@ -166,6 +169,38 @@ class FilesRule:
     mode: Mode = "enforce"
 
 
+RELAXABLE_LIMITS = (
+    "memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "output_files", "tmpfs",
+    "code_size", "files_size",
+)  # fmt: skip
+"""The limits whose ceiling (``max``) an exception may raise."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyException:
+    """A time-boxed, approved widening of the policy for some principals (``spec.exceptions[]``).
+
+    It only ever raises ceilings and adds allowlist entries; it never changes a default, and whatever a rule
+    denies even in audit mode (a backend's capacity, the smallest values a sandbox can be given) and every
+    invariant of the backend's guard stay as they are."""
+
+    id: str
+    principals: tuple[str, ...]
+    """Principal names or shell-style globs (``ml-bot-*``); a request without a principal matches none."""
+    reason: str
+    approved_by: str
+    expires: datetime
+    """Timezone-aware; from this moment on the exception is ignored."""
+    limits: tuple[tuple[str, int | float], ...] = ()
+    """``(limit name, raised ceiling)`` pairs, the name one of :data:`RELAXABLE_LIMITS`."""
+    images: tuple[ImageEntry, ...] = ()
+    """Entries added to the image allowlist."""
+    source: str = ""
+    """The file the exception was written in (a base file, for an inherited one)."""
+    line: int | None = None
+    """Its line there."""
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A loaded, validated, compiled policy. Build it with :func:`gateway.policy.load_policy`."""
@@ -191,6 +226,10 @@ class Policy:
     """The system-call filter: the gateway's profile (engine default minus what a sandbox never needs) or
     the engine's own default. Never unconfined."""
     labels: tuple[tuple[str, str], ...] = field(default=())
+    exceptions: tuple[PolicyException, ...] = ()
+    """Approved, expiring widenings for some principals (applied by the decision, per request)."""
+    audit_policy: Policy | None = None
+    """The stricter shadow policy (``spec.audit_policy``) judged on every request; its failures are warnings."""
 
     @property
     def ref(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -49,17 +49,27 @@ class LoadedYaml:
     lines: Mapping[str, int]
     """1-based line of every JSON path (a mapping entry's line is its key's line)."""
     source: str
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """File of every JSON path that came from another file than ``source`` (a policy merged over the base it
+    ``extends``); empty for a document read from one file."""
+
+    def _located(self, path: str) -> str:
+        """``path`` or its nearest ancestor that has a line."""
+        probe = path
+        while probe not in self.lines:
+            cut = max(probe.rfind("."), probe.rfind("["))
+            if cut <= 0:
+                return "$"
+            probe = probe[:cut]
+        return probe
 
     def line_of(self, path: str) -> int | None:
         """Line of ``path`` or of its nearest ancestor that has one."""
-        probe = path
-        while True:
-            if probe in self.lines:
-                return self.lines[probe]
-            cut = max(probe.rfind("."), probe.rfind("["))
-            if cut <= 0:
-                return self.lines.get("$")
-            probe = probe[:cut]
+        return self.lines.get(self._located(path))
+
+    def source_of(self, path: str) -> str:
+        """The file :meth:`line_of` refers to: where ``path`` (or its nearest ancestor with a line) was written."""
+        return self.sources.get(self._located(path), self.source)
 
 
 class _Builder:

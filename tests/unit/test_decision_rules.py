@@ -309,7 +309,11 @@ def test_decision_to_dict_contract(default_policy: Policy) -> None:
         "warnings",
         "options",
         "plan",
+        "exceptions",
+        "shadow",
     }
+    assert out["exceptions"] == []
+    assert out["shadow"] is None
     assert out["request_id"] == "req-1"
     assert out["policy"] == {
         "name": "default",
