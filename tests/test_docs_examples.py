@@ -5,19 +5,12 @@ test`, and the same runner file by file); (c) every ```yaml block of the guide t
 is byte-identical to a file under docs/examples/, and every fragment appears verbatim in one, so the guide
 cannot drift from what is tested. Plus what a suite cannot express: allowed mounts against real directories,
 and the PolicySet of the per-principal recipe.
-
-Some examples use issue-13 features that other changes add (extends, exceptions, audit_policy, hard_max, the
-new case fields, `policy show/diff/rules/impact`). They are listed in NEEDS_ISSUE_13_FEATURES; each is
-skipped only while a feature it needs is missing (detected from the schemas and the CLI, not assumed), and
-runs for real once it is there.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import runpy
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,87 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
 GUIDE = ROOT / "docs" / "policies.md"
 SCHEMAS = ROOT / "schemas"
-
-
-# --- feature detection ----------------------------------------------------------------------------------
-
-
-def _policy_schema() -> dict[str, object]:
-    schema: dict[str, object] = json.loads((SCHEMAS / "policy.schema.json").read_text(encoding="utf-8"))
-    return schema
-
-
-def _spec_properties() -> dict[str, object]:
-    return _policy_schema()["properties"]["spec"]["properties"]  # type: ignore[index, no-any-return]
-
-
-def _has_extends() -> bool:
-    return "extends" in _policy_schema()["properties"]  # type: ignore[operator]
-
-
-def _has_exceptions() -> bool:
-    return "exceptions" in _spec_properties()
-
-
-def _has_audit_policy() -> bool:
-    return "audit_policy" in _spec_properties()
-
-
-def _has_hard_max() -> bool:
-    memory = _spec_properties()["limits"]["properties"]["memory"]  # type: ignore[index]
-    return "hard_max" in memory["properties"]  # type: ignore[no-any-return]
-
-
-def _has_case_fields() -> bool:
-    """The strict suite schema with the new case keys (principal, now, exceptions, options)."""
-    path = SCHEMAS / "policy-test.schema.json"
-    if not path.is_file():
-        return False
-    text = path.read_text(encoding="utf-8")
-    return all(f'"{key}"' in text for key in ("principal", "now", "exceptions", "options"))
-
-
-def _has_policy_command(name: str) -> Callable[[], bool]:
-    def check() -> bool:
-        # argparse exits 0 for --help of a known subcommand and 2 for an unknown one
-        return main(["policy", name, "--help"]) == 0
-
-    return check
-
-
-FEATURES: dict[str, Callable[[], bool]] = {
-    "extends": _has_extends,
-    "exceptions": _has_exceptions,
-    "audit_policy": _has_audit_policy,
-    "hard_max": _has_hard_max,  # and audit mode clamping to the ceiling, which lands with it
-    "case_fields": _has_case_fields,
-    "policy show": _has_policy_command("show"),
-    "policy diff": _has_policy_command("diff"),
-    "policy rules": _has_policy_command("rules"),
-    "policy impact": _has_policy_command("impact"),
-}
-
-# Example files (relative to docs/examples) that need issue-13 features not in this branch yet. The
-# policies among them fail validation today (checked below, so this list stays honest).
-NEEDS_ISSUE_13_FEATURES: dict[str, set[str]] = {
-    "audit-rollout/analytics-audit.yaml": {"hard_max"},
-    "audit-rollout/analytics-audit.test.yaml": {"hard_max", "case_fields"},
-    "shadow/analytics.yaml": {"audit_policy"},
-    "shadow/analytics.test.yaml": {"audit_policy", "case_fields"},
-    "exceptions/ml-team.yaml": {"exceptions"},
-    "exceptions/ml-team.test.yaml": {"exceptions", "case_fields"},
-    "composition/data-science.yaml": {"extends"},
-    "composition/data-science.test.yaml": {"extends", "case_fields"},
-    "gvisor-ci/ci-bots-options.test.yaml": {"case_fields"},
-}
-
-
-def _missing(features: set[str]) -> list[str]:
-    return sorted(f for f in features if not FEATURES[f]())
-
-
-def _missing_for(path: Path) -> list[str]:
-    return _missing(NEEDS_ISSUE_13_FEATURES.get(path.relative_to(EXAMPLES).as_posix(), set()))
 
 
 # --- the example files ----------------------------------------------------------------------------------
@@ -137,9 +49,6 @@ def _id(path: Path) -> str:
 def test_every_example_file_is_a_policy_or_a_suite() -> None:
     assert YAML_FILES, f"no examples under {EXAMPLES}"
     assert set(YAML_FILES) == set(POLICIES) | set(SUITES)
-    stale = set(NEEDS_ISSUE_13_FEATURES) - {_id(p) for p in YAML_FILES}
-    assert not stale, f"NEEDS_ISSUE_13_FEATURES names files that do not exist: {sorted(stale)}"
-    assert all(f in FEATURES for needs in NEEDS_ISSUE_13_FEATURES.values() for f in needs)
 
 
 def test_every_example_policy_has_a_suite() -> None:
@@ -153,45 +62,27 @@ def test_every_example_policy_has_a_suite() -> None:
 
 @pytest.mark.parametrize("path", POLICIES, ids=_id)
 def test_example_policy_validates(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    missing = _missing_for(path)
     rc = main(["policy", "validate", str(path)])
     out = capsys.readouterr().out
-    if missing:
-        # An honest list: a policy that needs a missing feature must not validate today.
-        assert rc == 1, f"{_id(path)} validates although it is listed as needing {missing}: update the list"
-        pytest.skip(f"needs issue-13 features not in this tree yet: {', '.join(missing)}")
     assert rc == 0, out
     assert f"{path}: ok (" in out
 
 
 @pytest.mark.parametrize("path", SUITES, ids=_id)
 def test_example_suite_passes(path: Path) -> None:
-    missing = _missing_for(path)
-    if missing:
-        pytest.skip(f"needs issue-13 features not in this tree yet: {', '.join(missing)}")
     results = run_suite(path)
     assert results
     failed = [f"{r.name}: expected {r.expected}, got {r.got}. {r.detail}" for r in results if not r.ok]
     assert not failed, "\n".join(failed)
 
 
-def _runnable_dirs() -> list[Path]:
-    """Example directories whose every suite (and policy) can run in this tree."""
-    dirs = sorted({p.parent for p in YAML_FILES})
-    return [d for d in dirs if not any(_missing_for(p) for p in YAML_FILES if p.parent == d)]
-
-
 def test_examples_through_gateway_policy_test(capsys: pytest.CaptureFixture[str]) -> None:
-    """The command a reader runs: over the whole tree once everything is there, else each runnable directory."""
-    everything = not any(_missing(needs) for needs in NEEDS_ISSUE_13_FEATURES.values())
-    dirs = [EXAMPLES] if everything else _runnable_dirs()
-    assert dirs
-    for directory in dirs:
-        rc = main(["policy", "test", str(directory)])
-        out = capsys.readouterr().out
-        assert rc == 0, out
-        assert " 0 failed" in out, out
-        assert "FAIL" not in out, out
+    """The command a reader runs, over every example."""
+    rc = main(["policy", "test", str(EXAMPLES)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert " 0 failed" in out, out
+    assert "FAIL" not in out, out
 
 
 # --- the guide cannot drift -----------------------------------------------------------------------------
@@ -232,15 +123,11 @@ def test_python_blocks_of_the_guide_appear_in_the_example() -> None:
         assert block in source, f"python block not found verbatim in per-principal/gateway_setup.py:\n{block}"
 
 
-# Files that issue-13 changes add (the strict suite schema); a link to one may dangle only in this tree.
-PENDING_LINKS = {"../schemas/policy-test.schema.json"}
-
-
 def test_links_of_the_guide_exist() -> None:
     text = GUIDE.read_text(encoding="utf-8")
     links = re.findall(r"\]\(([^)#]+)\)", text)
     assert links
-    broken = [link for link in links if not (GUIDE.parent / link).exists() and link not in PENDING_LINKS]
+    broken = [link for link in links if not (GUIDE.parent / link).exists()]
     assert not broken, f"broken links in {GUIDE.name}: {broken}"
     shown = {_id(p) for p in YAML_FILES} | {"per-principal/gateway_setup.py"}
     linked = {str((GUIDE.parent / link).resolve().relative_to(EXAMPLES)) for link in links if "examples/" in link}
@@ -318,35 +205,27 @@ def test_per_principal_policy_set() -> None:
 
 # --- the commands the guide shows -----------------------------------------------------------------------
 
-COMMANDS: list[tuple[list[str], set[str]]] = [
-    (["policy", "show", "docs/examples/composition/data-science.yaml"], {"policy show", "extends"}),
-    (
-        ["policy", "diff", "policies/default.yaml", "docs/examples/composition/data-science.yaml"],
-        {"policy diff", "extends"},
-    ),
-    (["policy", "rules"], {"policy rules"}),
+COMMANDS: list[tuple[list[str], int]] = [  # the command, and its exit status
+    (["policy", "show", "docs/examples/composition/data-science.yaml"], 0),
+    (["policy", "diff", "policies/default.yaml", "docs/examples/composition/data-science.yaml"], 1),  # they differ
+    (["policy", "rules"], 0),
 ]
 
 
-@pytest.mark.parametrize(("argv", "needs"), COMMANDS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+@pytest.mark.parametrize(("argv", "status"), COMMANDS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_guide_command_runs(
-    argv: list[str], needs: set[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    argv: list[str], status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert f"gateway {' '.join(argv)}" in " ".join(GUIDE.read_text(encoding="utf-8").split())
-    missing = _missing(needs)
-    if missing:
-        pytest.skip(f"needs issue-13 features not in this tree yet: {', '.join(missing)}")
     monkeypatch.chdir(ROOT)
-    expected = (0, 1) if argv[:2] == ["policy", "diff"] else (0,)  # diff exits 1 when the policies differ
-    assert main(argv) in expected, capsys.readouterr()
+    assert main(argv) == status, capsys.readouterr()
     assert capsys.readouterr().out.strip()
 
 
 def test_guide_warn_expiring_and_impact_are_real_options(capsys: pytest.CaptureFixture[str]) -> None:
     """`validate --warn-expiring 14d` and `impact --since` as the guide writes them parse (not a usage error)."""
-    missing = _missing({"exceptions", "policy impact"})
-    if missing or main(["policy", "validate", "--help"]) != 0 or "--warn-expiring" not in capsys.readouterr().out:
-        pytest.skip(f"needs issue-13 features not in this tree yet: {', '.join(missing) or '--warn-expiring'}")
+    assert main(["policy", "validate", "--help"]) == 0
+    assert "--warn-expiring" in capsys.readouterr().out
     policy = str(EXAMPLES / "exceptions" / "ml-team.yaml")
     assert main(["policy", "validate", "--warn-expiring", "14d", policy]) != 2
     assert main(["policy", "impact", "--help"]) == 0
