@@ -148,7 +148,8 @@ def _print_human(result: ExecutionResult) -> None:
     sys.stdout.flush()
     sys.stderr.write(data["stderr"])
     notes: list[str] = [
-        f"gateway: warning: {w['rule']} at {w.get('path', '$')}: {w['message']} ({w.get('mode', 'audit')} mode)"
+        f"gateway: warning: {w['rule']} at {w.get('path', '$')}: {w['message']}"
+        + ("" if "mode)" in w["message"] else f" ({w.get('mode', 'audit')} mode)")
         for w in data["warnings"]
     ]
     if result.decision is not None and not result.decision.allowed:

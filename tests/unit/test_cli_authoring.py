@@ -54,7 +54,20 @@ def test_plain_run_prints_each_warning_on_stderr(
     warnings = [line for line in err.splitlines() if line.startswith("gateway: warning:")]
     assert len(warnings) == 1
     assert warnings[0].startswith("gateway: warning: limits.memory at $.limits.memory: ")
-    assert "audit mode" in warnings[0]
+    assert warnings[0].count("audit mode") == 1  # said once, not twice
+
+
+def test_check_shows_the_inline_seccomp_profile_by_size_and_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "r.json"
+    request.write_text('{"code": "print(1)"}')
+    rc, out, _ = run(capsys, "check", "--audit-dir", str(tmp_path / "audit"), str(request))
+    assert rc == 0
+    assert "seccomp=<inline profile, " in out
+    assert "SCMP_ACT_ALLOW" not in out  # kilobytes of JSON are for --json and the trail, not for a person
+    rc, out, _ = run(capsys, "check", "--json", "--audit-dir", str(tmp_path / "audit"), str(request))
+    assert "SCMP_ACT_ALLOW" in out
 
 
 def test_denied_run_prints_warnings_beside_the_violations(
