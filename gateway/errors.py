@@ -30,10 +30,15 @@ __all__ = [
     "InterruptedRunError",
     "PolicyError",
     "PolicyNotFoundError",
+    "PrincipalExistsError",
+    "PrincipalsError",
+    "PrincipalsInvalidError",
+    "PrincipalsNotFoundError",
     "Problem",
     "RequestError",
     "RunnerError",
     "SandboxError",
+    "UnknownPrincipalError",
     "UnsafeOptionsError",
     "exit_code_for",
     "http_status_for",
@@ -133,6 +138,45 @@ class PolicyError(GatewayError):
 class PolicyNotFoundError(PolicyError):
     code = "policy.not_found"
     hint = "pass --policy FILE or set GATEWAY_POLICY to an existing policy file"
+
+
+# --- principals ---------------------------------------------------------------------------------------
+
+
+class PrincipalsError(GatewayError):
+    """The principals file (who may call the service, with which token digests, policy and quotas) or a
+    ``gateway principals`` command failed."""
+
+    code = "principals.error"
+
+
+class PrincipalsInvalidError(PrincipalsError):
+    """The principals file cannot be loaded: malformed YAML, schema violations, duplicate names or token ids."""
+
+    code = "principals.invalid"
+    hint = "fix the principals file (or re-create it with `gateway principals add`); every problem is listed"
+
+
+class PrincipalsNotFoundError(PrincipalsError):
+    code = "principals.not_found"
+    hint = (
+        "pass --principals FILE or set GATEWAY_PRINCIPALS to an existing file; "
+        "`gateway principals add NAME --policy FILE` creates one"
+    )
+
+
+class UnknownPrincipalError(PrincipalsError):
+    """A command named a principal the file does not hold."""
+
+    code = "principals.unknown"
+    hint = "`gateway principals list` shows the names in the file"
+
+
+class PrincipalExistsError(PrincipalsError):
+    """``gateway principals add`` named a principal the file already holds."""
+
+    code = "principals.duplicate"
+    hint = "choose another name, or `gateway principals rotate NAME` to give the existing principal a new token"
 
 
 # --- request ------------------------------------------------------------------------------------------
@@ -267,6 +311,11 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (PolicyNotFoundError, EXIT_GATEWAY_FAILURE, 500),
     (PolicyError, EXIT_GATEWAY_FAILURE, 500),
     (RequestError, EXIT_USAGE, 422),
+    (UnknownPrincipalError, EXIT_USAGE, 404),
+    (PrincipalExistsError, EXIT_USAGE, 409),
+    (PrincipalsNotFoundError, EXIT_GATEWAY_FAILURE, 500),
+    (PrincipalsInvalidError, EXIT_GATEWAY_FAILURE, 500),
+    (PrincipalsError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),
     (EngineUnavailableError, EXIT_GATEWAY_FAILURE, 503),

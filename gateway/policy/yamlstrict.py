@@ -91,7 +91,7 @@ class _Builder:
             node, path, depth, container, slot = stack.pop()
             self.lines.setdefault(path, node.start_mark.line + 1)
             if id(node) in self.seen:
-                self.problem(node, path, "YAML anchors and aliases are not allowed in a policy")
+                self.problem(node, path, "YAML anchors and aliases are not allowed")
                 continue
             self.seen.add(id(node))
             if depth > MAX_DEPTH:
