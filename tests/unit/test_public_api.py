@@ -78,6 +78,13 @@ def test_the_policy_package_imports_neither_the_decision_nor_intake() -> None:
         assert not bad, f"{path.name} imports {bad}"
 
 
+def test_the_principals_store_needs_no_runner_and_no_decision() -> None:
+    """The service reads principals before it builds a Gateway; the CLI manages them without an engine."""
+    for path in _modules("service"):
+        bad = {m for m in _imports(path) if m.startswith(("gateway.decision", "gateway.runner", "gateway._gateway"))}
+        assert not bad, f"{path.name} imports {bad}"
+
+
 DOCKER_WORDS = ("mem_limit", "memswap_limit", "nano_cpus", "pids_limit", "cap_drop", "security_opt", "network_mode")
 
 

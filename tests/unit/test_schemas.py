@@ -34,7 +34,7 @@ def _described(node: Any, path: str, missing: list[str]) -> None:
             _described(sub, f"{path}[{index}]", missing)
 
 
-@pytest.mark.parametrize("name", ["policy", "request", "decision", "policy-test"])
+@pytest.mark.parametrize("name", ["policy", "request", "decision", "policy-test", "principals"])
 def test_schema_is_valid_and_every_field_described(name: str) -> None:
     schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
@@ -50,6 +50,7 @@ def test_all_schema_files_are_checked() -> None:
         "request.schema.json",
         "decision.schema.json",
         "policy-test.schema.json",
+        "principals.schema.json",
     }
 
 
