@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
 
-from gateway.resources import load_schema
-from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas, principals_path_from_env
+from gateway.service.principals import (
+    DEFAULT_QUOTAS,
+    PrincipalsStore,
+    Quotas,
+    name_problem,
+    principals_path_from_env,
+)
 
 __all__ = ["register"]
 
@@ -76,11 +80,9 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _name(text: str) -> str:
-    pattern = load_schema("principals")["$defs"]["principal"]["properties"]["name"]["pattern"]
-    if not re.fullmatch(pattern, text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a principal name: a letter or digit, then up to 127 of A-Z a-z 0-9 _ . @ : / -"
-        )
+    why = name_problem(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(why)
     return text
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "issue_token",
     "load_principals",
     "load_principals_text",
+    "name_problem",
     "principals_path_from_env",
     "token_digest",
 ]
@@ -103,6 +104,14 @@ def principals_path_from_env(explicit: str | os.PathLike[str] | None = None) -> 
     if env:
         return Path(env)
     return Path(DEFAULT_PRINCIPALS_FILE)
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a principal (the schema's pattern, the request's ``principal`` spelling), or None."""
+    pattern = load_schema("principals")["$defs"]["principal"]["properties"]["name"]["pattern"]
+    if re.fullmatch(pattern, name):
+        return None
+    return f"{name!r} is not a principal name: a letter or digit, then up to 127 of A-Z a-z 0-9 _ . @ : / -"
 
 
 def token_digest(token: str) -> str:
@@ -430,6 +439,9 @@ class PrincipalsStore:
         The policy must load (:func:`gateway.policy.load_policy`; its :class:`PolicyError` propagates) and is
         stored as an absolute path. A name the file already holds is a :class:`PrincipalExistsError`.
         """
+        why = name_problem(name)
+        if why is not None:
+            raise PrincipalsInvalidError(why)
         absolute = Path(os.path.abspath(policy))
         load_policy(absolute)
 

@@ -326,10 +326,11 @@ def test_a_failed_write_leaves_the_old_file_whole(store: PrincipalsStore, monkey
 def test_a_change_that_would_not_load_is_never_written(store: PrincipalsStore) -> None:
     store.add("alice", policy=POLICY)
     before = store.path.read_bytes()
-    with pytest.raises(PrincipalsInvalidError, match="problem"):
-        store.add("has space", policy=POLICY)  # the library caller skipped the CLI's name check
-    with pytest.raises(PrincipalsInvalidError):
+    with pytest.raises(PrincipalsInvalidError, match="'has space' is not a principal name"):
+        store.add("has space", policy=POLICY)
+    with pytest.raises(PrincipalsInvalidError) as info:  # the check of the rendered file catches the rest
         store.add("q", policy=POLICY, quotas=Quotas(max_concurrent=0))
+    assert [p.path for p in info.value.problems] == ["$.principals[1].quotas.max_concurrent"]
     assert store.path.read_bytes() == before
 
 
