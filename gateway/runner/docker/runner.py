@@ -19,6 +19,9 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     engine's ``AutoRemove`` may get there first). A run that reported but whose container cannot be removed
     raises ``ContainerLeftError`` carrying the program's outcome; any other error that ends a run carries what
     had arrived (``GatewayError.outcome``).
+    ``on_output`` (optional) gets each verified chunk's kept bytes as it arrives; ``cancel`` (optional) is
+    checked between bounded reads. A callback that raises or a cancel kills the container like a flood, and the
+    run ends with ``OutputCallbackError`` / ``CancelledRunError`` carrying the outcome so far.
 
 No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
 payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
