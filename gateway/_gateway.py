@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from gateway.audit import AuditSink, JsonlAuditTrail
 from gateway.decision import Assembler, Decision, RuleResult, evaluate
 from gateway.errors import (
     AuditUnavailableError,
+    CancelledRunError,
     ContractError,
     GatewayError,
     PolicyError,
@@ -34,6 +36,7 @@ from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner import Outcome, Payload, Runner
+from gateway.runner.interface import OnOutput
 from gateway.slots import HostSlots
 from gateway.telemetry import (
     SPAN_AUDIT,
@@ -163,10 +166,21 @@ class Gateway:
         """Decide without running anything (``gateway check``). The decision is audited as a dry run."""
         return self._handle(request, run=False)
 
-    def execute(self, request: RawRequest) -> ExecutionResult:
+    def execute(
+        self, request: RawRequest, *, on_output: OnOutput | None = None, cancel: threading.Event | None = None
+    ) -> ExecutionResult:
         """Decide, audit, run if allowed, audit the outcome. Never raises for gateway failures: the result
-        carries the error (and ``exit_status``) so that every interface reports it the same way."""
-        return self._handle(request, run=True)
+        carries the error (and ``exit_status``) so that every interface reports it the same way.
+
+        ``on_output(stream, data)`` receives the program's output live, in this thread, as the runner collects
+        it (``stream`` is ``"stdout"`` or ``"stderr"``); the chunks joined are exactly the result's output, and
+        the caps, deadline and audit are unchanged. A callback that raises stops the run: the sandbox is killed
+        and removed and the result carries ``OutputCallbackError`` (``gateway.output_callback``).
+
+        ``cancel``: set it (from any thread) to abandon the run, e.g. when a client disconnects: the sandbox is
+        killed and removed within a bounded poll interval, and the result (and the ``execution.outcome``
+        record) carries ``CancelledRunError`` (``gateway.cancelled``). Set before the run, nothing runs."""
+        return self._handle(request, run=True, on_output=on_output, cancel=cancel)
 
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
@@ -178,18 +192,23 @@ class Gateway:
             self._append("containers.reaped", data)
         return ids
 
-    def _handle(self, raw: RawRequest, *, run: bool) -> ExecutionResult:
+    def _handle(
+        self, raw: RawRequest, *, run: bool, on_output: OnOutput | None = None, cancel: threading.Event | None = None
+    ) -> ExecutionResult:
         request_id = uuid.uuid4().hex
         with self._tracer.start_as_current_span(SPAN_EXECUTE) as span:
             span.set_attribute("gateway.request.id", request_id)
             span.set_attribute("gateway.dry_run", not run)
-            result = self._stages(raw, request_id, run=run, span=span)
+            result = self._stages(raw, request_id, run=run, span=span, on_output=on_output, cancel=cancel)
             span.set_attribute("gateway.decision.allowed", result.allowed)
             if result.error is not None:
                 annotate_error(span, result.error)
             return result
 
-    def _stages(self, raw: RawRequest, request_id: str, *, run: bool, span: trace.Span) -> ExecutionResult:
+    def _stages(
+        self, raw: RawRequest, request_id: str, *, run: bool, span: trace.Span, on_output: OnOutput | None,
+        cancel: threading.Event | None,
+    ) -> ExecutionResult:  # fmt: skip
         request = self._intake(raw, request_id)
         if isinstance(request, ExecutionResult):
             return request
@@ -209,7 +228,7 @@ class Gateway:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
         if not run or not decision.allowed:
             return ExecutionResult(request_id, decision)
-        outcome, error = self._run(decision, request)
+        outcome, error = self._run(decision, request, on_output, cancel)
         audit_ok = True
         try:
             self._record_outcome(decision, outcome, error, records=records)
@@ -270,7 +289,10 @@ class Gateway:
         data = {"decision": decision.to_dict(), "options_sha256": decision.options_sha256, "dry_run": dry_run}
         self._append("policy.decision", data, **records)
 
-    def _run(self, decision: Decision, request: ExecutionRequest) -> tuple[Outcome | None, GatewayError | None]:
+    def _run(
+        self, decision: Decision, request: ExecutionRequest, on_output: OnOutput | None,
+        cancel: threading.Event | None,
+    ) -> tuple[Outcome | None, GatewayError | None]:  # fmt: skip
         """Hand the decision's run specification and the payload to the runner; every failure comes back."""
         spec, settings = decision.run, decision.settings
         if spec is None or settings is None:
@@ -284,7 +306,8 @@ class Gateway:
                 files = {name: text.encode("utf-8", "surrogatepass") for name, text in request.files.items()}
                 payload = Payload(code=request.code, language=settings.language, files=files)
                 with self.slots.acquire():
-                    outcome = self.runner.execute(spec, payload)
+                    _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
+                    outcome = self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
             except GatewayError as exc:
                 error = exc
                 outcome = exc.outcome  # what ran before the failure (output so far, the container), if anything
@@ -308,6 +331,11 @@ class Gateway:
     def _append(self, event_type: str, data: Mapping[str, Any], **kw: Any) -> None:
         with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
             self.audit.append(event_type, data, **kw)
+
+
+def _check_not_cancelled(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise CancelledRunError("the run was cancelled by its caller before it started; nothing ran")
 
 
 def _unrecorded(exc: GatewayError, *, ran: bool) -> GatewayError:

@@ -21,6 +21,7 @@ __all__ = [
     "AuditIntegrityError",
     "AuditSpaceError",
     "AuditUnavailableError",
+    "CancelledRunError",
     "CapacityError",
     "ContainerLeftError",
     "ContractError",
@@ -28,6 +29,7 @@ __all__ = [
     "GatewayError",
     "ImageMissingError",
     "InterruptedRunError",
+    "OutputCallbackError",
     "PolicyError",
     "PolicyNotFoundError",
     "PrincipalExistsError",
@@ -272,6 +274,27 @@ class InterruptedRunError(GatewayError):
         self.signum = signum
 
 
+class CancelledRunError(GatewayError):
+    """The caller abandoned the run (``Gateway.execute(..., cancel=event)`` was set; the service sets it when
+    its client disconnects). The sandbox is killed and removed, and the outcome recorded with this error.
+
+    Its HTTP status is 499 (*client closed request*): nobody is left to read the response, but the audit
+    trail and the logs name it."""
+
+    code = "gateway.cancelled"
+    hint = "the caller cancelled the run before it finished; its sandbox was killed and removed"
+
+
+class OutputCallbackError(GatewayError):
+    """The caller's output callback (``Gateway.execute(..., on_output=...)``) raised while the program ran.
+
+    The callback's failure never weakens containment: the sandbox is killed and removed, the output kept so
+    far is in the outcome, and the callback's exception is chained as ``__cause__``."""
+
+    code = "gateway.output_callback"
+    hint = "the run was stopped because the caller's output callback failed; fix the callback and retry"
+
+
 # --- audit --------------------------------------------------------------------------------------------
 
 
@@ -329,6 +352,8 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (AuditIntegrityError, EXIT_GATEWAY_FAILURE, 503),
     (AuditError, EXIT_GATEWAY_FAILURE, 500),
     (InterruptedRunError, EXIT_GATEWAY_FAILURE, 503),
+    (CancelledRunError, EXIT_GATEWAY_FAILURE, 499),
+    (OutputCallbackError, EXIT_GATEWAY_FAILURE, 500),
     (GatewayError, EXIT_GATEWAY_FAILURE, 500),
 )
 

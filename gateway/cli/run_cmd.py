@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import json
 import signal
@@ -74,7 +75,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="policy file (default: $GATEWAY_POLICY, then the shipped default policy)")
     p.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
-    p.add_argument("--json", action="store_true", help="print one JSON result object instead of the program output")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON result object at the end instead of the program output (written live without it)",
+    )
     p.add_argument("--otel", metavar="EXPORTER", help=OTEL_HELP)
 
 
@@ -142,11 +147,38 @@ def _read_text(path: Path, what: str) -> str:
         raise RequestError(f"{what} {str(path)!r} cannot be read: {exc.strerror}") from exc
 
 
-def _print_human(result: ExecutionResult) -> None:
+class _LiveOutput:
+    """The program's output written to this process's stdout/stderr as the runner collects it.
+
+    Decoded as UTF-8 with replacement like the final result (incrementally, so a character split across
+    chunks is not mangled). ``finish`` writes whatever of the result was not streamed (nothing, with the Docker
+    runner: the streamed bytes are the result's bytes), so nothing is printed twice."""
+
+    def __init__(self) -> None:
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+        self._sent = {"stdout": 0, "stderr": 0}
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        self._sent[stream] += len(data)
+        self._write(stream, self._decoders[stream].decode(data))
+
+    def finish(self, result: ExecutionResult) -> None:
+        outcome = result.outcome
+        for stream in ("stdout", "stderr"):
+            rest = (getattr(outcome, stream) if outcome is not None else b"")[self._sent[stream] :]
+            self._write(stream, self._decoders[stream].decode(rest, final=True))
+
+    @staticmethod
+    def _write(stream: str, text: str) -> None:
+        if text:
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            out.write(text)
+            out.flush()
+
+
+def _print_human(result: ExecutionResult, live: _LiveOutput) -> None:
     data = result.to_dict()
-    sys.stdout.write(data["stdout"])
-    sys.stdout.flush()
-    sys.stderr.write(data["stderr"])
+    live.finish(result)
     notes: list[str] = [
         f"gateway: warning: {w['rule']} at {w.get('path', '$')}: {w['message']}"
         + ("" if "mode)" in w["message"] else f" ({w.get('mode', 'audit')} mode)")
@@ -212,10 +244,11 @@ def _run(args: argparse.Namespace) -> int:
         print(exc.diagnostics(), file=sys.stderr)
         return EXIT_USAGE
     shutdown = setup_otel(args.otel)
+    live = _LiveOutput()  # human output is written as it arrives; --json stays one object at the end
     try:
         with _interruptible(), Gateway.from_env(args.policy, args.audit_dir) as gw:
             _sweep(gw)
-            result = gw.execute(request)
+            result = gw.execute(request, on_output=None if args.json else live)
     except GatewayError as exc:
         # The gateway could not start (policy unusable, trail unwritable), or was interrupted before it ran
         # anything: fail closed. Only a trail failure means a record is missing: an unusable policy was recorded
@@ -226,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
-        _print_human(result)
+        _print_human(result, live)
     if isinstance(result.error, InterruptedRunError):
         return 128 + result.error.signum
     return result.exit_status

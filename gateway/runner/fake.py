@@ -7,14 +7,15 @@ a security test; containment is only ever tested against a real engine (``tests/
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.decision.engine import Assembler
-from gateway.errors import GatewayError, ImageMissingError, SandboxError
+from gateway.errors import CancelledRunError, GatewayError, ImageMissingError, OutputCallbackError, SandboxError
 from gateway.runner.docker.options import DockerAssembler
-from gateway.runner.interface import NOTHING_RAN, Outcome, Payload, RunSpec
+from gateway.runner.interface import NOTHING_RAN, OnOutput, Outcome, Payload, RunSpec
 
 __all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
 
@@ -57,6 +58,11 @@ class FakeRunner:
     ``ImageMissingError`` like the real runner (when ``images`` is ``None`` every image is present).
     ``assembler``: the backend options it claims to run (the Docker assembler unless given), so decisions
     made for it look exactly like decisions made for the Docker runner.
+
+    Streaming like the real runner: ``on_output`` gets the scripted outcome's stdout, then its stderr (each
+    one chunk, when not empty); a callback that raises ends the run with ``OutputCallbackError`` carrying the
+    outcome of the output delivered so far. ``cancel`` is checked before the run and after every chunk;
+    once set the run ends with ``CancelledRunError`` (a callback that sets it cancels the rest of the run).
     """
 
     outcome: OutcomeSource | None = None
@@ -94,19 +100,26 @@ class FakeRunner:
         self.live.add(cid)
         return FakeSandbox(spec=spec, container_id=cid)
 
-    def run(self, sandbox: Any, payload: Payload) -> Outcome:
+    def run(
+        self, sandbox: Any, payload: Payload, *, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:  # fmt: skip
         if not isinstance(sandbox, FakeSandbox) or sandbox.used:
             raise SandboxError("a fake sandbox is used once")
         sandbox.used = True
         try:
             self.calls.append((sandbox.spec, payload))
-            result = self._next(sandbox.spec, payload)
-            return replace(result, container_id=sandbox.container_id)
+            result = replace(self._next(sandbox.spec, payload), container_id=sandbox.container_id)
+            _stream(result, on_output, cancel)
+            return result
         finally:
             self.live.discard(sandbox.container_id or "")
 
-    def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
-        return self.run(self.prepare(spec), payload)
+    def execute(
+        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:  # fmt: skip
+        return self.run(self.prepare(spec), payload, on_output=on_output, cancel=cancel)
 
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         self.reaped += 1
@@ -129,3 +142,32 @@ class FakeRunner:
         except StopIteration:
             raise SandboxError("the fake runner ran out of scripted outcomes") from None
         return nxt
+
+
+def _stream(result: Outcome, on_output: OnOutput | None, cancel: threading.Event | None) -> None:
+    """Deliver a scripted outcome's output the way the Docker runner does (see :class:`FakeRunner`)."""
+    sent = {"stdout": b"", "stderr": b""}
+
+    def so_far() -> Outcome:
+        return replace(
+            result, exit_code=None, stdout=sent["stdout"], stderr=sent["stderr"],
+            stdout_bytes=len(sent["stdout"]), stderr_bytes=len(sent["stderr"]), files={},
+        )  # fmt: skip
+
+    def check_cancel() -> None:
+        if cancel is not None and cancel.is_set():
+            error = CancelledRunError("the run was cancelled by its caller; the sandbox was killed (fake runner)")
+            error.outcome = so_far()
+            raise error
+
+    check_cancel()
+    for name, data in (("stdout", result.stdout), ("stderr", result.stderr)):
+        sent[name] = data  # kept before the callback sees it, as the Docker runner keeps it
+        if data and on_output is not None:
+            try:
+                on_output(name, data)
+            except Exception as exc:  # reported like the Docker runner reports it
+                error = OutputCallbackError(f"the output callback raised {type(exc).__name__}: {exc} (fake)")
+                error.outcome = so_far()
+                raise error from exc
+        check_cancel()

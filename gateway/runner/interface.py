@@ -9,7 +9,8 @@ warm pool can prepare containers ahead of time; ``execute`` is both in one call.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -23,13 +24,22 @@ if TYPE_CHECKING:
 __all__ = [
     "NOTHING_RAN",
     "PULL_POLICIES",
+    "STREAMS",
     "HostMount",
+    "OnOutput",
     "Outcome",
     "Payload",
     "RunSpec",
     "Runner",
     "Sandbox",
 ]
+
+STREAMS = ("stdout", "stderr")
+"""The names an output callback receives as its first argument."""
+
+OnOutput = Callable[[str, bytes], None]
+"""An output-chunk callback ``(stream, data)``: ``stream`` is ``"stdout"`` or ``"stderr"``, ``data`` the next
+bytes of it that the outcome keeps (see ``Runner.run``)."""
 
 PULL_POLICIES = ("never", "if-missing")
 """``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
@@ -213,11 +223,26 @@ class Runner(Protocol):
         """Create (and start) a hardened container waiting for a payload."""
         ...
 
-    def run(self, sandbox: Sandbox, payload: Payload) -> Outcome:
-        """Hand over the payload, wait, collect, and always destroy the sandbox."""
+    def run(
+        self, sandbox: Sandbox, payload: Payload, *, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:  # fmt: skip
+        """Hand over the payload, wait, collect, and always destroy the sandbox.
+
+        ``on_output(stream, data)`` is called, in the calling thread, with each chunk of verified output as it
+        arrives, and only with bytes the outcome keeps: the chunks of a stream joined are exactly the outcome's
+        ``stdout`` / ``stderr``, and nothing past the output cap is passed. Caps, deadline, kill-on-flood and
+        audit are the same with or without it. A callback that raises ends the run: the sandbox is killed and
+        removed and ``OutputCallbackError`` (the callback's exception as its cause) carries the outcome so far.
+
+        ``cancel``: once set, the run is abandoned within a bounded poll interval: the sandbox is killed and
+        removed and ``CancelledRunError`` carries the outcome so far."""
         ...
 
-    def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
+    def execute(
+        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:  # fmt: skip
         """``prepare`` + ``run``; nothing is left behind on any error."""
         ...
 

@@ -8,6 +8,7 @@ without an engine; :class:`~gateway.runner.docker.runner.DockerRunner` drives it
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,9 +25,12 @@ from gateway.runner.docker.supervisor import (
     FrameDecoder,
     ProtocolError,
 )
-from gateway.runner.interface import Outcome, RunSpec
+from gateway.runner.interface import OnOutput, Outcome, RunSpec
 
-__all__ = ["Collected", "Stream", "outcome_of", "read_frames", "take_frame"]
+__all__ = ["CANCEL_POLL_S", "Collected", "Stream", "outcome_of", "read_frames", "take_frame"]
+
+CANCEL_POLL_S = 0.2
+"""How long one socket read waits at most when a cancel event is given, so that a cancel is seen promptly."""
 
 _RECV = 1 << 16
 _DIAG_BYTES = 4096
@@ -41,13 +45,15 @@ class Stream:
     seen: int = 0
     truncated: bool = False
 
-    def take(self, data: bytes, cap: int) -> bool:
-        """Keep what fits under ``cap``; True once the program has produced more than that."""
+    def take(self, data: bytes, cap: int) -> tuple[bool, bytes]:
+        """Keep what fits under ``cap``. Returns (True once the program has produced more than that, the
+        bytes kept from ``data``: what an output callback may see)."""
         self.seen += len(data)
-        self.kept += data[: max(cap - len(self.kept), 0)]
+        kept = data[: max(cap - len(self.kept), 0)]
+        self.kept += kept
         if self.seen > cap:
             self.truncated = True
-        return self.truncated
+        return self.truncated, kept
 
 
 @dataclass
@@ -64,20 +70,42 @@ class Collected:
     output_limit_killed: bool = False
     oom_reported: bool = False
     """The supervisor saw the memory cgroup's OOM killer strike during the run (``FRAME_META``)."""
+    cancelled: bool = False
+    """The caller's cancel event was set: the reading stopped and the container must be killed."""
+    callback_error: Exception | None = None
+    """The output callback raised this: the reading stopped and the container must be killed."""
 
 
-def read_frames(sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec, deadline: float) -> bool:
-    """Read until the final frame or EOF. Returns True when the container must be killed."""
+def read_frames(
+    sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec, deadline: float, *,
+    on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+) -> bool:  # fmt: skip
+    """Read until the final frame or EOF. Returns True when the container must be killed.
+
+    ``on_output`` gets every verified stdout/stderr chunk as it arrives (see :func:`take_frame`). ``cancel`` is
+    checked before every read, and each read then waits at most ``CANCEL_POLL_S``: once it is set, the reading
+    stops (``got.cancelled``) and the caller kills the container. Without ``cancel`` a read waits up to the
+    deadline, as it always did."""
     header = bytearray()
     stream = 0
     left = 0
     while True:
+        if cancel is not None and cancel.is_set():
+            got.cancelled = True
+            return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             got.timed_out = True
             return True
-        sock.settimeout(remaining)
-        chunk = sock.recv(_RECV)
+        if cancel is None:
+            sock.settimeout(remaining)
+            chunk = sock.recv(_RECV)
+        else:
+            sock.settimeout(min(remaining, CANCEL_POLL_S))
+            try:
+                chunk = sock.recv(_RECV)
+            except TimeoutError:
+                continue  # the loop checks the cancel event and the deadline again
         if not chunk:
             return False
         view = memoryview(chunk)
@@ -97,7 +125,7 @@ def read_frames(sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec,
             left -= len(part)
             if stream == 1:
                 for frame in decoder.feed(part):
-                    if take_frame(frame.kind, frame.data, got, spec):
+                    if take_frame(frame.kind, frame.data, got, spec, on_output):
                         return True
                     if decoder.finished:
                         return False
@@ -105,12 +133,27 @@ def read_frames(sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec,
                 got.diagnostics += part[: _DIAG_BYTES - len(got.diagnostics)]
 
 
-def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec) -> bool:
-    """Account for one frame. Returns True when an output cap was crossed (kill the container)."""
+def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec, on_output: OnOutput | None = None) -> bool:
+    """Account for one verified frame. Returns True when the container must be killed: an output cap was
+    crossed, or ``on_output`` raised (``got.callback_error``).
+
+    ``on_output`` is called with the part of a stdout/stderr chunk that is kept under the cap, before the cap
+    check ends the run: the streamed bytes of a stream are exactly the outcome's bytes of it, and nothing is
+    streamed past the cap. A callback that raises stops the run like a flood does (the caller kills and removes
+    the container); it is not called again."""
     if kind in (FRAME_STDOUT, FRAME_STDERR):
+        name = "stdout" if kind == FRAME_STDOUT else "stderr"
         stream = got.stdout if kind == FRAME_STDOUT else got.stderr
-        if stream.take(data, spec.output_bytes):
+        truncated, kept = stream.take(data, spec.output_bytes)
+        if truncated:
             got.output_limit_killed = True
+        if kept and on_output is not None:
+            try:
+                on_output(name, kept)
+            except Exception as exc:  # noqa: BLE001 - the caller's failure ends the run, contained and reported
+                got.callback_error = exc
+                return True
+        if truncated:
             return True
     elif kind == FRAME_FILE_NAME:
         # An honest supervisor stops at both caps (it charges each name's bytes, as here): more is tampering.

@@ -19,6 +19,9 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     engine's ``AutoRemove`` may get there first). A run that reported but whose container cannot be removed
     raises ``ContainerLeftError`` carrying the program's outcome; any other error that ends a run carries what
     had arrived (``GatewayError.outcome``).
+    ``on_output`` (optional) gets each verified chunk's kept bytes as it arrives; ``cancel`` (optional) is
+    checked between bounded reads. A callback that raises or a cancel kills the container like a flood, and the
+    run ends with ``OutputCallbackError`` / ``CancelledRunError`` carrying the outcome so far.
 
 No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
 payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
@@ -31,6 +34,7 @@ import contextlib
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,10 +45,12 @@ import docker.errors
 
 from gateway.decision.settings import BackendLimits
 from gateway.errors import (
+    CancelledRunError,
     ContainerLeftError,
     EngineUnavailableError,
     GatewayError,
     ImageMissingError,
+    OutputCallbackError,
     SandboxError,
     UnsafeOptionsError,
 )
@@ -70,7 +76,7 @@ from gateway.runner.docker.supervisor import (
     new_key,
     supervisor_command,
 )
-from gateway.runner.interface import Outcome, Payload, RunSpec
+from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -342,7 +348,10 @@ class DockerRunner:
 
     # -- run -------------------------------------------------------------------------------------------
 
-    def run(self, sandbox: Any, payload: Payload) -> Outcome:
+    def run(
+        self, sandbox: Any, payload: Payload, *, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:  # fmt: skip
         if not isinstance(sandbox, DockerSandbox):
             raise SandboxError(f"DockerRunner cannot run a {type(sandbox).__name__}")
         if sandbox.used:
@@ -352,7 +361,7 @@ class DockerRunner:
         start = time.monotonic()
         removed = True
         try:
-            outcome = self._run(sandbox, payload, got, start)
+            outcome = self._run(sandbox, payload, got, start, on_output=on_output, cancel=cancel)
         except GatewayError as exc:
             # Whatever ended the run (the engine, a tampered stream, the gateway interrupted), the report
             # keeps what the program had produced and which container it was.
@@ -370,10 +379,16 @@ class DockerRunner:
             raise _left(str(sandbox.container_id), outcome)
         return outcome
 
-    def execute(self, spec: RunSpec, payload: Payload) -> Outcome:
-        return self.run(self.prepare(spec), payload)
+    def execute(
+        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Outcome:  # fmt: skip
+        return self.run(self.prepare(spec), payload, on_output=on_output, cancel=cancel)
 
-    def _run(self, sb: DockerSandbox, payload: Payload, got: Collected, start: float) -> Outcome:
+    def _run(
+        self, sb: DockerSandbox, payload: Payload, got: Collected, start: float, *, on_output: OnOutput | None,
+        cancel: threading.Event | None,
+    ) -> Outcome:  # fmt: skip
         spec = sb.spec
         assert sb.container_id is not None  # noqa: S101 - set by prepare
         cid = sb.container_id
@@ -395,7 +410,7 @@ class DockerRunner:
             # No half-close: the supervisor's stdin stays open for the whole run, and its EOF (this process
             # gone, or its engine connection lost) tells the supervisor to end the run on its own.
             sb.sock.sendall(data)
-            kill = read_frames(sb.sock, FrameDecoder(key), got, spec, deadline)
+            kill = read_frames(sb.sock, FrameDecoder(key), got, spec, deadline, on_output=on_output, cancel=cancel)
         except TimeoutError:
             got.timed_out = kill = True
         except ProtocolError as exc:
@@ -414,6 +429,13 @@ class DockerRunner:
             # reads does not die on a kill until its output can drain.
             _close(sb.sockio)
             self._kill(cid)
+        if got.callback_error is not None:
+            raise OutputCallbackError(
+                "the output callback raised "
+                f"{type(got.callback_error).__name__}: {got.callback_error}; the sandbox was killed"
+            ) from got.callback_error
+        if got.cancelled:
+            raise CancelledRunError("the run was cancelled by its caller; the sandbox was killed")
         if got.error is not None:
             raise SandboxError(f"the sandbox could not start the program: {got.error}")
         # After the final frame the supervisor waits for its stdin to close before it exits: the container is
