@@ -33,6 +33,7 @@ __all__ = [
     "PolicyError",
     "PolicyNotFoundError",
     "PrincipalExistsError",
+    "PrincipalIdentityError",
     "PrincipalsError",
     "PrincipalsInvalidError",
     "PrincipalsNotFoundError",
@@ -179,6 +180,14 @@ class PrincipalExistsError(PrincipalsError):
 
     code = "principals.duplicate"
     hint = "choose another name, or `gateway principals rotate NAME` to give the existing principal a new token"
+
+
+class PrincipalIdentityError(PrincipalsError):
+    """``gateway mcp`` was not told who to act as, was told two contradicting things, or was told a revoked
+    principal."""
+
+    code = "principals.identity"
+    hint = "`gateway mcp --principal NAME` (from the principals file) or `gateway mcp --policy FILE` (as yourself)"
 
 
 # --- request ------------------------------------------------------------------------------------------
@@ -336,6 +345,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (RequestError, EXIT_USAGE, 422),
     (UnknownPrincipalError, EXIT_USAGE, 404),
     (PrincipalExistsError, EXIT_USAGE, 409),
+    (PrincipalIdentityError, EXIT_USAGE, 400),
     (PrincipalsNotFoundError, EXIT_GATEWAY_FAILURE, 500),
     (PrincipalsInvalidError, EXIT_GATEWAY_FAILURE, 500),
     (PrincipalsError, EXIT_GATEWAY_FAILURE, 500),

@@ -8,28 +8,56 @@ model gets a JSON-serialisable answer it can read, denials included with their r
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from gateway import Gateway
+from gateway.policy.model import Policy
+from gateway.policy.sizes import format_size
 
-__all__ = ["EXECUTE_PYTHON_TOOL", "TOOL_NAME", "ToolHandler", "handle_tool_call", "tool_definition"]
+__all__ = [
+    "DEFAULT_TOOL_PRINCIPAL",
+    "EXECUTE_PYTHON_TOOL",
+    "TOOL_NAME",
+    "ToolHandler",
+    "ceilings_text",
+    "handle_tool_call",
+    "tool_definition",
+]
 
 TOOL_NAME = "execute_python"
 MAX_TOOL_OUTPUT_CHARS = 16_000
 """What the model is shown of each stream; the full capped output stays in the result and the audit digest."""
+DEFAULT_TOOL_PRINCIPAL = "llm-tool"
+"""The principal a :class:`ToolHandler` names in its requests when it is given none."""
 
 
-def tool_definition(max_timeout_s: float = 60) -> dict[str, Any]:
-    """The OpenAI-style function-calling definition (also what Anthropic's tool ``input_schema`` takes)."""
+def ceilings_text(policy: Policy) -> str:
+    """One sentence with the policy's ceilings, for the tool description: the model sees what it may ask for."""
+    limits = policy.limits
+    timeout = limits.timeout_s
+    return (
+        f"Policy {policy.name}: timeout up to {timeout.max:g} s (default {timeout.default:g} s); "
+        f"memory {format_size(int(limits.memory.max))}, {limits.cpus.max:g} CPUs, {int(limits.pids.max)} "
+        f"processes, output capped at {format_size(int(limits.output_bytes.max))} per stream; "
+        f"network {policy.network.default}."
+    )
+
+
+def tool_definition(max_timeout_s: float = 60, *, ceilings: str | None = None) -> dict[str, Any]:
+    """The OpenAI-style function-calling definition (also what Anthropic's tool ``input_schema`` takes).
+
+    ``ceilings`` (see :func:`ceilings_text`) is appended to the description."""
+    description = (
+        "Execute Python 3 code in an isolated, network-less sandbox and return stdout, stderr and the "
+        "exit code. Files written under ./out are returned. State does not persist between calls."
+    )
     return {
         "type": "function",
         "function": {
             "name": TOOL_NAME,
-            "description": (
-                "Execute Python 3 code in an isolated, network-less sandbox and return stdout, stderr and the "
-                "exit code. Files written under ./out are returned. State does not persist between calls."
-            ),
+            "description": f"{description} {ceilings}" if ceilings else description,
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -62,16 +90,31 @@ def _clip(text: str) -> tuple[str, bool]:
 
 
 class ToolHandler:
-    """Dispatches tool calls to one gateway (keep one per agent session or service)."""
+    """Dispatches tool calls to one gateway (keep one per agent session or service).
 
-    def __init__(self, gateway: Gateway) -> None:
+    Every request names ``principal``, so the gateway decides it under that principal's policy and the audit
+    trail says who asked."""
+
+    def __init__(self, gateway: Gateway, *, principal: str = DEFAULT_TOOL_PRINCIPAL) -> None:
         self.gateway = gateway
+        self.principal = principal
+
+    @property
+    def policy(self) -> Policy:
+        """The policy this handler's requests are decided under."""
+        return self.gateway.policies.for_principal(self.principal).policy
 
     def definition(self) -> dict[str, Any]:
-        """The tool definition with the timeout bounded by this gateway's policy ceiling."""
-        return tool_definition(float(self.gateway.policy.limits.timeout_s.max))
+        """The tool definition with the timeout bounded by the principal's policy ceiling, which the
+        description states with the other ceilings."""
+        policy = self.policy
+        return tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings_text(policy))
 
-    def __call__(self, name: str, args: Mapping[str, Any] | str) -> dict[str, Any]:
+    def __call__(
+        self, name: str, args: Mapping[str, Any] | str, *, cancel: threading.Event | None = None
+    ) -> dict[str, Any]:
+        """The model's answer to one call; ``cancel`` (set from any thread) abandons the run, as for
+        :meth:`Gateway.execute`."""
         if name != TOOL_NAME:
             return _error("unknown_tool", f"no tool named {name!r}; available: {TOOL_NAME}")
         if isinstance(args, str):
@@ -87,13 +130,13 @@ class ToolHandler:
         code = args.get("code")
         if not isinstance(code, str):
             return _error("invalid_arguments", "'code' must be a string")
-        request: dict[str, Any] = {"code": code, "language": "python", "principal": "llm-tool"}
+        request: dict[str, Any] = {"code": code, "language": "python", "principal": self.principal}
         timeout = args.get("timeout")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return _error("invalid_arguments", "'timeout' must be a positive number of seconds")
             request["limits"] = {"timeout_s": timeout}
-        result = self.gateway.execute(request).to_dict()
+        result = self.gateway.execute(request, cancel=cancel).to_dict()
         stdout, out_clipped = _clip(result["stdout"])
         stderr, err_clipped = _clip(result["stderr"])
         answer: dict[str, Any] = {
@@ -104,7 +147,12 @@ class ToolHandler:
         if not result["allowed"]:
             answer["denied_because"] = [{"rule": v["rule"], "message": v["message"]} for v in result["violations"]]
         if result["error"] is not None:
-            answer["error"] = {"type": result["error"]["code"], "message": result["error"]["message"]}
+            error = result["error"]
+            answer["error"] = {"type": error["code"], "message": error["message"]}
+            if error.get("problems"):  # an invalid request: what was wrong and where
+                answer["error"]["problems"] = [
+                    {"path": p.get("path", "$"), "message": p["message"]} for p in error["problems"]
+                ]
         if result["exit_code"] is not None or result["timed_out"] or result["oom_killed"]:
             answer.update(
                 exit_code=result["exit_code"],

@@ -105,3 +105,19 @@ def test_run_in_sandbox_shape_on_denial(gw: Gateway) -> None:
     summary = result_summary(gw.execute({"code": "x", "limits": {"timeout_s": 10_000}}))
     assert summary["success"] is False
     assert "limits.timeout" in summary["error"]
+
+
+def test_an_invalid_request_tells_the_model_what_and_where(gw: Gateway, runner: FakeRunner) -> None:
+    answer = handle_tool_call(TOOL_NAME, {"code": "x", "timeout": 100_000}, gateway=gw)
+    assert answer["error"]["type"] == "request.invalid"
+    assert [p["path"] for p in answer["error"]["problems"]] == ["$.limits.timeout_s"]
+    assert runner.calls == []
+
+
+def test_requests_name_the_handlers_principal(gw: Gateway) -> None:
+    handle_tool_call(TOOL_NAME, {"code": "print(1)"}, gateway=gw)
+    ToolHandler(gw, principal="agent-7")(TOOL_NAME, {"code": "print(1)"})
+    audit = gw.audit
+    assert isinstance(audit, MemoryAuditSink)
+    decisions = [r["principal"] for r in audit.records if r["event_type"] == "policy.decision"]
+    assert decisions == ["llm-tool", "agent-7"]
