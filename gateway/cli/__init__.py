@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import audit_cmd, check_cmd, doctor_cmd, policy_cmd, principals_cmd, run_cmd
+from gateway.cli import audit_cmd, check_cmd, doctor_cmd, policy_cmd, principals_cmd, run_cmd, serve_cmd
 from gateway.errors import EXIT_USAGE, GatewayError, exit_code_for
 
 __all__ = ["console_main", "main"]
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cmd.register(sub)
     doctor_cmd.register(sub)
     principals_cmd.register(sub)
+    serve_cmd.register(sub)
     return parser
 
 
