@@ -53,8 +53,9 @@ class ServerConfig:
     """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     quotas: Quotas = DEFAULT_QUOTAS
-    """Quotas of principals that set none (the principals file's defaults)."""
+    """Default quotas, kept for the quota enforcement still to come (nothing enforces them yet)."""
     grace_s: float = 30.0
+    """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
     source: str | None = field(default=None, compare=False)
     """The file it was read from, if any."""

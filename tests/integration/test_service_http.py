@@ -80,8 +80,10 @@ def principals_file(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return path, tokens
 
 
-def _start(config: ServerConfig) -> tuple[str, Service, Callable[[], None]]:
-    service = Service.from_config(config, runner=DockerRunner)
+def _start(
+    config: ServerConfig, runner: Callable[[], DockerRunner] = DockerRunner
+) -> tuple[str, Service, Callable[[], None]]:
+    service = Service.from_config(config, runner=runner)
     server = uvicorn.Server(
         uvicorn.Config(build_app(service), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
     )
@@ -106,11 +108,11 @@ def _start(config: ServerConfig) -> tuple[str, Service, Callable[[], None]]:
 def serve(tmp_path: Path, principals_file: tuple[Path, dict[str, str]]) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
-    def make(**config: Any) -> Server:
+    def make(runner: Callable[[], DockerRunner] = DockerRunner, **config: Any) -> Server:
         settings = {
             "principals": principals_file[0], "audit_dir": tmp_path / "audit", "max_body_bytes": BODY_LIMIT, **config,
         }  # fmt: skip
-        url, service, stop = _start(ServerConfig(**settings))
+        url, service, stop = _start(ServerConfig(**settings), runner)
         stopped: list[bool] = []
 
         def stop_once() -> None:
@@ -455,6 +457,23 @@ def test_readyz_fails_when_the_trail_cannot_create_files(
         assert client.get("/readyz").status_code == 200
 
 
+def test_an_engine_that_does_not_answer_is_503_and_not_ready(serve: Callable[..., Server], tmp_path: Path) -> None:
+    """A real runner whose engine socket does not exist: the service starts (and recovers once there is an
+    engine), answers 503 ``runner.engine_unavailable`` for a run, and /readyz says the engine check failed."""
+    server = serve(runner=lambda: DockerRunner(base_url=f"unix://{tmp_path}/no-engine.sock"))
+    with server.client(server.tokens["alice"]) as client:
+        body = _assert_error_body(
+            client.post("/v1/executions", json={"code": "print(1)"}), 503, "runner.engine_unavailable"
+        )
+        assert "result" not in body  # nothing ran
+        ready = _assert_error_body(client.get("/readyz"), 503, "service.not_ready")
+        assert ready["checks"]["engine"] == "failed"
+        assert client.post("/v1/decisions", json={"code": "print(1)"}).status_code == 200  # deciding needs no engine
+    (outcome,) = server.records("execution.outcome")
+    assert outcome["data"]["error"]["code"] == "runner.engine_unavailable"
+    assert outcome["principal"] == "alice"
+
+
 def test_a_closed_trail_is_503_and_nothing_runs(server: Server) -> None:
     server.service.gateway.audit.close()  # the trail refuses every record: requests fail closed
     with server.client(server.tokens["alice"]) as client:
@@ -588,3 +607,6 @@ def test_gateway_serve_is_a_working_service(tmp_path: Path, principals_file: tup
     assert events[0] == "gateway.start"
     assert "auth.failed" in events
     assert events[-1] == "gateway.stop"
+    assert main(["audit", "verify", str(audit_dir)]) == 0  # the new records chain and validate like any other
+    assert main(["audit", "query", str(audit_dir)]) == 0  # the table shows auth.failed records too
+    assert main(["audit", "query", str(audit_dir), "--principal", "bob", "--json"]) == 0
