@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from gateway._gateway import Admission, Gateway
+from gateway._gateway import Admission, Caller, Gateway
 from gateway.decision import Decision, RuleResult, evaluate
 from gateway.errors import (
     AuditError,
@@ -37,6 +37,7 @@ __all__ = [
     "AuditError",
     "AuditIntegrityError",
     "AuditUnavailableError",
+    "Caller",
     "ContractError",
     "Decision",
     "EngineUnavailableError",

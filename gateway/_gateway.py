@@ -9,11 +9,13 @@ and the decision sees no environment: the paths it must protect come from the au
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from gateway.errors import (
     ContractError,
     GatewayError,
     PolicyError,
+    PrincipalMismatchError,
+    Problem,
     RequestError,
     SandboxError,
 )
@@ -49,7 +53,7 @@ from gateway.telemetry import (
     get_tracer,
 )
 
-__all__ = ["Admission", "Gateway", "RawRequest"]
+__all__ = ["Admission", "Caller", "Gateway", "RawRequest"]
 
 RawRequest = Mapping[str, Any] | str | bytes | ExecutionRequest
 """A request as an interface hands it over: parsed JSON, JSON text or bytes, or an already parsed request."""
@@ -58,6 +62,22 @@ Admission = Callable[[ExecutionRequest, Policy], Iterable[RuleResult]]
 """Called before the decision with the parsed request and the policy that applies to its principal. It
 returns results that join the decision (a ``fail`` in ``enforce`` mode denies, like any rule's): quotas plug
 in here. A hook that raises denies the request with an ``admission`` error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who an interface authenticated (the HTTP service: the bearer token's principal and public token id).
+
+    Given to :meth:`Gateway.execute` / :meth:`Gateway.decide`, it *is* the request's principal: a request that
+    names another one is refused (:class:`PrincipalMismatchError`, audited as ``request.invalid``), one that
+    names none is attributed to it, and every record of the request carries ``principal`` = its name and
+    ``data.caller`` = ``{"principal", "token_id"}``. The token itself never reaches the Gateway."""
+
+    principal: str
+    token_id: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"principal": self.principal, "token_id": self.token_id}
 
 
 def _ref(policy: Policy) -> dict[str, str]:
@@ -162,13 +182,14 @@ class Gateway:
 
     # -- the request path ------------------------------------------------------------------------------
 
-    def decide(self, request: RawRequest) -> ExecutionResult:
+    def decide(self, request: RawRequest, *, caller: Caller | None = None) -> ExecutionResult:
         """Decide without running anything (``gateway check``). The decision is audited as a dry run."""
-        return self._handle(request, run=False)
+        return self._handle(request, run=False, caller=caller)
 
     def execute(
-        self, request: RawRequest, *, on_output: OnOutput | None = None, cancel: threading.Event | None = None
-    ) -> ExecutionResult:
+        self, request: RawRequest, *, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+        caller: Caller | None = None,
+    ) -> ExecutionResult:  # fmt: skip
         """Decide, audit, run if allowed, audit the outcome. Never raises for gateway failures: the result
         carries the error (and ``exit_status``) so that every interface reports it the same way.
 
@@ -179,8 +200,10 @@ class Gateway:
 
         ``cancel``: set it (from any thread) to abandon the run, e.g. when a client disconnects: the sandbox is
         killed and removed within a bounded poll interval, and the result (and the ``execution.outcome``
-        record) carries ``CancelledRunError`` (``gateway.cancelled``). Set before the run, nothing runs."""
-        return self._handle(request, run=True, on_output=on_output, cancel=cancel)
+        record) carries ``CancelledRunError`` (``gateway.cancelled``). Set before the run, nothing runs.
+
+        ``caller``: the authenticated principal (see :class:`Caller`)."""
+        return self._handle(request, run=True, on_output=on_output, cancel=cancel, caller=caller)
 
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
@@ -193,13 +216,16 @@ class Gateway:
         return ids
 
     def _handle(
-        self, raw: RawRequest, *, run: bool, on_output: OnOutput | None = None, cancel: threading.Event | None = None
-    ) -> ExecutionResult:
+        self, raw: RawRequest, *, run: bool, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+        caller: Caller | None = None,
+    ) -> ExecutionResult:  # fmt: skip
         request_id = uuid.uuid4().hex
         with self._tracer.start_as_current_span(SPAN_EXECUTE) as span:
             span.set_attribute("gateway.request.id", request_id)
             span.set_attribute("gateway.dry_run", not run)
-            result = self._stages(raw, request_id, run=run, span=span, on_output=on_output, cancel=cancel)
+            result = self._stages(
+                raw, request_id, run=run, span=span, on_output=on_output, cancel=cancel, caller=caller
+            )
             span.set_attribute("gateway.decision.allowed", result.allowed)
             if result.error is not None:
                 annotate_error(span, result.error)
@@ -207,14 +233,16 @@ class Gateway:
 
     def _stages(
         self, raw: RawRequest, request_id: str, *, run: bool, span: trace.Span, on_output: OnOutput | None,
-        cancel: threading.Event | None,
+        cancel: threading.Event | None, caller: Caller | None,
     ) -> ExecutionResult:  # fmt: skip
-        request = self._intake(raw, request_id)
+        request = self._intake(raw, request_id, caller)
         if isinstance(request, ExecutionResult):
             return request
         compiled = self.policies.for_principal(request.principal)
         ref = _ref(compiled.policy)
-        records = {"request_id": request_id, "principal": request.principal, "policy": ref}
+        records: dict[str, Any] = {
+            "request_id": request_id, "principal": request.principal, "policy": ref, "caller": caller,
+        }  # fmt: skip
         if request.principal:
             span.set_attribute("enduser.id", request.principal)
         try:
@@ -239,12 +267,24 @@ class Gateway:
 
     # -- stages ----------------------------------------------------------------------------------------
 
-    def _intake(self, raw: RawRequest, request_id: str) -> ExecutionRequest | ExecutionResult:
-        """The parsed request, or the result of an invalid one (audited as ``request.invalid``)."""
-        if isinstance(raw, ExecutionRequest):
-            return raw
+    def _intake(
+        self, raw: RawRequest, request_id: str, caller: Caller | None = None
+    ) -> ExecutionRequest | ExecutionResult:
+        """The parsed request (attributed to ``caller``), or the result of an invalid one (``request.invalid``)."""
         try:
-            return parse_request(raw)
+            request = raw if isinstance(raw, ExecutionRequest) else parse_request(raw)
+            if caller is not None:
+                if request.principal not in (None, caller.principal):
+                    problem = Problem(
+                        f"the request names principal {request.principal!r} but the caller authenticated as "
+                        f"{caller.principal!r}",
+                        path="$.principal",
+                    )
+                    raise PrincipalMismatchError(
+                        f"principal {request.principal!r} is not the authenticated principal {caller.principal!r}",
+                        problems=[problem],
+                    )
+                request = dataclasses.replace(request, principal=caller.principal)
         except RequestError as exc:
             data = raw_bytes(raw)
             invalid = {
@@ -253,11 +293,16 @@ class Gateway:
                 "raw_sha256": hashlib.sha256(data).hexdigest(),
                 "raw_bytes": len(data),
             }
+            principal = caller.principal if caller is not None else None
             try:
-                self._append("request.invalid", invalid, request_id=request_id, policy=_ref(self.policy))
+                self._append(
+                    "request.invalid", invalid, request_id=request_id, principal=principal, policy=_ref(self.policy),
+                    caller=caller,
+                )  # fmt: skip
             except GatewayError:
                 return ExecutionResult(request_id, None, error=exc, audit_ok=False)
             return ExecutionResult(request_id, None, error=exc)
+        return request
 
     def _decide(
         self, compiled: CompiledPolicy, request: ExecutionRequest, request_id: str, span: trace.Span
@@ -328,7 +373,9 @@ class Gateway:
             self._append("image.pulled", {"image": image, "image_id": outcome.image_id}, **records)
         self._append("execution.outcome", outcome_data(image, outcome, error), **records)
 
-    def _append(self, event_type: str, data: Mapping[str, Any], **kw: Any) -> None:
+    def _append(self, event_type: str, data: Mapping[str, Any], *, caller: Caller | None = None, **kw: Any) -> None:
+        if caller is not None:
+            data = {**data, "caller": caller.to_dict()}
         with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
             self.audit.append(event_type, data, **kw)
 

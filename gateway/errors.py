@@ -21,6 +21,8 @@ __all__ = [
     "AuditIntegrityError",
     "AuditSpaceError",
     "AuditUnavailableError",
+    "AuthenticationError",
+    "BodyTooLargeError",
     "CancelledRunError",
     "CapacityError",
     "ContainerLeftError",
@@ -29,11 +31,13 @@ __all__ = [
     "GatewayError",
     "ImageMissingError",
     "InterruptedRunError",
+    "MalformedRequestError",
     "OutputCallbackError",
     "PolicyError",
     "PolicyNotFoundError",
     "PrincipalExistsError",
     "PrincipalIdentityError",
+    "PrincipalMismatchError",
     "PrincipalsError",
     "PrincipalsInvalidError",
     "PrincipalsNotFoundError",
@@ -41,8 +45,11 @@ __all__ = [
     "RequestError",
     "RunnerError",
     "SandboxError",
+    "ServerConfigError",
+    "ServiceError",
     "UnknownPrincipalError",
     "UnsafeOptionsError",
+    "UnsupportedMediaTypeError",
     "exit_code_for",
     "http_status_for",
 ]
@@ -200,6 +207,59 @@ class RequestError(GatewayError):
     hint = "see schemas/request.schema.json for the request format"
 
 
+class MalformedRequestError(RequestError):
+    """The request body is not JSON at all (the HTTP service answers 400 ``request.malformed``)."""
+
+    code = "request.malformed"
+    hint = "send one JSON object (UTF-8) as the body"
+
+
+class BodyTooLargeError(RequestError):
+    """The request body is larger than the service's ``max_body_bytes`` (HTTP 413); nothing was parsed."""
+
+    code = "request.too_large"
+    hint = "send a smaller request (the limit is the server's max_body_bytes)"
+
+
+class UnsupportedMediaTypeError(RequestError):
+    """The request body is not ``application/json`` (HTTP 415); it was not read."""
+
+    code = "request.media_type"
+    hint = "send the body with Content-Type: application/json"
+
+
+class PrincipalMismatchError(RequestError):
+    """The request names a ``principal`` other than the authenticated caller (HTTP 403): a token speaks only
+    for its own principal, so the request is refused rather than silently re-attributed."""
+
+    code = "auth.principal_mismatch"
+    hint = "omit `principal` (the authenticated principal is used) or send the token of the principal you name"
+
+
+# --- the service --------------------------------------------------------------------------------------
+
+
+class ServiceError(GatewayError):
+    """The HTTP service's own failures (configuration, authentication)."""
+
+    code = "service.error"
+
+
+class ServerConfigError(ServiceError):
+    """The server configuration file is missing or invalid, or the service cannot start as configured
+    (no principal holds a token: there is no unauthenticated mode)."""
+
+    code = "server.config_invalid"
+    hint = "fix the file (schemas/server.schema.json) or the flags; `gateway principals add NAME --policy P` adds one"
+
+
+class AuthenticationError(ServiceError):
+    """No bearer token, a malformed one, or one no principal holds (unknown, rotated away, revoked): HTTP 401."""
+
+    code = "auth.failed"
+    hint = "send `Authorization: Bearer <token>` with a token issued by `gateway principals add|rotate`"
+
+
 # --- contracts between the gateway's own parts ---------------------------------------------------------
 
 
@@ -342,6 +402,10 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     # most specific first
     (PolicyNotFoundError, EXIT_GATEWAY_FAILURE, 500),
     (PolicyError, EXIT_GATEWAY_FAILURE, 500),
+    (MalformedRequestError, EXIT_USAGE, 400),
+    (BodyTooLargeError, EXIT_USAGE, 413),
+    (UnsupportedMediaTypeError, EXIT_USAGE, 415),
+    (PrincipalMismatchError, EXIT_USAGE, 403),
     (RequestError, EXIT_USAGE, 422),
     (UnknownPrincipalError, EXIT_USAGE, 404),
     (PrincipalExistsError, EXIT_USAGE, 409),
@@ -349,6 +413,9 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (PrincipalsNotFoundError, EXIT_GATEWAY_FAILURE, 500),
     (PrincipalsInvalidError, EXIT_GATEWAY_FAILURE, 500),
     (PrincipalsError, EXIT_GATEWAY_FAILURE, 500),
+    (ServerConfigError, EXIT_GATEWAY_FAILURE, 500),
+    (AuthenticationError, EXIT_USAGE, 401),
+    (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),
     (EngineUnavailableError, EXIT_GATEWAY_FAILURE, 503),

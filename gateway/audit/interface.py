@@ -31,6 +31,7 @@ EVENT_TYPES: Final = frozenset(
         "execution.outcome",
         "containers.reaped",
         "recovery",
+        "auth.failed",
     }
 )
 """Every ``event_type`` a record may carry; ``schemas/audit-record.schema.json`` describes each ``data``."""

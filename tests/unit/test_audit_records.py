@@ -96,6 +96,15 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "execution.outcome": OUTCOME,
     "containers.reaped": {"container_ids": ["c" * 64]},
     "recovery": {"reason": "truncated", "dropped_bytes": 10, "last_good_seq": 3, "last_good_hash": "f" * 64},
+    "auth.failed": {
+        "count": 1,
+        "summary": False,
+        "reason": "unknown",
+        "token_id": "0123abcd",
+        "client": "127.0.0.1",
+        "path": "/v1/policy",
+        "interval_ms": 60000,
+    },
 }
 
 

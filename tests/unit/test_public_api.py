@@ -15,6 +15,7 @@ PUBLIC = [
     "AuditError",
     "AuditIntegrityError",
     "AuditUnavailableError",
+    "Caller",
     "ContractError",
     "Decision",
     "EngineUnavailableError",
@@ -79,9 +80,19 @@ def test_the_policy_package_imports_neither_the_decision_nor_intake() -> None:
 
 
 def test_the_principals_store_needs_no_runner_and_no_decision() -> None:
-    """The service reads principals before it builds a Gateway; the CLI manages them without an engine."""
-    for path in _modules("service"):
-        bad = {m for m in _imports(path) if m.startswith(("gateway.decision", "gateway.runner", "gateway._gateway"))}
+    """The service reads principals (and its configuration) before it builds a Gateway; the CLI manages them
+    without an engine. The application is an interface: it calls the Gateway and never picks a backend (the
+    ``gateway serve`` command hands it the runner) nor decides anything itself."""
+    modules = {path.name: path for path in _modules("service")}
+    assert {"principals.py", "config.py", "authlog.py", "app.py"} <= set(modules)
+    for path in modules.values():
+        imports = _imports(path)
+        if path.name == "app.py":
+            bad = {
+                m for m in imports if m.startswith(("gateway.decision", "gateway.runner.docker", "gateway._gateway"))
+            }
+        else:
+            bad = {m for m in imports if m.startswith(("gateway.decision", "gateway.runner", "gateway._gateway"))}
         assert not bad, f"{path.name} imports {bad}"
 
 

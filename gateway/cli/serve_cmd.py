@@ -1,0 +1,66 @@
+"""``gateway serve``: the HTTP service on uvicorn (see :mod:`gateway.service.app`).
+
+Embedded defaults (127.0.0.1, port 8787, ``./principals.yaml``, the default policy, ``./audit``) make
+``gateway principals add me --policy policies/default.yaml && gateway serve`` a working service. It refuses
+to start when no principal holds a token: there is no unauthenticated mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gateway.service.config import ServerConfig, load_server_config
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the gateway over HTTP to principals holding a token",
+        description="Serve the gateway's HTTP API (/v1/executions, /v1/decisions, /v1/policy, /v1/tools, /healthz, "
+        "/readyz). Every /v1 call needs `Authorization: Bearer TOKEN` (tokens: `gateway principals add`); each "
+        "principal's requests are decided under its own policy. A flag overrides the configuration file's key.",
+    )
+    p.add_argument("--config", metavar="FILE", help="server configuration (YAML, schemas/server.schema.json)")
+    p.add_argument(
+        "--principals", metavar="FILE", help="principals file (default: $GATEWAY_PRINCIPALS, then ./principals.yaml)"
+    )
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default 8787; 0 picks a free one)")
+    p.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
+    p.set_defaults(func=_serve)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The configuration file (or the embedded defaults) with the flags applied."""
+    base = load_server_config(args.config) if args.config else ServerConfig()
+    return base.with_overrides(host=args.host, port=args.port, principals=args.principals, audit_dir=args.audit_dir)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn  # noqa: PLC0415 - the server only when serving
+
+    from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when serving
+    from gateway.service.app import Service, build_app  # noqa: PLC0415 - Starlette only when serving
+
+    config = config_from_args(args)
+    service = Service.from_config(config, runner=DockerRunner)  # refuses to start without principals with a token
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_app(service),
+            host=config.host,
+            port=config.port,
+            lifespan="on",
+            proxy_headers=False,
+            server_header=False,
+            timeout_graceful_shutdown=int(config.grace_s),
+            log_level="info",
+        )
+    )
+    names = ", ".join(sorted(p.name for p in service.principals if p.tokens))
+    print(f"gateway: serving principals {names} on http://{config.host}:{config.port}", file=sys.stderr)
+    server.run()
+    return 0

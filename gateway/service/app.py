@@ -1,0 +1,435 @@
+"""The HTTP service: a Starlette application in front of one :class:`Gateway`.
+
+Every ``/v1`` call carries ``Authorization: Bearer <token>``; the token's principal *is* the request's
+principal (:class:`gateway.Caller`): its policy decides, and every audit record of the request names the
+principal (``principal``) and the token's public id (``data.caller.token_id``), never the token. A body that
+names another ``principal`` is refused with 403 ``auth.principal_mismatch``: a token speaks only for its own
+principal, and a silent re-attribution would hide a confused or hostile client.
+
+Bodies are bounded before they are parsed: the media type first (only ``application/json``, 415), then
+``Content-Length`` against ``max_body_bytes`` before reading and the running total while reading a chunked
+body (413), then JSON (400 ``request.malformed``); the Gateway's own intake does the rest (422 with every
+JSON path). Executions run in a worker thread, so the event loop keeps answering while sandboxes run; the
+policy's deadline bounds every run whatever the client does. Every error body is ``{"code", "message",
+"request_id"}`` (+ ``violations`` / ``errors``), statuses from :func:`gateway.errors.http_status_for`; an
+unexpected exception is logged with its traceback and answered with a plain 500 body, never the traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway import Caller, ExecutionResult, Gateway, PolicySet
+from gateway.audit import JsonlAuditTrail
+from gateway.errors import (
+    AuthenticationError,
+    BodyTooLargeError,
+    GatewayError,
+    MalformedRequestError,
+    PolicyError,
+    PrincipalsNotFoundError,
+    RequestError,
+    ServerConfigError,
+    UnsupportedMediaTypeError,
+    http_status_for,
+)
+from gateway.policy import Policy, load_policy
+from gateway.resources import policy_path_from_env
+from gateway.runner import Runner
+from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
+from gateway.service.config import ServerConfig
+from gateway.service.principals import Principals, load_principals, principals_path_from_env
+from gateway.tool import tool_definition
+
+__all__ = ["Service", "build_app"]
+
+_log = logging.getLogger("gateway.service")
+JSON_MEDIA_TYPE = "application/json"
+
+
+class Service:
+    """What the application serves: the configuration, the principals, one Gateway and the auth-failure log.
+
+    Build it with :meth:`from_config`; :meth:`start` and :meth:`close` are the application's lifespan."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        principals: Principals,
+        gateway: Gateway,
+        auth_failures: AuthFailures,
+        owned: tuple[Callable[[], None], ...] = (),
+    ) -> None:
+        self.config = config
+        self.principals = principals
+        self.gateway = gateway
+        self.auth_failures = auth_failures
+        self._owned = owned
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
+        """Load the principals (refusing a file where no principal holds a token), each principal's policy and
+        the default one, open the trail, then make the runner (``gateway serve``: the Docker runner); the
+        service owns and closes both. A policy that does not load is recorded as ``policy.rejected`` and
+        raised: the service does not start."""
+        principals_file = config.principals or principals_path_from_env()
+        try:
+            principals = load_principals(principals_file)
+        except PrincipalsNotFoundError as exc:
+            raise ServerConfigError(
+                f"no principals file at {principals_file}: the service has no unauthenticated mode",
+                hint="add a principal first: `gateway principals add NAME --policy policies/default.yaml`",
+            ) from exc
+        if not any(p.tokens for p in principals):
+            raise ServerConfigError(
+                f"no principal in {principals_file} holds a token (there are {len(principals)}; revoked principals "
+                "cannot authenticate): the service has no unauthenticated mode",
+                hint="`gateway principals add NAME --policy P` or `gateway principals rotate NAME` issues a token",
+            )
+        sink = JsonlAuditTrail.from_env(config.audit_dir)
+        try:
+            policies = _policy_set(config, principals, sink)
+            backend = runner()
+        except BaseException:
+            sink.close()
+            raise
+        gateway = Gateway(policies, runner=backend, audit=sink)
+        auth = AuthFailures(sink, interval_s=config.auth_failure_interval_s)
+        return cls(
+            config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close)
+        )
+
+    def start(self) -> None:
+        """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
+        self.gateway.__enter__()
+        self.auth_failures.start()
+
+    def close(self) -> None:
+        """Write the last auth-failure summary and the stop record, then close the engine and the trail."""
+        try:
+            self.auth_failures.stop()
+        finally:
+            try:
+                self.gateway.close()
+            finally:
+                for close in self._owned:
+                    with contextlib.suppress(Exception):
+                        close()
+
+
+def _policy_set(config: ServerConfig, principals: Principals, sink: JsonlAuditTrail) -> PolicySet:
+    """``PolicySet.of(default, {name: policy})``, each file loaded once."""
+    loaded: dict[Path, Policy] = {}
+
+    def load(path: Path) -> Policy:
+        if path not in loaded:
+            try:
+                loaded[path] = load_policy(path)
+            except PolicyError as exc:
+                problems = [str(p) for p in exc.problems] or [exc.message]
+                with contextlib.suppress(GatewayError):
+                    sink.append("policy.rejected", {"source": str(path), "problems": problems})
+                raise
+        return loaded[path]
+
+    default = load(policy_path_from_env(config.policy))
+    return PolicySet.of(default, {p.name: load(p.policy) for p in principals})
+
+
+# --- responses -----------------------------------------------------------------------------------------
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _json(status: int, body: dict[str, Any], request_id: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers={"X-Request-Id": request_id, **(headers or {})})
+
+
+def _error(
+    status: int, code: str, message: str, request_id: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return _json(status, {"code": code, "message": message, "request_id": request_id, **extra}, request_id, headers)
+
+
+def _problems(exc: GatewayError) -> list[dict[str, Any]]:
+    return [{"path": p.path or "$", "message": p.message} for p in exc.problems] or [
+        {"path": "$", "message": exc.message}
+    ]
+
+
+def _gateway_error(exc: GatewayError, request_id: str, **extra: Any) -> JSONResponse:
+    status = http_status_for(exc)
+    if isinstance(exc, RequestError):
+        extra["errors"] = _problems(exc)
+    headers = {"WWW-Authenticate": 'Bearer realm="gateway"'} if status == 401 else None
+    return _error(status, exc.code, exc.message, request_id, headers=headers, **extra)
+
+
+def _denied(result: ExecutionResult, body: dict[str, Any]) -> JSONResponse:
+    violations = body["violations"]
+    policy = body["policy"]["name"] if body["policy"] else "?"
+    message = f"denied by policy {policy}: {len(violations)} violation(s)"
+    extra = {"violations": violations, "warnings": body["warnings"], "decision_id": body["decision_id"]}
+    return _error(403, "policy.denied", message, result.request_id, policy=body["policy"], **extra)
+
+
+def _execution_response(result: ExecutionResult) -> JSONResponse:
+    body = result.to_dict()
+    if result.error is not None:
+        extra = {"result": body} if result.outcome is not None else {}
+        return _gateway_error(result.error, result.request_id, **extra)
+    if result.decision is not None and not result.decision.allowed:
+        return _denied(result, body)
+    return _json(200, body, result.request_id)
+
+
+def _decision_response(result: ExecutionResult) -> JSONResponse:
+    if result.error is not None or result.decision is None:
+        error = result.error or GatewayError("the gateway decided nothing")
+        return _gateway_error(error, result.request_id)
+    decision = result.decision.to_dict()
+    body = {"request_id": result.request_id, "allowed": result.decision.allowed, "decision": decision}
+    return _json(200, body, result.request_id)
+
+
+# --- the request's body ----------------------------------------------------------------------------------
+
+
+def _media_type(header: str | None) -> tuple[str, dict[str, str]]:
+    """``type/subtype`` (lowercase) and the parameters of a Content-Type header (RFC 9110 media-type)."""
+    if not header:
+        return "", {}
+    kind, *params = header.split(";")
+    parsed: dict[str, str] = {}
+    for param in params:
+        name, sep, value = param.strip().partition("=")
+        if sep:
+            parsed[name.strip().lower()] = value.strip().strip('"')
+    return kind.strip().lower(), parsed
+
+
+async def _read_json_body(request: Request, limit: int) -> bytes:
+    """The body, checked for media type, size and JSON; the Gateway's intake validates it."""
+    kind, params = _media_type(request.headers.get("content-type"))
+    if kind != JSON_MEDIA_TYPE:
+        got = repr(kind) if kind else "no Content-Type"
+        raise UnsupportedMediaTypeError(f"the body must be {JSON_MEDIA_TYPE}; got {got}")
+    charset = params.get("charset", "utf-8").lower()
+    if charset not in ("utf-8", "utf8"):
+        raise UnsupportedMediaTypeError(f"the body must be UTF-8 JSON; got charset {charset!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise MalformedRequestError(f"Content-Length {declared!r} is not a number of bytes")
+        if int(declared) > limit:
+            raise BodyTooLargeError(f"the body is {int(declared)} bytes; this server accepts at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLargeError(f"the body is more than {limit} bytes, the most this server accepts")
+    try:
+        json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MalformedRequestError(f"the body is not JSON: {exc}") from exc
+    return bytes(body)
+
+
+# --- the application ---------------------------------------------------------------------------------------
+
+Handler = Callable[[Request, Caller, str], Awaitable[Response]]
+
+
+def build_app(service: Service) -> Starlette:
+    """The Starlette application serving ``service``; its lifespan starts and closes the service."""
+    gateway = service.gateway
+
+    async def authenticate(request: Request) -> Caller:
+        header = request.headers.get("authorization")
+        reason: FailureReason
+        token = ""
+        if header is None:
+            reason = "missing"
+        else:
+            scheme, _, token = header.strip().partition(" ")
+            token = token.strip()
+            reason = "malformed" if scheme.lower() != "bearer" or not token else "unknown"
+        if reason == "unknown":
+            found = service.principals.authenticate(token)
+            if found is not None:
+                return Caller(found[0].name, found[1])
+            if presented_token_id(token) is None:
+                reason = "malformed"
+        client = request.client.host if request.client is not None else None
+        token_id = presented_token_id(token) if token else None
+        await run_in_threadpool(
+            service.auth_failures.note, reason, token_id=token_id, client=client, path=request.url.path
+        )
+        raise AuthenticationError(
+            "no bearer token" if reason == "missing" else "the bearer token is not valid (unknown, rotated or revoked)"
+        )
+
+    def v1(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            request_id = _new_request_id()
+            try:
+                caller = await authenticate(request)
+                return await handler(request, caller, request_id)
+            except GatewayError as exc:
+                return _gateway_error(exc, request_id)
+
+        return endpoint
+
+    async def executions(request: Request, caller: Caller, request_id: str) -> Response:
+        body = await _read_json_body(request, service.config.max_body_bytes)
+        result = await run_in_threadpool(gateway.execute, body, caller=caller)
+        return _execution_response(result)
+
+    async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
+        body = await _read_json_body(request, service.config.max_body_bytes)
+        result = await run_in_threadpool(gateway.decide, body, caller=caller)
+        return _decision_response(result)
+
+    async def policy(request: Request, caller: Caller, request_id: str) -> Response:
+        compiled = gateway.policies.for_principal(caller.principal)
+        return _json(200, {"principal": caller.principal, **policy_summary(compiled.policy)}, request_id)
+
+    async def tools(request: Request, caller: Caller, request_id: str) -> Response:
+        compiled = gateway.policies.for_principal(caller.principal)
+        return _json(200, {"tools": [tool_for(compiled.policy)]}, request_id)
+
+    async def healthz(request: Request) -> Response:
+        request_id = _new_request_id()
+        return _json(200, {"status": "ok"}, request_id)
+
+    async def readyz(request: Request) -> Response:
+        request_id = _new_request_id()
+        checks = await run_in_threadpool(readiness, service)
+        if all(ok for ok, _ in checks.values()):
+            return _json(200, {"status": "ready", "checks": dict.fromkeys(checks, "ok")}, request_id)
+        for name, (ok, why) in checks.items():
+            if not ok:
+                _log.warning("not ready: %s: %s", name, why)
+        failed = sorted(name for name, (ok, _) in checks.items() if not ok)
+        shown = {name: "ok" if ok else "failed" for name, (ok, _) in checks.items()}
+        message = f"not ready: {', '.join(failed)} failed (details in the server log)"
+        return _error(503, "service.not_ready", message, request_id, checks=shown)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
+        code = {404: "http.not_found", 405: "http.method_not_allowed"}.get(exc.status_code, "http.error")
+        return _error(exc.status_code, code, str(exc.detail), _new_request_id(), headers=dict(exc.headers or {}))
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        request_id = _new_request_id()
+        _log.error("request %s failed unexpectedly", request_id, exc_info=exc)
+        return _error(500, "gateway.internal", "the server failed unexpectedly; see its log", request_id)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await run_in_threadpool(service.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(service.close)
+
+    routes = [
+        Route("/v1/executions", v1(executions), methods=["POST"]),
+        Route("/v1/decisions", v1(decisions), methods=["POST"]),
+        Route("/v1/policy", v1(policy), methods=["GET"]),
+        Route("/v1/tools", v1(tools), methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: unexpected},
+    )
+
+
+# --- what the read-only endpoints say ------------------------------------------------------------------------
+
+
+def policy_summary(policy: Policy) -> dict[str, Any]:
+    """``GET /v1/policy``: the policy's name and sha256, what a request gets when it asks for nothing
+    (defaults) and the most it may ask for (ceilings)."""
+    limits = {f.name: getattr(policy.limits, f.name) for f in dataclasses.fields(policy.limits)}
+    return {
+        "policy": {"name": policy.name, "sha256": policy.sha256},
+        "defaults": {
+            "language": policy.languages.default,
+            "image": policy.images.default,
+            "network": policy.network.default,
+            "runtime": policy.runtime.default,
+            "limits": {name: limit.default for name, limit in limits.items() if hasattr(limit, "default")},
+        },
+        "ceilings": {
+            "languages": list(policy.languages.allowed),
+            "networks": list(policy.network.allowed),
+            "runtimes": list(policy.runtime.allowed),
+            "limits": {name: limit.max for name, limit in limits.items() if hasattr(limit, "max")},
+        },
+    }
+
+
+def tool_for(policy: Policy) -> dict[str, Any]:
+    """The ``execute_python`` definition for a caller under ``policy``: its timeout ceiling as the schema's
+    maximum, and its ceilings stated in the description so that the model does not ask for more."""
+    definition = tool_definition(float(policy.limits.timeout_s.max))
+    limits = policy.limits
+    function = definition["function"]
+    function["description"] += (
+        f" Limits of this caller (policy {policy.name}): at most {limits.timeout_s.max} s wall clock "
+        f"(default {limits.timeout_s.default} s), {limits.memory.max} bytes of memory, {limits.cpus.max} CPUs, "
+        f"{limits.output_bytes.max} bytes of output per stream; network {'/'.join(policy.network.allowed)}."
+        f' Call it through POST /v1/executions with {{"code": code, "limits": {{"timeout_s": timeout}}}}.'
+    )
+    return definition
+
+
+def readiness(service: Service) -> dict[str, tuple[bool, str]]:
+    """``GET /readyz``: the engine answers, every policy's default image is present, the trail is writable."""
+    checks: dict[str, tuple[bool, str]] = {}
+    gateway = service.gateway
+    images = sorted({compiled.policy.images.default for compiled in gateway.policies})
+    try:
+        missing = [image for image in images if gateway.runner.image_id(image) is None]
+        checks["engine"] = (True, "")
+        checks["image"] = (not missing, f"missing: {', '.join(missing)}" if missing else "")
+    except Exception as exc:  # noqa: BLE001 - any failure to ask the engine means it is not reachable
+        checks["engine"] = (False, f"{type(exc).__name__}: {exc}")
+        checks["image"] = (False, "the engine did not answer")
+    checks["audit"] = _audit_writable(gateway)
+    return checks
+
+
+def _audit_writable(gateway: Gateway) -> tuple[bool, str]:
+    directory = getattr(gateway.audit, "directory", None)
+    if directory is None:
+        return True, ""
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.fspath(directory), prefix=".readyz-"):
+            pass
+    except OSError as exc:
+        return False, f"{directory}: {exc.strerror or exc}"
+    return True, ""

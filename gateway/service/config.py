@@ -1,0 +1,138 @@
+"""The configuration of ``gateway serve``: a strict YAML file (``schemas/server.schema.json``) plus flags.
+
+Every key has an embedded default, so no file is needed: ``gateway serve`` alone listens on 127.0.0.1:8787
+with ``./principals.yaml``, the default policy and ``./audit``. Precedence, per setting: the flag, then the
+file, then the environment variable the CLI already knows (``GATEWAY_PRINCIPALS``, ``GATEWAY_POLICY``,
+``GATEWAY_AUDIT_DIR``), then the default. Problems are reported like a policy's, ``file:line: $.path: ...``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from gateway.errors import PolicyError, Problem, ServerConfigError
+from gateway.policy.yamlstrict import load_yaml
+from gateway.resources import load_schema
+from gateway.service.principals import DEFAULT_QUOTAS, Quotas
+from gateway.validation import problems_from_error
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_PORT",
+    "MAX_CONFIG_BYTES",
+    "ServerConfig",
+    "load_server_config",
+    "load_server_config_text",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8787
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_CONFIG_BYTES = 1024 * 1024
+"""A configuration file larger than this is refused before parsing."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """What the service runs with; the defaults are the embedded ones."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    principals: Path | None = None
+    """The principals file; None: ``GATEWAY_PRINCIPALS``, then ``./principals.yaml``."""
+    policy: Path | None = None
+    """The default policy; None: ``GATEWAY_POLICY``, then the shipped default."""
+    audit_dir: Path | None = None
+    """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    quotas: Quotas = DEFAULT_QUOTAS
+    """Default quotas, kept for the quota enforcement still to come (nothing enforces them yet)."""
+    grace_s: float = 30.0
+    """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
+    auth_failure_interval_s: float = 60.0
+    source: str | None = field(default=None, compare=False)
+    """The file it was read from, if any."""
+
+    def with_overrides(self, **flags: Any) -> ServerConfig:
+        """This configuration with every flag that was given (not None) replacing its key."""
+        given = {name: value for name, value in flags.items() if value is not None}
+        for name in ("principals", "policy", "audit_dir"):
+            if name in given:
+                given[name] = Path(given[name])
+        return replace(self, **given)
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    return Draft202012Validator(load_schema("server"), format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def _invalid(source: str, problems: list[Problem]) -> ServerConfigError:
+    problems.sort(key=lambda p: (p.line or 0, p.path or ""))
+    return ServerConfigError(
+        f"{source} is not a valid server configuration: {len(problems)} problem(s)", problems=problems
+    )
+
+
+def load_server_config_text(text: str, *, source: str = "<string>", base: Path | None = None) -> ServerConfig:
+    """The configuration in ``text``; relative paths are taken from ``base`` (the file's directory)."""
+    try:
+        loaded = load_yaml(text, source=source)
+    except PolicyError as exc:  # the strict reader speaks for policies; the problems are this file's
+        raise _invalid(source, list(exc.problems)) from exc
+    problems = [
+        problem
+        for error in _validator().iter_errors(loaded.data)
+        for problem in problems_from_error(error, source=source, domain="server", line_of=loaded.line_of)
+    ]
+    if problems:
+        raise _invalid(source, problems)
+    data: dict[str, Any] = loaded.data
+    where = base if base is not None else Path.cwd()
+
+    def path(key: str) -> Path | None:
+        return where / data[key] if key in data else None
+
+    quotas = data.get("quotas", {})
+    return ServerConfig(
+        host=data.get("host", DEFAULT_HOST),
+        port=data.get("port", DEFAULT_PORT),
+        principals=path("principals"),
+        policy=path("policy"),
+        audit_dir=path("audit_dir"),
+        max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        quotas=Quotas(
+            max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
+            rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),
+            queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
+        ),
+        grace_s=float(data.get("grace_s", 30.0)),
+        auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
+        source=source,
+    )
+
+
+def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
+    """The configuration file at ``path``; :class:`ServerConfigError` with every problem as file:line: $.path."""
+    source = os.fspath(path)
+    try:
+        with Path(source).open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError as exc:
+        raise ServerConfigError(f"server configuration {source} does not exist") from exc
+    except OSError as exc:
+        raise ServerConfigError(f"server configuration {source} cannot be read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise _invalid(source, [Problem(f"larger than the {MAX_CONFIG_BYTES} byte cap", source=source)])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(source, [Problem(f"not valid UTF-8 at byte {exc.start}", source=source)]) from exc
+    return load_server_config_text(text, source=source, base=Path(source).resolve().parent)
