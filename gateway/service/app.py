@@ -54,6 +54,7 @@ from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
+from gateway.service.openapi import openapi_document
 from gateway.service.principals import Principals, load_principals, principals_path_from_env
 from gateway.tool import tool_definition
 
@@ -334,6 +335,9 @@ def build_app(service: Service) -> Starlette:
         message = f"not ready: {', '.join(failed)} failed (details in the server log)"
         return _error(503, "service.not_ready", message, request_id, checks=shown)
 
+    async def openapi(request: Request) -> Response:
+        return _json(200, openapi_document(), _new_request_id())
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
         code = {404: "http.not_found", 405: "http.method_not_allowed"}.get(exc.status_code, "http.error")
@@ -359,6 +363,7 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/tools", v1(tools), methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,

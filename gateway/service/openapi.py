@@ -1,0 +1,233 @@
+"""``GET /openapi.json``: the service's OpenAPI 3.1 document, built from the JSON Schemas in ``schemas/``.
+
+The schemas stay the single source of truth: each file (request, decision, result, error, api) is embedded
+once under ``components.schemas`` with its ``$ref`` pointers rewritten to point inside the document
+(``#/$defs/x`` of ``decision.schema.json`` becomes ``#/components/schemas/Decision/$defs/x``), and every
+operation's bodies reference them. No shape is restated here; this module only says which body goes with
+which endpoint and status. The document is served without authentication: it names no principal, policy or
+token, only the public contract (the same schemas ship in the package), and a client needs it before it has
+learnt how to authenticate.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+from gateway import __version__
+from gateway.resources import load_schema
+
+__all__ = ["COMPONENTS", "openapi_document"]
+
+COMPONENTS = {
+    "request": "ExecutionRequest",
+    "decision": "Decision",
+    "result": "ExecutionResult",
+    "error": "Error",
+    "api": "Api",
+}
+"""schemas/<file>.schema.json -> the component it becomes."""
+
+_JSON = "application/json"
+
+
+def _rewrite(node: Any, own: str) -> Any:
+    """``node`` with every ``$ref`` pointing into the document instead of at a schema file."""
+    if isinstance(node, list):
+        return [_rewrite(item, own) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str):
+            file, _, fragment = value.partition("#")
+            target = COMPONENTS[file.removesuffix(".schema.json")] if file else own
+            out[key] = f"#/components/schemas/{target}{fragment}"
+        elif key in ("$id", "$schema") and isinstance(value, str):
+            continue
+        else:
+            out[key] = _rewrite(value, own)
+    return out
+
+
+def _ref(component: str, pointer: str = "") -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{component}{pointer}"}
+
+
+def _body(schema: dict[str, Any], description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": {_JSON: {"schema": schema}}}
+    out["headers"] = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}, **(headers or {})}
+    return out
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/responses/{description}"}
+
+
+_ERRORS: dict[str, tuple[str, str]] = {
+    # status: (component response name, description)
+    "400": ("Malformed", "The body is not JSON (request.malformed), or Content-Length is not a number."),
+    "401": ("Unauthenticated", "No bearer token, or one that is unknown, rotated or revoked (auth.failed)."),
+    "403": (
+        "Forbidden",
+        "Denied by policy (policy.denied, with every violation) or the body names another principal "
+        "(auth.principal_mismatch).",
+    ),
+    "404": ("NotFound", "No such endpoint (http.not_found)."),
+    "405": ("MethodNotAllowed", "The endpoint does not take this method (http.method_not_allowed)."),
+    "413": ("TooLarge", "The body is larger than max_body_bytes (request.too_large)."),
+    "415": ("MediaType", "The body is not application/json in UTF-8 (request.media_type)."),
+    "422": ("Invalid", "The request does not validate (request.invalid, with every JSON path)."),
+    "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
+    "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
+    "503": (
+        "Unavailable",
+        "The engine is down, the image missing, no capacity, or the audit trail unwritable: fail closed.",
+    ),
+    "507": ("AuditLowSpace", "The trail's file system is below its free-space watermark (audit.low_space)."),
+}
+
+
+def _responses(ok: dict[str, Any], *statuses: str) -> dict[str, Any]:
+    out = {"200": ok}
+    for status in statuses:
+        out[status] = _error(_ERRORS[status][0])
+    return out
+
+
+@cache
+def _document() -> dict[str, Any]:
+    schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
+    auth: list[dict[str, list[str]]] = [{"bearer": []}]
+    v1 = ("401", "405")
+    body = ("400", "413", "415", "422")
+    request_body = {"required": True, "content": {_JSON: {"schema": _ref("ExecutionRequest")}}}
+    paths: dict[str, Any] = {
+        "/v1/executions": {
+            "post": {
+                "operationId": "execute",
+                "summary": "Run a request in a single-use sandbox (200 whatever the program's exit code).",
+                "security": auth,
+                "requestBody": request_body,
+                "responses": _responses(
+                    _body(_ref("ExecutionResult"), "It ran: the result object (`--json`)."),
+                    *body,
+                    *v1,
+                    "403",
+                    "500",
+                    "502",
+                    "503",
+                    "507",
+                ),
+            }
+        },
+        "/v1/decisions": {
+            "post": {
+                "operationId": "decide",
+                "summary": "Dry run: the decision and the assembled options; nothing runs.",
+                "security": auth,
+                "requestBody": request_body,
+                "responses": _responses(
+                    _body(_ref("Api", "/$defs/decisionResponse"), "Decided (allowed or denied: the body says)."),
+                    *body,
+                    *v1,
+                    "403",
+                    "500",
+                    "503",
+                    "507",
+                ),
+            }
+        },
+        "/v1/policy": {
+            "get": {
+                "operationId": "policy",
+                "summary": "The caller's effective policy: name, sha256, defaults and ceilings.",
+                "security": auth,
+                "responses": _responses(_body(_ref("Api", "/$defs/policySummary"), "The policy."), *v1),
+            }
+        },
+        "/v1/tools": {
+            "get": {
+                "operationId": "tools",
+                "summary": "Function-calling tool definitions for this caller, with its ceilings.",
+                "security": auth,
+                "responses": _responses(_body(_ref("Api", "/$defs/tools"), "The tools."), *v1),
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness: the process answers.",
+                "security": [],
+                "responses": _responses(_body(_ref("Api", "/$defs/health"), "Alive."), "405"),
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: the engine answers, every default image is present, the trail is writable.",
+                "security": [],
+                "responses": _responses(_body(_ref("Api", "/$defs/readiness"), "Ready."), "405", "503"),
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document (no authentication: it holds only the public contract).",
+                "security": [],
+                "responses": _responses(
+                    {"description": "The OpenAPI 3.1 document.", "content": {_JSON: {"schema": {"type": "object"}}}},
+                    "405",
+                ),
+            }
+        },
+    }
+    responses: dict[str, Any] = {}
+    for status, (name, description) in _ERRORS.items():
+        headers = {}
+        if status == "401":
+            headers["WWW-Authenticate"] = {
+                "description": 'Always `Bearer realm="gateway"`.',
+                "required": True,
+                "schema": {"type": "string", "pattern": "^Bearer"},
+            }
+        if status == "405":
+            headers["Allow"] = {"description": "The methods the endpoint takes.", "schema": {"type": "string"}}
+        responses[name] = _body(_ref("Error"), f"{status}: {description}", headers)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agent-exec-gateway",
+            "version": __version__,
+            "description": "The policy-enforcing gateway's HTTP API (`gateway serve`). Every /v1 call needs "
+            "`Authorization: Bearer TOKEN`; each principal is decided under its own policy. The bodies are the "
+            "JSON Schemas shipped in schemas/. A path that is not listed here answers 404 with the error body "
+            "(http.not_found).",
+        },
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "responses": responses,
+            "headers": {
+                "X-Request-Id": {
+                    "description": "Id of this request (the gateway's request id, also in its audit records).",
+                    "required": True,
+                    "schema": {"type": "string", "minLength": 1},
+                }
+            },
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A principal's token (`gateway principals add`); only its SHA-256 is stored.",
+                }
+            },
+        },
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the document (callers may not alter the cached one)."""
+    return copy.deepcopy(_document())

@@ -1,0 +1,99 @@
+"""The OpenAPI document: built from schemas/, covering every route of the application."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from gateway.resources import load_schema
+from gateway.service.openapi import COMPONENTS, openapi_document
+
+pytest.importorskip("starlette")
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "$ref" and isinstance(v, str)] + [
+            r for v in node.values() for r in _refs(v)
+        ]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
+
+
+def _resolve(document: dict[str, Any], ref: str) -> Any:
+    node: Any = document
+    for part in ref.removeprefix("#/").split("/"):
+        key = part.replace("~1", "/").replace("~0", "~")
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    return node
+
+
+@pytest.mark.parametrize("name", ["result", "error", "api"])
+def test_new_schemas_are_valid_and_described(name: str) -> None:
+    from tests.unit.test_schemas import _described
+
+    schema = load_schema(name)
+    Draft202012Validator.check_schema(schema)
+    missing: list[str] = []
+    _described(schema, "$", missing)
+    assert missing == []
+
+
+def test_every_ref_resolves_inside_the_document() -> None:
+    document = openapi_document()
+    refs = _refs(document)
+    assert refs
+    for ref in refs:
+        assert ref.startswith("#/"), ref
+        _resolve(document, ref)  # KeyError when it points nowhere
+
+
+def test_components_are_the_schema_files_not_restatements() -> None:
+    document = openapi_document()
+    for file, name in COMPONENTS.items():
+        embedded = document["components"]["schemas"][name]
+        original = load_schema(file)
+        assert (
+            embedded["properties" if "properties" in original else "$defs"].keys()
+            == original.get("properties", original.get("$defs", {})).keys()
+        )
+        assert "$id" not in embedded
+
+
+def test_every_route_is_documented_with_its_errors_and_security() -> None:
+    from gateway.service.app import build_app
+
+    document = openapi_document()
+    routes = {
+        (route.path, method.lower())
+        for route in build_app(_NoService()).routes  # type: ignore[arg-type]
+        for method in (route.methods or ()) - {"HEAD"}
+    }
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert routes == documented
+    for path, item in document["paths"].items():
+        for operation in item.values():
+            statuses = set(operation["responses"])
+            assert "200" in statuses
+            if path.startswith("/v1/"):
+                assert operation["security"] == [{"bearer": []}]
+                assert {"401", "405"} <= statuses
+            else:
+                assert operation["security"] == []
+    for path in ("/v1/executions", "/v1/decisions"):
+        assert {"400", "403", "413", "415", "422", "503"} <= set(document["paths"][path]["post"]["responses"])
+    unauthenticated = document["components"]["responses"]["Unauthenticated"]
+    assert unauthenticated["headers"]["WWW-Authenticate"]["required"] is True
+    bearer = document["components"]["securitySchemes"]["bearer"]
+    assert (bearer["type"], bearer["scheme"]) == ("http", "bearer")
+    json.dumps(document)
+
+
+class _NoService:
+    """build_app only reads ``service.gateway`` when building the routes."""
+
+    gateway = None
