@@ -31,13 +31,29 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8787; 0 picks a free one)")
     p.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (needs --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (needs --tls-cert)")
     p.set_defaults(func=_serve)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The configuration file (or the embedded defaults) with the flags applied."""
     base = load_server_config(args.config) if args.config else ServerConfig()
-    return base.with_overrides(host=args.host, port=args.port, principals=args.principals, audit_dir=args.audit_dir)
+    return base.with_overrides(
+        host=args.host,
+        port=args.port,
+        principals=args.principals,
+        audit_dir=args.audit_dir,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+
+
+def tls_args(config: ServerConfig) -> dict[str, Any]:
+    """uvicorn's ``ssl_certfile`` / ``ssl_keyfile`` when the configuration serves TLS."""
+    if config.tls_cert is None or config.tls_key is None:
+        return {}
+    return {"ssl_certfile": str(config.tls_cert), "ssl_keyfile": str(config.tls_key)}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -58,9 +74,13 @@ def _serve(args: argparse.Namespace) -> int:
             server_header=False,
             timeout_graceful_shutdown=int(config.grace_s),
             log_level="info",
+            **tls_args(config),
         )
     )
     names = ", ".join(sorted(p.name for p in service.principals if p.tokens))
-    print(f"gateway: serving principals {names} on http://{config.host}:{config.port}", file=sys.stderr)
+    print(
+        f"gateway: serving principals {names} on {'https' if config.tls_cert else 'http'}://{config.host}:{config.port}",
+        file=sys.stderr,
+    )
     server.run()
     return 0

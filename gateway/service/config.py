@@ -57,13 +57,25 @@ class ServerConfig:
     grace_s: float = 30.0
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; requires ``tls_key``."""
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert``; requires ``tls_cert``."""
     source: str | None = field(default=None, compare=False)
     """The file it was read from, if any."""
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            raise ServerConfigError(
+                f"{given} is set but {missing} is not: TLS needs both the certificate and its private key",
+                hint="pass both --tls-cert FILE and --tls-key FILE (or both config keys), or neither",
+            )
 
     def with_overrides(self, **flags: Any) -> ServerConfig:
         """This configuration with every flag that was given (not None) replacing its key."""
         given = {name: value for name, value in flags.items() if value is not None}
-        for name in ("principals", "policy", "audit_dir"):
+        for name in ("principals", "policy", "audit_dir", "tls_cert", "tls_key"):
             if name in given:
                 given[name] = Path(given[name])
         return replace(self, **given)
@@ -115,6 +127,8 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         ),
         grace_s=float(data.get("grace_s", 30.0)),
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
+        tls_cert=path("tls_cert"),
+        tls_key=path("tls_key"),
         source=source,
     )
 
