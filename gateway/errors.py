@@ -47,6 +47,7 @@ __all__ = [
     "SandboxError",
     "ServerConfigError",
     "ServiceError",
+    "ServiceUnreachableError",
     "UnknownPrincipalError",
     "UnsafeOptionsError",
     "UnsupportedMediaTypeError",
@@ -117,6 +118,9 @@ class GatewayError(Exception):
         self.outcome: Any = None
         """What the sandbox had produced when this error ended the run (an ``Outcome``: output so far, the
         container id), set by the runner when a container existed; None when nothing ran."""
+        self.request_id: str | None = None
+        """The service's request id, on an error :mod:`gateway.client` rebuilt from an HTTP error body (it names
+        the request in the server's audit trail and logs); None for an error raised in this process."""
 
     def diagnostics(self) -> str:
         """A multi-line text for people: the message, every problem, and what to do."""
@@ -258,6 +262,14 @@ class AuthenticationError(ServiceError):
 
     code = "auth.failed"
     hint = "send `Authorization: Bearer <token>` with a token issued by `gateway principals add|rotate`"
+
+
+class ServiceUnreachableError(ServiceError):
+    """:mod:`gateway.client` could not get an answer from the service: connection refused, TLS failure, timeout,
+    or a reply that is not HTTP. Whether a request that was sent ran is unknown: its id is not known either."""
+
+    code = "service.unreachable"
+    hint = "check the service's URL, that `gateway serve` is running, the TLS settings and the client's timeout"
 
 
 # --- contracts between the gateway's own parts ---------------------------------------------------------
@@ -415,6 +427,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (PrincipalsError, EXIT_GATEWAY_FAILURE, 500),
     (ServerConfigError, EXIT_GATEWAY_FAILURE, 500),
     (AuthenticationError, EXIT_USAGE, 401),
+    (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),

@@ -68,6 +68,11 @@ class ExecutionResult:
         return self.decision is not None and self.decision.allowed and self.error is None
 
     @property
+    def ran(self) -> bool:
+        """True when a sandbox ran (``outcome`` is set), whatever the program did."""
+        return self.outcome is not None
+
+    @property
     def exit_status(self) -> int:
         """CLI exit status following ``docker run`` / ``timeout(1)`` (see DESIGN.md)."""
         if self.error is not None and self.outcome is None:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gateway import ExecutionResult, Gateway
+from gateway import Gateway
+from gateway.executor import Executor, ResultLike
 
 __all__ = ["result_summary", "run_in_sandbox"]
 
 
-def result_summary(result: ExecutionResult) -> dict[str, Any]:
-    """``{'success': bool, 'output' | 'error': str}`` for a result: success means allowed, ran, exit 0."""
+def result_summary(result: ResultLike) -> dict[str, Any]:
+    """``{'success': bool, 'output' | 'error': str}`` for a result (local or remote): success means allowed,
+    ran, exit 0."""
     data = result.to_dict()
-    if result.error is not None and result.outcome is None:
+    if result.error is not None and not result.ran:
         details = "; ".join(str(p) for p in result.error.problems)
         return {
             "success": False,
@@ -41,7 +43,17 @@ def run_in_sandbox(
     *,
     policy: str | os.PathLike[str] | None = None,
     audit_dir: str | os.PathLike[str] | None = None,
+    gateway: Executor | None = None,
 ) -> dict[str, Any]:
-    """Run Python ``code`` through the gateway; a timeout above the policy's ceiling is denied, not clamped."""
+    """Run Python ``code`` through the gateway; a timeout above the policy's ceiling is denied, not clamped.
+
+    ``gateway``: a local :class:`Gateway` or a remote :class:`gateway.client.Client` to run it with (its
+    policy applies; ``policy`` and ``audit_dir`` are then not given); with none, a default local gateway
+    (``policy``, ``audit_dir``) serves just this call."""
+    request = {"code": code, "limits": {"timeout_s": timeout}}
+    if gateway is not None:
+        if policy is not None or audit_dir is not None:
+            raise ValueError("pass either `gateway` or `policy`/`audit_dir`: a given gateway has its own")
+        return result_summary(gateway.execute(request))
     with Gateway.from_env(policy, audit_dir) as gw:
-        return result_summary(gw.execute({"code": code, "limits": {"timeout_s": timeout}}))
+        return result_summary(gw.execute(request))

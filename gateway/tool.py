@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway import Gateway
+from gateway.executor import Executor, ResultLike
 from gateway.policy.model import Policy
 from gateway.policy.sizes import format_size
 
@@ -92,21 +93,38 @@ def _clip(text: str) -> tuple[str, bool]:
 class ToolHandler:
     """Dispatches tool calls to one gateway (keep one per agent session or service).
 
-    Every request names ``principal``, so the gateway decides it under that principal's policy and the audit
-    trail says who asked."""
+    ``gateway`` is a local :class:`Gateway` or a remote :class:`gateway.client.Client` (anything with the
+    :class:`~gateway.executor.Executor` protocol); the model's answers are the same. With a local gateway every
+    request names ``principal`` (default :data:`DEFAULT_TOOL_PRINCIPAL`), so the gateway decides it under that
+    principal's policy and the audit trail says who asked. With a remote client the token *is* the principal:
+    the requests name none (the service refuses a body naming another), and ``principal`` may not be given."""
 
-    def __init__(self, gateway: Gateway, *, principal: str = DEFAULT_TOOL_PRINCIPAL) -> None:
+    def __init__(self, gateway: Executor, *, principal: str | None = None) -> None:
         self.gateway = gateway
-        self.principal = principal
+        self.local = isinstance(gateway, Gateway)
+        if principal is not None and not self.local:
+            raise ValueError("a remote client acts as its token's principal; do not pass `principal`")
+        self.principal = (principal or DEFAULT_TOOL_PRINCIPAL) if self.local else None
 
     @property
     def policy(self) -> Policy:
-        """The policy this handler's requests are decided under."""
+        """The policy this handler's requests are decided under (local gateway only; remotely, ask
+        ``client.policy()``)."""
+        if not isinstance(self.gateway, Gateway) or self.principal is None:
+            raise TypeError("the policy object is known only to a local Gateway; use client.policy() remotely")
         return self.gateway.policies.for_principal(self.principal).policy
 
     def definition(self) -> dict[str, Any]:
         """The tool definition with the timeout bounded by the principal's policy ceiling, which the
-        description states with the other ceilings."""
+        description states with the other ceilings (remotely: the service's ``GET /v1/tools``)."""
+        if not self.local:
+            tools = getattr(self.gateway, "tools", None)
+            if not callable(tools):
+                raise TypeError(f"{type(self.gateway).__name__} has no tools() to read the tool definition from")
+            for tool in tools():
+                if tool.get("function", {}).get("name") == TOOL_NAME:
+                    return dict(tool)
+            raise LookupError(f"the service does not offer the {TOOL_NAME} tool")
         policy = self.policy
         return tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings_text(policy))
 
@@ -130,13 +148,22 @@ class ToolHandler:
         code = args.get("code")
         if not isinstance(code, str):
             return _error("invalid_arguments", "'code' must be a string")
-        request: dict[str, Any] = {"code": code, "language": "python", "principal": self.principal}
+        request: dict[str, Any] = {"code": code, "language": "python"}
+        if self.principal is not None:
+            request["principal"] = self.principal
         timeout = args.get("timeout")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return _error("invalid_arguments", "'timeout' must be a positive number of seconds")
             request["limits"] = {"timeout_s": timeout}
-        result = self.gateway.execute(request, cancel=cancel).to_dict()
+        outcome: ResultLike
+        if cancel is None:
+            outcome = self.gateway.execute(request)
+        elif isinstance(self.gateway, Gateway):
+            outcome = self.gateway.execute(request, cancel=cancel)
+        else:
+            raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
+        result = outcome.to_dict()
         stdout, out_clipped = _clip(result["stdout"])
         stderr, err_clipped = _clip(result["stderr"])
         answer: dict[str, Any] = {
@@ -166,8 +193,9 @@ class ToolHandler:
         return answer
 
 
-def handle_tool_call(name: str, args: Mapping[str, Any] | str, *, gateway: Gateway | None = None) -> dict[str, Any]:
-    """Route one tool call; with no ``gateway`` a default one (embedded policy, ./audit) serves just this call."""
+def handle_tool_call(name: str, args: Mapping[str, Any] | str, *, gateway: Executor | None = None) -> dict[str, Any]:
+    """Route one tool call to ``gateway`` (a local :class:`Gateway` or a remote :class:`gateway.client.Client`);
+    with none, a default local one (embedded policy, ./audit) serves just this call."""
     if gateway is not None:
         return ToolHandler(gateway)(name, args)
     with Gateway.from_env() as gw:

@@ -8,10 +8,15 @@ may remain.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -20,6 +25,12 @@ from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.testing import assemble
+
+if TYPE_CHECKING:
+    import httpx
+
+    from gateway.service.app import Service
+    from gateway.service.config import ServerConfig
 
 SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
 MANAGED_LABEL = "io.agent-gateway.managed"
@@ -161,3 +172,120 @@ def tiny_fs(tmp_path: Any) -> Iterator[Callable[[str], Any]]:
     yield make
     for target in mounted:
         subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+# --- the HTTP service on a loopback port (test_service_http.py, test_client.py) ------------------------------
+
+BODY_LIMIT = 4096
+
+
+@dataclass
+class Server:
+    url: str
+    service: Service
+    audit_dir: Path
+    tokens: dict[str, str]
+    stop: Callable[[], None]
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def records(self, event_type: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for segment in sorted(self.audit_dir.glob("trail-*.jsonl")):
+            for line in segment.read_text().splitlines():
+                record = json.loads(line)
+                if event_type is None or record["event_type"] == event_type:
+                    out.append(record)
+        return out
+
+
+def _tight_policy(directory: Path) -> Path:
+    """The default policy renamed ``tight``, with a timeout ceiling of 10 s instead of 60 s."""
+    text = (policies_dir() / "default.yaml").read_text()
+    text = text.replace("name: default", "name: tight", 1)
+    text = text.replace("timeout_s: {default: 10, max: 60}", "timeout_s: {default: 5, max: 10}", 1)
+    assert "name: tight" in text
+    assert "max: 10}" in text
+    path = directory / "tight.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def principals_file(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """alice (default policy), bob (tight policy), carol (revoked: her old token is kept to try)."""
+    from gateway.service.principals import PrincipalsStore
+
+    path = tmp_path / "principals.yaml"
+    store = PrincipalsStore(path)
+    tokens = {
+        "alice": store.add("alice", policy=str(policies_dir() / "default.yaml"), role="agent"),
+        "bob": store.add("bob", policy=str(_tight_policy(tmp_path)), role="agent"),
+        "carol": store.add("carol", policy=str(policies_dir() / "default.yaml"), role="agent"),
+    }
+    store.revoke("carol")
+    return path, tokens
+
+
+def _start(
+    config: ServerConfig, runner: Callable[[], DockerRunner] = DockerRunner
+) -> tuple[str, Service, Callable[[], None]]:
+    import uvicorn
+
+    from gateway.service.app import Service, build_app
+
+    service = Service.from_config(config, runner=runner)
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(service), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the server thread died while starting"
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the server did not stop"
+
+    return f"http://127.0.0.1:{port}", service, stop
+
+
+@pytest.fixture
+def serve(tmp_path: Path, principals_file: tuple[Path, dict[str, str]]) -> Iterator[Callable[..., Server]]:
+    from gateway.service.config import ServerConfig
+
+    started: list[Server] = []
+
+    def make(runner: Callable[[], DockerRunner] = DockerRunner, **config: Any) -> Server:
+        settings = {
+            "principals": principals_file[0], "audit_dir": tmp_path / "audit", "max_body_bytes": BODY_LIMIT, **config,
+        }  # fmt: skip
+        url, service, stop = _start(ServerConfig(**settings), runner)
+        stopped: list[bool] = []
+
+        def stop_once() -> None:
+            if not stopped:
+                stopped.append(True)
+                stop()
+
+        server = Server(url, service, Path(settings["audit_dir"]), principals_file[1], stop_once)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def server(serve: Callable[..., Server]) -> Server:
+    return serve()

@@ -1,0 +1,382 @@
+"""A Python client for ``gateway serve`` (on ``httpx``): :class:`Client` and :class:`AsyncClient`.
+
+``Client(base_url, token)`` calls the service as the token's principal. The methods mirror the library, so a
+caller can swap a local :class:`gateway.Gateway` for a remote client:
+
+- :meth:`Client.execute` / :meth:`Client.decide` return a :class:`RemoteResult`, shaped like the
+  :class:`gateway.ExecutionResult` that ``Gateway.execute`` / ``Gateway.decide`` return: ``to_dict()`` has the
+  same keys, and ``allowed``, ``ran``, ``error``, ``exit_status`` mean the same. Like the library, they do not
+  raise for what the gateway decided or failed at: a policy denial (HTTP 403 ``policy.denied``) is a result
+  with ``allowed`` False and its ``violations``; an invalid request (422), an engine or trail that is down
+  (503), capacity, a refused principal... are a result whose ``error`` is the library's exception, rebuilt
+  from the error body.
+- They raise only for what is about the client itself: :class:`~gateway.errors.AuthenticationError` for a
+  token the service does not accept (401), :class:`~gateway.errors.ServiceUnreachableError` when no HTTP
+  answer came (connection, TLS, timeout), and a success answer that is not the service's contract.
+- :meth:`Client.policy` and :meth:`Client.tools` return the JSON of ``GET /v1/policy`` / ``GET /v1/tools``
+  and raise the mapped exception for any error.
+
+Error bodies (``code``, ``message``, ``request_id``, ``violations`` / ``errors``) become the class of
+:mod:`gateway.errors` with that stable ``code``; an unknown code becomes a subclass (keeping the code) of
+the base class of its status family (401: ``AuthenticationError``, other 4xx: ``RequestError``, 5xx:
+``GatewayError``). ``errors`` become the exception's ``problems`` (with their JSON paths); the service's
+``request_id`` is kept on the exception (``exc.request_id``).
+
+The token is sent only in the ``Authorization`` header: it is never logged, and appears in no exception,
+``repr`` or result. The client's ``timeout`` must exceed the longest run the policy allows (the server's
+deadline bounds every run whatever the client does); the default is :data:`DEFAULT_TIMEOUT`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+import httpx
+
+from gateway import errors as _errors
+from gateway.errors import (
+    EXIT_DENIED,
+    EXIT_GATEWAY_FAILURE,
+    AuthenticationError,
+    GatewayError,
+    Problem,
+    RequestError,
+    ServiceUnreachableError,
+    exit_code_for,
+)
+
+__all__ = ["DEFAULT_TIMEOUT", "AsyncClient", "Client", "RemoteResult", "error_from_response"]
+
+DEFAULT_TIMEOUT = 90.0
+"""Seconds the client waits for an answer: above the default policy's 60 s ceiling plus start-up."""
+DENIED_CODE = "policy.denied"
+
+RequestBody = Mapping[str, Any] | str | bytes
+
+
+# --- results --------------------------------------------------------------------------------------------
+
+
+class RemoteResult:
+    """What one remote request came to, read like :class:`gateway.ExecutionResult`.
+
+    ``to_dict()`` is the ``--json`` result object with the library's keys; ``decision`` is the decision record
+    (``schemas/decision.schema.json``) as JSON when the service sent one (``decide``), else None."""
+
+    __slots__ = ("_data", "decision", "error", "status")
+
+    def __init__(
+        self, data: dict[str, Any], *, status: int, error: GatewayError | None = None,
+        decision: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        self._data = data
+        self.status = status
+        """The HTTP status of the answer."""
+        self.error = error
+        """The library's exception for a gateway-side failure (``exc.request_id`` set); None otherwise."""
+        self.decision = decision
+
+    @property
+    def request_id(self) -> str:
+        return str(self._data["request_id"])
+
+    @property
+    def allowed(self) -> bool:
+        return bool(self._data["allowed"]) and self.error is None
+
+    @property
+    def ran(self) -> bool:
+        """True when a sandbox ran (the service reported an outcome)."""
+        return self._data["duration_ms"] is not None
+
+    @property
+    def exit_status(self) -> int:
+        return int(self._data["exit_status"])
+
+    @property
+    def exit_code(self) -> int | None:
+        code = self._data["exit_code"]
+        return None if code is None else int(code)
+
+    @property
+    def stdout(self) -> str:
+        return str(self._data["stdout"])
+
+    @property
+    def stderr(self) -> str:
+        return str(self._data["stderr"])
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        return list(self._data["violations"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A fresh copy of the result object (the keys of :meth:`gateway.ExecutionResult.to_dict`)."""
+        return copy.deepcopy(self._data)
+
+    def __repr__(self) -> str:
+        error = f", error={self.error.code!r}" if self.error is not None else ""
+        return (
+            f"RemoteResult(request_id={self.request_id!r}, allowed={self.allowed}, ran={self.ran}, "
+            f"exit_status={self.exit_status}{error})"
+        )
+
+
+def _result_data(
+    request_id: str, *, allowed: bool, decision: Mapping[str, Any] | None, error: GatewayError | None
+) -> dict[str, Any]:
+    """The result object of a request that ran nothing, as ``ExecutionResult.to_dict`` builds it."""
+    if error is not None:
+        exit_status = exit_code_for(error)
+    elif decision is not None and not allowed:
+        exit_status = EXIT_DENIED
+    else:
+        exit_status = EXIT_GATEWAY_FAILURE  # nothing ran: what the library says of a dry run
+    policy = decision.get("policy") if decision is not None else None
+    return {
+        "request_id": request_id,
+        "allowed": allowed and error is None,
+        "decision_id": decision.get("decision_id") if decision is not None else None,
+        "violations": list(decision.get("violations") or []) if decision is not None else [],
+        "warnings": list(decision.get("warnings") or []) if decision is not None else [],
+        "policy": {"name": policy["name"], "sha256": policy["sha256"]} if isinstance(policy, Mapping) else None,
+        "exit_code": None,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "timed_out": False,
+        "oom_killed": False,
+        "output_limit_killed": False,
+        "resource_killed": False,
+        "duration_ms": None,
+        "files": [],
+        "files_truncated": False,
+        "error": error.to_dict() if error is not None else None,
+        "audit_ok": True,
+        "exit_status": exit_status,
+    }
+
+
+# --- error bodies -----------------------------------------------------------------------------------------
+
+
+def _classes_by_code() -> dict[str, type[GatewayError]]:
+    found: dict[str, type[GatewayError]] = {}
+    for name in _errors.__all__:
+        cls = getattr(_errors, name)
+        if isinstance(cls, type) and issubclass(cls, GatewayError):
+            found.setdefault(cls.code, cls)
+    return found
+
+
+_BY_CODE = _classes_by_code()
+
+
+_UNKNOWN: dict[tuple[str, str], type[GatewayError]] = {}
+
+
+def _unknown_code_class(base: type[GatewayError], code: str) -> type[GatewayError]:
+    """A subclass of ``base`` carrying a code this library does not know (a newer server), so that ``exc.code``
+    is the server's and ``except base`` still catches it."""
+    key = (base.__name__, code)
+    if key not in _UNKNOWN:
+        made = type(base.__name__, (base,), {"code": code, "__module__": __name__, "__qualname__": base.__qualname__})
+        _UNKNOWN[key] = cast("type[GatewayError]", made)
+    return _UNKNOWN[key]
+
+
+def _family(status: int) -> type[GatewayError]:
+    if status == 401:
+        return AuthenticationError
+    if 400 <= status < 500:
+        return RequestError
+    return GatewayError
+
+
+def _body(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def error_from_response(response: httpx.Response) -> GatewayError:
+    """The library's exception for an error answer of the service (see the module's docstring)."""
+    body = _body(response)
+    status = response.status_code
+    if body is None or not isinstance(body.get("code"), str):
+        excerpt = response.text[:200].strip()
+        err = _family(status)(
+            f"HTTP {status} from {response.request.url.copy_with(query=None)} is not the gateway's error format: "
+            f"{excerpt or '(empty body)'}"
+        )
+        err.request_id = response.headers.get("x-request-id")
+        return err
+    code: str = body["code"]
+    cls = _BY_CODE.get(code) or _unknown_code_class(_family(status), code)
+    message = str(body.get("message") or f"HTTP {status}")
+    problems = [
+        Problem(message=str(e.get("message", "")), path=str(e.get("path") or "$"), source="<request>")
+        for e in body.get("errors") or []
+        if isinstance(e, Mapping)
+    ]
+    err = cls.__new__(cls)  # the constructors of a few classes take other arguments (a signal number)
+    GatewayError.__init__(err, message, problems=problems)
+    request_id = body.get("request_id") or response.headers.get("x-request-id")
+    err.request_id = str(request_id) if request_id is not None else None
+    return err
+
+
+def _result(response: httpx.Response, *, dry_run: bool) -> RemoteResult:
+    """``execute`` / ``decide``: the answer as a result; raises only for what is about the client."""
+    status = response.status_code
+    if status == 401:
+        raise error_from_response(response)
+    body = _body(response)
+    if 200 <= status < 300:
+        if body is None or not isinstance(body.get("request_id"), str):
+            raise GatewayError(f"HTTP {status} from the service is not a result object: {response.text[:200]!r}")
+        if not dry_run:
+            return RemoteResult(body, status=status)
+        decision = body.get("decision")
+        decision = decision if isinstance(decision, dict) else None
+        data = _result_data(body["request_id"], allowed=bool(body.get("allowed")), decision=decision, error=None)
+        return RemoteResult(data, status=status, decision=decision)
+    if status == 403 and body is not None and body.get("code") == DENIED_CODE:
+        request_id = str(body.get("request_id"))
+        return RemoteResult(_result_data(request_id, allowed=False, decision=body, error=None), status=status)
+    err = error_from_response(response)
+    request_id = err.request_id or ""
+    ran = body.get("result") if body is not None else None
+    if isinstance(ran, dict) and isinstance(ran.get("request_id"), str):  # the run ended in a gateway failure
+        return RemoteResult(ran, status=status, error=err)
+    return RemoteResult(_result_data(request_id, allowed=False, decision=None, error=err), status=status, error=err)
+
+
+def _json_answer(response: httpx.Response) -> dict[str, Any]:
+    """``policy`` / ``tools``: the JSON body, or the mapped exception."""
+    if not 200 <= response.status_code < 300:
+        raise error_from_response(response)
+    body = _body(response)
+    if body is None:
+        raise GatewayError(f"HTTP {response.status_code} from the service is not a JSON object")
+    return body
+
+
+def _content(request: RequestBody) -> bytes:
+    if isinstance(request, bytes):
+        return request
+    if isinstance(request, str):
+        return request.encode("utf-8")
+    return json.dumps(dict(request)).encode("utf-8")
+
+
+def _unreachable(base_url: str, exc: httpx.HTTPError) -> ServiceUnreachableError:
+    return ServiceUnreachableError(f"no answer from the gateway service at {base_url}: {type(exc).__name__}: {exc}")
+
+
+def _headers(token: str) -> dict[str, str]:
+    if not token or any(c.isspace() for c in token):
+        raise ValueError("the token must be a non-empty string without whitespace (as `gateway principals add` prints)")
+    return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+# --- the clients -------------------------------------------------------------------------------------------
+
+
+class Client:
+    """A synchronous client of ``gateway serve``; use it as a context manager (or call :meth:`close`).
+
+    ``verify`` is httpx's: True (system CAs), a CA bundle path or an ``ssl.SSLContext``, or False."""
+
+    def __init__(
+        self, base_url: str, token: str, *, timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        verify: Any = True,
+    ) -> None:  # fmt: skip
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=_headers(token), timeout=timeout, verify=verify)
+
+    def __repr__(self) -> str:
+        return f"Client({self.base_url!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, method: str, path: str, content: bytes | None = None) -> httpx.Response:
+        try:
+            return self._http.request(method, path, content=content, headers=_JSON if content is not None else None)
+        except httpx.HTTPError as exc:
+            raise _unreachable(self.base_url, exc) from exc
+
+    def execute(self, request: RequestBody) -> RemoteResult:
+        """``POST /v1/executions``: decide, run if allowed; a denial is a result (see the module's docstring)."""
+        return _result(self._send("POST", "/v1/executions", _content(request)), dry_run=False)
+
+    def decide(self, request: RequestBody) -> RemoteResult:
+        """``POST /v1/decisions``: the decision (``result.decision``), nothing runs."""
+        return _result(self._send("POST", "/v1/decisions", _content(request)), dry_run=True)
+
+    def policy(self) -> dict[str, Any]:
+        """``GET /v1/policy``: the caller's policy name and sha256, its defaults and ceilings."""
+        return _json_answer(self._send("GET", "/v1/policy"))
+
+    def tools(self) -> list[dict[str, Any]]:
+        """``GET /v1/tools``: the function-calling definitions for this caller (its ceilings in them)."""
+        return list(_json_answer(self._send("GET", "/v1/tools"))["tools"])
+
+
+class AsyncClient:
+    """:class:`Client` for asyncio: the same methods, awaited; ``async with AsyncClient(...) as client``."""
+
+    def __init__(
+        self, base_url: str, token: str, *, timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        verify: Any = True,
+    ) -> None:  # fmt: skip
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(token), timeout=timeout, verify=verify)
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.base_url!r})"
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, method: str, path: str, content: bytes | None = None) -> httpx.Response:
+        try:
+            return await self._http.request(
+                method, path, content=content, headers=_JSON if content is not None else None
+            )
+        except httpx.HTTPError as exc:
+            raise _unreachable(self.base_url, exc) from exc
+
+    async def execute(self, request: RequestBody) -> RemoteResult:
+        return _result(await self._send("POST", "/v1/executions", _content(request)), dry_run=False)
+
+    async def decide(self, request: RequestBody) -> RemoteResult:
+        return _result(await self._send("POST", "/v1/decisions", _content(request)), dry_run=True)
+
+    async def policy(self) -> dict[str, Any]:
+        return _json_answer(await self._send("GET", "/v1/policy"))
+
+    async def tools(self) -> list[dict[str, Any]]:
+        return list(_json_answer(await self._send("GET", "/v1/tools"))["tools"])
