@@ -11,8 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,28 +232,9 @@ def principals_file(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def _start(
     config: ServerConfig, runner: Callable[[], DockerRunner] = DockerRunner
 ) -> tuple[str, Service, Callable[[], None]]:
-    import uvicorn
+    from tests.integration.servers import start
 
-    from gateway.service.app import Service, build_app
-
-    service = Service.from_config(config, runner=runner)
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(service), host="127.0.0.1", port=0, lifespan="on", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "the server thread died while starting"
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the server did not stop"
-
+    port, service, stop = start(config, runner)
     return f"http://127.0.0.1:{port}", service, stop
 
 

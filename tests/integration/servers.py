@@ -26,9 +26,11 @@ def one_principal(directory: Path, name: str = "alice") -> tuple[Path, str]:
     return path, token
 
 
-def start(config: ServerConfig, **uvicorn_args: Any) -> tuple[int, Service, Callable[[], None]]:
+def start(
+    config: ServerConfig, runner: Callable[[], DockerRunner] = DockerRunner, **uvicorn_args: Any
+) -> tuple[int, Service, Callable[[], None]]:
     """Start the service on 127.0.0.1 (any free port); the port, the service and a stop function."""
-    service = Service.from_config(config, runner=DockerRunner)
+    service = Service.from_config(config, runner=runner)
     server = uvicorn.Server(
         uvicorn.Config(build_app(service), host="127.0.0.1", port=0, lifespan="on", log_level="warning", **uvicorn_args)
     )
