@@ -8,6 +8,8 @@ to start when no principal holds a token: there is no unauthenticated mode.
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
 from typing import Any
 
@@ -32,6 +34,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--port", type=int, help="TCP port (default 8787; 0 picks a free one)")
     p.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
     p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (needs --tls-key)")
+    p.add_argument(
+        "--grace", type=float, metavar="S", help="SIGTERM: seconds in-flight runs may take to finish (default 30)"
+    )
     p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (needs --tls-cert)")
     p.set_defaults(func=_serve)
 
@@ -46,6 +51,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         audit_dir=args.audit_dir,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        grace_s=getattr(args, "grace", None),
     )
 
 
@@ -56,6 +62,20 @@ def tls_args(config: ServerConfig) -> dict[str, Any]:
     return {"ssl_certfile": str(config.tls_cert), "ssl_keyfile": str(config.tls_key)}
 
 
+def _server_class(base: type[Any]) -> type[Any]:
+    """uvicorn's server, except that SIGTERM is a clean stop: uvicorn re-raises the signal it handled after
+    shutting down (the process would end by it, status -15); after our stop record, ``gateway serve`` exits 0."""
+
+    class Server(base):  # type: ignore[misc]
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:
+                captured: list[int] = getattr(self, "_captured_signals", [])
+                self._captured_signals = [s for s in captured if s != signal.SIGTERM]
+
+    return Server
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415 - the server only when serving
 
@@ -64,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     service = Service.from_config(config, runner=DockerRunner)  # refuses to start without principals with a token
-    server = uvicorn.Server(
+    server = _server_class(uvicorn.Server)(
         uvicorn.Config(
             build_app(service),
             host=config.host,
@@ -72,7 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
             lifespan="on",
             proxy_headers=False,
             server_header=False,
-            timeout_graceful_shutdown=int(config.grace_s),
+            timeout_graceful_shutdown=max(1, math.ceil(config.grace_s)),
             log_level="info",
             **tls_args(config),
         )

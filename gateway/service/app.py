@@ -17,12 +17,15 @@ unexpected exception is logged with its traceback and answered with a plain 500 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -36,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
-from gateway.audit import JsonlAuditTrail
+from gateway.audit import AuditSink, JsonlAuditTrail
 from gateway.errors import (
     AuthenticationError,
     BodyTooLargeError,
@@ -54,6 +57,7 @@ from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
+from gateway.service.lifecycle import Inflight, reap_stale, reload
 from gateway.service.openapi import openapi_document
 from gateway.service.principals import Principals, load_principals, principals_path_from_env
 from gateway.tool import tool_definition
@@ -83,6 +87,8 @@ class Service:
         self.gateway = gateway
         self.auth_failures = auth_failures
         self._owned = owned
+        self.inflight = Inflight()
+        """The running executions' cancel events: what shutdown cancels after the grace."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -121,9 +127,23 @@ class Service:
         """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
         self.gateway.__enter__()
         self.auth_failures.start()
+        reap_stale(self)
+
+    def execute(self, body: bytes, caller: Caller) -> ExecutionResult:
+        """Run in a worker thread, registered in :attr:`inflight` for as long as the thread runs (the request's
+        task may be cancelled at shutdown; the run is then cancelled by :meth:`close`, not abandoned)."""
+        with self.inflight.run() as cancel:
+            return self.gateway.execute(body, caller=caller, cancel=cancel)
+
+    def reload(self) -> bool:
+        """SIGHUP: reload the principals and policies (see :func:`gateway.service.lifecycle.reload`)."""
+        return reload(self)
 
     def close(self) -> None:
-        """Write the last auth-failure summary and the stop record, then close the engine and the trail."""
+        """Cancel the runs still in flight (the grace is over) and wait for their sandboxes to be removed, write
+        the last auth-failure summary and the stop record, then close the engine and the trail."""
+        if self.inflight.cancel_all():
+            self.inflight.wait_idle(timeout_s=60.0)
         try:
             self.auth_failures.stop()
         finally:
@@ -135,7 +155,7 @@ class Service:
                         close()
 
 
-def _policy_set(config: ServerConfig, principals: Principals, sink: JsonlAuditTrail) -> PolicySet:
+def _policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) -> PolicySet:
     """``PolicySet.of(default, {name: policy})``, each file loaded once."""
     loaded: dict[Path, Policy] = {}
 
@@ -302,7 +322,7 @@ def build_app(service: Service) -> Starlette:
 
     async def executions(request: Request, caller: Caller, request_id: str) -> Response:
         body = await _read_json_body(request, service.config.max_body_bytes)
-        result = await run_in_threadpool(gateway.execute, body, caller=caller)
+        result = await run_in_threadpool(service.execute, body, caller)
         return _execution_response(result)
 
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
@@ -351,6 +371,7 @@ def build_app(service: Service) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await run_in_threadpool(service.start)
+        _on_sighup(service)
         try:
             yield
         finally:
@@ -370,6 +391,14 @@ def build_app(service: Service) -> Starlette:
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error, Exception: unexpected},
     )
+
+
+def _on_sighup(service: Service) -> None:
+    """Reload on SIGHUP (in a worker thread, so the event loop keeps serving); only in the main thread."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+        return
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, service.reload))
 
 
 # --- what the read-only endpoints say ------------------------------------------------------------------------

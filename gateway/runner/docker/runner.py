@@ -36,7 +36,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -509,9 +509,12 @@ class DockerRunner:
             return False
         return True
 
-    def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
+    def reap(
+        self, *, everything: bool = False, expired_only: bool = False, dead: Callable[[str], bool] | None = None
+    ) -> list[str]:
         """Remove this instance's containers and every expired one (``everything``: every gateway container;
-        ``expired_only``: only the expired ones, whoever made them)."""
+        ``expired_only``: only the expired ones, whoever made them; ``dead(instance)``: also those of another
+        instance it says is no longer alive)."""
         with self._step("listing the gateway's containers"):
             found = self.client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
         now = time.time()
@@ -521,8 +524,10 @@ class DockerRunner:
         for entry in found:
             labels = entry.get("Labels") or {}
             decision = str(labels.get(DECISION_LABEL, ""))
-            mine = labels.get(INSTANCE_LABEL) == self.instance and not expired_only
-            if everything or mine or is_expired(labels, now):
+            owner = str(labels.get(INSTANCE_LABEL, ""))
+            mine = owner == self.instance and not expired_only
+            orphan = dead is not None and owner != self.instance and dead(owner)
+            if everything or mine or orphan or is_expired(labels, now):
                 cid = str(entry["Id"])
                 self._remove(cid, quiet=False)
                 removed.append(cid)

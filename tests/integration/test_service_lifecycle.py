@@ -1,0 +1,290 @@
+"""``gateway serve`` as a real process: SIGHUP reloads (good and bad), SIGTERM with runs in flight (one within the
+grace completes, one past it is killed and removed, exit 0, stop record), start-up reaping of a dead instance's
+sandbox only, and the engine cut and restored behind a unix-socket proxy (503, audited, recovers by itself)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.resources import policies_dir
+from gateway.runner.docker.options import INSTANCE_LABEL, MANAGED_LABEL
+from gateway.service.principals import PrincipalsStore
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_POLICY = str(policies_dir() / "default.yaml")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _records(audit: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted(audit.glob("*.jsonl")) for line in f.read_text().splitlines() if line]
+
+
+def _until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Served:
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.audit = tmp / "audit"
+        self.principals = tmp / "principals.yaml"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "gateway", "serve", "--principals", str(self.principals), "--port", str(self.port)]
+        self.log = (tmp / "serve.log").open("wb")
+        self.proc = subprocess.Popen(
+            [*cmd, "--audit-dir", str(self.audit), *args],
+            cwd=tmp,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        _until(self._up, "the server to start")
+
+    def _up(self) -> bool:
+        assert self.proc.poll() is None, f"gateway serve exited {self.proc.returncode}"
+        try:
+            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in _records(self.audit) if r["event_type"] == kind]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=120)
+        self.log.close()
+        return code
+
+
+@pytest.fixture
+def serve(tmp_path: Path, engine: Any) -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Served:
+        served = Served(tmp_path, *args, env=env)
+        started.append(served)
+        return served
+
+    yield run
+    for served in started:
+        served.stop()
+
+
+def _execute(url: str, token: str, code: str, timeout_s: float = 10) -> httpx.Response:
+    body = {"code": code, "limits": {"timeout_s": timeout_s}}
+    return httpx.post(url + "/v1/executions", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+
+
+def test_sighup_good_and_bad_reload(tmp_path: Path, serve: Callable[..., Served]) -> None:
+    store = PrincipalsStore(tmp_path / "principals.yaml")
+    alice = store.add("alice", policy=DEFAULT_POLICY, role="agent")
+    server = serve()
+    assert httpx.get(server.url + "/v1/policy", headers={"Authorization": f"Bearer {alice}"}).status_code == 200
+
+    # Good reload: alice revoked, bob new.
+    store.revoke("alice")
+    bob = store.add("bob", policy=DEFAULT_POLICY, role="agent")
+    server.proc.send_signal(signal.SIGHUP)
+    good = _until(lambda: server.events("policy.reloaded"), "the reload record")
+    assert good[0]["data"]["ok"] is True
+    assert good[0]["data"]["sha256"]
+    auth = {"Authorization": f"Bearer {bob}"}
+    assert httpx.get(server.url + "/v1/policy", headers=auth).status_code == 200
+    assert httpx.get(server.url + "/v1/policy", headers={"Authorization": f"Bearer {alice}"}).status_code == 401
+
+    # Bad reload: a principals file that does not validate is rejected, bob keeps working.
+    text = server.principals.read_text()
+    server.principals.write_text(text + "\nnot_a_key: 1\n")
+    server.proc.send_signal(signal.SIGHUP)
+    records = _until(lambda: len(server.events("policy.reloaded")) == 2 and server.events("policy.reloaded"), "bad")
+    bad = records[1]["data"]
+    assert bad["ok"] is False
+    assert bad["problems"]
+    assert httpx.get(server.url + "/v1/policy", headers=auth).status_code == 200
+    assert server.stop() == 0
+
+
+def test_sigterm_lets_short_runs_finish_and_kills_long_ones(
+    tmp_path: Path, serve: Callable[..., Served], managed_containers: Callable[[], list[str]]
+) -> None:
+    token = PrincipalsStore(tmp_path / "principals.yaml").add("alice", policy=DEFAULT_POLICY, role="agent")
+    server = serve("--grace", "6")
+    results: dict[str, httpx.Response | Exception] = {}
+
+    def call(name: str, code: str) -> None:
+        try:
+            results[name] = _execute(server.url, token, code, timeout_s=25)
+        except httpx.HTTPError as exc:
+            results[name] = exc
+
+    short = threading.Thread(target=call, args=("short", "import time; time.sleep(2); print('done')"))
+    long = threading.Thread(target=call, args=("long", "import time; time.sleep(60)"))
+    long.start()
+    short.start()
+    _until(lambda: len(server.events("policy.decision")) >= 2, "both runs to be admitted")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.stop() == 0
+    short.join(60)
+    long.join(60)
+    done = results["short"]
+    assert isinstance(done, httpx.Response), done
+    assert done.status_code == 200, done.text
+    assert done.json()["stdout"] == "done\n"
+    assert not isinstance(results["long"], httpx.Response) or results["long"].status_code != 200
+    outcomes = server.events("execution.outcome")
+    assert any((r["data"].get("error") or {}).get("code") == "gateway.cancelled" for r in outcomes), outcomes
+    assert server.events("gateway.stop")
+    assert managed_containers() == []
+
+
+def test_startup_reaps_only_dead_instances(
+    tmp_path: Path, serve: Callable[..., Served], engine: Any, make_options: Callable[..., dict[str, Any]]
+) -> None:
+    token = PrincipalsStore(tmp_path / "principals.yaml").add("alice", policy=DEFAULT_POLICY, role="agent")
+    del token
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    future = str(int(time.time()) + 3600)
+
+    def sandbox(instance: str) -> str:
+        labels = {MANAGED_LABEL: "true", INSTANCE_LABEL: instance, "io.agent-gateway.deadline": future}
+        container = engine.containers.create("gateway/sandbox-python:3.11-bookworm", command=["true"], labels=labels)
+        return str(container.id)
+
+    orphan = sandbox(f"{host}-{dead.pid}-deadbeef")
+    live = sandbox(f"{host}-{os.getpid()}-cafef00d")
+    try:
+        server = serve()
+        reaped = _until(lambda: server.events("containers.reaped"), "the start-up reap record")
+        assert orphan in reaped[0]["data"]["container_ids"]
+        assert live not in reaped[0]["data"]["container_ids"]
+        names = [c.id for c in engine.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})]
+        assert orphan not in names
+        assert live in names
+    finally:
+        for cid in (orphan, live):
+            with contextlib.suppress(Exception):  # already gone
+                engine.api.remove_container(cid, force=True)
+
+
+class EngineProxy:
+    """A unix socket forwarding to the real engine, which the test can cut (close everything) and restore."""
+
+    def __init__(self, path: Path, target: str = "/var/run/docker.sock") -> None:
+        self.path, self.target = path, target
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        if self.path.exists():
+            self.path.unlink()
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(self.path))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self._conns.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an engine cut mid-run is reported as 502 runner.container_left ('the program finished and "
+    "reported') with resource_killed, not 503 engine unavailable; the runner must map a lost engine first",
+)
+def test_engine_cut_mid_run_then_restored(
+    tmp_path: Path, serve: Callable[..., Served], managed_containers: Callable[[], list[str]]
+) -> None:
+    token = PrincipalsStore(tmp_path / "principals.yaml").add("alice", policy=DEFAULT_POLICY, role="agent")
+    proxy = EngineProxy(Path(f"/tmp/gw-proxy-{os.getpid()}.sock"))
+    try:
+        server = serve(env={"DOCKER_HOST": f"unix://{proxy.path}"})
+        assert _execute(server.url, token, "print(1)").status_code == 200
+
+        box: dict[str, httpx.Response] = {}
+        slow = "import time; time.sleep(30)"
+        mid = threading.Thread(target=lambda: box.setdefault("r", _execute(server.url, token, slow, 40)))
+        mid.start()
+        _until(lambda: len(server.events("policy.decision")) >= 2, "the run to be admitted")
+        time.sleep(1.0)  # not an assertion on timing: lets the container start before the cut
+        proxy.cut()
+        mid.join(120)
+        assert box["r"].status_code == 503, box["r"].text
+        down = _execute(server.url, token, "print(2)")
+        assert down.status_code == 503
+        assert down.json()["code"].startswith(("runner.", "engine.", "gateway."))
+        outcomes = [r["data"].get("error") for r in server.events("execution.outcome")]
+        assert sum(1 for e in outcomes if e) >= 2, outcomes
+
+        proxy.restore()
+        back = _until(lambda: (r := _execute(server.url, token, "print(3)")).status_code == 200 and r, "recovery")
+        assert back.json()["stdout"] == "3\n"
+    finally:
+        proxy.cut()
+        proxy.path.unlink(missing_ok=True)
+    assert server.stop() == 0
+    _until(lambda: managed_containers() == [], "the cut run's container to be removed", timeout=120)
