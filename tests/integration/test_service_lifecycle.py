@@ -251,11 +251,6 @@ class EngineProxy:
                     s.shutdown(socket.SHUT_RDWR)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: an engine cut mid-run is reported as 502 runner.container_left ('the program finished and "
-    "reported') with resource_killed, not 503 engine unavailable; the runner must map a lost engine first",
-)
 def test_engine_cut_mid_run_then_restored(
     tmp_path: Path, serve: Callable[..., Served], managed_containers: Callable[[], list[str]]
 ) -> None:

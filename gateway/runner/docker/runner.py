@@ -359,7 +359,7 @@ class DockerRunner:
         sandbox.used = True
         got = Collected()
         start = time.monotonic()
-        removed = True
+        left: GatewayError | None = None
         try:
             outcome = self._run(sandbox, payload, got, start, on_output=on_output, cancel=cancel)
         except GatewayError as exc:
@@ -371,12 +371,12 @@ class DockerRunner:
             _close(sandbox.sockio)
             try:
                 if sandbox.container_id is not None:
-                    removed = self._remove(sandbox.container_id, quiet=True)
+                    left = self._removal_failure(sandbox.container_id)
             finally:
                 if sandbox.staging is not None:
                     sandbox.staging.remove()
-        if not removed:
-            raise _left(str(sandbox.container_id), outcome)
+        if left is not None:
+            raise _left(str(sandbox.container_id), outcome, left)
         return outcome
 
     def execute(
@@ -499,6 +499,14 @@ class DockerRunner:
             return False
         return True
 
+    def _removal_failure(self, container_id: str) -> GatewayError | None:
+        """Force-remove a container after its run; None when it is gone, else why it could not be removed."""
+        try:
+            self._remove(container_id, quiet=False)
+        except GatewayError as exc:
+            return exc
+        return None
+
     def _removed(self, container_id: str) -> bool:
         """Wait (bounded) for a removal the engine is doing; True once the container is gone."""
         try:
@@ -540,11 +548,24 @@ class DockerRunner:
         return removed
 
 
-def _left(container_id: str, outcome: Outcome) -> ContainerLeftError:
-    error = ContainerLeftError(
-        f"the program finished and reported, but its container {container_id[:12]} could not be removed; "
-        "it was left for `gateway reap` (it also ends itself at its deadline)"
-    )
+def _left(container_id: str, outcome: Outcome, cause: GatewayError) -> GatewayError:
+    """The error for a run whose container could not be removed afterwards, keeping the run's outcome.
+
+    An engine that was lost (unreachable) is reported as such: the run's own report may be cut short too.
+    Otherwise the run ended on its own terms and only the removal failed (``runner.container_left``)."""
+    where = f"its container {container_id[:12]} could not be removed ({cause.message})"
+    error: GatewayError
+    if isinstance(cause, EngineUnavailableError):
+        error = EngineUnavailableError(
+            f"the Docker engine was lost during the run; {where}; the container ends itself at its deadline "
+            "and `gateway reap` removes it once the engine is back"
+        )
+    else:
+        ran = "the program finished and reported" if outcome.exit_code is not None else "the run ended"
+        error = ContainerLeftError(
+            f"{ran}, but {where}; it was left for `gateway reap` (it also ends itself at its deadline)"
+        )
+    error.__cause__ = cause
     error.outcome = outcome
     return error
 
