@@ -28,6 +28,7 @@ __all__ = [
     "ContainerLeftError",
     "ContractError",
     "EngineUnavailableError",
+    "ForbiddenError",
     "GatewayError",
     "ImageMissingError",
     "InterruptedRunError",
@@ -264,6 +265,14 @@ class AuthenticationError(ServiceError):
     hint = "send `Authorization: Bearer <token>` with a token issued by `gateway principals add|rotate`"
 
 
+class ForbiddenError(ServiceError):
+    """An authenticated principal asked for an endpoint its role may not use (``/metrics`` and the audit
+    endpoints are for operators): HTTP 403, audited as ``auth.forbidden``."""
+
+    code = "auth.forbidden"
+    hint = "use the token of a principal with role operator (`gateway principals add NAME --role operator`)"
+
+
 class ServiceUnreachableError(ServiceError):
     """:mod:`gateway.client` could not get an answer from the service: connection refused, TLS failure, timeout,
     or a reply that is not HTTP. Whether a request that was sent ran is unknown: its id is not known either."""
@@ -427,6 +436,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (PrincipalsError, EXIT_GATEWAY_FAILURE, 500),
     (ServerConfigError, EXIT_GATEWAY_FAILURE, 500),
     (AuthenticationError, EXIT_USAGE, 401),
+    (ForbiddenError, EXIT_USAGE, 403),
     (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),

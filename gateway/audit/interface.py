@@ -32,6 +32,7 @@ EVENT_TYPES: Final = frozenset(
         "containers.reaped",
         "recovery",
         "auth.failed",
+        "auth.forbidden",
     }
 )
 """Every ``event_type`` a record may carry; ``schemas/audit-record.schema.json`` describes each ``data``."""

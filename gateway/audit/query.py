@@ -26,7 +26,7 @@ from gateway.audit.records import AuditRecordView, PolicyDecisionView, view_reco
 from gateway.audit.segments import list_segments
 from gateway.errors import AuditError, AuditIntegrityError
 
-__all__ = ["QueryFilters", "parse_time", "query_trail"]
+__all__ = ["QueryFilters", "parse_time", "query_trail", "query_trail_lines"]
 
 _DECISIONS = frozenset({"policy.decision"})
 
@@ -149,13 +149,24 @@ def query_trail(
             policy=policy,
             dry_run=dry_run,
         )
+    return (record for _raw, record in query_trail_lines(directory, filters, on_skip=on_skip))
+
+
+def query_trail_lines(
+    directory: str | Path, filters: QueryFilters, *, on_skip: Callable[[str, int], None] | None = None
+) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """Like :func:`query_trail`, but each match with its line exactly as stored (newline included), so that
+    a reader (``GET /v1/audit/records``) can re-check its hash. Raises :class:`AuditError` at once when
+    ``directory`` is not a trail directory; the lines are read lazily."""
     root = Path(directory)
     if not root.is_dir():
         raise AuditError(f"no audit trail directory at {root}")
     return _scan(root, filters, on_skip)
 
 
-def _scan(root: Path, filters: QueryFilters, on_skip: Callable[[str, int], None] | None) -> Iterator[dict[str, Any]]:
+def _scan(
+    root: Path, filters: QueryFilters, on_skip: Callable[[str, int], None] | None
+) -> Iterator[tuple[bytes, dict[str, Any]]]:
     needles: list[bytes] = []  # cheap byte pre-filter before parsing: exact JSON strings that must appear
     for value in (filters.principal, filters.request_id, filters.rule, filters.image, filters.policy):
         if value is not None:
@@ -172,4 +183,4 @@ def _scan(root: Path, filters: QueryFilters, on_skip: Callable[[str, int], None]
                         on_skip(path.name, line_no)
                     continue
                 if isinstance(record, dict) and filters.matches(record):
-                    yield record
+                    yield raw, record

@@ -26,6 +26,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -35,8 +36,8 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, request_response
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway.audit import AuditSink, JsonlAuditTrail
@@ -58,7 +59,10 @@ from gateway.runner import Runner
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
 from gateway.service.lifecycle import Inflight, reap_stale, reload
+from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.service.metrics import ServiceMetrics
 from gateway.service.openapi import openapi_document
+from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
 from gateway.service.principals import Principals, load_principals, principals_path_from_env
 from gateway.tool import tool_definition
 
@@ -89,6 +93,8 @@ class Service:
         self._owned = owned
         self.inflight = Inflight()
         """The running executions' cancel events: what shutdown cancels after the grace."""
+        self.metrics = ServiceMetrics()
+        """``GET /metrics``; ``metrics.queue_depth`` is the gauge a request queue sets."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -320,15 +326,51 @@ def build_app(service: Service) -> Starlette:
 
         return endpoint
 
+    def counted(
+        name: str, handler: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            response = await handler(request)
+            service.metrics.request(name, response.status_code)
+            return response
+
+        return endpoint
+
+    def count_denial(result: ExecutionResult, *, dry_run: bool) -> None:
+        if result.error is None and result.decision is not None and not result.decision.allowed:
+            service.metrics.denied(result.decision.to_dict()["violations"], dry_run=dry_run)
+
     async def executions(request: Request, caller: Caller, request_id: str) -> Response:
         body = await _read_json_body(request, service.config.max_body_bytes)
-        result = await run_in_threadpool(service.execute, body, caller)
-        return _execution_response(result)
+        metrics, started = service.metrics, time.perf_counter()
+        metrics.running_executions.inc()
+        try:
+            result = await run_in_threadpool(service.execute, body, caller)
+        finally:
+            metrics.running_executions.dec()
+        response = _execution_response(result)
+        metrics.execution_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
+        count_denial(result, dry_run=False)
+        return response
 
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
         body = await _read_json_body(request, service.config.max_body_bytes)
+        started = time.perf_counter()
         result = await run_in_threadpool(gateway.decide, body, caller=caller)
-        return _decision_response(result)
+        response = _decision_response(result)
+        service.metrics.decision_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
+        count_denial(result, dry_run=True)
+        return response
+
+    async def metrics(request: Request, caller: Caller, request_id: str) -> Response:
+        await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+        headers = {"X-Request-Id": request_id}
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE, headers=headers)
+
+    async def audit_records(request: Request, caller: Caller, request_id: str) -> Response:
+        await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+        lines = audit_lines(service, audit_filters(request.query_params))
+        return StreamingResponse(lines, media_type=NDJSON, headers={"X-Request-Id": request_id})
 
     async def policy(request: Request, caller: Caller, request_id: str) -> Response:
         compiled = gateway.policies.for_principal(caller.principal)
@@ -361,11 +403,13 @@ def build_app(service: Service) -> Starlette:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
         code = {404: "http.not_found", 405: "http.method_not_allowed"}.get(exc.status_code, "http.error")
+        service.metrics.request("other", exc.status_code)
         return _error(exc.status_code, code, str(exc.detail), _new_request_id(), headers=dict(exc.headers or {}))
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         request_id = _new_request_id()
         _log.error("request %s failed unexpectedly", request_id, exc_info=exc)
+        service.metrics.request("other", 500)
         return _error(500, "gateway.internal", "the server failed unexpectedly; see its log", request_id)
 
     @contextlib.asynccontextmanager
@@ -382,10 +426,14 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/decisions", v1(decisions), methods=["POST"]),
         Route("/v1/policy", v1(policy), methods=["GET"]),
         Route("/v1/tools", v1(tools), methods=["GET"]),
+        Route("/v1/audit/records", v1(audit_records), methods=["GET"]),
+        Route("/metrics", v1(metrics), methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
+    for route in routes:  # requests by endpoint and outcome (GET /metrics)
+        route.app = request_response(counted(route.path, route.endpoint))
     return Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -26,10 +26,13 @@ COMPONENTS = {
     "result": "ExecutionResult",
     "error": "Error",
     "api": "Api",
+    "audit-record": "AuditRecord",
 }
 """schemas/<file>.schema.json -> the component it becomes."""
 
 _JSON = "application/json"
+_NDJSON = "application/x-ndjson"
+_TEXT = "text/plain"
 
 
 def _rewrite(node: Any, own: str) -> Any:
@@ -61,6 +64,41 @@ def _body(schema: dict[str, Any], description: str, headers: dict[str, Any] | No
     return out
 
 
+def _stream(media_type: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """A 200 that is not one JSON document: Prometheus text or JSON lines (``schema``: each line's)."""
+    headers = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
+    return {"description": description, "content": {media_type: {"schema": schema}}, "headers": headers}
+
+
+def _audit_parameters() -> list[dict[str, Any]]:
+    """The filters of ``gateway audit query`` (gateway/service/operator.py), named like its flags."""
+
+    def query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+    text = {"type": "string", "minLength": 1}
+    return [
+        query("since", text, "RFC 3339 time (or a date), inclusive."),
+        query("until", text, "RFC 3339 time (or a date), exclusive."),
+        query("principal", text, "Records of this principal."),
+        query("decision", {"type": "string", "enum": ["allow", "deny"]}, "Decisions that allowed or denied."),
+        query("rule", text, "Decisions in which this rule did not pass."),
+        query("image", text, "Records naming this image."),
+        {
+            **query(
+                "event_type",
+                {"type": "array", "items": _ref("AuditRecord", "/properties/event_type")},
+                "Records of these event types (repeat the parameter).",
+            ),
+            "style": "form",
+            "explode": True,
+        },
+        query("request_id", text, "Records of this request."),
+        query("policy", text, "Records made under the policy of this name."),
+        query("dry_run", {"type": "string", "enum": ["true", "false"]}, "true: dry-run decisions; false: real runs."),
+    ]
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"$ref": f"#/components/responses/{description}"}
 
@@ -71,14 +109,17 @@ _ERRORS: dict[str, tuple[str, str]] = {
     "401": ("Unauthenticated", "No bearer token, or one that is unknown, rotated or revoked (auth.failed)."),
     "403": (
         "Forbidden",
-        "Denied by policy (policy.denied, with every violation) or the body names another principal "
-        "(auth.principal_mismatch).",
+        "Denied by policy (policy.denied, with every violation), the body names another principal "
+        "(auth.principal_mismatch), or an operator-only endpoint called by an agent (auth.forbidden).",
     ),
     "404": ("NotFound", "No such endpoint (http.not_found)."),
     "405": ("MethodNotAllowed", "The endpoint does not take this method (http.method_not_allowed)."),
     "413": ("TooLarge", "The body is larger than max_body_bytes (request.too_large)."),
     "415": ("MediaType", "The body is not application/json in UTF-8 (request.media_type)."),
-    "422": ("Invalid", "The request does not validate (request.invalid, with every JSON path)."),
+    "422": (
+        "Invalid",
+        "The request does not validate (request.invalid, with every JSON path; a query parameter is $.query.NAME).",
+    ),
     "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
     "503": (
@@ -153,6 +194,39 @@ def _document() -> dict[str, Any]:
                 "summary": "Function-calling tool definitions for this caller, with its ceilings.",
                 "security": auth,
                 "responses": _responses(_body(_ref("Api", "/$defs/tools"), "The tools."), *v1),
+            }
+        },
+        "/v1/audit/records": {
+            "get": {
+                "operationId": "auditRecords",
+                "summary": "Operators only: the trail's records matching the filters of `gateway audit query`, "
+                "streamed as JSON lines, each exactly as stored (its hash can be checked).",
+                "security": auth,
+                "parameters": _audit_parameters(),
+                "responses": _responses(
+                    _stream(
+                        _NDJSON, _ref("AuditRecord"), "The matching records in trail order, one JSON object a line."
+                    ),
+                    *v1,
+                    "403",
+                    "422",
+                    "500",
+                    "503",
+                ),
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Operators only: Prometheus metrics (requests by endpoint and outcome, decision and "
+                "execution latency, running executions, queue depth, denials by rule).",
+                "security": auth,
+                "responses": _responses(
+                    _stream(_TEXT, {"type": "string"}, "The Prometheus text exposition format 0.0.4."),
+                    *v1,
+                    "403",
+                    "503",
+                ),
             }
         },
         "/healthz": {

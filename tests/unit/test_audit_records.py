@@ -105,6 +105,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "path": "/v1/policy",
         "interval_ms": 60000,
     },
+    "auth.forbidden": {"role": "agent", "required_role": "operator", "token_id": "0123abcd", "path": "/metrics"},
 }
 
 

@@ -1,0 +1,85 @@
+"""``GET /metrics``: the service's Prometheus metrics, in a registry of its own.
+
+Each :class:`ServiceMetrics` owns a :class:`prometheus_client.CollectorRegistry` (never the process-wide
+default one: several services may run in one process, as the tests do). What it counts:
+
+- ``gateway_http_requests_total{endpoint, status_class, status}``: every answered request, by route
+  (``other`` for a path or method no route takes) and outcome (``2xx``/``4xx``/``5xx`` and the status code);
+- ``gateway_decision_seconds`` / ``gateway_execution_seconds``: latency of ``POST /v1/decisions`` and of
+  ``POST /v1/executions`` (the whole call: decision, sandbox, audit), by outcome status;
+- ``gateway_running_executions``: executions this service is running now;
+- ``gateway_queue_depth``: requests waiting for an execution slot. The hook for the quotas/queue module is
+  :attr:`ServiceMetrics.queue_depth` (a gauge: ``metrics.queue_depth.set(n)``); it stays 0 while no queue exists;
+- ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "ServiceMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The Prometheus text exposition format that :func:`prometheus_client.generate_latest` writes."""
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""Seconds: from a cached decision (milliseconds) to a run at a generous policy's deadline (minutes)."""
+
+
+class ServiceMetrics:
+    """The metrics of one service; thread-safe (prometheus_client's metrics are)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "gateway_http_requests",
+            "HTTP requests answered, by endpoint and outcome.",
+            ("endpoint", "status_class", "status"),
+            registry=self.registry,
+        )
+        self.decision_seconds = Histogram(
+            "gateway_decision_seconds",
+            "Latency of POST /v1/decisions (dry-run decisions), by response status.",
+            ("status",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.execution_seconds = Histogram(
+            "gateway_execution_seconds",
+            "Latency of POST /v1/executions (decision, sandbox and audit), by response status.",
+            ("status",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.running_executions = Gauge(
+            "gateway_running_executions", "Executions this service is running now.", registry=self.registry
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth",
+            "Requests waiting for an execution slot (0 while the service has no queue).",
+            registry=self.registry,
+        )
+        """The hook for the quota/queue module: ``service.metrics.queue_depth.set(n)`` (or ``inc``/``dec``)."""
+        self.denials = Counter(
+            "gateway_denials",
+            "Policy denials, one count per violated rule (dry_run: from POST /v1/decisions).",
+            ("rule", "dry_run"),
+            registry=self.registry,
+        )
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status_class=f"{status // 100}xx", status=str(status)).inc()
+
+    def denied(self, violations: Iterable[Mapping[str, Any]], *, dry_run: bool) -> None:
+        """Count a denial under each distinct rule it names (``unknown`` for a violation without a rule)."""
+        rules = {str(v.get("rule") or "unknown") for v in violations} or {"unknown"}
+        for rule in sorted(rules):
+            self.denials.labels(rule=rule, dry_run=str(dry_run).lower()).inc()
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format (:data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

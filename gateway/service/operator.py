@@ -1,0 +1,126 @@
+"""The operator-only endpoints: ``GET /metrics`` and ``GET /v1/audit/records``.
+
+Only principals with role ``operator`` may call them; an agent's call is refused with 403 ``auth.forbidden``
+and recorded as ``auth.forbidden`` (naming the principal and its token's public id), a call without a valid
+token gets the 401 of every other endpoint.
+
+``GET /v1/audit/records`` takes the filters of ``gateway audit query`` as query parameters named like its
+flags (``since``, ``until``, ``principal``, ``decision``, ``rule``, ``image``, ``event_type`` (repeatable),
+``request_id``, ``policy``, ``dry_run`` = ``true``/``false``), checks every one before answering (a bad value or an
+unknown parameter: 422 ``request.invalid`` whose ``errors`` name each parameter as ``$.query.<name>``), and streams
+the matching records as JSON lines (``application/x-ndjson``), each line exactly as stored in the trail, so that
+its hash can be checked. The trail is read a line at a time and sent in bounded chunks: memory does not grow
+with the trail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from starlette.datastructures import QueryParams
+
+from gateway import Caller
+from gateway.audit import EVENT_TYPES
+from gateway.audit.query import QueryFilters, parse_time, query_trail_lines
+from gateway.errors import AuditError, ForbiddenError, GatewayError, Problem, RequestError
+
+if TYPE_CHECKING:
+    from gateway.service.app import Service
+
+__all__ = ["NDJSON", "QUERY_PARAMETERS", "audit_filters", "audit_lines", "require_operator"]
+
+NDJSON = "application/x-ndjson"
+QUERY_PARAMETERS = (
+    "since", "until", "principal", "decision", "rule", "image", "event_type", "request_id", "policy", "dry_run",
+)  # fmt: skip
+"""The filters of ``gateway audit query``, named like its flags (``--event-type`` is ``event_type``)."""
+_CHUNK = 64 * 1024
+
+
+def require_operator(service: Service, caller: Caller, path: str, request_id: str) -> None:
+    """Raise :class:`ForbiddenError` (after recording ``auth.forbidden``) unless ``caller`` is an operator.
+    Blocking (the record is durable before the answer): call it in a worker thread."""
+    principal = service.principals.by_name.get(caller.principal)
+    if principal is not None and principal.is_operator:
+        return
+    role = principal.role if principal is not None else "unknown"
+    data = {"role": role, "required_role": "operator", "token_id": caller.token_id, "path": path}
+    service.gateway.audit.append("auth.forbidden", data, request_id=request_id, principal=caller.principal)
+    raise ForbiddenError(f"{path} is for operators; principal {caller.principal!r} has role {role!r}")
+
+
+def audit_filters(params: QueryParams) -> QueryFilters:
+    """The query's filters; :class:`RequestError` (422) naming every bad parameter."""
+    problems: list[Problem] = []
+
+    def bad(name: str, message: str) -> None:
+        problems.append(Problem(message, path=f"$.query.{name}"))
+
+    for name in sorted(set(params.keys()) - set(QUERY_PARAMETERS)):
+        bad(name, f"unknown parameter; the filters are {', '.join(QUERY_PARAMETERS)}")
+    single: dict[str, str] = {}
+    for name in QUERY_PARAMETERS:
+        values = params.getlist(name)
+        if len(values) > 1 and name != "event_type":
+            bad(name, "given more than once")
+        elif values:
+            single[name] = values[0]
+    times: dict[str, str | None] = {"since": None, "until": None}
+    for name in times:
+        if name in single:
+            try:
+                times[name] = parse_time(single[name])
+            except AuditError:
+                bad(name, f"not an RFC 3339 time (or a date): {single[name]!r}")
+    if single.get("decision", "allow") not in ("allow", "deny"):
+        bad("decision", f"must be 'allow' or 'deny', got {single['decision']!r}")
+    dry_run: bool | None = None
+    if "dry_run" in single:
+        choice = {"true": True, "false": False}.get(single["dry_run"].lower())
+        if choice is None:
+            bad("dry_run", f"must be 'true' or 'false', got {single['dry_run']!r}")
+        dry_run = choice
+    types = params.getlist("event_type")
+    for kind in sorted(set(types) - EVENT_TYPES):
+        bad("event_type", f"unknown event type {kind!r}; known: {', '.join(sorted(EVENT_TYPES))}")
+    for name in ("principal", "rule", "image", "request_id", "policy"):
+        if name in single and not single[name]:
+            bad(name, "must not be empty")
+    if problems:
+        names = ", ".join(sorted({p.path.removeprefix("$.query.") for p in problems}))
+        raise RequestError(f"invalid query parameter(s): {names}", problems=problems)
+    return QueryFilters(
+        since=times["since"],
+        until=times["until"],
+        principal=single.get("principal"),
+        decision=single.get("decision"),
+        rule=single.get("rule"),
+        image=single.get("image"),
+        event_types=frozenset(types) if types else None,
+        request_id=single.get("request_id"),
+        policy=single.get("policy"),
+        dry_run=dry_run,
+    )
+
+
+def audit_lines(service: Service, filters: QueryFilters) -> Iterator[bytes]:
+    """The matching lines of the service's trail in chunks of about 64 KiB. Opens the trail now (an error here
+    is still an error response); reads it as the response is sent."""
+    directory = getattr(service.gateway.audit, "directory", None)
+    if directory is None:
+        raise GatewayError("this service's audit trail is not a directory that can be queried")
+    lines = query_trail_lines(Path(directory), filters)
+    return _chunks(lines)
+
+
+def _chunks(lines: Iterator[tuple[bytes, object]]) -> Iterator[bytes]:
+    buffer = bytearray()
+    for raw, _record in lines:
+        buffer += raw if raw.endswith(b"\n") else raw + b"\n"
+        if len(buffer) >= _CHUNK:
+            yield bytes(buffer)
+            buffer.clear()
+    if buffer:
+        yield bytes(buffer)
