@@ -9,7 +9,11 @@ principal, and a silent re-attribution would hide a confused or hostile client.
 Bodies are bounded before they are parsed: the media type first (only ``application/json``, 415), then
 ``Content-Length`` against ``max_body_bytes`` before reading and the running total while reading a chunked
 body (413), then JSON (400 ``request.malformed``); the Gateway's own intake does the rest (422 with every
-JSON path). Executions run in a worker thread, so the event loop keeps answering while sandboxes run; the
+JSON path). Quotas (:mod:`gateway.service.quotas`): each ``POST`` counts against the principal's requests per
+minute before its body is read; an execution, once read, takes a slot of the principal and of the service's
+global bound before the Gateway sees it, waiting in the principal's bounded queue if it must; over either,
+429 ``service.over_quota`` with ``Retry-After``.
+Executions run in a worker thread, so the event loop keeps answering while sandboxes run; the
 policy's deadline bounds every run whatever the client does. Every error body is ``{"code", "message",
 "request_id"}`` (+ ``violations`` / ``errors``), statuses from :func:`gateway.errors.http_status_for`; an
 unexpected exception is logged with its traceback and answered with a plain 500 body, never the traceback.
@@ -42,6 +46,7 @@ from gateway.errors import (
     BodyTooLargeError,
     GatewayError,
     MalformedRequestError,
+    OverQuotaError,
     PolicyError,
     PrincipalsNotFoundError,
     RequestError,
@@ -55,7 +60,8 @@ from gateway.runner import Runner
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
 from gateway.service.openapi import openapi_document
-from gateway.service.principals import Principals, load_principals, principals_path_from_env
+from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
+from gateway.service.quotas import Admission, Refusals, default_global_bound
 from gateway.tool import tool_definition
 
 __all__ = ["Service", "build_app"]
@@ -83,6 +89,9 @@ class Service:
         self.gateway = gateway
         self.auth_failures = auth_failures
         self._owned = owned
+        self.admission = Admission(config.max_concurrent_executions or default_global_bound())
+        """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
+        self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -125,6 +134,7 @@ class Service:
     def close(self) -> None:
         """Write the last auth-failure summary and the stop record, then close the engine and the trail."""
         try:
+            self.refusals.stop()
             self.auth_failures.stop()
         finally:
             try:
@@ -182,6 +192,8 @@ def _gateway_error(exc: GatewayError, request_id: str, **extra: Any) -> JSONResp
     if isinstance(exc, RequestError):
         extra["errors"] = _problems(exc)
     headers = {"WWW-Authenticate": 'Bearer realm="gateway"'} if status == 401 else None
+    if isinstance(exc, OverQuotaError):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return _error(status, exc.code, exc.message, request_id, headers=headers, **extra)
 
 
@@ -301,14 +313,40 @@ def build_app(service: Service) -> Starlette:
         return endpoint
 
     async def executions(request: Request, caller: Caller, request_id: str) -> Response:
+        quotas = quotas_of(caller)
+        if (over := admit(request, caller, request_id, quotas)) is not None:
+            return over
         body = await _read_json_body(request, service.config.max_body_bytes)
-        result = await run_in_threadpool(gateway.execute, body, caller=caller)
+        try:
+            async with service.admission.execution(caller.principal, quotas):
+                result = await run_in_threadpool(gateway.execute, body, caller=caller)
+        except OverQuotaError as exc:
+            return refused(exc, request, caller, request_id)
         return _execution_response(result)
 
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
+        if (over := admit(request, caller, request_id, quotas_of(caller))) is not None:
+            return over
         body = await _read_json_body(request, service.config.max_body_bytes)
         result = await run_in_threadpool(gateway.decide, body, caller=caller)
         return _decision_response(result)
+
+    def quotas_of(caller: Caller) -> Quotas:
+        return service.principals.get(caller.principal).effective_quotas(service.config.quotas)
+
+    def admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
+        """Count the request against the caller's rpm (before its body is read); over it, the 429."""
+        try:
+            service.admission.count_request(caller.principal, quotas)
+        except OverQuotaError as exc:
+            return refused(exc, request, caller, request_id)
+        return None
+
+    def refused(exc: OverQuotaError, request: Request, caller: Caller, request_id: str) -> Response:
+        service.refusals.note(
+            exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
+        )
+        return _gateway_error(exc, request_id, quota=exc.quota, retry_after_s=exc.retry_after_s)
 
     async def policy(request: Request, caller: Caller, request_id: str) -> Response:
         compiled = gateway.policies.for_principal(caller.principal)

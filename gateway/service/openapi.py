@@ -79,6 +79,11 @@ _ERRORS: dict[str, tuple[str, str]] = {
     "413": ("TooLarge", "The body is larger than max_body_bytes (request.too_large)."),
     "415": ("MediaType", "The body is not application/json in UTF-8 (request.media_type)."),
     "422": ("Invalid", "The request does not validate (request.invalid, with every JSON path)."),
+    "429": (
+        "OverQuota",
+        "Over a quota of the principal (service.over_quota): requests per minute spent, or its queue of waiting "
+        "executions full; nothing ran. Retry-After says when to retry.",
+    ),
     "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
     "503": (
@@ -115,6 +120,7 @@ def _document() -> dict[str, Any]:
                     *body,
                     *v1,
                     "403",
+                    "429",
                     "500",
                     "502",
                     "503",
@@ -133,6 +139,7 @@ def _document() -> dict[str, Any]:
                     *body,
                     *v1,
                     "403",
+                    "429",
                     "500",
                     "503",
                     "507",
@@ -191,6 +198,12 @@ def _document() -> dict[str, Any]:
                 "description": 'Always `Bearer realm="gateway"`.',
                 "required": True,
                 "schema": {"type": "string", "pattern": "^Bearer"},
+            }
+        if status == "429":
+            headers["Retry-After"] = {
+                "description": "Whole seconds until a retry can succeed (rpm: until the window frees).",
+                "required": True,
+                "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"},
             }
         if status == "405":
             headers["Allow"] = {"description": "The methods the endpoint takes.", "schema": {"type": "string"}}

@@ -105,6 +105,16 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "path": "/v1/policy",
         "interval_ms": 60000,
     },
+    "request.refused": {
+        "count": 1,
+        "summary": False,
+        "code": "service.over_quota",
+        "quota": "rpm",
+        "retry_after_s": 12,
+        "path": "/v1/executions",
+        "interval_ms": 60000,
+        "caller": {"principal": "alice", "token_id": "0123abcd"},
+    },
 }
 
 
