@@ -42,6 +42,7 @@ from gateway.errors import (
     EXIT_GATEWAY_FAILURE,
     AuthenticationError,
     GatewayError,
+    OverQuotaError,
     Problem,
     RequestError,
     ServiceUnreachableError,
@@ -229,6 +230,10 @@ def error_from_response(response: httpx.Response) -> GatewayError:
     GatewayError.__init__(err, message, problems=problems)
     request_id = body.get("request_id") or response.headers.get("x-request-id")
     err.request_id = str(request_id) if request_id is not None else None
+    if isinstance(err, OverQuotaError):  # 429: when to retry, and which quota
+        retry_after = response.headers.get("retry-after", "")
+        err.retry_after_s = int(retry_after) if retry_after.isdigit() else 1
+        err.quota = str(body.get("quota") or "")
     return err
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "InterruptedRunError",
     "MalformedRequestError",
     "OutputCallbackError",
+    "OverQuotaError",
     "PolicyError",
     "PolicyNotFoundError",
     "PrincipalExistsError",
@@ -281,6 +282,21 @@ class ServiceUnreachableError(ServiceError):
     hint = "check the service's URL, that `gateway serve` is running, the TLS settings and the client's timeout"
 
 
+class OverQuotaError(ServiceError):
+    """The principal is over one of its quotas (requests per minute, or its queue of waiting executions is
+    full): nothing ran; HTTP 429 with ``Retry-After`` (:attr:`retry_after_s`, whole seconds)."""
+
+    code = "service.over_quota"
+    hint = "retry after the Retry-After seconds, or ask the operator for larger quotas (`gateway principals add`)"
+
+    def __init__(self, message: str, *, retry_after_s: int, quota: str, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after_s = max(1, int(retry_after_s))
+        """Whole seconds after which a retry can succeed (at least 1)."""
+        self.quota = quota
+        """Which quota refused it: ``rpm`` or ``queue``."""
+
+
 # --- contracts between the gateway's own parts ---------------------------------------------------------
 
 
@@ -437,6 +453,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (ServerConfigError, EXIT_GATEWAY_FAILURE, 500),
     (AuthenticationError, EXIT_USAGE, 401),
     (ForbiddenError, EXIT_USAGE, 403),
+    (OverQuotaError, EXIT_GATEWAY_FAILURE, 429),
     (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),

@@ -26,6 +26,7 @@ EVENT_TYPES: Final = frozenset(
         "policy.rejected",
         "request.received",
         "request.invalid",
+        "request.refused",
         "policy.decision",
         "image.pulled",
         "execution.outcome",

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.service.principals import (
     DEFAULT_QUOTAS,
+    QUOTA_FIELDS,
     PrincipalsStore,
     Quotas,
     name_problem,
@@ -29,8 +30,10 @@ def _store(args: argparse.Namespace) -> PrincipalsStore:
 
 def _add(args: argparse.Namespace) -> int:
     store = _store(args)
-    quotas = Quotas(max_concurrent=args.max_concurrent, rpm=args.rpm, queue=args.queue)
-    token = store.add(args.name, policy=args.policy, role=args.role, quotas=quotas)
+    flags = {"max_concurrent": args.max_concurrent, "rpm": args.rpm, "queue": args.queue}
+    given = {key: value for key, value in flags.items() if value is not None}
+    quotas = Quotas(**{**DEFAULT_QUOTAS.to_dict(), **given})
+    token = store.add(args.name, policy=args.policy, role=args.role, quotas=quotas, quotas_set=frozenset(given))
     print(token)
     print(
         f"added {args.role} {args.name!r} to {store.path}; this token is shown once and not stored: keep it now",
@@ -48,9 +51,10 @@ def _list(args: argparse.Namespace) -> int:
     if not len(principals):
         print(f"{principals.source}: no principals", file=sys.stderr)
     for p in principals:
-        q = p.quotas
+        set_ = {k: f"{k}={v}" for k, v in p.quotas.to_dict().items() if k in p.quotas_set}
         print(f"{p.name}  role={p.role}  policy={p.policy}")
-        print(f"  quotas: max_concurrent={q.max_concurrent} rpm={q.rpm} queue={q.queue}")
+        rest = "" if len(set_) == len(QUOTA_FIELDS) else " (the rest: the server's defaults)"
+        print(f"  quotas: {' '.join(set_.values()) or 'the server defaults'}{rest if set_ else ''}")
         tokens = ", ".join(f"{t['id']} (created {t['created']})" for t in (t.public_dict() for t in p.tokens))
         print(f"  tokens: {tokens or 'none (revoked; `gateway principals rotate` issues one)'}")
     return 0
@@ -110,9 +114,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("name", metavar="NAME", type=_name)
     add.add_argument("--policy", required=True, help="policy file its requests are decided under (stored absolute)")
     add.add_argument("--role", choices=("agent", "operator"), default="agent", help="operator may read metrics, audit")
-    add.add_argument("--max-concurrent", type=_positive, default=DEFAULT_QUOTAS.max_concurrent, metavar="N")
-    add.add_argument("--rpm", type=_positive, default=DEFAULT_QUOTAS.rpm, metavar="N", help="requests per minute")
-    add.add_argument("--queue", type=_non_negative, default=DEFAULT_QUOTAS.queue, metavar="N")
+    unset = "(default: the server config's quotas)"
+    add.add_argument("--max-concurrent", type=_positive, metavar="N", help=f"executions at once {unset}")
+    add.add_argument("--rpm", type=_positive, metavar="N", help=f"requests per minute {unset}")
+    add.add_argument("--queue", type=_non_negative, metavar="N", help=f"executions that may wait {unset}")
     add.add_argument("--principals", help=file_help)
     add.set_defaults(func=_add)
 

@@ -9,7 +9,11 @@ principal, and a silent re-attribution would hide a confused or hostile client.
 Bodies are bounded before they are parsed: the media type first (only ``application/json``, 415), then
 ``Content-Length`` against ``max_body_bytes`` before reading and the running total while reading a chunked
 body (413), then JSON (400 ``request.malformed``); the Gateway's own intake does the rest (422 with every
-JSON path). Executions run in a worker thread, so the event loop keeps answering while sandboxes run; the
+JSON path). Quotas (:mod:`gateway.service.quotas`): each ``POST`` counts against the principal's requests per
+minute before its body is read; an execution, once read, takes a slot of the principal and of the service's
+global bound before the Gateway sees it, waiting in the principal's bounded queue if it must; over either,
+429 ``service.over_quota`` with ``Retry-After``.
+Executions run in a worker thread, so the event loop keeps answering while sandboxes run; the
 policy's deadline bounds every run whatever the client does. Every error body is ``{"code", "message",
 "request_id"}`` (+ ``violations`` / ``errors``), statuses from :func:`gateway.errors.http_status_for`; an
 unexpected exception is logged with its traceback and answered with a plain 500 body, never the traceback.
@@ -46,6 +50,7 @@ from gateway.errors import (
     BodyTooLargeError,
     GatewayError,
     MalformedRequestError,
+    OverQuotaError,
     PolicyError,
     PrincipalsNotFoundError,
     RequestError,
@@ -63,7 +68,8 @@ from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.service.metrics import ServiceMetrics
 from gateway.service.openapi import openapi_document
 from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
-from gateway.service.principals import Principals, load_principals, principals_path_from_env
+from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
+from gateway.service.quotas import Admission, Refusals, default_global_bound
 from gateway.tool import tool_definition
 
 __all__ = ["Service", "build_app"]
@@ -95,6 +101,9 @@ class Service:
         """The running executions' cancel events: what shutdown cancels after the grace."""
         self.metrics = ServiceMetrics()
         """``GET /metrics``; ``metrics.queue_depth`` is the gauge a request queue sets."""
+        self.admission = Admission(config.max_concurrent_executions or default_global_bound())
+        """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
+        self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -151,6 +160,7 @@ class Service:
         if self.inflight.cancel_all():
             self.inflight.wait_idle(timeout_s=60.0)
         try:
+            self.refusals.stop()
             self.auth_failures.stop()
         finally:
             try:
@@ -208,6 +218,8 @@ def _gateway_error(exc: GatewayError, request_id: str, **extra: Any) -> JSONResp
     if isinstance(exc, RequestError):
         extra["errors"] = _problems(exc)
     headers = {"WWW-Authenticate": 'Bearer realm="gateway"'} if status == 401 else None
+    if isinstance(exc, OverQuotaError):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return _error(status, exc.code, exc.message, request_id, headers=headers, **extra)
 
 
@@ -341,19 +353,28 @@ def build_app(service: Service) -> Starlette:
             service.metrics.denied(result.decision.to_dict()["violations"], dry_run=dry_run)
 
     async def executions(request: Request, caller: Caller, request_id: str) -> Response:
+        quotas = quotas_of(caller)
+        if (over := admit(request, caller, request_id, quotas)) is not None:
+            return over
         body = await _read_json_body(request, service.config.max_body_bytes)
         metrics, started = service.metrics, time.perf_counter()
-        metrics.running_executions.inc()
         try:
-            result = await run_in_threadpool(service.execute, body, caller)
-        finally:
-            metrics.running_executions.dec()
+            async with service.admission.execution(caller.principal, quotas):
+                metrics.running_executions.inc()
+                try:
+                    result = await run_in_threadpool(service.execute, body, caller)
+                finally:
+                    metrics.running_executions.dec()
+        except OverQuotaError as exc:
+            return refused(exc, request, caller, request_id)
         response = _execution_response(result)
         metrics.execution_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
         count_denial(result, dry_run=False)
         return response
 
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
+        if (over := admit(request, caller, request_id, quotas_of(caller))) is not None:
+            return over
         body = await _read_json_body(request, service.config.max_body_bytes)
         started = time.perf_counter()
         result = await run_in_threadpool(gateway.decide, body, caller=caller)
@@ -371,6 +392,23 @@ def build_app(service: Service) -> Starlette:
         await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
         lines = audit_lines(service, audit_filters(request.query_params))
         return StreamingResponse(lines, media_type=NDJSON, headers={"X-Request-Id": request_id})
+
+    def quotas_of(caller: Caller) -> Quotas:
+        return service.principals.get(caller.principal).effective_quotas(service.config.quotas)
+
+    def admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
+        """Count the request against the caller's rpm (before its body is read); over it, the 429."""
+        try:
+            service.admission.count_request(caller.principal, quotas)
+        except OverQuotaError as exc:
+            return refused(exc, request, caller, request_id)
+        return None
+
+    def refused(exc: OverQuotaError, request: Request, caller: Caller, request_id: str) -> Response:
+        service.refusals.note(
+            exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
+        )
+        return _gateway_error(exc, request_id, quota=exc.quota, retry_after_s=exc.retry_after_s)
 
     async def policy(request: Request, caller: Caller, request_id: str) -> Response:
         compiled = gateway.policies.for_principal(caller.principal)

@@ -53,7 +53,10 @@ class ServerConfig:
     """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     quotas: Quotas = DEFAULT_QUOTAS
-    """Default quotas, kept for the quota enforcement still to come (nothing enforces them yet)."""
+    """Default quotas: each field a principal does not set comes from here (enforced by
+    :mod:`gateway.service.quotas`)."""
+    max_concurrent_executions: int | None = None
+    """The global bound on running executions; None: :func:`gateway.service.quotas.default_global_bound`."""
     grace_s: float = 30.0
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
@@ -125,6 +128,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
             rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),
             queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
         ),
+        max_concurrent_executions=data.get("max_concurrent_executions"),
         grace_s=float(data.get("grace_s", 30.0)),
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),

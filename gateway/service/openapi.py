@@ -120,6 +120,11 @@ _ERRORS: dict[str, tuple[str, str]] = {
         "Invalid",
         "The request does not validate (request.invalid, with every JSON path; a query parameter is $.query.NAME).",
     ),
+    "429": (
+        "OverQuota",
+        "Over a quota of the principal (service.over_quota): requests per minute spent, or its queue of waiting "
+        "executions full; nothing ran. Retry-After says when to retry.",
+    ),
     "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
     "503": (
@@ -156,6 +161,7 @@ def _document() -> dict[str, Any]:
                     *body,
                     *v1,
                     "403",
+                    "429",
                     "500",
                     "502",
                     "503",
@@ -174,6 +180,7 @@ def _document() -> dict[str, Any]:
                     *body,
                     *v1,
                     "403",
+                    "429",
                     "500",
                     "503",
                     "507",
@@ -265,6 +272,12 @@ def _document() -> dict[str, Any]:
                 "description": 'Always `Bearer realm="gateway"`.',
                 "required": True,
                 "schema": {"type": "string", "pattern": "^Bearer"},
+            }
+        if status == "429":
+            headers["Retry-After"] = {
+                "description": "Whole seconds until a retry can succeed (rpm: until the window frees).",
+                "required": True,
+                "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"},
             }
         if status == "405":
             headers["Allow"] = {"description": "The methods the endpoint takes.", "schema": {"type": "string"}}

@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_QUOTAS",
     "KIND",
     "MAX_PRINCIPALS_BYTES",
+    "QUOTA_FIELDS",
     "TOKEN_PREFIX",
     "Principal",
     "Principals",
@@ -139,6 +140,7 @@ class Quotas:
 
 
 DEFAULT_QUOTAS = Quotas()
+QUOTA_FIELDS = frozenset(DEFAULT_QUOTAS.to_dict())
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,14 @@ class Principal:
     quotas: Quotas = DEFAULT_QUOTAS
     tokens: tuple[TokenRecord, ...] = ()
     """Its valid tokens; empty after ``revoke`` (it cannot authenticate until ``rotate`` issues one)."""
+    quotas_set: frozenset[str] = QUOTA_FIELDS
+    """The quota fields the file sets for it; the others take the service's defaults (the server config's
+    ``quotas``, see :meth:`effective_quotas`) and are not written back."""
+
+    def effective_quotas(self, defaults: Quotas) -> Quotas:
+        """Its quotas, each field it does not set taken from ``defaults``."""
+        mine, theirs = self.quotas.to_dict(), defaults.to_dict()
+        return Quotas(**{key: mine[key] if key in self.quotas_set else theirs[key] for key in mine})
 
     @property
     def is_operator(self) -> bool:
@@ -178,13 +188,16 @@ class Principal:
         return self.role == "operator"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "role": self.role,
             "policy": str(self.policy),
-            "quotas": self.quotas.to_dict(),
             "tokens": [t.to_dict() for t in self.tokens],
         }
+        quotas = {key: value for key, value in self.quotas.to_dict().items() if key in self.quotas_set}
+        if quotas:
+            out["quotas"] = quotas
+        return out
 
     def public_dict(self) -> dict[str, Any]:
         """What ``gateway principals list`` shows: everything but the digests."""
@@ -367,6 +380,7 @@ def _principal(raw: dict[str, Any]) -> Principal:
             TokenRecord(t["id"], t["sha256"], datetime.fromisoformat(t["created"]).astimezone(UTC))
             for t in raw["tokens"]
         ),
+        quotas_set=frozenset(quotas),
     )
 
 
@@ -432,12 +446,14 @@ class PrincipalsStore:
         policy: str | os.PathLike[str],
         role: Role = "agent",
         quotas: Quotas = DEFAULT_QUOTAS,
+        quotas_set: frozenset[str] = QUOTA_FIELDS,
         now: datetime | None = None,
     ) -> str:
         """Append a principal with one new token (the file is created if absent); return the clear token.
 
         The policy must load (:func:`gateway.policy.load_policy`; its :class:`PolicyError` propagates) and is
-        stored as an absolute path. A name the file already holds is a :class:`PrincipalExistsError`.
+        stored as an absolute path. Only the quota fields in ``quotas_set`` are stored; the others follow the
+        service's defaults. A name the file already holds is a :class:`PrincipalExistsError`.
         """
         why = name_problem(name)
         if why is not None:
@@ -449,7 +465,9 @@ class PrincipalsStore:
             if name in current:
                 raise PrincipalExistsError(f"{current.source} already has a principal named {name!r}")
             token, record = issue_token(current.token_ids(), now=now)
-            principal = Principal(name=name, role=role, policy=absolute, quotas=quotas, tokens=(record,))
+            principal = Principal(
+                name=name, role=role, policy=absolute, quotas=quotas, tokens=(record,), quotas_set=quotas_set
+            )
             return current.with_principal(principal), token
 
         return self._update(change, create=True)

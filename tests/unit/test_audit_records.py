@@ -106,6 +106,16 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "interval_ms": 60000,
     },
     "auth.forbidden": {"role": "agent", "required_role": "operator", "token_id": "0123abcd", "path": "/metrics"},
+    "request.refused": {
+        "count": 1,
+        "summary": False,
+        "code": "service.over_quota",
+        "quota": "rpm",
+        "retry_after_s": 12,
+        "path": "/v1/executions",
+        "interval_ms": 60000,
+        "caller": {"principal": "alice", "token_id": "0123abcd"},
+    },
 }
 
 

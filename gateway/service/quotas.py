@@ -1,0 +1,225 @@
+"""Admission control of the service: per-principal quotas and one global bound on running executions, enforced
+before any work starts.
+
+Three bounds, checked in this order when a request arrives:
+
+* **Requests per minute** (``rpm``): a sliding 60 s window of the principal's admitted requests. Every
+  authenticated ``POST /v1/executions`` *and* ``POST /v1/decisions`` counts, allowed or denied by policy (each
+  writes audit records and costs a policy evaluation, so a flood of dry runs or of denied requests is work
+  too); the read-only ``GET`` endpoints do not. A request over it is refused at once with 429
+  ``service.over_quota`` and ``Retry-After`` = the seconds until the oldest request in the window leaves it.
+* **Concurrent executions** of the principal (``max_concurrent``) and of the whole service
+  (``max_concurrent_executions`` in the server config, default :func:`default_global_bound`: two per core).
+  An execution that cannot start waits in its principal's queue;
+* **Queue** (``queue``): at most that many of the principal's executions wait; one more is refused at once with
+  429 (``Retry-After: 1``). With ``queue: 0`` an execution either starts now or is refused.
+
+Fairness: whenever a slot frees, it goes to the waiting principal with the **fewest running** executions
+(oldest waiter first among equals), never simply to the oldest waiter. A principal that floods the service
+with long runs holds at most its own ``max_concurrent`` slots and, once another principal is waiting, the
+next free slot goes to that other principal; its own backlog is bounded by its own queue. So the service
+never holds more work than ``global bound + sum of queues``, and no principal can starve another.
+
+A waiting request whose client goes away (the task is cancelled) leaves the queue; a granted slot is always
+given back (the ``async with`` block). Everything here runs on the event loop's thread: no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.audit import AuditSink
+from gateway.errors import GatewayError, OverQuotaError
+from gateway.service.principals import Quotas
+
+__all__ = ["RPM_WINDOW_S", "Admission", "Refusals", "default_global_bound"]
+
+RPM_WINDOW_S = 60.0
+"""The length of the requests-per-minute window."""
+QUEUE_RETRY_AFTER_S = 1
+"""``Retry-After`` when a principal's queue is full: its runs end at their deadlines, one may end any moment."""
+
+
+def default_global_bound() -> int:
+    """Two running executions per CPU core (as the host slots' default): enough to keep the machine busy."""
+    return max(2, 2 * (os.cpu_count() or 1))
+
+
+@dataclass
+class _State:
+    """One principal's share of the service."""
+
+    running: int = 0
+    waiting: deque[tuple[int, asyncio.Future[None]]] = field(default_factory=deque)
+    """(ticket, future) of its executions waiting for a slot, oldest first."""
+    admitted: deque[float] = field(default_factory=deque)
+    """Monotonic times of its requests in the rpm window, oldest first."""
+    max_concurrent: int = 1
+
+
+class Admission:
+    """The quotas of every principal and the global bound of one service."""
+
+    def __init__(self, global_bound: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if global_bound < 1:
+            raise ValueError(f"the global bound must be at least 1, got {global_bound}")
+        self.global_bound = global_bound
+        self.running = 0
+        """Executions running now, all principals."""
+        self._clock = clock
+        self._states: dict[str, _State] = {}
+        self._tickets = itertools.count()
+
+    def _state(self, principal: str) -> _State:
+        return self._states.setdefault(principal, _State())
+
+    def running_of(self, principal: str) -> int:
+        """Executions of ``principal`` running now."""
+        state = self._states.get(principal)
+        return state.running if state is not None else 0
+
+    def waiting_of(self, principal: str) -> int:
+        """Executions of ``principal`` waiting for a slot now."""
+        state = self._states.get(principal)
+        return len(state.waiting) if state is not None else 0
+
+    def count_request(self, principal: str, quotas: Quotas) -> None:
+        """Count one request against the principal's rpm; :class:`OverQuotaError` (``rpm``) when it is spent.
+        A refused request is not counted (a client that keeps retrying does not push its window on)."""
+        state = self._state(principal)
+        now = self._clock()
+        while state.admitted and now - state.admitted[0] >= RPM_WINDOW_S:
+            state.admitted.popleft()
+        if len(state.admitted) >= quotas.rpm:
+            frees_in = state.admitted[len(state.admitted) - quotas.rpm] + RPM_WINDOW_S - now
+            raise OverQuotaError(
+                f"{principal!r} made {len(state.admitted)} requests in the last minute; its quota is {quotas.rpm} "
+                "requests per minute",
+                retry_after_s=math.ceil(frees_in),
+                quota="rpm",
+            )
+        state.admitted.append(now)
+
+    @contextlib.asynccontextmanager
+    async def execution(self, principal: str, quotas: Quotas) -> AsyncIterator[None]:
+        """Hold one execution slot of ``principal`` (and of the service) for the block: now if both bounds
+        allow, else after waiting in its queue; :class:`OverQuotaError` (``queue``) when the queue is full."""
+        state = self._state(principal)
+        state.max_concurrent = quotas.max_concurrent
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (next(self._tickets), granted)
+        state.waiting.append(entry)
+        self._dispatch()
+        if not granted.done() and len(state.waiting) > quotas.queue:
+            state.waiting.remove(entry)
+            raise OverQuotaError(
+                f"{principal!r} has {state.running} execution(s) running and {len(state.waiting)} waiting, its "
+                f"quota (max_concurrent {quotas.max_concurrent}, queue {quotas.queue}); the service runs at most "
+                f"{self.global_bound} at once",
+                retry_after_s=QUEUE_RETRY_AFTER_S,
+                quota="queue",
+            )
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self._release(state)  # granted as the waiter was cancelled: give the slot back
+            else:
+                with contextlib.suppress(ValueError):
+                    state.waiting.remove(entry)
+            raise
+        try:
+            yield
+        finally:
+            self._release(state)
+
+    def _release(self, state: _State) -> None:
+        state.running -= 1
+        self.running -= 1
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Give free slots to waiters: the principal with the fewest running first, then the oldest waiter."""
+        while self.running < self.global_bound:
+            eligible = [
+                (state.running, state.waiting[0][0], state)
+                for state in self._states.values()
+                if state.waiting and state.running < state.max_concurrent
+            ]
+            if not eligible:
+                return
+            _, _, state = min(eligible, key=lambda item: (item[0], item[1]))
+            _, granted = state.waiting.popleft()
+            if granted.cancelled():
+                continue
+            state.running += 1
+            self.running += 1
+            granted.set_result(None)
+
+
+class Refusals:
+    """``request.refused`` records, bounded like ``auth.failed``: per principal, the first refusal of an
+    interval at once (``count`` 1, ``summary`` false), the number of the rest when the interval has passed
+    (written with the principal's next refusal, or at stop; ``summary`` true). A principal hammering the
+    service over its quota cannot fill the trail: at most two records per principal per interval."""
+
+    def __init__(self, audit: AuditSink, *, interval_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        self.audit = audit
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[float, int]] = {}
+        """principal -> (start of its open interval, refusals counted after the first)."""
+
+    def note(self, error: OverQuotaError, *, principal: str, token_id: str, request_id: str, path: str) -> None:
+        now = self._clock()
+        summary: tuple[float, int] | None = None
+        with self._lock:
+            since, rest = self._open.get(principal, (None, 0))
+            if since is not None and now - since < self.interval_s:
+                self._open[principal] = (since, rest + 1)
+                return
+            if since is not None and rest:
+                summary = (since, rest)
+            self._open[principal] = (now, 0)
+        if summary is not None:
+            self._summary(principal, *summary)
+        data = {
+            "count": 1,
+            "summary": False,
+            "code": error.code,
+            "quota": error.quota,
+            "retry_after_s": error.retry_after_s,
+            "path": path,
+            "interval_ms": round(self.interval_s * 1000),
+            "caller": {"principal": principal, "token_id": token_id},
+        }
+        self._write(data, principal=principal, request_id=request_id)
+
+    def stop(self) -> None:
+        """Write the count of every open interval's refusals after its first."""
+        with self._lock:
+            pending, self._open = self._open, {}
+        for principal, (since, rest) in pending.items():
+            if rest:
+                self._summary(principal, since, rest)
+
+    def _summary(self, principal: str, since: float, rest: int) -> None:
+        since_text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+        data = {"count": rest, "summary": True, "since": since_text, "interval_ms": round(self.interval_s * 1000)}
+        self._write(data, principal=principal, request_id=None)
+
+    def _write(self, data: dict[str, Any], *, principal: str, request_id: str | None) -> None:
+        # refused either way; the trail's own failure shows in /readyz and every request that needs it
+        with contextlib.suppress(GatewayError):
+            self.audit.append("request.refused", data, principal=principal, request_id=request_id)

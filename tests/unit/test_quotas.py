@@ -1,0 +1,219 @@
+"""Admission control (gateway/service/quotas.py): the rpm window, the queue, the global bound, fairness,
+cancellation, the bounded refusal records and the principals' quota defaults."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gateway.audit import MemoryAuditSink
+from gateway.errors import OverQuotaError, ServerConfigError, http_status_for
+from gateway.resources import policies_dir
+from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas, load_principals_text
+from gateway.service.quotas import Admission, Refusals
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_over_quota_is_429_with_at_least_one_second() -> None:
+    assert http_status_for(OverQuotaError) == 429
+    assert OverQuotaError("x", retry_after_s=0, quota="queue").retry_after_s == 1
+
+
+def test_rpm_is_a_sliding_minute_and_retry_after_is_when_it_frees() -> None:
+    clock = Clock()
+    admission = Admission(4, clock=clock)
+    quotas = Quotas(rpm=2)
+    admission.count_request("a", quotas)
+    clock.now += 20
+    admission.count_request("a", quotas)
+    clock.now += 10.5
+    with pytest.raises(OverQuotaError) as info:
+        admission.count_request("a", quotas)
+    assert (info.value.quota, info.value.retry_after_s) == ("rpm", 30)  # the first leaves at +60 s
+    admission.count_request("b", quotas)  # another principal's minute is its own
+    clock.now += 29.5
+    admission.count_request("a", quotas)  # the first left the window
+    with pytest.raises(OverQuotaError) as info:
+        admission.count_request("a", quotas)
+    assert info.value.retry_after_s == 20  # now the second one (at +20 s) has to leave
+
+
+def test_queue_then_refusal_and_release_in_order() -> None:
+    async def scenario() -> None:
+        admission = Admission(8)
+        quotas = Quotas(max_concurrent=1, queue=1)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def run(name: str) -> None:
+            async with admission.execution("a", quotas):
+                order.append(name)
+                await release.wait()
+
+        first = asyncio.create_task(run("first"))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(run("second"))
+        await asyncio.sleep(0)
+        assert (admission.running_of("a"), admission.waiting_of("a")) == (1, 1)
+        with pytest.raises(OverQuotaError) as info:
+            async with admission.execution("a", quotas):
+                pass
+        assert info.value.quota == "queue"
+        release.set()
+        await asyncio.gather(first, second)
+        assert order == ["first", "second"]
+        assert admission.running == 0
+
+    asyncio.run(scenario())
+
+
+def test_queue_zero_means_run_now_or_refuse() -> None:
+    async def scenario() -> None:
+        admission = Admission(1)
+        async with admission.execution("a", Quotas(queue=0)):
+            with pytest.raises(OverQuotaError):
+                async with admission.execution("b", Quotas(queue=0)):
+                    pass
+
+    asyncio.run(scenario())
+
+
+def test_a_freed_slot_goes_to_the_principal_with_fewest_running() -> None:
+    async def scenario() -> None:
+        admission = Admission(2)
+        order: list[str] = []
+        gates = {name: asyncio.Event() for name in ("m1", "m2", "m3", "m4", "v")}
+
+        async def run(principal: str, name: str) -> None:
+            async with admission.execution(principal, Quotas(max_concurrent=2, queue=8)):
+                order.append(name)
+                await gates[name].wait()
+
+        tasks = [asyncio.create_task(run("mallory", n)) for n in ("m1", "m2", "m3", "m4")]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(run("victim", "v")))  # arrives after mallory's two waiters
+        await asyncio.sleep(0)
+        assert order == ["m1", "m2"]
+        gates["m1"].set()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert order == ["m1", "m2", "v"]  # not m3, although m3 waited longer
+        for gate in gates.values():
+            gate.set()
+        await asyncio.gather(*tasks)
+        assert order == ["m1", "m2", "v", "m3", "m4"]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_a_slot_is_never_lost() -> None:
+    async def scenario() -> None:
+        admission = Admission(1)
+        hold = asyncio.Event()
+
+        async def run() -> None:
+            async with admission.execution("a", Quotas(queue=4)):
+                await hold.wait()
+
+        running = asyncio.create_task(run())
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(run())
+        await asyncio.sleep(0)
+        assert admission.waiting_of("a") == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert admission.waiting_of("a") == 0
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert admission.running == 0
+        async with admission.execution("a", Quotas(queue=0)):
+            assert admission.running == 1
+
+    asyncio.run(scenario())
+
+
+def test_refusals_are_bounded_per_principal_and_interval() -> None:
+    sink = MemoryAuditSink()
+    clock = Clock()
+    refusals = Refusals(sink, interval_s=60, clock=clock)
+    error = OverQuotaError("over", retry_after_s=5, quota="rpm")
+    for _ in range(100):
+        refusals.note(error, principal="m", token_id="0123abcd", request_id="r", path="/v1/executions")
+    refusals.note(error, principal="v", token_id="89abcdef", request_id="r2", path="/v1/decisions")
+    clock.now += 61
+    refusals.note(error, principal="m", token_id="0123abcd", request_id="r3", path="/v1/executions")
+    refusals.stop()
+    got = [(r["principal"], r["data"]["count"], r["data"]["summary"]) for r in sink.records]
+    assert got == [("m", 1, False), ("v", 1, False), ("m", 99, True), ("m", 1, False)]
+    assert sink.records[0]["data"]["retry_after_s"] == 5
+    assert sink.records[0]["data"]["caller"] == {"principal": "m", "token_id": "0123abcd"}
+
+
+def test_quota_fields_a_principal_does_not_set_come_from_the_server(tmp_path: Path) -> None:
+    policy = str(policies_dir() / "default.yaml")
+    text = f"""\
+apiVersion: gateway.agent-exec/v1
+kind: Principals
+principals:
+  - name: a
+    role: agent
+    policy: {policy}
+    tokens: []
+  - name: b
+    role: agent
+    policy: {policy}
+    quotas: {{rpm: 5}}
+    tokens: []
+"""
+    principals = load_principals_text(text)
+    server = Quotas(max_concurrent=2, rpm=100, queue=0)
+    assert principals.get("a").effective_quotas(server) == server
+    assert principals.get("b").effective_quotas(server) == Quotas(max_concurrent=2, rpm=5, queue=0)
+    store = PrincipalsStore(tmp_path / "p.yaml")
+    store.add("c", policy=policy, quotas=Quotas(queue=3), quotas_set=frozenset({"queue"}))
+    store.rotate("c")  # a rewrite keeps the file's choice: only queue is set
+    assert "queue: 3" in (tmp_path / "p.yaml").read_text()
+    assert "rpm" not in (tmp_path / "p.yaml").read_text()
+    assert store.load().get("c").effective_quotas(DEFAULT_QUOTAS) == Quotas(queue=3)
+
+
+def test_the_global_bound_is_a_config_key_with_a_machine_sized_default() -> None:
+    from gateway.service.config import ServerConfig, load_server_config_text
+    from gateway.service.quotas import default_global_bound
+
+    head = "apiVersion: gateway.agent-exec/v1\nkind: ServerConfig\n"
+    assert load_server_config_text(head + "max_concurrent_executions: 3\n").max_concurrent_executions == 3
+    assert ServerConfig().max_concurrent_executions is None  # the service uses default_global_bound()
+    assert default_global_bound() >= 2
+    with pytest.raises(ServerConfigError) as info:
+        load_server_config_text(head + "max_concurrent_executions: 0\n")
+    assert [p.path for p in info.value.problems] == ["$.max_concurrent_executions"]
+
+
+def test_principals_add_stores_only_the_quota_flags_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    path = tmp_path / "p.yaml"
+    policy = str(policies_dir() / "default.yaml")
+    assert main(["principals", "add", "a", "--policy", policy, "--principals", str(path)]) == 0
+    assert main(["principals", "add", "b", "--policy", policy, "--rpm", "7", "--principals", str(path)]) == 0
+    loaded = PrincipalsStore(path).load()
+    server = Quotas(max_concurrent=1, rpm=2, queue=3)
+    assert loaded.get("a").effective_quotas(server) == server
+    assert loaded.get("b").effective_quotas(server) == Quotas(max_concurrent=1, rpm=7, queue=3)
+    capsys.readouterr()
+    assert main(["principals", "list", "--principals", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "quotas: the server defaults" in out
+    assert "quotas: rpm=7 (the rest: the server's defaults)" in out
