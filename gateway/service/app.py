@@ -54,8 +54,10 @@ from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
+from gateway.service.mcp_http import McpEndpoint
 from gateway.service.openapi import openapi_document
 from gateway.service.principals import Principals, load_principals, principals_path_from_env
+from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
 from gateway.tool import tool_definition
 
 __all__ = ["Service", "build_app"]
@@ -289,6 +291,8 @@ def build_app(service: Service) -> Starlette:
             "no bearer token" if reason == "missing" else "the bearer token is not valid (unknown, rotated or revoked)"
         )
 
+    mcp = McpEndpoint(gateway, authenticate=authenticate, error=lambda exc: _gateway_error(exc, _new_request_id()))
+
     def v1(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             request_id = _new_request_id()
@@ -302,8 +306,9 @@ def build_app(service: Service) -> Starlette:
 
     async def executions(request: Request, caller: Caller, request_id: str) -> Response:
         body = await _read_json_body(request, service.config.max_body_bytes)
-        result = await run_in_threadpool(gateway.execute, body, caller=caller)
-        return _execution_response(result)
+        if wants_events(request):
+            return EventStreamExecution(gateway, body, caller, _execution_response)
+        return _execution_response(await execute_watched(request, gateway, body, caller))
 
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
         body = await _read_json_body(request, service.config.max_body_bytes)
@@ -352,7 +357,8 @@ def build_app(service: Service) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await run_in_threadpool(service.start)
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
             await run_in_threadpool(service.close)
 
@@ -364,6 +370,7 @@ def build_app(service: Service) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
     ]
     return Starlette(
         routes=routes,
