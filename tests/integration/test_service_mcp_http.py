@@ -5,6 +5,8 @@ caller's own policy, and no MCP at all without a valid token."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -86,3 +88,27 @@ def test_no_mcp_without_a_valid_token(server: Server, who: str | None) -> None:
     assert raw.json()["code"] == "auth.failed"
     assert raw.headers["WWW-Authenticate"].startswith("Bearer")
     assert server.records("request.received") == []
+
+
+def test_a_call_whose_client_goes_away_has_its_sandbox_removed(
+    server: Server, managed_containers: Callable[[], list[str]]
+) -> None:
+    """The MCP client is closed while its call runs: the HTTP request is gone, so the run is cancelled."""
+
+    async def abandon() -> None:
+        async with anyio.create_task_group() as group:
+            code = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
+            group.start_soon(_session, server.url, server.tokens["alice"], [{"code": code, "timeout": 50}])
+            while not managed_containers():  # the sandbox exists: the call is in flight
+                await anyio.sleep(0.1)
+            group.cancel_scope.cancel()  # closes the client and its connection
+
+    anyio.run(abandon)
+    deadline = time.monotonic() + 60
+    while not server.records("execution.outcome"):
+        assert time.monotonic() < deadline, "the cancelled run's outcome was never recorded"
+        time.sleep(0.1)
+    (outcome,) = server.records("execution.outcome")
+    assert outcome["data"]["error"]["code"] == "gateway.cancelled"
+    assert outcome["principal"] == "alice"
+    assert managed_containers() == []
