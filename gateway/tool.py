@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gateway import Gateway
+from gateway import Caller, Gateway
 from gateway.executor import Executor, ResultLike
 from gateway.policy.model import Policy
 from gateway.policy.sizes import format_size
@@ -99,11 +99,16 @@ class ToolHandler:
     principal's policy and the audit trail says who asked. With a remote client the token *is* the principal:
     the requests name none (the service refuses a body naming another), and ``principal`` may not be given."""
 
-    def __init__(self, gateway: Executor, *, principal: str | None = None) -> None:
+    def __init__(self, gateway: Executor, *, principal: str | None = None, caller: Caller | None = None) -> None:
         self.gateway = gateway
         self.local = isinstance(gateway, Gateway)
-        if principal is not None and not self.local:
+        if (principal is not None or caller is not None) and not self.local:
             raise ValueError("a remote client acts as its token's principal; do not pass `principal`")
+        if caller is not None:  # an authenticated caller (the service's MCP endpoint): its principal, audited
+            if principal is not None and principal != caller.principal:
+                raise ValueError(f"principal {principal!r} is not the caller's ({caller.principal!r})")
+            principal = caller.principal
+        self.caller = caller
         self.principal = (principal or DEFAULT_TOOL_PRINCIPAL) if self.local else None
 
     @property
@@ -157,10 +162,10 @@ class ToolHandler:
                 return _error("invalid_arguments", "'timeout' must be a positive number of seconds")
             request["limits"] = {"timeout_s": timeout}
         outcome: ResultLike
-        if cancel is None:
+        if isinstance(self.gateway, Gateway):
+            outcome = self.gateway.execute(request, cancel=cancel, caller=self.caller)
+        elif cancel is None:
             outcome = self.gateway.execute(request)
-        elif isinstance(self.gateway, Gateway):
-            outcome = self.gateway.execute(request, cancel=cancel)
         else:
             raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
         result = outcome.to_dict()

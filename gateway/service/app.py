@@ -61,15 +61,18 @@ from gateway.errors import (
 from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
+from gateway.runner.interface import OnOutput
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
 from gateway.service.lifecycle import Inflight, reap_stale, reload
+from gateway.service.mcp_http import McpEndpoint
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.service.metrics import ServiceMetrics
 from gateway.service.openapi import openapi_document
 from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
 from gateway.service.quotas import Admission, Refusals, default_global_bound
+from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
 from gateway.tool import tool_definition
 
 __all__ = ["Service", "build_app"]
@@ -144,11 +147,14 @@ class Service:
         self.auth_failures.start()
         reap_stale(self)
 
-    def execute(self, body: bytes, caller: Caller) -> ExecutionResult:
+    def execute(
+        self, body: bytes, caller: Caller, *, cancel: threading.Event | None = None, on_output: OnOutput | None = None
+    ) -> ExecutionResult:
         """Run in a worker thread, registered in :attr:`inflight` for as long as the thread runs (the request's
-        task may be cancelled at shutdown; the run is then cancelled by :meth:`close`, not abandoned)."""
-        with self.inflight.run() as cancel:
-            return self.gateway.execute(body, caller=caller, cancel=cancel)
+        task may be cancelled at shutdown; the run is then cancelled by :meth:`close`, not abandoned). ``cancel``:
+        the caller's own event (its client went away), which shutdown sets too."""
+        with self.inflight.run(cancel) as event:
+            return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
 
     def reload(self) -> bool:
         """SIGHUP: reload the principals and policies (see :func:`gateway.service.lifecycle.reload`)."""
@@ -327,6 +333,8 @@ def build_app(service: Service) -> Starlette:
             "no bearer token" if reason == "missing" else "the bearer token is not valid (unknown, rotated or revoked)"
         )
 
+    mcp = McpEndpoint(gateway, authenticate=authenticate, error=lambda exc: _gateway_error(exc, _new_request_id()))
+
     def v1(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             request_id = _new_request_id()
@@ -358,15 +366,22 @@ def build_app(service: Service) -> Starlette:
             return over
         body = await _read_json_body(request, service.config.max_body_bytes)
         metrics, started = service.metrics, time.perf_counter()
+        admitted = service.admission.execution(caller.principal, quotas)
         try:
-            async with service.admission.execution(caller.principal, quotas):
-                metrics.running_executions.inc()
-                try:
-                    result = await run_in_threadpool(service.execute, body, caller)
-                finally:
-                    metrics.running_executions.dec()
+            await admitted.__aenter__()  # a slot of the principal and of the service, or 429
         except OverQuotaError as exc:
             return refused(exc, request, caller, request_id)
+        if wants_events(request):
+            # The stream runs after this handler returns: it holds the slot until its run has ended.
+            return EventStreamExecution(
+                service.execute, body, caller, _execution_response, release=lambda: admitted.__aexit__(None, None, None)
+            )
+        metrics.running_executions.inc()
+        try:
+            result = await execute_watched(request, service.execute, body, caller)
+        finally:
+            metrics.running_executions.dec()
+            await admitted.__aexit__(None, None, None)
         response = _execution_response(result)
         metrics.execution_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
         count_denial(result, dry_run=False)
@@ -455,7 +470,8 @@ def build_app(service: Service) -> Starlette:
         await run_in_threadpool(service.start)
         _on_sighup(service)
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
             await run_in_threadpool(service.close)
 
@@ -469,9 +485,11 @@ def build_app(service: Service) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
     ]
-    for route in routes:  # requests by endpoint and outcome (GET /metrics)
-        route.app = request_response(counted(route.path, route.endpoint))
+    for route in routes:  # requests by endpoint and outcome (GET /metrics); /mcp is an ASGI app, not counted
+        if route.endpoint is not mcp:
+            route.app = request_response(counted(route.path, route.endpoint))
     return Starlette(
         routes=routes,
         lifespan=lifespan,

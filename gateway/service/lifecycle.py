@@ -41,9 +41,9 @@ class Inflight:
         self._idle = threading.Condition()
 
     @contextlib.contextmanager
-    def run(self) -> Iterator[threading.Event]:
-        """A cancel event for one execution, registered while it runs."""
-        event = threading.Event()
+    def run(self, event: threading.Event | None = None) -> Iterator[threading.Event]:
+        """A cancel event for one execution (``event``, or a new one), registered while it runs."""
+        event = event if event is not None else threading.Event()
         with self._idle:
             self._events.add(event)
         try:

@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from io import TextIOWrapper
 from pathlib import Path
@@ -157,20 +157,41 @@ def tool_result(answer: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-def build_server(handler: ToolHandler, *, max_concurrent: int) -> Server[Any]:
-    """The MCP server of one tool handler: ``tools/list`` and ``tools/call``, at most ``max_concurrent`` runs
-    at once. A call whose request is cancelled (or a server that is stopped) cancels its run: the sandbox is
-    killed and removed and the outcome recorded, before the call returns."""
+def _tool(handler: ToolHandler) -> types.Tool:
     spec = handler.definition()["function"]
-    tool = types.Tool(name=spec["name"], description=spec["description"], input_schema=spec["parameters"])
-    limiter = anyio.CapacityLimiter(max_concurrent)
+    return types.Tool(name=spec["name"], description=spec["description"], input_schema=spec["parameters"])
+
+
+HandlerFor = Callable[[ServerRequestContext[Any]], ToolHandler]
+"""The tool handler of one request's caller (the HTTP transport: the authenticated principal's)."""
+
+
+def build_server(
+    handler: ToolHandler | HandlerFor, *, max_concurrent: int | None, instructions: str | None = None
+) -> Server[Any]:
+    """The MCP server of one tool handler (or of a function giving each request's, see :data:`HandlerFor`):
+    ``tools/list`` and ``tools/call``, at most ``max_concurrent`` runs at once (None: the thread pool's
+    limit). A call whose request is cancelled (or a server that is stopped) cancels its run: the sandbox is
+    killed and removed and the outcome recorded, before the call returns."""
+    fixed = handler if isinstance(handler, ToolHandler) else None
+    resolve: HandlerFor | None = None if isinstance(handler, ToolHandler) else handler
+
+    def handler_for(ctx: ServerRequestContext[Any]) -> ToolHandler:
+        if fixed is not None:
+            return fixed
+        assert resolve is not None  # noqa: S101 - one of the two is set
+        return resolve(ctx)
+
+    tool = _tool(fixed) if fixed is not None else None
+    limiter = anyio.CapacityLimiter(max_concurrent) if max_concurrent is not None else None
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool])
+        return types.ListToolsResult(tools=[tool or _tool(handler_for(ctx))])
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        handler = handler_for(ctx)
         cancel = threading.Event()
         work = functools.partial(handler, params.name, dict(params.arguments or {}), cancel=cancel)
 
@@ -192,7 +213,8 @@ def build_server(handler: ToolHandler, *, max_concurrent: int) -> Server[Any]:
         SERVER_NAME,
         version=__version__,
         title="Agent gateway",
-        instructions=f"Runs Python in a hardened single-use sandbox as principal {handler.principal}.",
+        instructions=instructions
+        or f"Runs Python in a hardened single-use sandbox as principal {fixed.principal if fixed else '?'}.",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )

@@ -142,6 +142,48 @@ def _responses(ok: dict[str, Any], *statuses: str) -> dict[str, Any]:
     return out
 
 
+_EVENT_STREAM = "text/event-stream"
+_EXECUTION_EVENTS: dict[str, Any] = {
+    "description": "With `Accept: text/event-stream`: server-sent events as the program writes. `event: stdout` "
+    "and `event: stderr`, each with `data:` a JSON string (the chunk decoded as UTF-8, invalid bytes replaced; "
+    "joined, they equal the result's stdout and stderr), then one `event: result` whose data is the body the "
+    "JSON response would have had (the result object, or the error body of a run that failed once started). "
+    "The stream starts at the first chunk or the result: what is refused before the run (401, 403, 413, 415, "
+    "422) is the JSON error response. A stream has no X-Request-Id header (the result carries request_id). "
+    "A client that disconnects cancels its run (gateway.cancelled).",
+    "schema": {"type": "string"},
+}
+
+
+def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """``/mcp``: the Model Context Protocol's streamable HTTP transport (stateless), not a REST resource."""
+    described = (
+        "The Model Context Protocol's streamable HTTP transport (stateless: no "
+        "session; every request carries the bearer token). JSON-RPC messages of the MCP specification in, "
+        "answers as application/json or text/event-stream; the tool is execute_python, run as the token's "
+        "principal under its policy. Unauthenticated requests get the 401 error body; what the MCP layer "
+        "refuses is answered by the MCP SDK (JSON-RPC errors, 4xx)."
+    )
+    ok = {
+        "description": "An MCP answer (JSON-RPC).",
+        "content": {_JSON: {"schema": {"type": "object"}}, _EVENT_STREAM: {"schema": {"type": "string"}}},
+    }
+    operations: dict[str, Any] = {}
+    for method, summary in (
+        ("post", "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...)."),
+        ("get", "MCP's server-to-client stream (not offered by the stateless transport)."),
+        ("delete", "MCP session termination (no sessions in the stateless transport)."),
+    ):
+        operations[method] = {
+            "operationId": f"mcp_{method}",
+            "summary": summary,
+            "description": described,
+            "security": auth,
+            "responses": {"200": ok, "401": _error("Unauthenticated"), "405": _error("MethodNotAllowed")},
+        }
+    return operations
+
+
 @cache
 def _document() -> dict[str, Any]:
     schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
@@ -264,6 +306,8 @@ def _document() -> dict[str, Any]:
             }
         },
     }
+    paths["/v1/executions"]["post"]["responses"]["200"]["content"][_EVENT_STREAM] = _EXECUTION_EVENTS
+    paths["/mcp"] = _mcp_path(auth)
     responses: dict[str, Any] = {}
     for status, (name, description) in _ERRORS.items():
         headers = {}

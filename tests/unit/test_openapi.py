@@ -79,13 +79,18 @@ def test_every_route_is_documented_with_its_errors_and_security() -> None:
         for operation in item.values():
             statuses = set(operation["responses"])
             assert "200" in statuses
-            if path.startswith("/v1/") or path == "/metrics":
+            if path.startswith("/v1/") or path in ("/metrics", "/mcp"):  # /mcp: the MCP transport, same bearer tokens
                 assert operation["security"] == [{"bearer": []}]
                 assert {"401", "405"} <= statuses
             else:
                 assert operation["security"] == []
     for path in ("/v1/executions", "/v1/decisions"):
         assert {"400", "403", "413", "415", "422", "503"} <= set(document["paths"][path]["post"]["responses"])
+    executed = document["paths"]["/v1/executions"]["post"]["responses"]["200"]["content"]
+    assert set(executed) == {"application/json", "text/event-stream"}  # the result, or its live stream
+    assert "event: result" in executed["text/event-stream"]["description"]
+    assert set(document["paths"]["/mcp"]) == {"get", "post", "delete"}
+    assert "streamable HTTP transport" in document["paths"]["/mcp"]["post"]["description"]
     unauthenticated = document["components"]["responses"]["Unauthenticated"]
     assert unauthenticated["headers"]["WWW-Authenticate"]["required"] is True
     bearer = document["components"]["securitySchemes"]["bearer"]

@@ -1,0 +1,74 @@
+"""``/mcp``: the ``execute_python`` tool over MCP's streamable HTTP transport, inside ``gateway serve``.
+
+The same server as ``gateway mcp`` (:func:`gateway.service.mcp.build_server`, one tool definition, one
+handler), but each HTTP request is its caller's: the endpoint authenticates the bearer token exactly like a
+``/v1`` call (401 with the error body and ``WWW-Authenticate`` before the MCP layer sees anything, failures in
+the ``auth.failed`` summaries), and the tool's calls run through the service's Gateway with that
+:class:`~gateway.Caller`, so they are decided under the principal's own policy, pass the same checks (quotas
+included) and are audited with the principal and its token id. ``tools/list`` states the caller's ceilings.
+
+The transport runs stateless (the SDK's ``StreamableHTTPSessionManager(stateless=True)``): every POST carries
+its token and is authenticated on its own; no session outlives a request, so a rotated or revoked token stops
+working at once. A call whose HTTP request goes away cancels its run (the sandbox is killed and removed,
+``gateway.cancelled``), as in the stdio server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from mcp.server import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway import Caller, Gateway
+from gateway.errors import GatewayError
+from gateway.service.mcp import build_server
+from gateway.tool import ToolHandler
+
+__all__ = ["CALLER_STATE", "McpEndpoint"]
+
+CALLER_STATE = "gateway_caller"
+"""The key of the authenticated caller in the request's state (``scope["state"]``)."""
+
+Authenticate = Callable[[Request], Awaitable[Caller]]
+ErrorResponse = Callable[[GatewayError], Response]
+
+
+class McpEndpoint:
+    """The ASGI application at ``/mcp``; :meth:`run` is its part of the application's lifespan."""
+
+    def __init__(self, gateway: Gateway, *, authenticate: Authenticate, error: ErrorResponse) -> None:
+        self._authenticate = authenticate
+        self._error = error
+
+        def handler_for(ctx: ServerRequestContext[Any]) -> ToolHandler:
+            request = ctx.request
+            caller = getattr(request.state, CALLER_STATE, None) if isinstance(request, Request) else None
+            if not isinstance(caller, Caller):  # cannot happen behind __call__; refuse rather than run unattributed
+                raise GatewayError("an MCP request reached the tool without an authenticated caller")
+            return ToolHandler(gateway, caller=caller)
+
+        server = build_server(
+            handler_for,
+            max_concurrent=None,
+            instructions="Runs Python in a hardened single-use sandbox as the principal of your bearer token.",
+        )
+        self._manager = StreamableHTTPSessionManager(server, stateless=True)
+
+    def run(self) -> AbstractAsyncContextManager[None]:
+        return self._manager.run()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            caller = await self._authenticate(request)
+        except GatewayError as exc:
+            await self._error(exc)(scope, receive, send)
+            return
+        scope.setdefault("state", {})[CALLER_STATE] = caller
+        await self._manager.handle_request(scope, receive, send)

@@ -1,0 +1,199 @@
+"""Executions over HTTP that follow their client: live output as server-sent events, and cancellation when the
+client goes away.
+
+``POST /v1/executions`` with ``Accept: text/event-stream`` (:class:`EventStreamExecution`) answers with events
+as the program writes::
+
+    event: stdout
+    data: "hello\\n"
+
+    event: result
+    data: {"request_id": "...", "allowed": true, "exit_code": 0, "stdout": "hello\\n", ...}
+
+Each ``stdout`` / ``stderr`` event's data is a JSON string: the chunk's bytes decoded as UTF-8 with replacement
+characters, by one incremental decoder per stream, so a character split across chunks is not mangled and the
+streamed text joined equals the result's ``stdout`` / ``stderr`` exactly. The last event is one ``result``
+whose data is the body the JSON response would have had (the result object; for a run that failed after it
+started, the error body with its ``result``). What the gateway refuses before anything runs (401, 403 denied,
+413, 415, 422, ...) is an ordinary JSON error response, not a stream: the response starts only at the first
+chunk or at the result, whichever comes first. A stream's headers are sent before the request id is known, so
+it has no ``X-Request-Id`` header; the ``result`` carries ``request_id``.
+
+Memory and back-pressure: the worker thread running :meth:`Gateway.execute` hands chunks to the response over
+a queue of at most :data:`QUEUE_CHUNKS` chunks; when it is full the worker waits (the runner stops reading,
+the sandbox's pipe fills and the program blocks on its writes), so a slow client slows the program instead of
+growing the gateway's memory. What is queued is never more than the run's output caps allow, which bound the
+result anyway. A client that stops reading altogether would stall the runner and with it the deadline's
+check, so a wait longer than :data:`STALL_S` counts as the client being gone: the run is cancelled.
+
+Cancellation (:func:`execute_watched` for the JSON response, the stream likewise): the ASGI ``receive``
+channel is watched for ``http.disconnect``; a client that disconnects (or a stall) sets the run's cancel
+event, the sandbox is killed and removed, and the outcome is recorded with ``gateway.cancelled``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway import Caller, ExecutionResult
+
+__all__ = ["EVENT_STREAM", "QUEUE_CHUNKS", "STALL_S", "EventStreamExecution", "execute_watched", "wants_events"]
+
+EVENT_STREAM = "text/event-stream"
+QUEUE_CHUNKS = 64
+"""At most this many chunks wait between the worker and the response."""
+STALL_S = 30.0
+"""A client that takes no chunk for this long is treated as gone (its run is cancelled)."""
+
+Respond = Callable[[ExecutionResult], Response]
+Execute = Callable[..., ExecutionResult]
+"""``execute(body, caller, cancel=event, on_output=callback)``: the service's execution in a worker thread."""
+
+
+def wants_events(request: Request) -> bool:
+    """Whether the client asked for server-sent events (``Accept`` names ``text/event-stream``)."""
+    accept = request.headers.get("accept", "")
+    return any(part.split(";")[0].strip().lower() == EVENT_STREAM for part in accept.split(","))
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel: threading.Event) -> None:
+    """Set ``cancel`` when the client disconnects (the body has been read: the next message is the
+    disconnect)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.set()
+            return
+
+
+async def execute_watched(request: Request, execute: Execute, body: bytes, caller: Caller) -> ExecutionResult:
+    """``execute`` in a worker thread, cancelled if the client disconnects before it ends."""
+    cancel = threading.Event()
+    work = functools.partial(execute, body, caller, cancel=cancel)
+    async with anyio.create_task_group() as group:
+        group.start_soon(_cancel_on_disconnect, request.receive, cancel)
+        try:
+            # Not abandoned if this task is cancelled: the thread ends the run (cancel is set) and is waited for.
+            result = await anyio.to_thread.run_sync(work)
+        finally:
+            cancel.set()  # a no-op for a finished run; ends the run if this task was cancelled
+            group.cancel_scope.cancel()
+    return result
+
+
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class EventStreamExecution(Response):
+    """The response of a streamed execution (see the module docstring); ``respond`` builds the JSON response
+    of a result (the one a non-streaming request gets)."""
+
+    def __init__(
+        self, execute: Execute, body: bytes, caller: Caller, respond: Respond,
+        release: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(media_type=EVENT_STREAM)
+        self._execute = execute
+        self._release = release
+        """Called once the run has ended (the admission slot it held)."""
+        self._body = body
+        self._caller = caller
+        self._respond = respond
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._stream(scope, receive, send)
+        finally:
+            if self._release is not None:
+                await self._release()
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cancel = threading.Event()
+        sender, chunks = anyio.create_memory_object_stream[tuple[str, bytes]](QUEUE_CHUNKS)
+        outcome: list[ExecutionResult] = []
+
+        async def hand_over(item: tuple[str, bytes]) -> None:
+            with anyio.move_on_after(STALL_S) as scope_:
+                await sender.send(item)
+            if scope_.cancelled_caught:
+                cancel.set()  # the client takes nothing: treated as gone
+
+        def on_output(stream: str, data: bytes) -> None:
+            if cancel.is_set():
+                return  # the runner sees the cancel at its next read and kills the sandbox
+            try:
+                anyio.from_thread.run(hand_over, (stream, data))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                cancel.set()  # the response is gone
+
+        def work() -> None:
+            try:
+                outcome.append(self._execute(self._body, self._caller, on_output=on_output, cancel=cancel))
+            finally:
+                anyio.from_thread.run_sync(sender.close)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_on_disconnect, receive, cancel)
+
+            async def run() -> None:
+                await anyio.to_thread.run_sync(work)
+
+            group.start_soon(run)
+            try:
+                await self._relay(chunks, outcome, scope, receive, send)
+            except OSError:
+                pass  # the client went away while we wrote; the watcher or the closed queue cancels the run
+            finally:
+                cancel.set()  # a no-op for a finished run
+                chunks.close()
+            group.cancel_scope.cancel()
+
+    async def _relay(
+        self, chunks: MemoryObjectReceiveStream[tuple[str, bytes]], outcome: list[ExecutionResult],
+        scope: Scope, receive: Receive, send: Send,
+    ) -> None:  # fmt: skip
+        decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
+        started = False
+        async for stream, data in chunks:
+            if not started:
+                await send({"type": "http.response.start", "status": 200, "headers": self._stream_headers()})
+                started = True
+            text = decoders[stream].decode(data)
+            if text:
+                await send({"type": "http.response.body", "body": _event(stream, text), "more_body": True})
+        # The queue is closed: the worker has finished (or failed without a result).
+        if not outcome:
+            raise RuntimeError("the execution ended without a result")
+        response = self._respond(outcome[0])
+        if not started:  # nothing ran, or nothing was written: a plain response (JSON, or an error)
+            if response.status_code != 200:
+                await response(scope, receive, send)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": self._stream_headers()})
+        tail = b"".join(
+            _event(name, rest) for name, decoder in decoders.items() if (rest := decoder.decode(b"", final=True))
+        )
+        body = tail + _event("result", json.loads(bytes(response.body)))
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    @staticmethod
+    def _stream_headers() -> list[tuple[bytes, bytes]]:
+        return [
+            (b"content-type", f"{EVENT_STREAM}; charset=utf-8".encode()),
+            (b"cache-control", b"no-store"),
+            (b"x-accel-buffering", b"no"),
+        ]
