@@ -50,7 +50,7 @@ import httpx
 
 from gateway import Gateway
 from gateway.resources import policies_dir
-from gateway.service.principals import PrincipalsStore
+from gateway.service.principals import PrincipalsStore, Quotas
 from gateway.slots import HostSlots
 
 CODE = "print(2+2)"
@@ -68,7 +68,11 @@ def free_port() -> int:
 def gateway_serve(work: Path, env: dict[str, str], profile: str | None) -> Iterator[tuple[str, str]]:
     """A ``gateway serve`` subprocess; yields its base URL and the principal's token, stops it with SIGTERM."""
     principals = work / "principals.yaml"
-    token = PrincipalsStore(principals).add("bench", policy=str(policies_dir() / "default.yaml"), role="agent")
+    # Quotas well above the workload: the benchmark measures the service, not its rate limits.
+    quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
+    token = PrincipalsStore(principals).add(
+        "bench", policy=str(policies_dir() / "default.yaml"), role="agent", quotas=quotas
+    )
     port = free_port()
     here = str(Path(__file__).resolve())
     prefix = [sys.executable, here, "--serve-profiled", profile, "--"] if profile else [sys.executable, "-m", "gateway"]
