@@ -142,6 +142,13 @@ def run_threads(concurrency: int, n: int, make: Callable[[], Client]) -> dict[st
     barrier.wait()
     t0 = time.perf_counter()
     cpu0 = time.process_time()
+    return _joined(threads, t0, cpu0, latencies, errors)
+
+
+def _joined(
+    threads: list[threading.Thread], t0: float, cpu0: float, latencies: list[float], errors: list[str]
+) -> dict[str, Any]:
+    """Wait for the client threads; the block's wall time and client CPU since ``t0`` / ``cpu0``."""
     for t in threads:
         t.join()
     return {
@@ -226,14 +233,7 @@ def timed_decisions(base: str, token: str, concurrency: int, seconds: float) -> 
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     barrier.wait()
-    for t in threads:
-        t.join()
-    return {
-        "wall_s": time.perf_counter() - t0,
-        "client_cpu_s": time.process_time() - cpu0,
-        "latencies": latencies,
-        "errors": errors,
-    }
+    return _joined(threads, t0, cpu0, latencies, errors)
 
 
 def serve_profiled(out: str, argv: list[str]) -> int:
