@@ -333,7 +333,27 @@ def build_app(service: Service) -> Starlette:
             "no bearer token" if reason == "missing" else "the bearer token is not valid (unknown, rotated or revoked)"
         )
 
-    mcp = McpEndpoint(gateway, authenticate=authenticate, error=lambda exc: _gateway_error(exc, _new_request_id()))
+    @contextlib.asynccontextmanager
+    async def mcp_admission(caller: Caller) -> AsyncIterator[None]:
+        """A tool call over /mcp counts against the caller's rpm and holds one of its execution slots, exactly
+        like ``POST /v1/executions``; a refusal is recorded the same way and answered as a tool error."""
+        quotas = quotas_of(caller)
+        try:
+            service.admission.count_request(caller.principal, quotas)
+            async with service.admission.execution(caller.principal, quotas):
+                yield
+        except OverQuotaError as exc:
+            service.refusals.note(
+                exc, principal=caller.principal, token_id=caller.token_id, request_id=_new_request_id(), path="/mcp"
+            )
+            raise
+
+    mcp = McpEndpoint(
+        gateway,
+        authenticate=authenticate,
+        error=lambda exc: _gateway_error(exc, _new_request_id()),
+        admit=mcp_admission,
+    )
 
     def v1(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

@@ -44,7 +44,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from gateway import Gateway, __version__
-from gateway.errors import PrincipalIdentityError
+from gateway.errors import GatewayError, PrincipalIdentityError
 from gateway.service.principals import DEFAULT_QUOTAS, load_principals, name_problem, principals_path_from_env
 from gateway.tool import ToolHandler
 
@@ -166,8 +166,17 @@ HandlerFor = Callable[[ServerRequestContext[Any]], ToolHandler]
 """The tool handler of one request's caller (the HTTP transport: the authenticated principal's)."""
 
 
+Admit = Callable[[ServerRequestContext[Any]], contextlib.AbstractAsyncContextManager[None]]
+"""Holds the caller's quota slot for one tool call (the HTTP service's admission); raises ``GatewayError``
+(``service.over_quota``) to refuse it."""
+
+
 def build_server(
-    handler: ToolHandler | HandlerFor, *, max_concurrent: int | None, instructions: str | None = None
+    handler: ToolHandler | HandlerFor,
+    *,
+    max_concurrent: int | None,
+    instructions: str | None = None,
+    admit: Admit | None = None,
 ) -> Server[Any]:
     """The MCP server of one tool handler (or of a function giving each request's, see :data:`HandlerFor`):
     ``tools/list`` and ``tools/call``, at most ``max_concurrent`` runs at once (None: the thread pool's
@@ -201,12 +210,16 @@ def build_server(
             finally:  # cancelled: the call was, or it finished
                 cancel.set()
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(cancel_on_exit)
-            # Not abandoned on cancellation: the thread ends the run (its cancel event is set by the watcher)
-            # and the call waits for that, so no sandbox outlives the call.
-            answer = await anyio.to_thread.run_sync(work, limiter=limiter)
-            group.cancel_scope.cancel()
+        try:
+            guard = admit(ctx) if admit is not None else contextlib.nullcontext()
+            async with guard, anyio.create_task_group() as group:
+                group.start_soon(cancel_on_exit)
+                # Not abandoned on cancellation: the thread ends the run (its cancel event is set by the
+                # watcher) and the call waits for that, so no sandbox outlives the call.
+                answer = await anyio.to_thread.run_sync(work, limiter=limiter)
+                group.cancel_scope.cancel()
+        except GatewayError as exc:  # refused before anything ran (a quota of the caller)
+            return tool_result({"error": exc.to_dict()})
         return tool_result(answer)
 
     return Server(

@@ -39,22 +39,31 @@ Authenticate = Callable[[Request], Awaitable[Caller]]
 ErrorResponse = Callable[[GatewayError], Response]
 
 
+def _caller(ctx: ServerRequestContext[Any]) -> Caller:
+    """The authenticated caller of one MCP request (set by :meth:`McpEndpoint.__call__`)."""
+    request = ctx.request
+    caller = getattr(request.state, CALLER_STATE, None) if isinstance(request, Request) else None
+    if not isinstance(caller, Caller):  # cannot happen behind __call__; refuse rather than run unattributed
+        raise GatewayError("an MCP request reached the tool without an authenticated caller")
+    return caller
+
+
 class McpEndpoint:
     """The ASGI application at ``/mcp``; :meth:`run` is its part of the application's lifespan."""
 
-    def __init__(self, gateway: Gateway, *, authenticate: Authenticate, error: ErrorResponse) -> None:
+    def __init__(
+        self, gateway: Gateway, *, authenticate: Authenticate, error: ErrorResponse,
+        admit: Callable[[Caller], AbstractAsyncContextManager[None]] | None = None,
+    ) -> None:  # fmt: skip
         self._authenticate = authenticate
         self._error = error
 
         def handler_for(ctx: ServerRequestContext[Any]) -> ToolHandler:
-            request = ctx.request
-            caller = getattr(request.state, CALLER_STATE, None) if isinstance(request, Request) else None
-            if not isinstance(caller, Caller):  # cannot happen behind __call__; refuse rather than run unattributed
-                raise GatewayError("an MCP request reached the tool without an authenticated caller")
-            return ToolHandler(gateway, caller=caller)
+            return ToolHandler(gateway, caller=_caller(ctx))
 
         server = build_server(
             handler_for,
+            admit=(lambda ctx: admit(_caller(ctx))) if admit is not None else None,
             max_concurrent=None,
             instructions="Runs Python in a hardened single-use sandbox as the principal of your bearer token.",
         )

@@ -112,3 +112,25 @@ def test_a_call_whose_client_goes_away_has_its_sandbox_removed(
     assert outcome["data"]["error"]["code"] == "gateway.cancelled"
     assert outcome["principal"] == "alice"
     assert managed_containers() == []
+
+
+def test_tool_calls_over_mcp_count_against_the_callers_quota(
+    serve: Callable[..., Server], principals_file: tuple[Any, dict[str, str]]
+) -> None:
+    """Two requests a minute for dave: the third tool call is refused (a tool error, nothing runs), as a third
+    POST /v1/executions would be."""
+    from gateway.resources import policies_dir
+    from gateway.service.principals import PrincipalsStore, Quotas
+
+    token = PrincipalsStore(principals_file[0]).add(
+        "dave", policy=str(policies_dir() / "default.yaml"), quotas=Quotas(rpm=2), quotas_set=frozenset({"rpm"})
+    )
+    server = serve()
+    calls = [{"code": "print(1)"}, {"code": "print(2)"}, {"code": "print(3)"}]
+    _, (first, second, third) = anyio.run(_session, server.url, token, calls)
+    assert (first.is_error, second.is_error) == (False, False)
+    assert third.is_error is True
+    assert third.structured_content["error"]["code"] == "service.over_quota"
+    assert len(server.records("execution.outcome")) == 2  # the refused call ran nothing
+    (refused,) = server.records("request.refused")
+    assert (refused["principal"], refused["data"]["path"]) == ("dave", "/mcp")
