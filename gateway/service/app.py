@@ -103,9 +103,10 @@ class Service:
         self.inflight = Inflight()
         """The running executions' cancel events: what shutdown cancels after the grace."""
         self.metrics = ServiceMetrics()
-        """``GET /metrics``; ``metrics.queue_depth`` is the gauge a request queue sets."""
+        """``GET /metrics``."""
         self.admission = Admission(config.max_concurrent_executions or default_global_bound())
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
+        self.metrics.queue_depth.set_function(self.admission.waiting)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
 
     @classmethod

@@ -8,8 +8,8 @@ default one: several services may run in one process, as the tests do). What it 
 - ``gateway_decision_seconds`` / ``gateway_execution_seconds``: latency of ``POST /v1/decisions`` and of
   ``POST /v1/executions`` (the whole call: decision, sandbox, audit), by outcome status;
 - ``gateway_running_executions``: executions this service is running now;
-- ``gateway_queue_depth``: requests waiting for an execution slot. The hook for the quotas/queue module is
-  :attr:`ServiceMetrics.queue_depth` (a gauge: ``metrics.queue_depth.set(n)``); it stays 0 while no queue exists;
+- ``gateway_queue_depth``: requests waiting for an execution slot, read from the service's admission
+  (``Admission.waiting``) at each scrape;
 - ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule.
 """
 
@@ -63,7 +63,7 @@ class ServiceMetrics:
             "Requests waiting for an execution slot (0 while the service has no queue).",
             registry=self.registry,
         )
-        """The hook for the quota/queue module: ``service.metrics.queue_depth.set(n)`` (or ``inc``/``dec``)."""
+        """Read from the service's admission at each scrape (``set_function``)."""
         self.denials = Counter(
             "gateway_denials",
             "Policy denials, one count per violated rule (dry_run: from POST /v1/decisions).",

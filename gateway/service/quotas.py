@@ -93,6 +93,10 @@ class Admission:
         state = self._states.get(principal)
         return len(state.waiting) if state is not None else 0
 
+    def waiting(self) -> int:
+        """Executions of every principal waiting for a slot now (the ``gateway_queue_depth`` gauge)."""
+        return sum(len(state.waiting) for state in self._states.values())
+
     def count_request(self, principal: str, quotas: Quotas) -> None:
         """Count one request against the principal's rpm; :class:`OverQuotaError` (``rpm``) when it is spent.
         A refused request is not counted (a client that keeps retrying does not push its window on)."""

@@ -64,6 +64,7 @@ def test_queue_then_refusal_and_release_in_order() -> None:
         second = asyncio.create_task(run("second"))
         await asyncio.sleep(0)
         assert (admission.running_of("a"), admission.waiting_of("a")) == (1, 1)
+        assert admission.waiting() == 1  # what GET /metrics reports as gateway_queue_depth
         with pytest.raises(OverQuotaError) as info:
             async with admission.execution("a", quotas):
                 pass
@@ -72,6 +73,7 @@ def test_queue_then_refusal_and_release_in_order() -> None:
         await asyncio.gather(first, second)
         assert order == ["first", "second"]
         assert admission.running == 0
+        assert admission.waiting() == 0
 
     asyncio.run(scenario())
 
