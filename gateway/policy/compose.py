@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PolicyError, PolicyNotFoundError, Problem
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml, path_join
+from gateway.policy.yamlstrict import LoadedYaml, load_yaml, path_join, read_capped
 
 __all__ = ["MAX_EXTENDS_DEPTH", "MAX_POLICY_BYTES", "decode_policy", "load_document", "read_policy", "resolve_extends"]
 
@@ -53,18 +53,16 @@ def decode_policy(text: str | bytes, *, source: str) -> str:
 
 def read_policy(source: str) -> bytes:
     """The bytes of the policy file ``source`` (at most one byte past the cap); :class:`PolicyError` if absent."""
-    try:
-        with Path(source).open("rb") as fh:
-            return fh.read(MAX_POLICY_BYTES + 1)
-    except FileNotFoundError as exc:
-        raise PolicyNotFoundError(
+    return read_capped(
+        source,
+        MAX_POLICY_BYTES,
+        missing=lambda: PolicyNotFoundError(
             f"policy file {source} does not exist", problems=[Problem("no such file", source=source)]
-        ) from exc
-    except OSError as exc:
-        raise PolicyError(
-            f"policy file {source} cannot be read",
-            problems=[Problem(f"cannot read: {exc.strerror or exc}", source=source)],
-        ) from exc
+        ),
+        unreadable=lambda reason: PolicyError(
+            f"policy file {source} cannot be read", problems=[Problem(f"cannot read: {reason}", source=source)]
+        ),
+    )
 
 
 def load_document(path: str | os.PathLike[str]) -> LoadedYaml:

@@ -9,15 +9,31 @@ line of every JSON path for error messages.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gateway.errors import PolicyError, Problem
+from gateway.errors import GatewayError, PolicyError, Problem
 
-__all__ = ["LoadedYaml", "load_yaml", "path_join"]
+__all__ = ["LoadedYaml", "load_yaml", "path_join", "read_capped"]
+
+
+def read_capped(
+    source: str, cap: int, *, missing: Callable[[], GatewayError], unreadable: Callable[[str], GatewayError]
+) -> bytes:
+    """At most ``cap + 1`` bytes of the file ``source`` (one byte past the cap tells the caller it is too large);
+    ``missing()`` / ``unreadable(reason)`` build the error of the file's own kind (policy, principals, config)."""
+    try:
+        with Path(source).open("rb") as fh:
+            return fh.read(cap + 1)
+    except FileNotFoundError as exc:
+        raise missing() from exc
+    except OSError as exc:
+        raise unreadable(exc.strerror or str(exc)) from exc
+
 
 MAX_DEPTH = 32
 """Deeper documents are refused before any recursion can run out of stack."""

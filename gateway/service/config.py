@@ -17,7 +17,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from gateway.errors import PolicyError, Problem, ServerConfigError
-from gateway.policy.yamlstrict import load_yaml
+from gateway.policy.yamlstrict import load_yaml, read_capped
 from gateway.resources import load_schema
 from gateway.service.principals import DEFAULT_QUOTAS, Quotas
 from gateway.validation import problems_from_error
@@ -140,13 +140,12 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
 def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
     """The configuration file at ``path``; :class:`ServerConfigError` with every problem as file:line: $.path."""
     source = os.fspath(path)
-    try:
-        with Path(source).open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError as exc:
-        raise ServerConfigError(f"server configuration {source} does not exist") from exc
-    except OSError as exc:
-        raise ServerConfigError(f"server configuration {source} cannot be read: {exc.strerror or exc}") from exc
+    raw = read_capped(
+        source,
+        MAX_CONFIG_BYTES,
+        missing=lambda: ServerConfigError(f"server configuration {source} does not exist"),
+        unreadable=lambda reason: ServerConfigError(f"server configuration {source} cannot be read: {reason}"),
+    )
     if len(raw) > MAX_CONFIG_BYTES:
         raise _invalid(source, [Problem(f"larger than the {MAX_CONFIG_BYTES} byte cap", source=source)])
     try:

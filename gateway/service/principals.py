@@ -53,7 +53,7 @@ from gateway.errors import (
     UnknownPrincipalError,
 )
 from gateway.policy import load_policy
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml
+from gateway.policy.yamlstrict import LoadedYaml, load_yaml, read_capped
 from gateway.resources import load_schema
 from gateway.validation import problems_from_error
 
@@ -413,13 +413,12 @@ def load_principals_text(text: str | bytes, *, source: str = "<string>") -> Prin
 def load_principals(path: str | os.PathLike[str]) -> Principals:
     """Principals from the file at ``path``; :class:`PrincipalsNotFoundError` when it does not exist."""
     source = os.fspath(path)
-    try:
-        with Path(source).open("rb") as fh:
-            data = fh.read(MAX_PRINCIPALS_BYTES + 1)
-    except FileNotFoundError as exc:
-        raise PrincipalsNotFoundError(f"principals file {source} does not exist") from exc
-    except OSError as exc:
-        raise PrincipalsError(f"principals file {source} cannot be read: {exc.strerror or exc}") from exc
+    data = read_capped(
+        source,
+        MAX_PRINCIPALS_BYTES,
+        missing=lambda: PrincipalsNotFoundError(f"principals file {source} does not exist"),
+        unreadable=lambda reason: PrincipalsError(f"principals file {source} cannot be read: {reason}"),
+    )
     return load_principals_text(data, source=source)
 
 
