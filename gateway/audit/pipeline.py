@@ -157,6 +157,8 @@ def bounded(
     canonical JSON array, so whoever holds the full list (the caller's own result) can prove it is the one.
     At least one item is kept whatever its size (an item is a single value the record already bounds).
     """
+    if len(items) <= max_items and len(canonical_bytes(items)) - len(items) - 1 <= max_bytes:
+        return list(items), None  # the common case: the whole list fits, sized in one pass (the array minus its commas)
     kept: list[Any] = []
     used = 0
     for item in items:
@@ -171,13 +173,14 @@ def bounded(
     return kept, {"count": len(rest), "sha256": hashlib.sha256(canonical_bytes(rest)).hexdigest()}
 
 
-_KEPT_WHOLE: Final = ("$.data.decision.options",)
+_KEPT_WHOLE_STEPS: Final = ("data", "decision", "options")
 """Subtrees never cut: the decision record holds exactly the options the backend will submit (the gateway
 builds them, and the policy schema bounds every list in them: mounts, variables, ...)."""
 
 
-def _bound(value: Any, path: str, erased: list[str], max_items: int) -> Any:
-    if path in _KEPT_WHOLE:
+def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items: int) -> Any:
+    """Cap every list under ``value``; ``path`` holds the steps to it, turned into text only for a cut list."""
+    if path == _KEPT_WHOLE_STEPS:
         return value
     if isinstance(value, dict):
         for key in list(value):
@@ -187,23 +190,30 @@ def _bound(value: Any, path: str, erased: list[str], max_items: int) -> Any:
                 if rest is not None:
                     value[key] = kept
                     value[f"{key}_omitted"] = rest
-                    erased.append(json_path(path, key))
-            value[key] = _bound(value[key], json_path(path, key), erased, max_items)
+                    erased.append(_path_text((*path, key)))
+            value[key] = _bound(value[key], (*path, key), erased, max_items)
     elif isinstance(value, list):
-        return [_bound(item, json_path(path, index), erased, max_items) for index, item in enumerate(value)]
+        return [_bound(item, (*path, index), erased, max_items) for index, item in enumerate(value)]
     return value
+
+
+def _path_text(steps: tuple[str | int, ...]) -> str:
+    text = "$"
+    for step in steps:
+        text = json_path(text, step)
+    return text
 
 
 def bound_lists(max_items: int = LIST_MAX_ITEMS) -> Processor:
     """The processor that caps every list under ``data``, whatever the event: a list ``k`` longer than the caps
     keeps its first items and gains a sibling ``k_omitted`` (``{"count", "sha256"}`` of the rest); its path is
-    listed in ``redacted``. The assembled options of a decision are kept whole (:data:`_KEPT_WHOLE`). Runs after
+    listed in ``redacted``. The assembled options of a decision are kept whole (:data:`_KEPT_WHOLE_STEPS`). Runs after
     redaction, so a request's thousands of file names, a decision's thousands
     of rule results, an outcome's thousands of returned files all cost a bounded record."""
 
     def bound(record: Record) -> Record:
         erased: list[str] = []
-        record["data"] = _bound(record["data"], "$.data", erased, max_items)
+        record["data"] = _bound(record["data"], ("data",), erased, max_items)
         if erased:
             record["redacted"] = sorted({*record.get("redacted", ()), *erased})
         if len(record.get("redacted", ())) > _REDACTED_MAX:  # defence in depth: every producer above bounds its own

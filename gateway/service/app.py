@@ -129,7 +129,9 @@ class Service:
                 "cannot authenticate): the service has no unauthenticated mode",
                 hint="`gateway principals add NAME --policy P` or `gateway principals rotate NAME` issues a token",
             )
-        sink = JsonlAuditTrail.from_env(config.audit_dir)
+        # Many requests at once: one fsync makes every record written meanwhile durable (group commit); each
+        # request still waits until its own record is on disk, so nothing runs or answers before it is recorded.
+        sink = JsonlAuditTrail.from_env(config.audit_dir, group_commit=True)
         try:
             policies = _policy_set(config, principals, sink)
             backend = runner()
