@@ -294,7 +294,7 @@ class OverQuotaError(ServiceError):
         self.retry_after_s = max(1, int(retry_after_s))
         """Whole seconds after which a retry can succeed (at least 1)."""
         self.quota = quota
-        """Which quota refused it: ``rpm`` or ``queue``."""
+        """Which quota refused it: ``rpm``, ``queue`` (full) or ``queue_wait`` (waited too long for a slot)."""
 
 
 # --- contracts between the gateway's own parts ---------------------------------------------------------

@@ -104,7 +104,9 @@ class Service:
         """The running executions' cancel events: what shutdown cancels after the grace."""
         self.metrics = ServiceMetrics()
         """``GET /metrics``."""
-        self.admission = Admission(config.max_concurrent_executions or default_global_bound())
+        self.admission = Admission(
+            config.max_concurrent_executions or default_global_bound(), queue_wait_s=config.queue_wait_s
+        )
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
         self.metrics.queue_depth.set_function(self.admission.waiting)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)

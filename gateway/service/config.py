@@ -57,6 +57,8 @@ class ServerConfig:
     :mod:`gateway.service.quotas`)."""
     max_concurrent_executions: int | None = None
     """The global bound on running executions; None: :func:`gateway.service.quotas.default_global_bound`."""
+    queue_wait_s: float = 60.0
+    """The longest an execution waits in its principal's queue for a slot; then 429 (``queue_wait``)."""
     grace_s: float = 30.0
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
@@ -129,6 +131,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
             queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
         ),
         max_concurrent_executions=data.get("max_concurrent_executions"),
+        queue_wait_s=float(data.get("queue_wait_s", 60.0)),
         grace_s=float(data.get("grace_s", 30.0)),
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),

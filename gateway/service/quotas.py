@@ -12,7 +12,9 @@ Three bounds, checked in this order when a request arrives:
   (``max_concurrent_executions`` in the server config, default :func:`default_global_bound`: two per core).
   An execution that cannot start waits in its principal's queue;
 * **Queue** (``queue``): at most that many of the principal's executions wait; one more is refused at once with
-  429 (``Retry-After: 1``). With ``queue: 0`` an execution either starts now or is refused.
+  429 (``Retry-After: 1``). With ``queue: 0`` an execution either starts now or is refused. No execution waits
+  longer than ``queue_wait_s`` (server config, default 60 s): then it leaves the queue with 429
+  (``queue_wait``) and nothing runs, so the server-side deadline covers the wait too.
 
 Fairness: whenever a slot frees, it goes to the waiting principal with the **fewest running** executions
 (oldest waiter first among equals), never simply to the oldest waiter. A principal that floods the service
@@ -70,10 +72,16 @@ class _State:
 class Admission:
     """The quotas of every principal and the global bound of one service."""
 
-    def __init__(self, global_bound: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, global_bound: int, *, queue_wait_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if global_bound < 1:
             raise ValueError(f"the global bound must be at least 1, got {global_bound}")
+        if queue_wait_s <= 0:
+            raise ValueError(f"queue_wait_s must be positive, got {queue_wait_s}")
         self.global_bound = global_bound
+        self.queue_wait_s = queue_wait_s
+        """The longest an execution waits for a slot; then :class:`OverQuotaError` (``queue_wait``)."""
         self.running = 0
         """Executions running now, all principals."""
         self._clock = clock
@@ -134,13 +142,22 @@ class Admission:
                 quota="queue",
             )
         try:
-            await granted
-        except BaseException:
+            async with asyncio.timeout(self.queue_wait_s):
+                await granted
+        except BaseException as exc:
             if granted.done() and not granted.cancelled():
-                self._release(state)  # granted as the waiter was cancelled: give the slot back
+                self._release(state)  # granted as the waiter was cancelled or timed out: give the slot back
             else:
                 with contextlib.suppress(ValueError):
                     state.waiting.remove(entry)
+            if isinstance(exc, TimeoutError):
+                raise OverQuotaError(
+                    f"{principal!r} waited {self.queue_wait_s:g} s in its queue without getting an execution slot "
+                    f"({state.running} of its max_concurrent {quotas.max_concurrent} running, {self.running} of the "
+                    f"service's {self.global_bound}); nothing ran",
+                    retry_after_s=QUEUE_RETRY_AFTER_S,
+                    quota="queue_wait",
+                ) from None
             raise
         try:
             yield

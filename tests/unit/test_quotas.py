@@ -219,3 +219,38 @@ def test_principals_add_stores_only_the_quota_flags_given(tmp_path: Path, capsys
     out = capsys.readouterr().out
     assert "quotas: the server defaults" in out
     assert "quotas: rpm=7 (the rest: the server's defaults)" in out
+
+
+def test_a_queued_execution_waits_at_most_queue_wait_s_then_429_and_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        admission = Admission(8, queue_wait_s=0.05)
+        quotas = Quotas(max_concurrent=1, queue=4)
+        release = asyncio.Event()
+
+        async def holder() -> None:
+            async with admission.execution("a", quotas):
+                await release.wait()
+
+        held = asyncio.create_task(holder())
+        await asyncio.sleep(0)
+        ran = False
+        with pytest.raises(OverQuotaError) as info:
+            async with admission.execution("a", quotas):
+                ran = True
+        assert not ran
+        assert info.value.quota == "queue_wait"
+        assert info.value.retry_after_s >= 1
+        assert "waited 0.05 s" in info.value.message
+        assert (admission.running_of("a"), admission.waiting_of("a")) == (1, 0)  # it left the queue
+        release.set()
+        await held
+        assert admission.running == 0
+        async with admission.execution("a", quotas):  # the slot it never got is free for the next one
+            assert admission.running == 1
+
+    asyncio.run(scenario())
+
+
+def test_queue_wait_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="queue_wait_s"):
+        Admission(4, queue_wait_s=0)
