@@ -396,12 +396,17 @@ def build_app(service: Service) -> Starlette:
             await admitted.__aenter__()  # a slot of the principal and of the service, or 429
         except OverQuotaError as exc:
             return refused(exc, request, caller, request_id)
+        metrics.running_executions.inc()
         if wants_events(request):
             # The stream runs after this handler returns: it holds the slot until its run has ended.
+            async def run_ended() -> None:
+                metrics.running_executions.dec()
+                await admitted.__aexit__(None, None, None)
+
             return EventStreamExecution(
-                service.execute, body, caller, _execution_response, release=lambda: admitted.__aexit__(None, None, None)
-            )
-        metrics.running_executions.inc()
+                service.execute, body, caller, _execution_response, release=run_ended,
+                stall_s=service.config.stream_stall_s,
+            )  # fmt: skip
         try:
             result = await execute_watched(request, service.execute, body, caller)
         finally:

@@ -59,6 +59,10 @@ class ServerConfig:
     """The global bound on running executions; None: :func:`gateway.service.quotas.default_global_bound`."""
     queue_wait_s: float = 60.0
     """The longest an execution waits in its principal's queue for a slot; then 429 (``queue_wait``)."""
+    stream_stall_s: float = 30.0
+    """A streaming client that takes nothing for this long is treated as gone: its run is cancelled and the
+    server stops writing to it (see :mod:`gateway.service.streaming`)."""
+    """The longest an execution waits in its principal's queue for a slot; then 429 (``queue_wait``)."""
     grace_s: float = 30.0
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
@@ -132,6 +136,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         ),
         max_concurrent_executions=data.get("max_concurrent_executions"),
         queue_wait_s=float(data.get("queue_wait_s", 60.0)),
+        stream_stall_s=float(data.get("stream_stall_s", 30.0)),
         grace_s=float(data.get("grace_s", 30.0)),
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),

@@ -24,7 +24,10 @@ a queue of at most :data:`QUEUE_CHUNKS` chunks; when it is full the worker waits
 the sandbox's pipe fills and the program blocks on its writes), so a slow client slows the program instead of
 growing the gateway's memory. What is queued is never more than the run's output caps allow, which bound the
 result anyway. A client that stops reading altogether would stall the runner and with it the deadline's
-check, so a wait longer than :data:`STALL_S` counts as the client being gone: the run is cancelled.
+check, so a wait longer than the stall limit (``stream_stall_s`` in the server config, default :data:`STALL_S`)
+counts as the client being gone: the run is cancelled. Every write to the client has the same limit: past it the
+server stops writing and the connection is closed. The admission slot is given back as soon as the run ends,
+whatever the client reads, so a client that never reads holds nothing past its run.
 
 Cancellation (:func:`execute_watched` for the JSON response, the stream likewise): the ASGI ``receive``
 channel is watched for ``http.disconnect``; a client that disconnects (or a stall) sets the run's cancel
@@ -46,7 +49,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway import Caller, ExecutionResult
 
@@ -98,18 +101,24 @@ def _event(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+class _StalledError(Exception):
+    """The client took nothing for the stall limit."""
+
+
 class EventStreamExecution(Response):
     """The response of a streamed execution (see the module docstring); ``respond`` builds the JSON response
     of a result (the one a non-streaming request gets)."""
 
     def __init__(
-        self, execute: Execute, body: bytes, caller: Caller, respond: Respond,
-        release: Callable[[], Awaitable[object]] | None = None,
+        self, execute: Execute, body: bytes, caller: Caller, respond: Respond, *,
+        release: Callable[[], Awaitable[object]] | None = None, stall_s: float = STALL_S,
     ) -> None:  # fmt: skip
         super().__init__(media_type=EVENT_STREAM)
+        self._stall_s = stall_s
         self._execute = execute
         self._release = release
-        """Called once the run has ended (the admission slot it held)."""
+        """Called once, as soon as the run has ended (the admission slot it held): not when the response has been
+        read, so a client that stops reading holds no slot past its run."""
         self._body = body
         self._caller = caller
         self._respond = respond
@@ -118,8 +127,19 @@ class EventStreamExecution(Response):
         try:
             await self._stream(scope, receive, send)
         finally:
-            if self._release is not None:
-                await self._release()
+            await self._run_ended()
+
+    async def _run_ended(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            await release()
+
+    async def _send(self, send: Send, message: Message) -> None:
+        """``send`` within the stall limit; past it the client counts as gone (:class:`_StalledError`)."""
+        with anyio.move_on_after(self._stall_s) as scope:
+            await send(message)
+        if scope.cancelled_caught:
+            raise _StalledError
 
     async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         cancel = threading.Event()
@@ -127,7 +147,7 @@ class EventStreamExecution(Response):
         outcome: list[ExecutionResult] = []
 
         async def hand_over(item: tuple[str, bytes]) -> None:
-            with anyio.move_on_after(STALL_S) as scope_:
+            with anyio.move_on_after(self._stall_s) as scope_:
                 await sender.send(item)
             if scope_.cancelled_caught:
                 cancel.set()  # the client takes nothing: treated as gone
@@ -150,13 +170,18 @@ class EventStreamExecution(Response):
             group.start_soon(_cancel_on_disconnect, receive, cancel)
 
             async def run() -> None:
-                await anyio.to_thread.run_sync(work)
+                try:
+                    await anyio.to_thread.run_sync(work)
+                finally:
+                    await self._run_ended()
 
             group.start_soon(run)
             try:
                 await self._relay(chunks, outcome, scope, receive, send)
-            except OSError:
-                pass  # the client went away while we wrote; the watcher or the closed queue cancels the run
+            except (OSError, _StalledError):
+                # The client went away, or takes nothing: stop writing (an unfinished response makes the server
+                # close the connection); the watcher, the closed queue or the cancel below ends the run.
+                pass
             finally:
                 cancel.set()  # a no-op for a finished run
                 chunks.close()
@@ -170,25 +195,26 @@ class EventStreamExecution(Response):
         started = False
         async for stream, data in chunks:
             if not started:
-                await send({"type": "http.response.start", "status": 200, "headers": self._stream_headers()})
+                start = {"type": "http.response.start", "status": 200, "headers": self._stream_headers()}
+                await self._send(send, start)
                 started = True
             text = decoders[stream].decode(data)
             if text:
-                await send({"type": "http.response.body", "body": _event(stream, text), "more_body": True})
+                await self._send(send, {"type": "http.response.body", "body": _event(stream, text), "more_body": True})
         # The queue is closed: the worker has finished (or failed without a result).
         if not outcome:
             raise RuntimeError("the execution ended without a result")
         response = self._respond(outcome[0])
         if not started:  # nothing ran, or nothing was written: a plain response (JSON, or an error)
             if response.status_code != 200:
-                await response(scope, receive, send)
+                await response(scope, receive, send)  # a small JSON error body
                 return
-            await send({"type": "http.response.start", "status": 200, "headers": self._stream_headers()})
+            await self._send(send, {"type": "http.response.start", "status": 200, "headers": self._stream_headers()})
         tail = b"".join(
             _event(name, rest) for name, decoder in decoders.items() if (rest := decoder.decode(b"", final=True))
         )
         body = tail + _event("result", json.loads(bytes(response.body)))
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._send(send, {"type": "http.response.body", "body": body, "more_body": False})
 
     @staticmethod
     def _stream_headers() -> list[tuple[bytes, bytes]]:

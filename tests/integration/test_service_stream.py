@@ -136,3 +136,40 @@ def test_a_client_that_disconnects_mid_run_gets_its_container_killed_and_removed
     assert outcomes[0]["principal"] == "alice"
     assert managed_containers() == []
     assert running[0] not in managed_containers()
+
+
+def test_a_client_that_stops_reading_a_stream_holds_no_slot_once_the_run_ends_and_is_cut_off(
+    serve: Callable[..., Server], managed_containers: Callable[[], list[str]]
+) -> None:
+    """A hostile client opens a stream and never reads it. Its run still ends (cap, deadline or the stall limit),
+    its container is removed, its admission slot is given back at once (not when the response would have been
+    read), and the server stops writing to it after ``stream_stall_s`` and closes the connection."""
+    server = serve(stream_stall_s=1)
+    # 4 MiB of output (the ceiling) is twice over, as events and in the result: more than the socket buffers hold.
+    flood = "import sys\nwhile True: sys.stdout.write('x' * 65536)\n"
+    request = {"code": flood, "limits": {"timeout_s": 20, "output_bytes": 4 << 20}}
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a tiny window: the server's writes block soon
+    sock.connect((host, int(port)))
+    body = json.dumps(request).encode()
+    head = (
+        f"POST /v1/executions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {server.tokens['alice']}\r\n"
+        f"Content-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    try:
+        outcomes = _wait_for(lambda: server.records("execution.outcome"), "the outcome is recorded")
+        assert len(outcomes) == 1
+        _wait_for(lambda: server.service.admission.running_of("alice") == 0, "the slot is given back", within=15)
+        assert managed_containers() == []
+        assert b"\ngateway_running_executions 0.0\n" in server.service.metrics.render()
+        time.sleep(3)  # still not reading, past the 1 s stall limit: the server gives up writing
+        sock.settimeout(30)
+        received = b""
+        while chunk := sock.recv(1 << 20):  # only now read: what was written, then the server's close (EOF)
+            received += chunk
+        assert b"event: stdout" in received
+        assert b"event: result" not in received  # cut off mid-stream, not a completed (keep-alive) response
+    finally:
+        sock.close()
