@@ -515,7 +515,9 @@ def build_app(service: Service) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
-        Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
+        # POST only: the stateless transport has no server-to-client stream (GET) and no sessions (DELETE); the
+        # SDK would answer a GET with an event stream that never ends. Anything else is the 405 error body.
+        Route("/mcp", mcp, methods=["POST"]),
     ]
     for route in routes:  # requests by endpoint and outcome (GET /metrics); /mcp is an ASGI app, not counted
         if route.endpoint is not mcp:

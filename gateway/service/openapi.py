@@ -162,26 +162,22 @@ def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
         "session; every request carries the bearer token). JSON-RPC messages of the MCP specification in, "
         "answers as application/json or text/event-stream; the tool is execute_python, run as the token's "
         "principal under its policy. Unauthenticated requests get the 401 error body; what the MCP layer "
-        "refuses is answered by the MCP SDK (JSON-RPC errors, 4xx)."
+        "refuses is answered by the MCP SDK (JSON-RPC errors, 4xx). POST only: GET (a server-to-client stream) "
+        "and DELETE (session termination) have nothing to offer without sessions and get 405 with Allow: POST."
     )
     ok = {
         "description": "An MCP answer (JSON-RPC).",
         "content": {_JSON: {"schema": {"type": "object"}}, _EVENT_STREAM: {"schema": {"type": "string"}}},
     }
-    operations: dict[str, Any] = {}
-    for method, summary in (
-        ("post", "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...)."),
-        ("get", "MCP's server-to-client stream (not offered by the stateless transport)."),
-        ("delete", "MCP session termination (no sessions in the stateless transport)."),
-    ):
-        operations[method] = {
-            "operationId": f"mcp_{method}",
-            "summary": summary,
+    return {
+        "post": {
+            "operationId": "mcp_post",
+            "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
             "description": described,
             "security": auth,
             "responses": {"200": ok, "401": _error("Unauthenticated"), "405": _error("MethodNotAllowed")},
         }
-    return operations
+    }
 
 
 @cache

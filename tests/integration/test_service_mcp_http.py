@@ -134,3 +134,20 @@ def test_tool_calls_over_mcp_count_against_the_callers_quota(
     assert len(server.records("execution.outcome")) == 2  # the refused call ran nothing
     (refused,) = server.records("request.refused")
     assert (refused["principal"], refused["data"]["path"]) == ("dave", "/mcp")
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_the_stateless_transport_refuses_get_and_delete_instead_of_holding_a_stream_open(
+    server: Server, method: str
+) -> None:
+    """The stateless transport has no server-to-client stream and no sessions: GET and DELETE get 405 with the
+    gateway's error body at once (a GET used to be answered with an event stream that never ended, one open
+    connection per request for as long as the client liked)."""
+    headers = {"Authorization": f"Bearer {server.tokens['alice']}", "Accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        response = client.request(method, "/mcp", headers=headers)
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
+    body = response.json()
+    assert body["code"] == "http.method_not_allowed"
+    assert body["request_id"]

@@ -89,7 +89,7 @@ def test_every_route_is_documented_with_its_errors_and_security() -> None:
     executed = document["paths"]["/v1/executions"]["post"]["responses"]["200"]["content"]
     assert set(executed) == {"application/json", "text/event-stream"}  # the result, or its live stream
     assert "event: result" in executed["text/event-stream"]["description"]
-    assert set(document["paths"]["/mcp"]) == {"get", "post", "delete"}
+    assert set(document["paths"]["/mcp"]) == {"post"}  # stateless: GET and DELETE get 405
     assert "streamable HTTP transport" in document["paths"]["/mcp"]["post"]["description"]
     unauthenticated = document["components"]["responses"]["Unauthenticated"]
     assert unauthenticated["headers"]["WWW-Authenticate"]["required"] is True
