@@ -377,7 +377,17 @@ class Report:
         }
         for row in out["verification"]:
             row["broken_line"] = None if row["first_break"] is None else _broken(row)
-        return out
+        plain: dict[str, Any] = _plain(out)
+        return plain
+
+
+def _plain(value: Any) -> Any:
+    """JSON types only: the tuples of the frozen model become lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _broken(row: dict[str, Any]) -> str:

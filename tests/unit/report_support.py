@@ -42,14 +42,12 @@ class FixedClock:
 
 
 @contextmanager
-def counted_uuids(monkeypatch: pytest.MonkeyPatch, prefix: int) -> Iterator[None]:
+def counted_uuids(prefix: int) -> Iterator[None]:
     """``uuid.uuid4`` returns ``<prefix>-...-<n>`` UUIDs while the block runs."""
     counter = itertools.count(1)
-    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=(prefix << 96) | next(counter)))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=(prefix << 96) | next(counter)))
         yield
-    finally:
-        monkeypatch.undo()
 
 
 def _outcome(**kw: Any) -> Outcome:
@@ -106,7 +104,6 @@ SCENARIO: list[tuple[str | None, Any, str | None, bool]] = [
 
 def write_scenario(
     directory: Path,
-    monkeypatch: pytest.MonkeyPatch,
     *,
     start: datetime = START,
     prefix: int = 0xA,
@@ -121,7 +118,7 @@ def write_scenario(
     trail = JsonlAuditTrail(
         directory, key=key, clock=FixedClock(start), host="report-test", segment_max_bytes=segment_max_bytes
     )
-    with counted_uuids(monkeypatch, prefix):
+    with counted_uuids(prefix):
         runner = FakeRunner(outcome=_scripted(plan))
         with Gateway(policies, runner=runner, audit=trail) as gateway:
             for principal, raw, _outcome_name, dry in steps:
