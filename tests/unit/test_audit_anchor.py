@@ -216,3 +216,41 @@ def test_the_anchor_writer_anchors_after_t_seconds(tmp_path: Path) -> None:
         assert writer.poll() is None
         now[0] += timedelta(seconds=31)
         assert writer.poll() is not None
+
+
+def test_the_service_writes_anchors_as_configured(tmp_path: Path) -> None:
+    """``audit_anchor`` in the server configuration: the Service anchors while it runs and once after its stop
+    record, and the last anchor is reached by the trail it wrote."""
+    from gateway.resources import default_policy_path
+    from gateway.service.app import Service
+    from gateway.service.config import load_server_config_text
+    from gateway.service.principals import PrincipalsStore
+    from gateway.testing import FakeRunner
+
+    PrincipalsStore(tmp_path / "principals.yaml").add("agent", policy=default_policy_path())
+    config = load_server_config_text(
+        "apiVersion: gateway.agent-exec/v1\nkind: ServerConfig\nprincipals: principals.yaml\naudit_dir: audit\n"
+        "audit_anchor: {directory: anchors, every_records: 2}\n",
+        base=tmp_path,
+    )
+    assert config.anchor_dir == tmp_path / "anchors"
+    assert config.anchor_every_records == 2
+    service = Service.from_config(config, runner=FakeRunner)
+    service.start()
+    service.gateway.execute({"code": "print(1)", "principal": "agent"})
+    service.close()
+    latest = load_anchor(tmp_path / "anchors" / "latest.json")
+    report = verify_trail(tmp_path / "audit")
+    assert latest.seq == report.last_seq  # the stop record is anchored
+    assert check_anchor(tmp_path / "audit", latest, report, key=None).ok
+
+
+def test_the_anchor_configuration_is_strict(tmp_path: Path) -> None:
+    from gateway.errors import ServerConfigError
+    from gateway.service.config import load_server_config_text
+
+    with pytest.raises(ServerConfigError) as err:
+        load_server_config_text(
+            "apiVersion: gateway.agent-exec/v1\nkind: ServerConfig\naudit_anchor: {directory: a}\n", base=tmp_path
+        )
+    assert "audit_anchor" in str(err.value.problems[0])
