@@ -23,7 +23,8 @@ h1 { font-size: 1.6rem; margin: 0 0 .25rem; } h2 { font-size: 1.2rem; margin: 1.
           font-weight: 700; margin: 0 0 1rem; font-size: 1.1rem; }
 .intact { color: var(--ok); font-weight: 600; }
 table { border-collapse: collapse; width: 100%; margin: .4rem 0 1rem; }
-th, td { border-bottom: 1px solid var(--line); padding: .3rem .5rem; text-align: left; vertical-align: top; }
+th, td { border-bottom: 1px solid var(--line); padding: .3rem .5rem; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }
 th { background: #f3f4f6; font-weight: 600; } td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .cards { display: flex; flex-wrap: wrap; gap: .6rem; margin: .5rem 0 1rem; }
 .card { border: 1px solid var(--line); border-radius: 6px; padding: .5rem .8rem; min-width: 8.5rem; }
