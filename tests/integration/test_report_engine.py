@@ -73,7 +73,8 @@ def test_gvisor_runs_are_reported_unproven_for_no_new_privileges(
     with Gateway(load_policy(policies_dir() / "strict.yaml"), runner=runner, audit=sink) as gateway:
         result = gateway.execute({"code": "print(7)", "principal": "it-agent"})
     sink.close()
-    assert result.outcome is not None and result.outcome.exit_code == 0, result.error
+    assert result.outcome is not None, result.error
+    assert result.outcome.exit_code == 0, result.error
     controls = {c["number"]: c for c in _report(trail, tmp_path / "r.json")["controls"]}
     assert controls["5.26"]["status"] == "unproven"
     assert controls["5.26"]["executions_unproven"] == 1
