@@ -5,6 +5,12 @@ rules, images, exit and error codes; each map capped at :data:`MAX_KEYS`, the re
 fixed log histogram for duration percentiles, activity buckets whose width grows so that there are at most
 :data:`MAX_BUCKETS`, a few example messages per rule, and the first :data:`DENIED_CAP` denied requests (the
 count of all is kept).
+
+Aggregates of disjoint parts of the trails (one per segment, in worker processes) :meth:`Aggregate.merge`
+into the aggregate of the whole, whatever the order: every choice is independent of the order the records
+came in (the example messages are the smallest distinct ones, the lists keep the first records by
+``(timestamp, trail, seq)``, the activity width is the smallest that fits), except which keys are tracked
+one by one once a map holds :data:`MAX_KEYS`.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from gateway.audit.records import (
     PolicyDecisionView,
     RequestInvalidView,
 )
-from gateway.report.controls import ControlTally, execution_facts, load_catalogue
+from gateway.report.controls import ControlTally, Order, execution_facts, load_catalogue
 from gateway.report.model import (
     ActivityBucket,
     ControlRow,
@@ -130,8 +136,22 @@ class _Rule:
 
     def add(self, message: str | None) -> None:
         self.count += 1
-        if message and len(self.examples) < EXAMPLES and message not in self.examples:
-            self.examples.append(message[:300])
+        if message:
+            self.offer(message[:300])
+
+    def offer(self, message: str) -> None:
+        """Keep the :data:`EXAMPLES` smallest distinct messages (the same whatever the order)."""
+        examples = self.examples
+        if message in examples or (len(examples) >= EXAMPLES and message >= examples[-1]):
+            return
+        examples.append(message)
+        examples.sort()
+        del examples[EXAMPLES:]
+
+    def merge(self, other: _Rule) -> None:
+        self.count += other.count
+        for message in other.examples:
+            self.offer(message)
 
 
 class _Activity:
@@ -163,6 +183,18 @@ class _Activity:
                     into[i] += n
             self.buckets = merged
 
+    def merge(self, other: _Activity) -> None:
+        width = max(self.width, other.width)
+        merged: dict[int, list[int]] = {}
+        for buckets in (self.buckets, other.buckets):
+            for key, row in buckets.items():
+                into = merged.setdefault(key - key % width, [0, 0, 0, 0])
+                for i, n in enumerate(row):
+                    into[i] += n
+        self.width, self.buckets = width, merged
+        self._last_minute = ""
+        self._fit()
+
     def result(self) -> tuple[ActivityBucket, ...]:
         return tuple(ActivityBucket(_iso(k), *row) for k, row in sorted(self.buckets.items()))
 
@@ -191,7 +223,7 @@ class Aggregate:
         self.timed_out = self.oom_killed = self.truncated = self.output_killed = self.resource_killed = 0
         self.durations = DurationHistogram()
         self.activity = _Activity()
-        self.denied_rows: list[DeniedRow] = []
+        self.denied_rows: list[tuple[Order, DeniedRow]] = []
         self.rules: dict[tuple[str, str], Counter[str]] = {}
         self.rule_messages: dict[tuple[str, str], str] = {}
 
@@ -218,13 +250,15 @@ class Aggregate:
         if decision:
             row.decisions += 1
 
-    def add(self, view: AuditRecordView) -> None:
+    def add(self, view: AuditRecordView, trail: int = 0) -> None:
+        """Count one record of trail number ``trail``; records of one trail come in ``seq`` order."""
         self.records += 1
-        if self.first is None:
+        if self.first is None or view.timestamp < self.first:
             self.first = view.timestamp
-        self.last = view.timestamp
+        if self.last is None or view.timestamp > self.last:
+            self.last = view.timestamp
         if isinstance(view, PolicyDecisionView):
-            self._decision(view)
+            self._decision(view, (view.timestamp, trail, view.seq))
         elif isinstance(view, ExecutionOutcomeView):
             self._outcome(view)
         elif isinstance(view, RequestInvalidView):
@@ -251,7 +285,7 @@ class Aggregate:
             return
         self._seen_policy(view, decision=False)
 
-    def _decision(self, view: PolicyDecisionView) -> None:
+    def _decision(self, view: PolicyDecisionView, order: Order) -> None:
         self._seen_policy(view, decision=True)
         who = self._principal(view.principal)
         policy_name = view.policy.name if view.policy is not None else "(none)"
@@ -266,8 +300,10 @@ class Aggregate:
             if status == "fail" and result.mode == "audit":
                 status = "warn"
             counts[status] += 1
-            if status not in {"pass", "skip"} and key not in self.rule_messages and result.message:
-                self.rule_messages[key] = result.message[:300]
+            if status not in {"pass", "skip"} and result.message:
+                message = result.message[:300]
+                if key not in self.rule_messages or message < self.rule_messages[key]:
+                    self.rule_messages[key] = message
         if view.dry_run:
             self.dry_runs += 1
             who.dry_runs += 1
@@ -281,9 +317,8 @@ class Aggregate:
             self.activity.add(view.timestamp, 0)
             if view.options is not None:
                 plan = view.data["decision"].get("plan")
-                self.tally.add(
-                    view.request_id, execution_facts(view.options, plan if isinstance(plan, Mapping) else None)
-                )
+                facts = execution_facts(view.options, plan if isinstance(plan, Mapping) else None)
+                self.tally.add(order, view.request_id, facts)
             return
         self.denied += 1
         who.denied += 1
@@ -292,12 +327,15 @@ class Aggregate:
             self._rule(self.denials, rule).add(messages.get(rule))
         if len(self.denied_rows) < self.denied_cap:
             self.denied_rows.append(
-                DeniedRow(
-                    view.timestamp,
-                    view.principal,
-                    None if view.policy is None else view.policy.name,
-                    tuple(dict.fromkeys(view.violations)),
-                    view.request_id,
+                (
+                    order,
+                    DeniedRow(
+                        view.timestamp,
+                        view.principal,
+                        None if view.policy is None else view.policy.name,
+                        tuple(dict.fromkeys(view.violations)),
+                        view.request_id,
+                    ),
                 )
             )
 
@@ -328,6 +366,60 @@ class Aggregate:
             self._principal(view.principal).errors += 1
             self.error_codes[_capped(self.error_codes, view.error_code)] += 1
             self.activity.add(view.timestamp, 3)
+
+    # --- merging --------------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: value for name, value in self.__dict__.items() if name != "catalogue"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.catalogue = load_catalogue()
+
+    def merge(self, other: Aggregate) -> None:
+        """Add the aggregate of another, disjoint part of the trails."""
+        self.records += other.records
+        self.first = min(t for t in (self.first, other.first) if t is not None) if other.first else self.first
+        self.last = max(t for t in (self.last, other.last) if t is not None) if other.last else self.last
+        for name in ("allowed", "denied", "invalid", "errors", "dry_runs", "refused", "executions", "timed_out",
+                     "oom_killed", "truncated", "output_killed", "resource_killed"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name_key, who in other.who.items():
+            mine = self.who.setdefault(_capped(self.who, name_key), _Who())
+            for name in ("allowed", "denied", "invalid", "errors", "dry_runs"):
+                setattr(mine, name, getattr(mine, name) + getattr(who, name))
+        for ref, pol in other.policies.items():
+            target = ref if ref in self.policies or len(self.policies) < MAX_KEYS else (OTHER, "")
+            if target not in self.policies:
+                self.policies[target] = _Policy(pol.first, pol.last, 0, [])
+            row = self.policies[target]
+            row.first, row.last = min(row.first, pol.first), max(row.last, pol.last)
+            row.decisions += pol.decisions
+            row.loaded = sorted(row.loaded + pol.loaded)[: EXAMPLES * 4]
+        for mine_rules, theirs in ((self.denials, other.denials), (self.warnings, other.warnings)):
+            for rule, counted in theirs.items():
+                self._rule(mine_rules, rule).merge(counted)
+        for counter, theirs_counter in ((self.images, other.images), (self.exit_codes, other.exit_codes),
+                                        (self.error_codes, other.error_codes)):  # fmt: skip
+            for code, n in theirs_counter.items():
+                counter[_capped(counter, code)] += n
+        hist, theirs_hist = self.durations, other.durations
+        hist.buckets.update(theirs_hist.buckets)
+        hist.count += theirs_hist.count
+        hist.total += theirs_hist.total
+        for value in (theirs_hist.low, theirs_hist.high):
+            if value is not None:
+                hist.low = value if hist.low is None or value < hist.low else hist.low
+                hist.high = value if hist.high is None or value > hist.high else hist.high
+        self.activity.merge(other.activity)
+        self.denied_rows = sorted(self.denied_rows + other.denied_rows)[: self.denied_cap]
+        for rule_key, counts in other.rules.items():
+            into = rule_key if rule_key in self.rules or len(self.rules) < MAX_KEYS else (rule_key[0], OTHER)
+            self.rules.setdefault(into, Counter()).update(counts)
+        for rule_key, message in other.rule_messages.items():
+            if rule_key not in self.rule_messages or message < self.rule_messages[rule_key]:
+                self.rule_messages[rule_key] = message
+        self.tally.merge(other.tally)
 
     # --- results --------------------------------------------------------------------------------------
 
@@ -379,7 +471,7 @@ class Aggregate:
         )
 
     def denied_list(self) -> Denied:
-        return Denied(self.denied, tuple(self.denied_rows), self.denied_cap)
+        return Denied(self.denied, tuple(row for _order, row in self.denied_rows), self.denied_cap)
 
     def controls(self) -> Controls:
         rows = tuple(

@@ -1,63 +1,32 @@
-"""Build a report from one or more trails: verify each, check its anchors, stream its records, merge by time.
+"""Build a report from one or more trails: verify each, check its anchors, aggregate its verified records.
 
 Every trail is verified first by :func:`gateway.audit.verify.verify_trail` (the one chain checker) and checked
-against the anchors that name it (:func:`gateway.audit.anchor.check_anchor`). Only the intact prefix is
-reported on: the records after a break are not evidence. The records of several trails are merged by
-timestamp (each trail is in time order on its own; ``heapq.merge`` keeps one record per trail in memory), read
-through their typed views (:func:`gateway.audit.records.view_record`) and fed to one
-:class:`~gateway.report.aggregate.Aggregate`.
-
-``request.received`` records are skipped before parsing (a byte test on the line): the report needs nothing
-from them that the decision and the outcome do not carry, and they hold the submitted code, the bulk of a
-trail.
+against the anchors that name it (:func:`gateway.audit.anchor.check_anchor`). Only the verified prefix is
+reported on: the records after a break are not evidence. The records (through their typed views,
+:func:`gateway.audit.records.view_record`) are aggregated one segment at a time (:mod:`gateway.report.scan`),
+in parallel processes for large trails (:mod:`gateway.report._parallel`), and the aggregates merge into one:
+several trails are merged by time (every list the report keeps is ordered by ``(timestamp, trail, seq)``).
 """
 
 from __future__ import annotations
 
-import heapq
-import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, TextIO
+from typing import TextIO
 
 from gateway.audit.anchor import Anchor, AnchorCheck, check_anchor, trail_id
 from gateway.audit.pipeline import utc_timestamp
-from gateway.audit.records import AuditRecordView, view_record
-from gateway.audit.segments import list_segments
 from gateway.audit.verify import VerifyReport, verify_trail
 from gateway.errors import AuditError
-from gateway.report.aggregate import DENIED_CAP, Aggregate
+from gateway.report._parallel import aggregate_tasks
+from gateway.report.aggregate import DENIED_CAP
 from gateway.report.model import AnchorRef, Head, Period, Report, Totals, TrailBreak, TrailVerification
+from gateway.report.scan import ReportFilters, segment_tasks
 
 __all__ = ["Progress", "ReportFilters", "build_report", "verify_for_report"]
-
-_SKIP: Final = b'"event_type":"request.received"'
-
-
-@dataclass(frozen=True, slots=True)
-class ReportFilters:
-    """What to report on; ``None`` means no constraint. Times are the trail's timestamp text (``parse_time``)."""
-
-    since: str | None = None
-    """Inclusive."""
-    until: str | None = None
-    """Exclusive."""
-    principal: str | None = None
-    policy: str | None = None
-    """The name of the policy records were made under."""
-
-    def matches(self, view: AuditRecordView) -> bool:
-        if self.since is not None and view.timestamp < self.since:
-            return False
-        if self.until is not None and view.timestamp >= self.until:
-            return False
-        if self.principal is not None and view.principal != self.principal:
-            return False
-        return self.policy is None or (view.policy is not None and view.policy.name == self.policy)
 
 
 class Progress:
@@ -130,24 +99,6 @@ def verify_for_report(
     return verification, report
 
 
-def _views(
-    index: int, directory: Path, count: int, on_bytes: Callable[[int], None]
-) -> Iterator[tuple[str, int, int, AuditRecordView]]:
-    """``(timestamp, trail index, seq, view)`` of the first ``count`` records (the verified prefix)."""
-    seen = 0
-    for _i, path in list_segments(directory):
-        with path.open("rb", buffering=1 << 20) as fh:
-            for raw in fh:
-                if seen >= count:
-                    return
-                seen += 1
-                on_bytes(len(raw))
-                if _SKIP in raw:
-                    continue
-                view = view_record(json.loads(raw))
-                yield view.timestamp, index, view.seq, view
-
-
 def build_report(
     trails: Sequence[str | Path],
     *,
@@ -158,9 +109,14 @@ def build_report(
     progress: Progress | None = None,
     denied_cap: int = DENIED_CAP,
     title: str = "Agent execution gateway: compliance report",
+    workers: int | None = None,
 ) -> Report:
     """The report over ``trails`` (each a trail directory). Each anchor is checked against the trail whose id it
-    names; an anchor that names none of them is an error (it was meant for another trail)."""
+    names; an anchor that names none of them is an error (it was meant for another trail).
+
+    ``workers``: processes that aggregate segments in parallel (:func:`~gateway.report._parallel.aggregate_tasks`;
+    ``None``: one per CPU for large trails, else in process; ``1``: in process). The report is the same.
+    """
     filters = filters or ReportFilters()
     progress = progress or Progress(enabled=False)
     directories = [Path(t) for t in trails]
@@ -183,23 +139,9 @@ def build_report(
         mine = [a for a in anchors if a.trail == ident]
         verification, _report = verify_for_report(directory, mine, key=key)
         verifications.append(verification)
-    total = sum(p.stat().st_size for d in directories for _i, p in list_segments(d))
-    done = [0]
-
-    def on_bytes(n: int) -> None:
-        done[0] += n
-
-    agg = Aggregate(denied_cap=denied_cap)
-    streams = [
-        _views(i, d, v.records_checked, on_bytes)
-        for i, (d, v) in enumerate(zip(directories, verifications, strict=True))
-    ]
-    merged = heapq.merge(*streams, key=lambda item: item[:3])
-    for read, (_ts, _i, _seq, view) in enumerate(merged, start=1):
-        if read % 4096 == 0:
-            progress.tick(read, done[0], total)
-        if filters.matches(view):
-            agg.add(view)
+    tasks = [t for i, (d, v) in enumerate(zip(directories, verifications, strict=True))
+             for t in segment_tasks(i, d, v.records_checked)]  # fmt: skip
+    agg = aggregate_tasks(tasks, filters, denied_cap, progress=progress, workers=workers)
     progress.done()
     principals, omitted = agg.principals()
     stamp = utc_timestamp(now if now is not None else datetime.now(UTC))

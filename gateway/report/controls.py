@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Final
@@ -246,24 +246,42 @@ def execution_facts(options: Mapping[str, Any], plan: Mapping[str, Any] | None) 
     return facts
 
 
+Order = tuple[str, int, int]
+"""Where a record stands in the merged trails: ``(timestamp, trail index, seq)``."""
+
+
 @dataclass(slots=True)
 class _Count:
     checked: int = 0
     failed: int = 0
     unproven: int = 0
-    offending: list[str] | None = None
+    offending: list[tuple[Order, str]] = field(default_factory=list)
+    """The first :data:`MAX_OFFENDING` failures in trail order."""
 
 
 class ControlTally:
-    """The streaming count of every control over the executions seen (bounded: counts and capped id lists)."""
+    """The streaming count of every control over the executions seen (bounded: counts and capped id lists).
+
+    Tallies of disjoint parts of the trails merge (:meth:`merge`) into exactly the tally of the whole; the
+    compiled checks are not pickled (a worker process's tally travels as counts only).
+    """
 
     def __init__(self, catalogue: Catalogue) -> None:
         self.catalogue = catalogue
         self._judged = [c for c in catalogue.controls if c.check is not None]
-        self._counts = {c.id: _Count(offending=[]) for c in self._judged}
+        self._counts = {c.id: _Count() for c in self._judged}
         self.executions = 0
 
-    def add(self, request_id: str | None, facts: Facts) -> None:
+    def __getstate__(self) -> dict[str, Any]:
+        return {"counts": self._counts, "executions": self.executions}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.catalogue = load_catalogue()
+        self._judged = [c for c in self.catalogue.controls if c.check is not None]
+        self._counts = state["counts"]
+        self.executions = state["executions"]
+
+    def add(self, order: Order, request_id: str | None, facts: Facts) -> None:
         self.executions += 1
         for control in self._judged:
             count = self._counts[control.id]
@@ -271,10 +289,19 @@ class ControlTally:
             verdict = control.judge(facts)
             if verdict == "fail":
                 count.failed += 1
-                if count.offending is not None and len(count.offending) < MAX_OFFENDING:
-                    count.offending.append(request_id or "(no request id)")
+                if len(count.offending) < MAX_OFFENDING:
+                    count.offending.append((order, request_id or "(no request id)"))
             elif verdict == "unproven":
                 count.unproven += 1
+
+    def merge(self, other: ControlTally) -> None:
+        self.executions += other.executions
+        for cid, theirs in other._counts.items():
+            mine = self._counts[cid]
+            mine.checked += theirs.checked
+            mine.failed += theirs.failed
+            mine.unproven += theirs.unproven
+            mine.offending = sorted(mine.offending + theirs.offending)[:MAX_OFFENDING]
 
     def results(self) -> list[dict[str, Any]]:
         """Per control, in catalogue order: id, number, title, status, evidence, counts, offending ids."""
@@ -298,7 +325,7 @@ class ControlTally:
                 row.update(status="not_applicable", evidence=f"no execution in the period; checks: {control.evidence}")
             else:
                 count = self._counts[control.id]
-                offending = list(count.offending or [])
+                offending = [rid for _order, rid in count.offending]
                 row.update(
                     executions_checked=count.checked,
                     executions_failed=count.failed,

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
-from gateway.report import build_report, load_catalogue, render
+from gateway.report import _parallel, build_report, load_catalogue, render
 from gateway.report.aggregate import MAX_BUCKETS, DurationHistogram
 from gateway.report.build import ReportFilters
 from gateway.resources import load_schema
@@ -279,3 +279,26 @@ def test_copying_a_trail_keeps_its_id(trail: Path, tmp_path: Path) -> None:
     b = build_report([tmp_path / "copy"], now=NOW).verification[0]
     assert a.trail_id == b.trail_id
     assert a.head == b.head
+
+
+def test_worker_processes_give_the_same_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments aggregated in worker processes and merged make exactly the in-process report (merges do not
+    depend on order), over several segments and two trails."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the report never starts workers")
+    monkeypatch.chdir(tmp_path)
+    write_scenario(Path("a"), segment_max_bytes=30_000)
+    write_scenario(Path("b"), start=START + timedelta(seconds=3), prefix=0xB, segment_max_bytes=30_000)
+    _append_decision(Path("b"), "req-bad", decision_dict(privileged=True), START + timedelta(hours=1))
+    assert len(list(Path("a").glob("trail-*.jsonl"))) >= 3
+    serial = build_report([Path("a"), Path("b")], now=NOW, workers=1, denied_cap=4).to_dict()
+
+    def no_fallback(*_args: object) -> None:
+        raise AssertionError("the workers failed and the report was redone in process")
+
+    monkeypatch.setattr(_parallel, "_in_process", no_fallback)
+    parallel = build_report([Path("a"), Path("b")], now=NOW, workers=2, denied_cap=4).to_dict()
+    assert parallel == serial
+    assert [d["time"] for d in serial["denied"]["shown"]] == sorted(d["time"] for d in serial["denied"]["shown"])
+    assert serial["denied"]["total"] == 6
+    assert len(serial["denied"]["shown"]) == 4
