@@ -101,7 +101,7 @@ def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) ->
         decision = {**decision, "request_id": rid, "decision_id": f"d{rid}"}
         events: list[tuple[str, dict[str, Any]]] = [("request.received", {"request": request})]
         events.append(("policy.decision", {"decision": decision, "options_sha256": "b" * 64, "dry_run": False}))
-        if kind != "deny":
+        if decision["allowed"]:  # a denied request has no outcome (the env shape is denied: env.allowed)
             events.append(
                 ("execution.outcome", outcome_data(request_image(decision), _outcome(kind, request_no), None))
             )

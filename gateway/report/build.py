@@ -67,8 +67,8 @@ def _newest(checks: list[AnchorCheck]) -> AnchorCheck | None:
 def verify_for_report(
     directory: Path, anchors: Sequence[Anchor], *, key: bytes | None
 ) -> tuple[TrailVerification, VerifyReport]:
-    """Verify one trail and check it against ``anchors`` (those naming this trail, plus any for which no trail
-    is given is the caller's business); the verification the report opens with."""
+    """Verify one trail and check it against ``anchors`` (the ones naming it); the verification the report
+    opens with. With several anchors, the one named is the newest that failed, else the newest."""
     report = verify_trail(directory, key=key)
     ident = trail_id(directory)
     checks = [check_anchor(directory, a, report, key=key, ident=ident) for a in anchors]

@@ -66,7 +66,7 @@ class AnchorRef:
     detail: str
     hmac_checked: bool
     checked: int
-    """How many anchors were checked for this trail (this one is the newest)."""
+    """How many anchors were checked for this trail (this one is the newest that failed, else the newest)."""
 
 
 @dataclass(frozen=True, slots=True)
