@@ -2,7 +2,8 @@
 # One entry point that brings everything up, idempotently:
 #   1. .venv with the package installed editable with its dev extras (only when missing or pyproject changed);
 #   2. a Docker engine (scripts/setup-engine.sh: touches nothing when an engine already answers);
-#   3. the sandbox image (scripts/build-image.sh: built locally only when missing).
+#   3. the sandbox image (scripts/build-image.sh: built locally only when missing);
+#   4. Debian's chromium for the HTML report test (only when missing).
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
 set -euo pipefail
 
@@ -60,3 +61,11 @@ fi
 # 3. Sandbox image (its id goes to stderr when verbose; the build script prints it on stdout).
 id="$("$ROOT/scripts/build-image.sh")"
 say "sandbox image: $id"
+
+# 4. A headless browser for the HTML report test (tests/unit/test_report_html.py): Debian's chromium.
+if [[ ! -x /usr/bin/chromium ]] && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    say "installing chromium (the HTML report test renders in it)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+        || say "chromium could not be installed: the HTML report test will skip"
+fi

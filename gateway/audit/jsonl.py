@@ -24,8 +24,9 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Self
 
@@ -40,7 +41,7 @@ from gateway.audit.canonical import (
     split_line,
 )
 from gateway.audit.interface import AuditReceipt
-from gateway.audit.pipeline import RecordPipeline, SealedRecord, chain
+from gateway.audit.pipeline import RecordPipeline, SealedRecord, chain, stamper, utc_timestamp
 from gateway.audit.segments import LOCK_NAME, AuditIO, key_from_env, list_segments, resolve_directory, segment_name
 from gateway.errors import AuditError, AuditIntegrityError, AuditSpaceError, AuditUnavailableError
 from gateway.policy.sizes import SizeError, parse_size
@@ -185,6 +186,8 @@ class JsonlAuditTrail:
         host: str | None = None,
         io: AuditIO | None = None,
         min_free: str | int = DEFAULT_MIN_FREE,
+        clock: Callable[[], datetime] | None = None,
+        id_factory: Callable[[], str] | None = None,
     ) -> None:
         if segment_max_bytes <= 0:
             raise ValueError("segment_max_bytes must be positive")
@@ -197,6 +200,11 @@ class JsonlAuditTrail:
         self.segment_max_bytes = segment_max_bytes
         self.group_commit = group_commit
         self._pipeline = RecordPipeline(code_max_bytes=code_max_bytes, host=host)
+        if id_factory is not None:
+            self._pipeline.processors[-1] = stamper(host, id_factory)
+        self._clock = clock
+        """Where record times come from (``None``: the system clock); a fixed clock and ``id_factory`` make a
+        trail whose records are the same on every run (golden tests of reports), written by this very code."""
         self._io = io if io is not None else AuditIO()
         self._lock = threading.Lock()  # serialises writers of this instance; taken before the file lock
         self._sync = threading.Condition(threading.Lock())  # group commit state below
@@ -384,7 +392,8 @@ class JsonlAuditTrail:
             except OSError as exc:
                 raise _unavailable(f"open the audit trail in {self.directory}", exc) from exc
             try:
-                sealed = chain(record, seq=tail.seq + 1, prev_hash=tail.hash, key=self.key)
+                stamp = None if self._clock is None else utc_timestamp(self._clock())
+                sealed = chain(record, seq=tail.seq + 1, prev_hash=tail.hash, key=self.key, timestamp=stamp)
             except CanonicalError as exc:
                 raise AuditUnavailableError(f"cannot serialise the audit record: {exc}") from exc
             line = sealed.line

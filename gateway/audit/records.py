@@ -319,6 +319,29 @@ def _request_invalid(r: FieldReader, env: _Envelope) -> RequestInvalidView:
 
 
 def _rule_results(r: FieldReader, decision: Mapping[str, Any]) -> tuple[RuleResultView, ...]:
+    # A decision holds a result per rule (~25) and a report views every decision of a trail: a first pass
+    # checks each result's types inline and builds the views positionally; at the first item it does not
+    # accept, the field-by-field reads below run instead and raise the error naming the path.
+    items = decision.get("results")
+    if type(items) is list:
+        out: list[RuleResultView] = []
+        for item in items:
+            if type(item) is not dict:
+                break
+            rule, status, mode = item.get("rule"), item.get("status"), item.get("mode")
+            path, message = item.get("path"), item.get("message")
+            if not (
+                type(rule) is str
+                and type(status) is str
+                and status in _STATUSES
+                and (mode is None or (type(mode) is str and mode in _MODES))
+                and (path is None or type(path) is str)
+                and (message is None or type(message) is str)
+            ):
+                break
+            out.append(RuleResultView(rule, status, mode, path, message))
+        else:
+            return tuple(out)
     return tuple(
         RuleResultView(
             rule=r.text(item, "rule", at),

@@ -19,7 +19,8 @@ scan of the rest) names what happened:
 
 ``first_break.seq`` is the first ``seq`` that cannot be trusted; every record before it verified, and
 ``records_checked`` counts them (the intact prefix). Removing whole records from the *end* of the trail leaves
-a valid shorter chain and is not detectable from the trail alone (anchor the last hash elsewhere for that).
+a valid shorter chain and is not detectable from the trail alone: :mod:`gateway.audit.anchor` checks it
+against a stored head.
 
 Large trails are verified in parallel: each segment's internal chain is self-contained, so worker processes
 (one per CPU) check whole segments, each on its own, and the parent stitches them in trail order (the first

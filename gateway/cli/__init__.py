@@ -10,7 +10,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import audit_cmd, check_cmd, doctor_cmd, mcp_cmd, policy_cmd, principals_cmd, run_cmd, serve_cmd
+from gateway.cli import (
+    audit_cmd,
+    check_cmd,
+    doctor_cmd,
+    mcp_cmd,
+    policy_cmd,
+    principals_cmd,
+    report_cmd,
+    run_cmd,
+    serve_cmd,
+)
 from gateway.errors import EXIT_USAGE, GatewayError, exit_code_for
 
 __all__ = ["console_main", "main"]
@@ -27,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd.register(sub)
     run_cmd.register(sub)
     audit_cmd.register(sub)
+    report_cmd.register(sub)
     doctor_cmd.register(sub)
     principals_cmd.register(sub)
     mcp_cmd.register(sub)

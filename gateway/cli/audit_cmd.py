@@ -1,9 +1,9 @@
-"""``gateway audit verify | query | repair``: work on a trail directory.
+"""``gateway audit verify | query | repair | anchor``: work on a trail directory.
 
 Trail directory precedence: ``--audit-dir DIR`` (as for ``run``, ``check`` and ``doctor``) or the positional
 ``DIR`` (the same thing; giving both with different values is a usage error), then ``GATEWAY_AUDIT_DIR``, then
 ``./audit``. The HMAC key comes from ``--key-file`` or, as for the writer, ``GATEWAY_AUDIT_KEY_FILE`` /
-``GATEWAY_AUDIT_KEY``.
+``GATEWAY_AUDIT_KEY``. ``anchor`` reads ``--trail DIR`` (repeatable) like ``gateway report``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from gateway.audit.anchor import anchor_from_report, check_anchor, load_anchor, trail_id, write_anchor
 from gateway.audit.query import QueryFilters, parse_time, query_trail
 from gateway.audit.repair import repair_trail
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
-from gateway.audit.verify import verify_trail
+from gateway.audit.verify import VerifyReport, verify_trail
 from gateway.errors import EXIT_USAGE
 
 __all__ = ["register"]
@@ -80,7 +81,33 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _directory_arguments(verify)
     verify.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
     verify.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    verify.add_argument(
+        "--anchor",
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        help="anchor file(s) from `gateway audit anchor`: fail (exit 1) when the trail no longer reaches one "
+        "(records deleted from the end, truncation, an older copy put back)",
+    )
     verify.set_defaults(func=_usage_errors(_verify))
+
+    anchor = commands.add_parser(
+        "anchor",
+        help="print (or write) the trail's verified head, to store elsewhere",
+        description="Verify the trail and emit its head as an anchor: trail id (the event_id of the first "
+        "record), last seq, last hash, time; HMAC'd with the trail key when one is set. Store it where whoever can "
+        "edit the trail cannot (a WORM bucket, a ticket, a second host); `gateway audit verify --anchor FILE` and "
+        "`gateway report --anchor FILE` then fail when the trail no longer reaches it.",
+    )
+    anchor.add_argument("--trail", action="append", metavar="DIR", help=f"trail directory, repeatable {_DIR_DEFAULT}")
+    anchor.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the anchor there (a directory: one file per trail); default stdout",
+    )
+    anchor.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
+    anchor.set_defaults(func=_usage_errors(_anchor))
 
     query = commands.add_parser(
         "query",
@@ -126,10 +153,33 @@ def _key(args: argparse.Namespace) -> bytes | None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = verify_trail(_directory(args), key=_key(args))
+    directory = _directory(args)
+    key = _key(args)
+    anchors = [load_anchor(a) for a in args.anchor or ()]
+    report = verify_trail(directory, key=key)
+    ident = trail_id(directory) if anchors else None
+    checks = [check_anchor(directory, a, report, key=key, ident=ident) for a in anchors]
+    anchored = all(c.ok for c in checks)
     if args.json:
-        print(json.dumps(report.to_dict(), sort_keys=True))
-        return 0 if report.ok else EXIT_BROKEN
+        out = report.to_dict()
+        if anchors:
+            out["anchors"] = [c.to_dict() for c in checks]
+        print(json.dumps(out, sort_keys=True))
+        return 0 if report.ok and anchored else EXIT_BROKEN
+    for check in checks:
+        if not check.ok:
+            print(f"BROKEN: {directory}: anchor {check.anchor.source} not reached: {check.reason}: {check.detail}")
+    if not anchored and report.ok:
+        _print_verify(report)
+        return EXIT_BROKEN
+    for check in checks:
+        if check.ok:
+            hmac = "" if check.hmac_checked else " (anchor HMAC not checked: no key)"
+            print(f"anchor {check.anchor.source}: {check.detail}{hmac}")
+    return _print_verify(report)
+
+
+def _print_verify(report: VerifyReport) -> int:
     hmac = "hashes and HMACs" if report.hmac_checked else "hashes only"
     print(f"records checked: {report.records_checked} in {report.segments} segment(s) ({hmac})")
     if report.hmac_status == "not_checked":
@@ -149,6 +199,23 @@ def _verify(args: argparse.Namespace) -> int:
         return 0
     print(f"BROKEN at seq {brk.seq} ({brk.segment} line {brk.line}): {brk.reason}: {brk.detail}")
     return EXIT_BROKEN
+
+
+def _anchor(args: argparse.Namespace) -> int:
+    directories = [Path(v) for v in args.trail] if args.trail else [resolve_directory(None)]
+    output = None if args.output in (None, "-") else Path(args.output)
+    if len(directories) > 1 and output is not None and not output.is_dir():
+        raise UsageError(f"{len(directories)} trails give {len(directories)} anchors: -o must be a directory")
+    key = _key(args)
+    for directory in directories:
+        anchor = anchor_from_report(directory, verify_trail(directory, key=key), key=key)
+        if output is None:
+            sys.stdout.write(anchor.to_bytes().decode("ascii"))
+            continue
+        target = output / f"anchor-{anchor.trail or 'empty'}-{anchor.seq:012d}.json" if output.is_dir() else output
+        write_anchor(anchor, target)
+        print(f"anchored {directory} at seq {anchor.seq} in {target}", file=sys.stderr)
+    return 0
 
 
 def _summary(record: dict[str, Any]) -> str:

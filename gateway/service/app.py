@@ -64,7 +64,7 @@ from gateway.runner import Runner
 from gateway.runner.interface import OnOutput
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
-from gateway.service.lifecycle import Inflight, reap_stale, reload
+from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale, reload
 from gateway.service.mcp_http import McpEndpoint
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.service.metrics import ServiceMetrics
@@ -110,6 +110,8 @@ class Service:
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
         self.metrics.queue_depth.set_function(self.admission.waiting)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
+        self.anchors = anchor_writer(config, gateway.audit)
+        """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -149,6 +151,8 @@ class Service:
     def start(self) -> None:
         """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
         self.gateway.__enter__()
+        if self.anchors is not None:
+            self.anchors.start()
         self.auth_failures.start()
         reap_stale(self)
 
@@ -176,6 +180,8 @@ class Service:
         finally:
             try:
                 self.gateway.close()
+                if self.anchors is not None:
+                    self.anchors.stop()  # after the stop record: the last anchor covers the whole run
             finally:
                 for close in self._owned:
                     with contextlib.suppress(Exception):

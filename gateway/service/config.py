@@ -70,6 +70,10 @@ class ServerConfig:
     """PEM certificate (chain) to serve HTTPS with; requires ``tls_key``."""
     tls_key: Path | None = None
     """PEM private key of ``tls_cert``; requires ``tls_cert``."""
+    anchor_dir: Path | None = None
+    """Where the service writes the trail's head (``audit_anchor.directory``); None: no anchors."""
+    anchor_every_records: int | None = None
+    anchor_every_seconds: float | None = None
     source: str | None = field(default=None, compare=False)
     """The file it was read from, if any."""
 
@@ -122,6 +126,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         return where / data[key] if key in data else None
 
     quotas = data.get("quotas", {})
+    anchor = data.get("audit_anchor", {})
     return ServerConfig(
         host=data.get("host", DEFAULT_HOST),
         port=data.get("port", DEFAULT_PORT),
@@ -141,6 +146,9 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),
         tls_key=path("tls_key"),
+        anchor_dir=where / anchor["directory"] if "directory" in anchor else None,
+        anchor_every_records=anchor.get("every_records"),
+        anchor_every_seconds=None if "every_seconds" not in anchor else float(anchor["every_seconds"]),
         source=source,
     )
 

@@ -10,6 +10,8 @@
 * :func:`reap_stale` removes, at start-up, only the containers of gateway instances that are no longer alive
   (an instance id names its host and process: same host and no such process) or that are past their
   deadline plus the grace; another live instance's sandboxes are left alone. Audited as ``containers.reaped``.
+* :func:`anchor_writer` is the :class:`~gateway.audit.anchor.AnchorWriter` the configuration asks for
+  (``audit_anchor``): started with the service, stopped after its stop record (a last anchor).
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from gateway.audit.anchor import AnchorWriter
 from gateway.errors import GatewayError, PolicyError, PrincipalsError
 from gateway.service.principals import load_principals, principals_path_from_env
 
 if TYPE_CHECKING:
+    from gateway.audit.interface import AuditSink
     from gateway.service.app import Service
+    from gateway.service.config import ServerConfig
 
-__all__ = ["Inflight", "instance_dead", "reap_stale", "reload"]
+__all__ = ["Inflight", "anchor_writer", "instance_dead", "reap_stale", "reload"]
 
 _log = logging.getLogger("gateway.service")
 
@@ -138,3 +143,18 @@ def reap_stale(service: Service) -> list[str]:
         with contextlib.suppress(GatewayError):
             service.gateway.audit.append("containers.reaped", data)
     return ids
+
+
+def anchor_writer(config: ServerConfig, sink: AuditSink) -> AnchorWriter | None:
+    """The anchor writer of ``config.anchor_dir`` over the sink's trail directory (None when not configured, or
+    when the sink keeps no directory)."""
+    directory = getattr(sink, "directory", None)
+    if config.anchor_dir is None or directory is None:
+        return None
+    return AnchorWriter(
+        directory,
+        config.anchor_dir,
+        key=getattr(sink, "key", None),
+        every_records=config.anchor_every_records,
+        every_seconds=config.anchor_every_seconds,
+    )

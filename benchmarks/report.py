@@ -1,0 +1,194 @@
+"""Report benchmark: ``gateway report`` in every format over a 1,000,000-record synthetic trail.
+
+    .venv/bin/python benchmarks/report.py                      # 1,000,000 records, every format
+    .venv/bin/python benchmarks/report.py --records 100000 --formats html json
+
+The trail is built with the writer's own code: the records are what a Gateway writes (``request.received``,
+``policy.decision`` with every rule result and the real Docker run options of the default policy, inline
+seccomp profile included, ``execution.outcome``), made by ``decide()`` on a handful of request shapes and
+sealed by the trail's own pipeline and ``chain`` (``RecordPipeline`` + ``chain``, as ``benchmarks/audit.py``
+does; buffered writes, no fsync: building through fsync would take hours and measures nothing new). It is
+cached under the temporary directory (``$TMPDIR/gateway-report-bench-<records>``; ``--rebuild`` to redo it).
+
+Each report runs in a child process (``python -m gateway report``, the command a user runs, output to a file)
+so that its wall time and peak RSS (``resource.getrusage(RUSAGE_CHILDREN)``) are its own. Baseline measured in
+the same run: ``gateway audit verify`` on the same trail (every report verifies first), so the ratio
+report/verify says what the report adds to the verification it cannot skip.
+
+Targets on this machine: HTML report under 20 s and under 200 MB peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway.audit.canonical import GENESIS_HASH
+from gateway.audit.pipeline import RecordPipeline, chain
+from gateway.audit.segments import segment_name
+from gateway.policy import load_policy
+from gateway.request import parse_request
+from gateway.resources import default_policy_path
+from gateway.result import outcome_data
+from gateway.runner.interface import Outcome
+from gateway.testing import decide
+
+REPO = Path(__file__).resolve().parents[1]
+START_EPOCH = 1_772_000_000  # 2026-02-25: the synthetic trail's first second
+SHAPES: list[tuple[dict[str, Any], str]] = [
+    ({"code": "print(2+2)"}, "ok"),
+    ({"code": "import sys; sys.exit(3)"}, "exit"),
+    ({"code": "print(1)", "limits": {"memory": "128m", "cpus": 0.5}}, "ok"),
+    ({"code": "while True: pass"}, "timeout"),
+    ({"code": "print(1)", "image": "evil/miner:latest"}, "deny"),
+    ({"code": "print(1)", "limits": {"memory": "4g"}}, "deny"),
+    ({"code": "print(1)", "network": "host"}, "deny"),
+    ({"code": "x = ' ' * 10**10"}, "oom"),
+    ({"code": "print('hello')", "env": {"MODE": "fast"}}, "ok"),
+    ({"code": "print('x' * 10**7)"}, "flood"),
+]
+
+
+def _outcome(kind: str, i: int) -> Outcome:
+    return Outcome(
+        exit_code={"ok": 0, "exit": 3, "oom": 137}.get(kind),
+        stdout=b"4\n",
+        stderr=b"",
+        stdout_truncated=kind == "flood",
+        stderr_truncated=False,
+        stdout_bytes=2_000_000 if kind == "flood" else 2,
+        stderr_bytes=0,
+        timed_out=kind == "timeout",
+        oom_killed=kind == "oom",
+        output_limit_killed=kind == "flood",
+        resource_killed=False,
+        duration_ms=10_000 if kind == "timeout" else 90 + (i * 37) % 400,
+        container_id=hashlib.sha256(str(i).encode()).hexdigest(),
+        image_id="sha256:" + "c" * 64,
+    )
+
+
+def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) -> tuple[int, float]:
+    """``records`` sealed records of requests in the SHAPES mix, one request every 0.2 s from START_EPOCH."""
+    policy = load_policy(default_policy_path())
+    ref = {"name": policy.name, "sha256": policy.sha256}
+    templates = []
+    for request, kind in SHAPES:
+        parsed = parse_request(request)
+        decision = decide(policy, parsed, request_id="r", decision_id="d").to_dict()
+        templates.append((parsed.to_dict(), decision, kind))
+    directory.mkdir(parents=True)
+    pipeline = RecordPipeline(host="bench")
+    prev, seq, index, size, total = GENESIS_HASH, 0, 1, 0, 0
+    out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
+    started = time.perf_counter()
+    request_no = 0
+    while seq < records:
+        request, decision, kind = templates[request_no % len(templates)]
+        rid = f"{request_no:032x}"
+        principal = f"agent-{request_no % 7}"
+        when = START_EPOCH + request_no // 5
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{(request_no % 5) * 200000:06d}Z"
+        decision = {**decision, "request_id": rid, "decision_id": f"d{rid}"}
+        events: list[tuple[str, dict[str, Any]]] = [("request.received", {"request": request})]
+        events.append(("policy.decision", {"decision": decision, "options_sha256": "b" * 64, "dry_run": False}))
+        if decision["allowed"]:  # a denied request has no outcome (the env shape is denied: env.allowed)
+            events.append(
+                ("execution.outcome", outcome_data(request_image(decision), _outcome(kind, request_no), None))
+            )
+        for event_type, data in events:
+            if seq >= records:
+                break
+            seq += 1
+            record = pipeline.build(event_type, data, request_id=rid, principal=principal, policy=ref)
+            sealed = chain(record, seq=seq, prev_hash=prev, key=None, timestamp=stamp)
+            if size and size + len(sealed.line) > segment_bytes:
+                out.close()
+                index, size = index + 1, 0
+                out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
+            out.write(sealed.line)
+            size += len(sealed.line)
+            total += len(sealed.line)
+            prev = sealed.hash
+        request_no += 1
+    out.close()
+    return total, time.perf_counter() - started
+
+
+def request_image(decision: dict[str, Any]) -> str:
+    plan = decision.get("plan") or {}
+    return str(plan.get("image") or "")
+
+
+def run_child(argv: list[str]) -> dict[str, Any]:
+    """Run ``python -m gateway ARGV`` alone; its wall time and peak RSS."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv], env=env, capture_output=True, text=True, check=False
+    )
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "rc": proc.returncode,
+        "seconds": round(seconds, 2),
+        # ru_maxrss of the children is the largest of any child so far: exact for the first (or a larger) one
+        "max_rss_mb": round(peak / 1024, 1),
+        "rss_is_own": peak > before,
+        "stderr": proc.stderr.strip()[:300],
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--formats", nargs="+", default=["html", "json", "md", "csv"])
+    parser.add_argument("--rebuild", action="store_true", help="rebuild the cached trail")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the cache lives")
+    args = parser.parse_args()
+    trail = args.dir / f"gateway-report-bench-{args.records}"
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trail {trail}")
+    if args.rebuild and trail.exists():
+        for path in trail.iterdir():
+            path.unlink()
+        trail.rmdir()
+    if not trail.exists():
+        size, secs = build_trail(trail, args.records)
+        print(json.dumps({"built": args.records, "bytes": size, "avg_record_bytes": size // args.records,
+                          "build_s": round(secs, 1)}))  # fmt: skip
+    else:
+        size = sum(p.stat().st_size for p in trail.glob("trail-*.jsonl"))
+        print(json.dumps({"cached": args.records, "bytes": size}))
+    out = Path(tempfile.mkdtemp(prefix="report-bench-out-"))
+    # Peak RSS of children is a running maximum: measure the report of the largest expected footprint first
+    # (html, then the others), and the verify baseline last.
+    for fmt in args.formats:
+        target = out / f"report.{fmt}"
+        result = run_child(["report", "--trail", str(trail), "--format", fmt, "-o", str(target)])
+        result.update(what=f"report --format {fmt}", output_bytes=target.stat().st_size if target.exists() else 0)
+        result["records_per_s"] = round(args.records / result["seconds"]) if result["seconds"] else None
+        print(json.dumps(result))
+    # --- OCSF export: the lead wires `gateway audit export --format ocsf` here once the siem branch is merged:
+    # result = run_child(["audit", "export", "--format", "ocsf", "--trail", str(trail), "-o", str(out / "x.ocsf")])
+    verify = run_child(["audit", "verify", str(trail)])
+    verify.update(what="audit verify (baseline)")
+    print(json.dumps(verify))
+    for target in out.iterdir():
+        target.unlink()
+    out.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
