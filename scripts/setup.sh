@@ -3,7 +3,7 @@
 #   1. .venv with exactly the locked dependencies (requirements/dev.txt, `pip install --require-hashes`), then the
 #      package itself editable with --no-deps; skipped when the venv's stamp says it already holds this lock;
 #   2. a Docker engine (scripts/setup-engine.sh: touches nothing when an engine already answers);
-#   3. the sandbox image (scripts/build-image.sh: built locally only when missing).
+#   3. the sandbox image (scripts/build-image.sh: built locally, reproducibly, only when missing; its SBOM recorded).
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
 set -euo pipefail
 
