@@ -32,6 +32,7 @@
 #   GATEWAY_IMAGE_PINS      warn (default) | strict | update: what to do when the packages differ from the pins
 #   GATEWAY_BIN             the gateway command that records the SBOM (default: .venv/bin/gateway)
 #   GATEWAY_QUIET=1         no progress messages (default: quiet unless stderr is a tty)
+#   GATEWAY_KEEP_WORK=1     keep the work directory (root file system, layer tar) to compare two builds
 set -euo pipefail
 
 IMAGE="${1:-${GATEWAY_IMAGE:-gateway/sandbox-python:3.11-bookworm}}"
