@@ -9,9 +9,9 @@ An image's SBOM is **recorded** under the state directory keyed by the image id
 (``<state>/sbom/<hex>.cdx.json``), so that ``gateway doctor`` and the compliance report can name it by digest
 (:func:`sbom_digest_for_image`). It is a file and not an image label: a label is part of the image config, so
 putting the SBOM's digest there would change the very image id the SBOM names. An image SBOM is a function of
-the image, the name it was asked by and the gateway version that writes it (its serial number is derived from the image id, its
-timestamp is the image's creation time), so recording it again gives the same bytes and the same digest, and so
-do two reproducible builds.
+the image, the name it was asked by and the gateway version that writes it (its serial number is derived from
+the image id, its timestamp is the image's creation time), so recording it again gives the same bytes and the
+same digest, and so do two reproducible builds.
 
 cyclonedx-python-lib (the ``sbom`` extra) is imported only by the functions that build documents; reading a
 recorded digest needs nothing beyond the standard library.
