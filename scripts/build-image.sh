@@ -1,23 +1,46 @@
 #!/usr/bin/env bash
-# Build the sandbox image locally when it is missing (no registry needed).
+# Build the sandbox image locally when it is missing (no registry needed), reproducibly, and record its SBOM.
 #
 # Air-gapped by design: the image is made from Debian packages with debootstrap
 # (minbase + the full python3: python3-minimal lacks most of the standard
-# library) from the apt mirror this machine already uses, then `docker import`ed.
-# Nothing is pulled from an image registry. The image id is printed on stdout
-# (and the build date, mirror suite and builder are stored as image labels) so
-# it can be recorded and pinned.
+# library) from the apt mirror this machine already uses. Nothing is pulled
+# from an image registry. The image id is printed on stdout.
+#
+# Reproducible: the same package set gives the same image id. Every file time
+# is clamped to SOURCE_DATE_EPOCH (the newest Debian changelog date of the
+# installed packages, so it follows the package set and nothing else), the
+# layer tar is sorted with numeric owners, what installing writes that depends
+# on the day (logs, caches, shadow password dates) is removed or fixed, and the
+# image config is written by scripts/image-archive.py with that time instead
+# of `docker import`'s wall clock (an image id is the sha256 of its config).
+#
+# Pinned: images/sandbox-python.packages lists the packages (name version arch)
+# the image is built from. When the mirror serves a different set, the build
+# warns and names each difference (GATEWAY_IMAGE_PINS=strict refuses instead;
+# GATEWAY_IMAGE_PINS=update re-pins to what was installed).
+#
+# SBOM: `gateway sbom --image NAME --record` stores the image's CycloneDX SBOM
+# under the gateway's state directory, keyed by the image id (gateway doctor
+# and the compliance report read it there); also done for an image that is
+# already present but has none recorded yet.
 #
 # Usage: scripts/build-image.sh [NAME:TAG]      (default gateway/sandbox-python:3.11-bookworm)
 # Environment:
 #   GATEWAY_IMAGE           image name (overridden by the argument)
 #   GATEWAY_MIRROR          apt mirror URL (default: read from the machine's apt sources)
 #   GATEWAY_REBUILD=1       rebuild even if the image exists
+#   GATEWAY_IMAGE_PINS      warn (default) | strict | update: what to do when the packages differ from the pins
+#   GATEWAY_BIN             the gateway command that records the SBOM (default: .venv/bin/gateway)
 #   GATEWAY_QUIET=1         no progress messages (default: quiet unless stderr is a tty)
+#   GATEWAY_KEEP_WORK=1     keep the work directory (root file system, layer tar) to compare two builds
 set -euo pipefail
 
 IMAGE="${1:-${GATEWAY_IMAGE:-gateway/sandbox-python:3.11-bookworm}}"
 SUITE=bookworm
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PINS="$ROOT/images/sandbox-python.packages"
+PIN_MODE="${GATEWAY_IMAGE_PINS:-warn}"
+GATEWAY_BIN="${GATEWAY_BIN:-$ROOT/.venv/bin/gateway}"
 
 if [[ -z "${GATEWAY_QUIET:-}" ]]; then
     if [[ -t 2 ]]; then GATEWAY_QUIET=0; else GATEWAY_QUIET=1; fi
@@ -25,10 +48,33 @@ fi
 say() { if [[ "$GATEWAY_QUIET" == 0 ]]; then printf 'build-image: %s\n' "$*" >&2; fi; }
 die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 
+case "$PIN_MODE" in warn|strict|update) ;; *) die "GATEWAY_IMAGE_PINS must be warn, strict or update, got '$PIN_MODE'" ;; esac
 docker info >/dev/null 2>&1 || die "no Docker engine answers: run scripts/setup-engine.sh first"
+
+# The SBOM is keyed by the image id, so it is recorded for whatever image the tag names now.
+record_sbom() {
+    if [[ ! -x "$GATEWAY_BIN" ]]; then
+        printf 'build-image: warning: %s is missing, so no SBOM was recorded for %s (run scripts/setup.sh)\n' \
+            "$GATEWAY_BIN" "$IMAGE" >&2
+        return 0
+    fi
+    local where
+    where="$("$GATEWAY_BIN" sbom --image "$IMAGE" --record)" || die "recording the SBOM of $IMAGE failed"
+    say "SBOM: $where"
+}
+
+# Where `gateway sbom --record` puts an image's SBOM: the rule of gateway/sbom.py's default_state_dir, restated
+# here because importing the gateway costs seconds (tests/unit/test_supply_chain.py checks that both agree).
+state_dir() {
+    if [[ -n "${GATEWAY_STATE_DIR:-}" ]]; then printf '%s\n' "$GATEWAY_STATE_DIR"
+    elif [[ "$(id -u)" == 0 ]]; then printf '%s\n' /var/lib/agent-gateway
+    else printf '%s/agent-gateway\n' "${XDG_STATE_HOME:-$HOME/.local/state}"; fi
+}
+sbom_recorded() { [[ -s "$(state_dir)/sbom/${1#sha256:}.cdx.json" ]]; }
 
 if [[ -z "${GATEWAY_REBUILD:-}" ]] && id="$(docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null)"; then
     say "$IMAGE already present"
+    sbom_recorded "$id" || record_sbom
     printf '%s\n' "$id"
     exit 0
 fi
@@ -63,7 +109,7 @@ MIRROR="${GATEWAY_MIRROR:-}"
 [[ -n "$MIRROR" ]] || die "no apt mirror for '$SUITE' found in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list; set GATEWAY_MIRROR"
 
 WORK="$(mktemp -d /var/tmp/gateway-rootfs.XXXXXX)"
-cleanup() { rm -rf --one-file-system "$WORK"; }
+cleanup() { if [[ -z "${GATEWAY_KEEP_WORK:-}" ]]; then rm -rf --one-file-system "$WORK"; else printf "build-image: kept %s\n" "$WORK" >&2; fi; }
 trap cleanup EXIT
 ROOTFS="$WORK/rootfs"
 
@@ -76,19 +122,52 @@ fi
 chroot "$ROOTFS" /usr/bin/python3 -c 'import json, tarfile, base64, ctypes' \
     || die "the image's python3 lacks part of the standard library"
 
-# Trim what a sandbox never needs: package caches and lists.
-rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/log/*.log
+# What installing wrote that depends on the day or the run rather than on the packages.
+rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/cache/apt/*.bin "$ROOTFS"/var/lib/apt/lists/* \
+    "$ROOTFS"/var/log/* "$ROOTFS"/var/cache/ldconfig/aux-cache "$ROOTFS"/var/lib/dpkg/*-old \
+    "$ROOTFS"/var/cache/debconf/*-old "$ROOTFS"/etc/*- "$ROOTFS"/etc/machine-id "$ROOTFS"/debootstrap
 PYVER="$(chroot "$ROOTFS" /usr/bin/python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+# SOURCE_DATE_EPOCH: the newest changelog among the installed packages (their files keep the packages' times).
+EPOCH="$(find "$ROOTFS/usr/share/doc" -name 'changelog.Debian.gz' -printf '%T@\n' | sort -n | tail -n 1 | cut -d. -f1)"
+[[ "$EPOCH" =~ ^[0-9]+$ ]] || die "no Debian changelog found to derive SOURCE_DATE_EPOCH from"
+export SOURCE_DATE_EPOCH="$EPOCH"
+# Password change dates in /etc/shadow are days since 1970 at install time: set them to the epoch's day.
+if [[ -f "$ROOTFS/etc/shadow" ]]; then
+    awk -v day="$((EPOCH / 86400))" 'BEGIN { FS = OFS = ":" } { if ($3 != "") $3 = day; print }' \
+        "$ROOTFS/etc/shadow" >"$WORK/shadow" && cat "$WORK/shadow" >"$ROOTFS/etc/shadow"
+fi
 
-say "docker import as $IMAGE"
-id="$(tar --numeric-owner -C "$ROOTFS" -c . | docker import \
-    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'ENV LANG=C.UTF-8' \
-    --change 'USER 65534:65534' \
-    --change 'WORKDIR /workspace' \
-    --change 'CMD ["python3"]' \
-    --change "LABEL io.agent-gateway.image=sandbox-python io.agent-gateway.built-by=scripts/build-image.sh io.agent-gateway.suite=$SUITE io.agent-gateway.python=$PYVER" \
-    --message "gateway sandbox: debootstrap $SUITE minbase + python3 $PYVER" \
-    - "$IMAGE")" || die "docker import failed"
+# The package set against the pins in the repository.
+dpkg-query --admindir="$ROOTFS/var/lib/dpkg" -W -f '${Package} ${Version} ${Architecture}\n' | LC_ALL=C sort >"$WORK/packages"
+pinned() { grep -v '^#' "$PINS" | grep -v '^[[:space:]]*$' | LC_ALL=C sort; }
+if [[ "$PIN_MODE" == update || ! -f "$PINS" ]]; then
+    mkdir -p "$(dirname "$PINS")"
+    {
+        printf '# The Debian packages the sandbox image is built from (name version architecture), as\n'
+        printf '# scripts/build-image.sh installed them from %s (debootstrap minbase + python3).\n' "$SUITE"
+        printf '# A build that gets another set warns (GATEWAY_IMAGE_PINS=strict refuses); re-pin with\n'
+        printf '# GATEWAY_IMAGE_PINS=update GATEWAY_REBUILD=1 bash scripts/build-image.sh\n'
+        cat "$WORK/packages"
+    } >"$PINS"
+    say "pinned $(wc -l <"$WORK/packages") packages in ${PINS#"$ROOT"/}"
+elif ! diff <(pinned) "$WORK/packages" >"$WORK/pins.diff"; then
+    changes="$(grep '^[<>]' "$WORK/pins.diff" | sed 's/^</pinned:/; s/^>/served:/' | paste -sd ';' | sed 's/;/; /g')"
+    if [[ "$PIN_MODE" == strict ]]; then
+        die "the mirror no longer serves the pinned package set (${PINS#"$ROOT"/}): $changes"
+    fi
+    printf 'build-image: warning: the mirror serves another package set than %s pins, so this image differs from the pinned one: %s (re-pin: GATEWAY_IMAGE_PINS=update GATEWAY_REBUILD=1 bash scripts/build-image.sh)\n' \
+        "${PINS#"$ROOT"/}" "$changes" >&2
+fi
+
+say "layer: sorted tar, times clamped to SOURCE_DATE_EPOCH=$EPOCH"
+tar --format=gnu --sort=name --numeric-owner --mtime="@$EPOCH" --clamp-mtime -C "$ROOTFS" -cf "$WORK/layer.tar" .
+python3 "$ROOT/scripts/image-archive.py" "$WORK/layer.tar" "$IMAGE" "$EPOCH" "$WORK/image.tar" \
+    io.agent-gateway.image=sandbox-python io.agent-gateway.built-by=scripts/build-image.sh \
+    "io.agent-gateway.suite=$SUITE" "io.agent-gateway.python=$PYVER" >"$WORK/id" || die "writing the image archive failed"
+id="$(cat "$WORK/id")"
+say "docker load as $IMAGE"
+docker load -i "$WORK/image.tar" >/dev/null || die "docker load failed"
+[[ "$(docker image inspect --format '{{.Id}}' "$IMAGE")" == "$id" ]] || die "the engine gave $IMAGE another id than $id"
 say "built $IMAGE ($id)"
+record_sbom
 printf '%s\n' "$id"

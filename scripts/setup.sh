@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One entry point that brings everything up, idempotently:
-#   1. .venv with the package installed editable with its dev extras (only when missing or pyproject changed);
+#   1. .venv with exactly the locked dependencies (requirements/dev.txt, `pip install --require-hashes`), then the
+#      package itself editable with --no-deps; skipped when the venv's stamp says it already holds this lock;
 #   2. a Docker engine (scripts/setup-engine.sh: touches nothing when an engine already answers);
-#   3. the sandbox image (scripts/build-image.sh: built locally only when missing);
+#   3. the sandbox image (scripts/build-image.sh: built locally, reproducibly, only when missing; its SBOM recorded);
 #   4. Debian's chromium for the HTML report test (only when missing).
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
 set -euo pipefail
@@ -19,7 +20,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
-STAMP="$VENV/.gateway-pyproject.sha256"
+STAMP="$VENV/.gateway-lock.sha256"
 
 # 1. Python environment.
 if [[ ! -x "$VENV/bin/python" ]]; then
@@ -39,20 +40,36 @@ if [[ ! -x "$VENV/bin/python" ]]; then
         fi
     fi
 fi
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+# The stamp is the digest of the lock and of pyproject.toml (the package's own metadata and entry points), written
+# only after a complete install: when it matches, nothing is installed and this step takes milliseconds.
+LOCK=requirements/dev.txt
+[[ -r "$LOCK" ]] || die "$LOCK is missing (refresh it with: bash scripts/lock.sh)"
+want="$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)"
 have="$(cat "$STAMP" 2>/dev/null || true)"
 if [[ "$want" != "$have" ]] || ! "$VENV/bin/python" -c 'import gateway, pytest' >/dev/null 2>&1; then
-    say "installing the package (editable, with dev extras)"
+    say "installing the locked dependencies ($LOCK, hash-checked), then the package (editable, --no-deps)"
     log="$(mktemp)"
-    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e '.[dev]' >"$log" 2>&1; then
-        cat "$log" >&2
-        rm -f "$log"
-        die "pip install -e '.[dev]' failed"
+    pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@" >"$log" 2>&1; }
+    # Wheels only: building an sdist would run a build backend that is not in the lock.
+    if ! pip_install --require-hashes --only-binary :all: -r "$LOCK"; then
+        cat "$log" >&2; rm -f "$log"
+        die "pip install --require-hashes -r $LOCK failed (a dependency changed in pyproject.toml? run: bash scripts/lock.sh)"
+    fi
+    # The build backend (hatchling) comes from the lock too, hence no build isolation.
+    if ! pip_install --no-deps --no-build-isolation -e .; then
+        cat "$log" >&2; rm -f "$log"
+        die "pip install --no-deps -e . failed"
     fi
     rm -f "$log"
+    # Exactly the lock: say so when the venv holds more (installed by hand; a fresh machine would not have it).
+    extra="$("$VENV/bin/python" scripts/lockcheck.py extras "$LOCK")" || die "cannot compare .venv with $LOCK"
+    if [[ -n "$extra" ]]; then
+        printf 'setup: warning: .venv holds packages that %s does not list (a fresh machine will not have them): %s\n' \
+            "$LOCK" "$extra" >&2
+    fi
     printf '%s\n' "$want" >"$STAMP"
 else
-    say ".venv is up to date"
+    say ".venv matches $LOCK"
 fi
 
 # 2. Docker engine.

@@ -19,6 +19,7 @@ from gateway.cli import (
     principals_cmd,
     report_cmd,
     run_cmd,
+    sbom_cmd,
     serve_cmd,
 )
 from gateway.errors import EXIT_USAGE, GatewayError, exit_code_for
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     principals_cmd.register(sub)
     mcp_cmd.register(sub)
     serve_cmd.register(sub)
+    sbom_cmd.register(sub)
     return parser
 
 

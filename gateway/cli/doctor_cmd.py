@@ -16,12 +16,15 @@ from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import DockerRunner
 from gateway.runner.docker.mounts import STAGING_ROOT
+from gateway.sbom import sbom_digest_for_image, sbom_path_for_image
 
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("doctor", help="check the policy, the audit trail, the engine, gVisor and the sandbox image")
+    p = sub.add_parser(
+        "doctor", help="check the policy, the audit trail, the engine, gVisor, the sandbox image and its SBOM"
+    )
     p.add_argument("--policy", help="policy file (default: $GATEWAY_POLICY, then the shipped default policy)")
     p.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
     p.add_argument("--json", action="store_true", help="print the checks as one JSON object")
@@ -93,6 +96,21 @@ def _doctor(args: argparse.Namespace) -> int:
             raise RuntimeError(f"{image} is missing; build it with scripts/build-image.sh")
         return f"{image} {found}"
 
+    def check_sbom() -> str:
+        if not policy:
+            raise RuntimeError("no policy loaded, so no image to check")
+        image = policy[0].images.default
+        found = runner.image_id(image)
+        if found is None:
+            raise RuntimeError(f"{image} is missing, so it has no SBOM")
+        digest = sbom_digest_for_image(found)
+        if digest is None:
+            raise RuntimeError(
+                f"no SBOM recorded for {image} ({found}) in {sbom_path_for_image(found).parent}; record it with "
+                f"`gateway sbom --image {image} --record` (scripts/build-image.sh does)"
+            )
+        return f"{image} SBOM {digest}"
+
     for name, fn in (
         ("policy", check_policy),
         ("audit", check_audit),
@@ -100,6 +118,7 @@ def _doctor(args: argparse.Namespace) -> int:
         ("gvisor", check_runsc),
         ("mounts", check_mounts),
         ("image", check_image),
+        ("sbom", check_sbom),
     ):
         checks.append(_run_check(name, fn))
     ok = all(c[1] for c in checks)

@@ -360,11 +360,16 @@ def test_otel_console_exports_the_span_tree(audit_dir: Path, capsys: pytest.Capt
     assert decision["trace_id"] in err.replace("0x", "")
 
 
-def test_doctor_reports_every_check(engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_reports_every_check(
+    engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_STATE_DIR", str(audit_dir.parent / "state"))  # the image's SBOM, recorded here
+    assert main(["sbom", "--image", SANDBOX_IMAGE, "--record"]) == 0
+    capsys.readouterr()
     rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir))
     report = json.loads(out)
     assert rc == 0, report
-    assert [c["name"] for c in report["checks"]] == ["policy", "audit", "engine", "gvisor", "mounts", "image"]
+    assert [c["name"] for c in report["checks"]] == ["policy", "audit", "engine", "gvisor", "mounts", "image", "sbom"]
     assert all(c["ok"] for c in report["checks"])
     image = next(c for c in report["checks"] if c["name"] == "image")
     assert engine.images.get(SANDBOX_IMAGE).id in image["detail"]
