@@ -579,9 +579,10 @@ def event_line(event: Mapping[str, Any]) -> bytes:
     if _orjson is not None:
         try:
             line: bytes = _orjson.dumps(event, option=_orjson.OPT_APPEND_NEWLINE)
-            return line
         except TypeError:
             pass  # e.g. an integer beyond 64 bits copied from a record
+        else:
+            return line
     return _encode(event).encode("utf-8") + b"\n"
 
 
