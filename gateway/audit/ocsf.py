@@ -34,8 +34,15 @@ it writes the intact prefix, and its :class:`ExportReport` says where the chain 
 from __future__ import annotations
 
 import calendar
+import contextlib
 import heapq
 import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +63,7 @@ from gateway.audit.records import (
 )
 from gateway.audit.segments import list_segments
 from gateway.audit.verify import VerifyReport, verify_trail
-from gateway.errors import AuditError
+from gateway.errors import AuditError, AuditIntegrityError, GatewayError
 
 _orjson: Any
 try:  # the `siem` extra: faster to read records and write events than the json module
@@ -201,8 +208,9 @@ def _user(name: str, token_id: str | None = None) -> dict[str, Any]:
 
 
 def _caller_token(data: Mapping[str, Any]) -> str | None:
+    """The token id of ``data.caller`` (service requests) or ``data.token_id`` (auth records)."""
     caller = data.get("caller")
-    token = caller.get("token_id") if isinstance(caller, Mapping) else data.get("token_id")
+    token = caller.get("token_id") if isinstance(caller, dict) else data.get("token_id")  # parsed JSON: dicts
     return token if isinstance(token, str) else None
 
 
@@ -611,6 +619,198 @@ def _trail_id(root: Path, report: VerifyReport) -> str | None:
     return event_id if isinstance(event_id, str) else None
 
 
+# --- export in parallel (one trail, large) -------------------------------------------------------------
+
+PARALLEL_MIN_BYTES: Final = 96 << 20
+"""Below this many bytes (or with one segment, or several trails) the export runs in process."""
+
+_WORKER: Final = "from gateway.audit.ocsf import worker_main; raise SystemExit(worker_main())"
+_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    """One segment to export: its first ``max_lines`` lines (all: ``None``) with ``seq`` up to ``max_seq``."""
+
+    path: Path
+    max_lines: int | None
+    max_seq: int
+
+
+def _plan(root: Path, report: VerifyReport) -> list[_Task]:
+    """The segments holding the verified prefix: every one before the break, the break's up to its line.
+
+    Without a break the newest segment may have grown since it was verified (and new segments may have
+    been started): ``max_seq`` (the last verified seq) keeps the records appended since out.
+    """
+    tasks: list[_Task] = []
+    brk = report.first_break
+    for _index, path in list_segments(root):
+        if brk is not None and path.name == brk.segment:
+            if brk.line > 1:
+                tasks.append(_Task(path, brk.line - 1, report.last_seq))
+            break
+        tasks.append(_Task(path, None, report.last_seq))
+    return tasks
+
+
+def _export_segment(task: _Task, out: BinaryIO, trail: str, window: QueryFilters, mapper: OcsfMapper) -> int:
+    """Write the events of one segment's verified records; returns how many."""
+    count = taken = 0
+    windowed = window.since is not None or window.until is not None
+    with task.path.open("rb", buffering=1 << 20) as fh:
+        for raw in fh:
+            if task.max_lines is not None and taken >= task.max_lines:
+                break
+            taken += 1
+            record = _parse(raw)
+            if not isinstance(record, dict):  # pragma: no cover - verify checked each line
+                raise AuditError(f"{task.path}: line {taken} is not a JSON object")
+            seq = record.get("seq")
+            if isinstance(seq, int) and seq > task.max_seq:
+                break  # appended after verification
+            if windowed and not window.matches(record):
+                continue
+            out.write(event_line(mapper.event(view_record(record), trail)))
+            count += 1
+    return count
+
+
+def worker_main() -> int:
+    """An export worker: reads ``{"trail", "since", "until"}`` then one task per line on stdin (``path``,
+    ``max_lines``, ``max_seq``, ``out``), writes the segment's events to ``out`` and answers each task with
+    ``{"count": N}`` or ``{"error": TEXT}`` on stdout."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    head = json.loads(stdin.readline() or b"null")
+    if not isinstance(head, dict):
+        return 2
+    window = QueryFilters(since=head.get("since"), until=head.get("until"))
+    mapper = OcsfMapper()
+    for line in stdin:
+        task = json.loads(line)
+        try:
+            with open(task["out"], "wb", buffering=1 << 20) as out:
+                count = _export_segment(
+                    _Task(Path(task["path"]), task["max_lines"], task["max_seq"]), out, head["trail"], window, mapper
+                )
+            answer: dict[str, Any] = {"count": count}
+        except (GatewayError, OSError, ValueError) as exc:
+            answer = {"error": exc.diagnostics() if isinstance(exc, GatewayError) else f"{type(exc).__name__}: {exc}"}
+        stdout.write(json.dumps(answer).encode("utf-8") + b"\n")
+        stdout.flush()
+    return 0
+
+
+def _workers(root: Path, requested: int | None) -> int:
+    cpus = os.cpu_count() or 1
+    segments = list_segments(root)
+    if requested is None:
+        total = 0
+        for _index, path in segments:
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+        if total < PARALLEL_MIN_BYTES:
+            return 1
+        requested = cpus
+    return max(1, min(requested, cpus, len(segments)))
+
+
+def _export_parallel(
+    tasks: list[_Task],
+    out: BinaryIO,
+    *,
+    trail: str,
+    window: QueryFilters,
+    workers: int,
+    on_progress: Callable[[int], None] | None,
+) -> int:
+    """Export segments in worker processes, each into a temporary file, and copy the files to ``out`` in trail
+    order as they complete. Workers are fresh interpreters (never a fork of a process that may run threads);
+    at most two segments per worker are exported ahead of the one being copied, so the temporary files stay
+    bounded. A worker's error (a malformed record) stops the export with that error."""
+    env = dict(os.environ)  # the workers import this very package, wherever it was imported from
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    head = json.dumps({"trail": trail, "since": window.since, "until": window.until}).encode("utf-8") + b"\n"
+    scratch = Path(tempfile.mkdtemp(prefix="gateway-export-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    selector = selectors.DefaultSelector()
+    doing: dict[int, int] = {}  # worker pid -> task position
+    done: dict[int, int] = {}  # task position -> events written
+    nxt = copied = written = 0
+
+    def give(proc: subprocess.Popen[bytes]) -> None:
+        nonlocal nxt
+        stdin = proc.stdin
+        if stdin is None or nxt >= len(tasks) or nxt >= copied + 2 * workers:
+            return
+        task = tasks[nxt]
+        doing[proc.pid] = nxt
+        order = {"path": str(task.path), "max_lines": task.max_lines, "max_seq": task.max_seq}
+        stdin.write(json.dumps({**order, "out": str(scratch / f"{nxt}.jsonl")}).encode("utf-8") + b"\n")
+        stdin.flush()
+        nxt += 1
+
+    try:
+        for _ in range(workers):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env
+            )
+            procs.append(proc)
+            if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
+                raise AuditError("could not start an export worker")
+            proc.stdin.write(head)
+            selector.register(proc.stdout, selectors.EVENT_READ, proc)
+            give(proc)
+        while copied < len(tasks):
+            while copied in done:
+                part = scratch / f"{copied}.jsonl"
+                with part.open("rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+                part.unlink()
+                written += done.pop(copied)
+                copied += 1
+                if on_progress is not None:
+                    on_progress(written)
+                for proc in procs:
+                    if proc.pid not in doing:
+                        give(proc)
+            if copied >= len(tasks):
+                break
+            if not selector.get_map():
+                raise AuditError("every export worker exited before the export was complete")
+            for ready, _events in selector.select():
+                proc = ready.data
+                answer = proc.stdout.readline() if proc.stdout is not None else b""
+                at = doing.pop(proc.pid, None)
+                if not answer:
+                    selector.unregister(ready.fileobj)
+                    if at is not None:
+                        raise AuditError(f"an export worker died exporting {tasks[at].path}")
+                    continue
+                result = json.loads(answer)
+                if "error" in result:
+                    raise AuditIntegrityError(f"{tasks[at].path if at is not None else trail}: {result['error']}")
+                if at is not None:
+                    done[at] = int(result["count"])
+                give(proc)
+    finally:
+        for proc in procs:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        selector.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return written
+
+
 def export_ocsf(
     directories: Iterable[str | Path],
     out: BinaryIO,
@@ -619,14 +819,17 @@ def export_ocsf(
     until: str | None = None,
     key: bytes | None = None,
     on_progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> list[ExportReport]:
     """Write the verified records of every trail in ``directories`` to ``out`` as OCSF JSON lines.
 
     Each trail is verified first (with ``key``, when given); only its intact prefix is exported, so an event
     in the output is one that verified. ``since`` (inclusive) and ``until`` (exclusive) are trail timestamps
     (:func:`~gateway.audit.query.parse_time`). Several trails are merged by time (then trail order, then
-    seq), holding one record per trail in memory. ``on_progress`` is called with the running count every
-    65,536 events. Returns one report per trail, in the order given.
+    seq), holding one record per trail in memory. One large trail (:data:`PARALLEL_MIN_BYTES`, several
+    segments) is exported by ``workers`` processes (default: one per CPU; ``1``: in process), segment by
+    segment, in the same order and with the same output. ``on_progress`` is called with the running count
+    (every 65,536 events, or every segment). Returns one report per trail, in the order given.
     """
     roots = [Path(d) for d in directories]
     if not roots:
@@ -637,6 +840,14 @@ def export_ocsf(
     window = QueryFilters(since=since, until=until)
     verified = [verify_trail(root, key=key) for root in roots]
     ids = [_trail_id(root, report) for root, report in zip(roots, verified, strict=True)]
+    if len(roots) == 1:
+        count = _workers(roots[0], workers)
+        tasks = _plan(roots[0], verified[0])
+        if count > 1 and len(tasks) > 1:
+            written = _export_parallel(
+                tasks, out, trail=ids[0] or "", window=window, workers=count, on_progress=on_progress
+            )
+            return [ExportReport(roots[0], ids[0], verified[0], written)]
     counts = [0] * len(roots)
     mapper = OcsfMapper()
 

@@ -348,3 +348,48 @@ def test_export_streams_to_a_binary_writer(trail: Path) -> None:
 def test_a_missing_trail_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "export", "--trail", str(tmp_path / "nope")]) != 0
     assert "no audit trail directory" in capsys.readouterr().err
+
+
+def _segmented(directory: Path, records: int) -> None:
+    """A trail of many small segments, written by the writer (the segment size forces a rotation often)."""
+    trail = JsonlAuditTrail(directory, host="testhost", segment_max_bytes=4096)
+    try:
+        for n in range(records):
+            event_type, data, request_id, principal = EVENTS[n % len(EVENTS)]
+            trail.append(event_type, data, request_id=request_id, principal=principal, policy=POLICY)
+    finally:
+        trail.close()
+
+
+def test_parallel_export_writes_what_the_in_process_export_writes(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    _segmented(directory, 60)
+    assert len(list(directory.glob("trail-*.jsonl"))) > 3
+    one, two = io.BytesIO(), io.BytesIO()
+    (serial,) = export_ocsf([directory], one, workers=1)
+    (parallel,) = export_ocsf([directory], two, workers=2)
+    assert serial.exported == parallel.exported == 60
+    assert one.getvalue() == two.getvalue()
+    window = io.BytesIO()
+    records = _lines(directory)
+    since, until = records[10]["timestamp"], records[40]["timestamp"]
+    (part,) = export_ocsf([directory], window, workers=2, since=since, until=until)
+    assert part.exported == sum(1 for r in records if since <= r["timestamp"] < until)
+
+
+def test_parallel_export_stops_at_the_break(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    _segmented(directory, 60)
+    segments = sorted(directory.glob("trail-*.jsonl"))
+    victim = segments[2]
+    lines = victim.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"testhost"', b'"otherhost"')
+    victim.write_bytes(b"".join(lines))
+    out = io.BytesIO()
+    (report,) = export_ocsf([directory], out, workers=2)
+    assert not report.intact
+    brk = report.verification.first_break
+    assert brk is not None
+    assert brk.segment == victim.name
+    seqs = [json.loads(line)["metadata"]["sequence"] for line in out.getvalue().splitlines()]
+    assert seqs == list(range(1, brk.seq))
