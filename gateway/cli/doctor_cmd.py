@@ -159,7 +159,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     def check_audit() -> str:
         directory = configured.audit_dir()
-        directory.mkdir(parents=True, exist_ok=True)
+        os.makedirs(directory, mode=0o750, exist_ok=True)  # as the writer creates it (AuditIO.mkdir)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".doctor-"):
             pass
         report = verify_trail(directory, key=key_from_env())

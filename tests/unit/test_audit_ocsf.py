@@ -393,3 +393,11 @@ def test_parallel_export_stops_at_the_break(tmp_path: Path) -> None:
     assert brk.segment == victim.name
     seqs = [json.loads(line)["metadata"]["sequence"] for line in out.getvalue().splitlines()]
     assert seqs == list(range(1, brk.seq))
+
+
+def test_docs_table_matches_the_mapping() -> None:
+    """docs/ocsf.md's class table is the mapping: a changed class or activity fails here until the doc follows."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ocsf.md").read_text()
+    rows = re.findall(r"^\| `([a-z.]+)` \| [^|]*\((\d+)\) \| [^|]*?\((\d+)\)", doc, flags=re.MULTILINE)
+    table = {event_type: (int(uid), int(activity)) for event_type, uid, activity in rows}
+    assert table == {event_type: (cls.uid, activity) for event_type, (cls, activity) in MAPPING.items()}
