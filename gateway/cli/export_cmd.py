@@ -52,13 +52,18 @@ def add_export(commands: argparse._SubParsersAction[Any]) -> None:
 
 @contextlib.contextmanager
 def _output(target: str) -> Iterator[BinaryIO]:
-    """stdout, or a file written under a temporary name and renamed into place when the export ends (so a
-    reader never sees half an export under the final name; an export that raised leaves nothing)."""
+    """stdout; a device or FIFO as it is; else a file written under a temporary name and renamed into place
+    when the export ends (a reader never sees half an export under the final name; one that raised leaves
+    nothing)."""
     if target == "-":
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
         return
     path = Path(target)
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO, a terminal: write to it as it is
+        with path.open("wb", buffering=1 << 20) as fh:
+            yield fh
+        return
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as fh:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -281,6 +282,11 @@ def test_output_file(trail: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     assert capsys.readouterr().out == ""
     assert len(target.read_text().splitlines()) == len(EVENTS)
     assert not list(tmp_path.glob(".events.jsonl.*"))  # the temporary file was renamed into place
+
+
+def test_output_to_a_device(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "export", "--trail", str(trail), "-o", os.devnull]) == 0
+    assert capsys.readouterr() == ("", "")
 
 
 def test_trail_from_the_environment(
