@@ -264,9 +264,11 @@ def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRefView | None:
 
 
 def _gateway(r: FieldReader, record: Mapping[str, Any]) -> GatewayIdentityView | None:
-    writer = r.mapping_or_none(record, "gateway", "$")
+    writer = record.get("gateway")
     if writer is None:
         return None
+    if not isinstance(writer, Mapping):
+        raise r.error("$.gateway", f"expected an object or null, got {describe(writer)}")
     return GatewayIdentityView(
         r.text(writer, "version", "$.gateway"),
         r.text(writer, "host", "$.gateway"),
