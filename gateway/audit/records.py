@@ -31,6 +31,7 @@ __all__ = [
     "AuditRecordView",
     "ExecutionOutcomeView",
     "FileDigestView",
+    "GatewayIdentityView",
     "GenericRecordView",
     "ImagePulledView",
     "PolicyDecisionView",
@@ -55,6 +56,16 @@ class PolicyRefView:
     name: str
     sha256: str
     """sha256 of the policy document in the policy fingerprint format (:mod:`gateway.canonical`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayIdentityView:
+    """The gateway process that wrote a record (the envelope's ``gateway``)."""
+
+    version: str
+    """Package version of the writer."""
+    host: str
+    pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +126,8 @@ class AuditRecordView:
     """Present on keyed trails only."""
     data: Mapping[str, Any] = field(compare=False, repr=False)
     """The event's ``data``, read-only (a proxy over the record's own dict)."""
+    gateway: GatewayIdentityView | None = None
+    """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
 
     @property
     def images(self) -> frozenset[str]:
@@ -250,6 +263,19 @@ def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRefView | None:
     return PolicyRefView(r.text(policy, "name", "$.policy"), r.digest(policy, "sha256", "$.policy"))
 
 
+def _gateway(r: FieldReader, record: Mapping[str, Any]) -> GatewayIdentityView | None:
+    writer = record.get("gateway")
+    if writer is None:
+        return None
+    if not isinstance(writer, Mapping):
+        raise r.error("$.gateway", f"expected an object or null, got {describe(writer)}")
+    return GatewayIdentityView(
+        r.text(writer, "version", "$.gateway"),
+        r.text(writer, "host", "$.gateway"),
+        r.integer(writer, "pid", "$.gateway"),
+    )
+
+
 def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
     seq = r.integer(record, "seq", "$", minimum=1)
     schema = r.text(record, "schema", "$")
@@ -277,6 +303,7 @@ def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
         "hash": r.digest(record, "hash", "$"),
         "hmac": r.digest_or_none(record, "hmac", "$"),
         "data": r.mapping(record, "data", "$"),
+        "gateway": _gateway(r, record),
     }
 
 

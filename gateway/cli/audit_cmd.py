@@ -1,4 +1,5 @@
-"""``gateway audit verify | query | repair | anchor``: work on a trail directory.
+"""``gateway audit verify | query | repair | anchor | export``: work on a trail directory (``export``:
+cli/export_cmd.py).
 
 Trail directory precedence: ``--audit-dir DIR`` (as for ``run``, ``check`` and ``doctor``) or the positional
 ``DIR`` (the same thing; giving both with different values is a usage error), then ``GATEWAY_AUDIT_DIR``, then
@@ -20,6 +21,7 @@ from gateway.audit.query import QueryFilters, parse_time, query_trail
 from gateway.audit.repair import repair_trail
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
 from gateway.audit.verify import VerifyReport, verify_trail
+from gateway.cli.export_cmd import add_export
 from gateway.errors import EXIT_USAGE
 
 __all__ = ["register"]
@@ -146,6 +148,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     repair.add_argument("--yes", action="store_true", help="really do it (moves the broken tail to quarantine/)")
     repair.add_argument("--json", action="store_true", help="print the report as one JSON object")
     repair.set_defaults(func=_usage_errors(_repair))
+
+    add_export(commands)
 
 
 def _key(args: argparse.Namespace) -> bytes | None:

@@ -360,19 +360,86 @@ def test_otel_console_exports_the_span_tree(audit_dir: Path, capsys: pytest.Capt
     assert decision["trace_id"] in err.replace("0x", "")
 
 
+FIRST_DOCTOR = ["policy", "audit", "engine", "gvisor", "mounts", "image", "sbom"]
+DAEMON_CHECKS = [
+    "live_restore",
+    "userns_remap",
+    "no_new_privileges",
+    "default_bridge",
+    "authz_plugin",
+    "seccomp",
+    "engine_version",
+    "runc_version",
+]
+
+
 def test_doctor_reports_every_check(
     engine: Any, audit_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Doctor on this machine, against the real engine: every check, exit 1 exactly when one FAILs."""
     monkeypatch.setenv("GATEWAY_STATE_DIR", str(audit_dir.parent / "state"))  # the image's SBOM, recorded here
     assert main(["sbom", "--image", SANDBOX_IMAGE, "--record"]) == 0
     capsys.readouterr()
     rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir))
     report = json.loads(out)
-    assert rc == 0, report
-    assert [c["name"] for c in report["checks"]] == ["policy", "audit", "engine", "gvisor", "mounts", "image", "sbom"]
-    assert all(c["ok"] for c in report["checks"])
-    image = next(c for c in report["checks"] if c["name"] == "image")
+    names = [c["name"] for c in report["checks"]]
+    assert names == [*FIRST_DOCTOR, *DAEMON_CHECKS, "audit_permissions", "config", "principals"]
+    for check in report["checks"]:
+        assert check["status"] in ("PASS", "WARN", "FAIL"), check
+        assert check["ok"] is (check["status"] != "FAIL"), check
+        assert bool(check["remediation"]) is (check["status"] != "PASS"), check
+        assert check["detail"], check
+    failed = [c["name"] for c in report["checks"] if c["status"] == "FAIL"]
+    assert rc == (1 if failed else 0), failed
+    assert report["ok"] is (not failed)
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert all(by_name[name]["status"] == "PASS" for name in FIRST_DOCTOR), report
+    image = by_name["image"]
     assert engine.images.get(SANDBOX_IMAGE).id in image["detail"]
+    # what the engine says, asked independently of doctor
+    info = engine.info()
+    assert (by_name["live_restore"]["status"] == "PASS") is (info.get("LiveRestoreEnabled") is True)
+    has_bridge = any(n.name == "bridge" for n in engine.networks.list(names=["bridge"]))
+    if not has_bridge:  # this machine runs dockerd --bridge=none
+        assert by_name["default_bridge"]["status"] == "PASS"
+        assert "no default bridge" in by_name["default_bridge"]["detail"]
+    options = info.get("SecurityOptions") or []
+    assert (by_name["seccomp"]["status"] == "PASS") is any(
+        o.startswith("name=seccomp") and "unconfined" not in o for o in options
+    )
+    assert (by_name["authz_plugin"]["status"] == "PASS") is bool(info["Plugins"].get("Authorization"))
+    assert info["RuncCommit"]["ID"] in by_name["runc_version"]["detail"]
+    assert engine.version()["Version"] in by_name["engine_version"]["detail"]
+
+
+def test_doctor_checks_the_configured_files(
+    engine: Any, audit_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "agent.yaml"
+    policy.write_text((policies_dir() / "default.yaml").read_text())
+    principals = tmp_path / "principals.yaml"
+    assert main(["principals", "add", "agent-a", "--policy", str(policy), "--principals", str(principals)]) == 0
+    capsys.readouterr()
+    base = ("doctor", "--json", "--audit-dir", str(audit_dir), "--principals", str(principals))
+    _rc, out, _ = run_cli(capsys, *base)
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["principals"]["status"] == "PASS"
+    assert "1 principal(s), 1 policy file(s) valid" in checks["principals"]["detail"]
+
+    policy.write_text("apiVersion: nonsense\n")  # the principal's policy no longer loads
+    rc, out, _ = run_cli(capsys, *base)
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert rc == 1
+    assert checks["principals"]["status"] == "FAIL"
+    assert "agent-a" in checks["principals"]["detail"]
+
+    config = tmp_path / "server.yaml"
+    config.write_text("port: not-a-port\n")
+    rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir), "--config", str(config))
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert rc == 1
+    assert checks["config"]["status"] == "FAIL"
+    assert str(config) in checks["config"]["detail"]
 
 
 def test_doctor_fails_on_a_broken_trail(audit_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

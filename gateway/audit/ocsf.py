@@ -1,0 +1,870 @@
+"""The trail as OCSF events: one JSON line per audit record, for a SIEM that speaks OCSF (``docs/ocsf.md``).
+
+:func:`to_ocsf` maps one record, read through its typed view (:func:`~gateway.audit.records.view_record`), to
+one event of the Open Cybersecurity Schema Framework, version :data:`OCSF_VERSION` (the version the maintained
+``py-ocsf-models`` library implements, so the tests validate against the same version). Which class, activity
+and status each event type becomes is the table :data:`MAPPING` (and ``docs/ocsf.md``, which a unit test
+keeps in step with it):
+
+* the request path (received, invalid, refused, decision, image pulled, outcome, reaped, forbidden) is
+  **API Activity** (6003): an agent (the actor, its principal) calls the gateway's API to have code run; the
+  decision's outcome is the Security Control profile's ``action_id`` / ``disposition_id`` and the policy its
+  ``policy``; the image and the container are ``resources``. One class for the whole path keeps received,
+  decision and outcome of one request side by side, correlated by ``metadata.correlation_uid`` (the request
+  id). Process Activity (1007) was not chosen: it requires a ``process`` (pid, executable) and a ``device``
+  an EDR observed, and the trail records neither the sandbox's processes nor its pids, only the container;
+* a failed bearer-token check is **Authentication** (3002, Logon, Failure): what a SIEM's failed-logon content
+  looks for;
+* the gateway's start and stop and its policy being loaded, reloaded or rejected are **Application
+  Lifecycle** (6002);
+* a recovery record (a torn tail sealed by ``gateway audit repair``) is **Application Error** (6008).
+
+Every event carries the record's ``event_id`` (``metadata.uid``), ``seq`` (``metadata.sequence``), event type
+(``metadata.event_code``), original timestamp and, under ``unmapped.audit``, the trail id (the ``event_id`` of
+its first record), ``seq``, ``hash`` and ``prev_hash``, so an event can be traced back to the exact record and
+the chain re-checked with ``gateway audit verify``. Code, output and environment values are never exported
+(the trail holds only their digests anyway).
+
+:func:`export_ocsf` streams one or several trails in constant memory. It verifies each trail first
+(:func:`~gateway.audit.verify.verify_trail`) and exports only the records that verified: over a broken chain
+it writes the intact prefix, and its :class:`ExportReport` says where the chain broke, so that the caller
+(``gateway audit export``) says so and exits non-zero. Several trails are merged by time.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import heapq
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, BinaryIO, Final
+
+from gateway.audit.query import QueryFilters
+from gateway.audit.records import (
+    AuditRecordView,
+    ExecutionOutcomeView,
+    FileDigestView,
+    GatewayIdentityView,
+    ImagePulledView,
+    PolicyDecisionView,
+    RequestInvalidView,
+    RequestReceivedView,
+    view_record,
+)
+from gateway.audit.segments import list_segments
+from gateway.audit.verify import VerifyReport, verify_trail
+from gateway.errors import AuditError, AuditIntegrityError, GatewayError
+
+_orjson: Any
+try:  # the `siem` extra: faster to read records and write events than the json module
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised where the extra is not installed
+    _orjson = None
+
+__all__ = [
+    "MAPPING",
+    "OCSF_VERSION",
+    "PRODUCT_NAME",
+    "ExportReport",
+    "OcsfClass",
+    "OcsfMapper",
+    "event_line",
+    "export_ocsf",
+    "to_ocsf",
+]
+
+OCSF_VERSION: Final = "1.5.0"
+"""``metadata.version`` of every event."""
+
+PRODUCT_NAME: Final = "agent-exec-gateway"
+"""``metadata.product.name`` and ``vendor_name`` (the package's name); its ``version`` is the writer's."""
+
+
+@dataclass(frozen=True, slots=True)
+class OcsfClass:
+    """One OCSF event class: its uid, name and category."""
+
+    uid: int
+    name: str
+    category_uid: int
+    category_name: str
+
+
+API_ACTIVITY: Final = OcsfClass(6003, "API Activity", 6, "Application Activity")
+APPLICATION_LIFECYCLE: Final = OcsfClass(6002, "Application Lifecycle", 6, "Application Activity")
+APPLICATION_ERROR: Final = OcsfClass(6008, "Application Error", 6, "Application Activity")
+AUTHENTICATION: Final = OcsfClass(3002, "Authentication", 3, "Identity & Access Management")
+
+_ACTIVITIES: Final[Mapping[tuple[int, int], str]] = MappingProxyType(
+    {
+        (6003, 1): "Create",
+        (6003, 2): "Read",
+        (6003, 4): "Delete",
+        (6003, 99): "Other",
+        (6002, 3): "Start",
+        (6002, 4): "Stop",
+        (6002, 8): "Update",
+        (6008, 1): "General Error",
+        (3002, 1): "Logon",
+    }
+)
+
+MAPPING: Final[Mapping[str, tuple[OcsfClass, int]]] = MappingProxyType(
+    {
+        "request.received": (API_ACTIVITY, 1),
+        "request.invalid": (API_ACTIVITY, 1),
+        "request.refused": (API_ACTIVITY, 1),
+        "policy.decision": (API_ACTIVITY, 1),  # a dry run (`gateway check`) is Read (2): nothing is created
+        "image.pulled": (API_ACTIVITY, 99),
+        "execution.outcome": (API_ACTIVITY, 1),
+        "containers.reaped": (API_ACTIVITY, 4),
+        "auth.forbidden": (API_ACTIVITY, 99),
+        "auth.failed": (AUTHENTICATION, 1),
+        "gateway.start": (APPLICATION_LIFECYCLE, 3),
+        "gateway.stop": (APPLICATION_LIFECYCLE, 4),
+        "policy.loaded": (APPLICATION_LIFECYCLE, 8),
+        "policy.reloaded": (APPLICATION_LIFECYCLE, 8),
+        "policy.rejected": (APPLICATION_LIFECYCLE, 8),
+        "recovery": (APPLICATION_ERROR, 1),
+    }
+)
+"""``event_type`` -> (class, activity id); the activity of a dry-run decision is Read (2)."""
+
+_OTHER_ACTIVITY: Final = {"image.pulled": "Pull", "auth.forbidden": "Forbidden"}
+"""``activity_name`` of the events whose activity is Other (99)."""
+
+# status_id (base event), action_id and disposition_id (Security Control profile), severity_id
+_UNKNOWN, _SUCCESS, _FAILURE = 0, 1, 2
+_STATUS: Final = {_UNKNOWN: "Unknown", _SUCCESS: "Success", _FAILURE: "Failure"}
+_ALLOWED, _DENIED = 1, 2
+_ACTION: Final = {_ALLOWED: "Allowed", _DENIED: "Denied"}
+_D_ALLOWED, _D_BLOCKED, _D_REJECTED, _D_UNAUTHORIZED = 1, 2, 25, 26
+_DISPOSITION: Final = {
+    _D_ALLOWED: "Allowed",
+    _D_BLOCKED: "Blocked",
+    _D_REJECTED: "Rejected",
+    _D_UNAUTHORIZED: "Unauthorized",
+}
+_INFO, _LOW, _MEDIUM, _HIGH = 1, 2, 3, 4
+_SEVERITY: Final = {_INFO: "Informational", _LOW: "Low", _MEDIUM: "Medium", _HIGH: "High"}
+
+_ACCOUNT_TYPE: Final = f"{PRODUCT_NAME} principal"
+_MAX_DETAIL: Final = 8
+"""Rule ids (or problems) named in ``status_detail``; ``unmapped`` carries every one."""
+
+
+# --- time -----------------------------------------------------------------------------------------------
+
+
+class _Clock:
+    """The trail's timestamp text (``2026-12-01T12:15:13.368314Z``) to OCSF time (ms since the epoch).
+
+    A day's midnight is computed once and cached (a trail spans few days), the rest is integer slicing: about
+    a tenth of the cost of ``datetime.fromisoformat``. The text was checked by the record's view.
+    """
+
+    __slots__ = ("_days",)
+
+    def __init__(self) -> None:
+        self._days: dict[str, int] = {}
+
+    def ms(self, ts: str) -> int:
+        day = ts[:10]
+        midnight = self._days.get(day)
+        if midnight is None:
+            midnight = calendar.timegm((int(ts[:4]), int(ts[5:7]), int(ts[8:10]), 0, 0, 0, 0, 0, 0))
+            if len(self._days) > 4096:
+                self._days.clear()
+            self._days[day] = midnight
+        seconds = midnight + int(ts[11:13]) * 3600 + int(ts[14:16]) * 60 + int(ts[17:19])
+        return seconds * 1000 + int(ts[20:26]) // 1000
+
+
+# --- one record -----------------------------------------------------------------------------------------
+
+
+def _user(name: str, token_id: str | None = None) -> dict[str, Any]:
+    """A principal as an OCSF user (and its account in the gateway); the token's public id as credential."""
+    user: dict[str, Any] = {
+        "name": name,
+        "uid": name,
+        "type_id": 99,
+        "type": "Other",
+        "account": {"name": name, "uid": name, "type_id": 99, "type": _ACCOUNT_TYPE},
+    }
+    if token_id is not None:
+        user["credential_uid"] = token_id
+    return user
+
+
+def _caller_token(data: Mapping[str, Any]) -> str | None:
+    """The token id of ``data.caller`` (service requests) or ``data.token_id`` (auth records)."""
+    caller = data.get("caller")
+    token = caller.get("token_id") if isinstance(caller, dict) else data.get("token_id")  # parsed JSON: dicts
+    return token if isinstance(token, str) else None
+
+
+def _rules(ids: Iterable[str]) -> str:
+    rules = sorted(set(ids))
+    shown = ", ".join(rules[:_MAX_DETAIL])
+    return shown + (f" (+{len(rules) - _MAX_DETAIL} more)" if len(rules) > _MAX_DETAIL else "")
+
+
+@dataclass(slots=True)
+class _Event:
+    """What the per-type mappers fill in; :func:`to_ocsf` assembles the event from it."""
+
+    activity_id: int
+    status_id: int = _SUCCESS
+    severity_id: int = _INFO
+    message: str = ""
+    status_detail: str | None = None
+    status_code: str | None = None
+    action_id: int | None = None
+    disposition_id: int | None = None
+    resources: list[dict[str, Any]] | None = None
+    response: dict[str, Any] | None = None
+    operation: str = "execute"
+    extra: dict[str, Any] | None = None
+    """Class-specific attributes (``duration``, ``count``, ``user``, ``app``...)."""
+    unmapped: dict[str, Any] | None = None
+    """Gateway fields with no OCSF attribute, under ``unmapped.gateway``."""
+
+
+def _file(f: FileDigestView) -> dict[str, Any]:
+    return {"name": f.name, "sha256": f.sha256, "bytes": f.bytes}
+
+
+def _image_resource(image: str, image_id: str | None = None) -> dict[str, Any]:
+    resource: dict[str, Any] = {"type": "Container Image", "name": image}
+    if image_id is not None:
+        resource["uid"] = image_id
+    return resource
+
+
+def _received(view: RequestReceivedView, ev: _Event) -> None:
+    ev.message = f"request {view.request_id} received (valid; sent to the policy)"
+    if view.image is not None:
+        ev.resources = [_image_resource(view.image)]
+    ev.unmapped = {
+        "language": view.language,
+        "runtime": view.runtime,
+        "network": view.network,
+        "code_sha256": view.code_sha256,
+        "code_bytes": view.code_bytes,
+        "env_names": list(view.env_names),
+        "files": [_file(f) for f in view.files],
+    }
+
+
+def _invalid(view: RequestInvalidView, ev: _Event) -> None:
+    ev.status_id, ev.severity_id = _FAILURE, _LOW
+    ev.action_id, ev.disposition_id = _DENIED, _D_REJECTED
+    shown = "; ".join(f"{p.path}: {p.message}" for p in view.problems[:_MAX_DETAIL])
+    ev.message = f"invalid request rejected: {len(view.problems)} problem(s)"
+    ev.status_detail = shown or None
+    ev.unmapped = {
+        "problems": [{"path": p.path, "message": p.message} for p in view.problems],
+        "raw_sha256": view.raw_sha256,
+        "raw_bytes": view.raw_bytes,
+    }
+
+
+def _decision(view: PolicyDecisionView, ev: _Event) -> None:
+    if view.dry_run:
+        ev.activity_id, ev.operation = 2, "check"
+    verb = "allowed" if view.allowed else "denied"
+    ev.message = f"{'dry run ' if view.dry_run else ''}request {view.request_id} {verb} by policy " + (
+        view.policy.name if view.policy is not None else "(none)"
+    )
+    if view.allowed:
+        ev.action_id, ev.disposition_id = _ALLOWED, _D_ALLOWED
+        if view.warnings:
+            ev.severity_id = _LOW
+            ev.status_detail = "warnings: " + _rules(view.warnings)
+    else:
+        ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+        ev.action_id, ev.disposition_id = _DENIED, _D_BLOCKED
+        ev.status_detail = "denied by " + (_rules(view.violations) or "(no rule named)")
+    images = sorted(view.images)
+    if images:
+        ev.resources = [_image_resource(image) for image in images]
+    ev.unmapped = {
+        "decision_id": view.decision_id,
+        "allowed": view.allowed,
+        "dry_run": view.dry_run,
+        "violations": sorted(set(view.violations)),
+        "warnings": sorted(set(view.warnings)),
+        "not_passed": sorted(view.not_passed),
+        "runtime": view.runtime,
+        "options_sha256": view.options_sha256,
+    }
+
+
+def _outcome(view: ExecutionOutcomeView, ev: _Event) -> None:
+    kills = [
+        name
+        for name, on in (
+            ("timed_out", view.timed_out),
+            ("oom_killed", view.oom_killed),
+            ("output_limit_killed", view.output_limit_killed),
+            ("resource_killed", view.resource_killed),
+        )
+        if on
+    ]
+    if view.error_code is not None:
+        ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+        ev.status_detail = f"{view.error_code}: {view.error_message or ''}".rstrip(": ")
+    elif kills:
+        ev.status_id, ev.severity_id = _FAILURE, _LOW
+        ev.status_detail = ", ".join(kills)
+    elif view.exit_code != 0:
+        ev.status_id = _FAILURE
+        ev.status_detail = f"exit code {view.exit_code}"
+    if view.exit_code is not None:
+        ev.status_code = str(view.exit_code)
+    ev.message = f"request {view.request_id} ran: exit {view.exit_code}" + (f" ({', '.join(kills)})" if kills else "")
+    response: dict[str, Any] = {"message": "ran" if view.error_code is None else "failed"}
+    if view.exit_code is not None:
+        response["code"] = view.exit_code
+    if view.error_code is not None:
+        response["error"] = view.error_code
+        if view.error_message:
+            response["error_message"] = view.error_message
+    ev.response = response
+    resources: list[dict[str, Any]] = []
+    if view.image is not None:
+        resources.append(_image_resource(view.image, view.image_id))
+    if view.container_id is not None:
+        container: dict[str, Any] = {"type": "Container", "uid": view.container_id}
+        if view.image is not None:
+            container["data"] = {"image": view.image, "image_id": view.image_id}
+        resources.append(container)
+    ev.resources = resources or None
+    ev.extra = {"duration": view.duration_ms}
+    ev.unmapped = {
+        "kills": kills,
+        "files": [_file(f) for f in view.files],
+    }
+
+
+def _pulled(view: ImagePulledView, ev: _Event) -> None:
+    ev.operation = "pull"
+    ev.message = f"image {view.image} pulled ({view.image_id})"
+    ev.resources = [_image_resource(view.image, view.image_id)]
+
+
+def _generic(view: AuditRecordView, ev: _Event) -> None:
+    """The events without a typed view: read from ``data`` with type checks, since the view checked only the
+    envelope. What a mapper does not name stays in the trail."""
+    data, kind = view.data, view.event_type
+
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        return value if isinstance(value, str) else None
+
+    def count() -> int | None:
+        value = data.get("count")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    if kind == "request.refused":
+        ev.status_id, ev.severity_id = _FAILURE, _LOW
+        ev.action_id, ev.disposition_id = _DENIED, _D_BLOCKED
+        ev.status_code = text("code")
+        ev.status_detail = text("summary")
+        ev.message = f"request refused: {text('summary') or text('code') or 'quota'}"
+        ev.extra = {"count": count()}
+        ev.unmapped = {k: data.get(k) for k in ("quota", "retry_after_s", "path") if k in data}
+    elif kind == "containers.reaped":
+        ids = data.get("container_ids")
+        ids = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+        ev.operation = "reap"
+        ev.message = f"{len(ids)} leftover container(s) removed"
+        ev.resources = [{"type": "Container", "uid": i} for i in ids] or None
+    elif kind == "auth.forbidden":
+        ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+        ev.action_id, ev.disposition_id = _DENIED, _D_UNAUTHORIZED
+        ev.operation = text("path") or "operator endpoint"
+        ev.message = f"forbidden: role {text('role')} called {text('path')} (needs {text('required_role')})"
+        ev.status_detail = f"needs role {text('required_role')}"
+    elif kind == "auth.failed":
+        ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+        ev.action_id, ev.disposition_id = _DENIED, _D_UNAUTHORIZED
+        ev.status_detail = text("reason") or text("summary")
+        ev.message = f"authentication failed: {text('summary')}"
+        user = _user("unknown", text("token_id"))
+        user["type_id"], user["type"] = 0, "Unknown"
+        ev.extra = {"user": user, "count": count(), "logon_type_id": 3, "logon_type": "Network"}
+        client = text("client")
+        if client is not None:
+            ev.extra["src_endpoint"] = {"name": client}
+        ev.unmapped = {"path": text("path")}
+    elif kind in ("gateway.start", "gateway.stop"):
+        ev.message = f"gateway {'started' if kind == 'gateway.start' else 'stopped'} (policy {text('policy_source')})"
+    elif kind in ("policy.loaded", "policy.reloaded", "policy.rejected"):
+        ok = kind == "policy.loaded" or (kind == "policy.reloaded" and data.get("ok") is not False)
+        problems = data.get("problems")
+        n = len(problems) if isinstance(problems, list) else 0
+        if not ok:
+            ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+            ev.status_detail = f"{n} problem(s) in {text('source')}"
+        ev.message = f"{kind}: {text('name') or ''} {text('source') or ''}".strip()
+        ev.unmapped = {"source": text("source"), "sha256": text("sha256"), "problems": n}
+    elif kind == "recovery":
+        ev.status_id, ev.severity_id = _FAILURE, _HIGH
+        ev.message = f"trail repaired: {text('reason')}"
+        ev.status_detail = text("reason")
+        ev.unmapped = {k: data.get(k) for k in ("dropped_bytes", "last_good_seq", "last_good_hash") if k in data}
+
+
+_MAPPERS: Final[Mapping[type[AuditRecordView], Callable[[Any, _Event], None]]] = MappingProxyType(
+    {
+        RequestReceivedView: _received,
+        RequestInvalidView: _invalid,
+        PolicyDecisionView: _decision,
+        ExecutionOutcomeView: _outcome,
+        ImagePulledView: _pulled,
+    }
+)
+
+
+class OcsfMapper:
+    """Maps views to OCSF events; holds only caches of constant parts (the clock's days, the products)."""
+
+    def __init__(self) -> None:
+        self._clock = _Clock()
+        self._products: dict[str, dict[str, Any]] = {}
+
+    def _product(self, writer: GatewayIdentityView | None) -> dict[str, Any]:
+        version = writer.version if writer is not None else "unknown"
+        product = self._products.get(version)
+        if product is None:
+            product = {"name": PRODUCT_NAME, "vendor_name": PRODUCT_NAME, "version": version}
+            self._products[version] = product
+        return product
+
+    def event(self, view: AuditRecordView, trail: str) -> dict[str, Any]:
+        """The OCSF event of one record of the trail whose id is ``trail``."""
+        cls, activity = MAPPING[view.event_type]
+        ev = _Event(activity)
+        _MAPPERS.get(type(view), _generic)(view, ev)
+        activity = ev.activity_id
+        writer = view.gateway
+        product = self._product(writer)
+        metadata: dict[str, Any] = {
+            "version": OCSF_VERSION,
+            "product": product,
+            "uid": view.event_id,
+            "event_code": view.event_type,
+            "sequence": view.seq,
+            "original_time": view.timestamp,
+            "log_name": trail,
+            "log_provider": f"{PRODUCT_NAME} audit trail",
+            "log_version": view.schema,
+            "profiles": ["security_control"],
+        }
+        if view.request_id is not None:
+            metadata["correlation_uid"] = view.request_id
+        event: dict[str, Any] = {
+            "category_uid": cls.category_uid,
+            "category_name": cls.category_name,
+            "class_uid": cls.uid,
+            "class_name": cls.name,
+            "activity_id": activity,
+            "activity_name": _OTHER_ACTIVITY.get(view.event_type, "Other")
+            if activity == 99
+            else _ACTIVITIES[(cls.uid, activity)],
+            "type_uid": cls.uid * 100 + activity,
+            "time": self._clock.ms(view.timestamp),
+            "severity_id": ev.severity_id,
+            "severity": _SEVERITY[ev.severity_id],
+            "status_id": ev.status_id,
+            "status": _STATUS[ev.status_id],
+            "message": ev.message,
+            "metadata": metadata,
+        }
+        event["type_name"] = f"{cls.name}: {event['activity_name']}"
+        if ev.status_detail is not None:
+            event["status_detail"] = ev.status_detail
+        if ev.status_code is not None:
+            event["status_code"] = ev.status_code
+        if ev.action_id is not None:
+            event["action_id"], event["action"] = ev.action_id, _ACTION[ev.action_id]
+        if ev.disposition_id is not None:
+            event["disposition_id"], event["disposition"] = ev.disposition_id, _DISPOSITION[ev.disposition_id]
+        if view.policy is not None:
+            event["policy"] = {"name": view.policy.name, "uid": view.policy.sha256, "is_applied": True}
+        token = _caller_token(view.data)
+        principal = view.principal
+        if cls is API_ACTIVITY:
+            actor: dict[str, Any] = {"app_name": PRODUCT_NAME}
+            if principal is not None:
+                actor["user"] = _user(principal, token)
+            event["actor"] = actor
+            api: dict[str, Any] = {"operation": ev.operation}
+            if view.request_id is not None:
+                api["request"] = {"uid": view.request_id}
+            if ev.response is not None:
+                api["response"] = ev.response
+            event["api"] = api
+            # the trail does not record the client's address: the source is named by the principal
+            event["src_endpoint"] = {"name": principal if principal is not None else "unknown"}
+            if writer is not None:
+                event["dst_endpoint"] = {"hostname": writer.host, "svc_name": PRODUCT_NAME}
+        elif cls is APPLICATION_LIFECYCLE:
+            event["app"] = product
+        elif cls is AUTHENTICATION and writer is not None:
+            event["dst_endpoint"] = {"hostname": writer.host, "svc_name": PRODUCT_NAME}
+        if ev.resources is not None:
+            event["resources"] = ev.resources
+        if ev.extra is not None:
+            event.update({k: v for k, v in ev.extra.items() if v is not None})
+        audit: dict[str, Any] = {"trail": trail, "seq": view.seq, "hash": view.hash, "prev_hash": view.prev_hash}
+        if view.hmac is not None:
+            audit["hmac"] = view.hmac
+        unmapped: dict[str, Any] = {"audit": audit}
+        if writer is not None:
+            unmapped["gateway_pid"] = writer.pid
+        if view.redacted:
+            unmapped["redacted"] = list(view.redacted)
+        if ev.unmapped is not None:
+            unmapped["gateway"] = ev.unmapped
+        event["unmapped"] = unmapped
+        return event
+
+
+def to_ocsf(record: Mapping[str, Any], *, trail: str) -> dict[str, Any]:
+    """The OCSF event of one parsed record of the trail whose id is ``trail`` (see :data:`MAPPING`).
+
+    Raises :class:`~gateway.errors.AuditIntegrityError` when the record does not have the schema's shape.
+    """
+    return OcsfMapper().event(view_record(record), trail)
+
+
+# --- export ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReport:
+    """What :func:`export_ocsf` did with one trail."""
+
+    trail: Path
+    trail_id: str | None
+    """``event_id`` of the trail's first record (``None`` for an empty trail)."""
+    verification: VerifyReport
+    exported: int
+    """Events written from this trail (the verified records within the time window)."""
+
+    @property
+    def intact(self) -> bool:
+        return self.verification.ok
+
+
+def _parse(raw: bytes) -> Any:
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except _orjson.JSONDecodeError:
+            pass  # e.g. an integer beyond 64 bits, which orjson refuses and the json module reads
+    return json.loads(raw)
+
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+
+
+def event_line(event: Mapping[str, Any]) -> bytes:
+    """One event as a JSON line (UTF-8, compact, newline-terminated)."""
+    if _orjson is not None:
+        try:
+            line: bytes = _orjson.dumps(event, option=_orjson.OPT_APPEND_NEWLINE)
+        except TypeError:
+            pass  # e.g. an integer beyond 64 bits copied from a record
+        else:
+            return line
+    return _encode(event).encode("utf-8") + b"\n"
+
+
+def _verified_records(root: Path, count: int) -> Iterator[dict[str, Any]]:
+    """The first ``count`` records of the trail in segment order: exactly the ones verify checked."""
+    if count <= 0:
+        return
+    left = count
+    for _index, path in list_segments(root):
+        with path.open("rb", buffering=1 << 20) as fh:
+            for raw in fh:
+                record = _parse(raw)
+                if not isinstance(record, dict):  # pragma: no cover - verify checked each line
+                    raise AuditError(f"{path}: not a JSON object")
+                yield record
+                left -= 1
+                if left == 0:
+                    return
+
+
+def _trail_id(root: Path, report: VerifyReport) -> str | None:
+    first = next(_verified_records(root, min(1, report.records_checked)), None)
+    if first is None:
+        return None
+    event_id = first.get("event_id")
+    return event_id if isinstance(event_id, str) else None
+
+
+# --- export in parallel (one trail, large) -------------------------------------------------------------
+
+PARALLEL_MIN_BYTES: Final = 96 << 20
+"""Below this many bytes (or with one segment, or several trails) the export runs in process."""
+
+_WORKER: Final = "from gateway.audit.ocsf import worker_main; raise SystemExit(worker_main())"
+_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    """One segment to export: its first ``max_lines`` lines (all: ``None``) with ``seq`` up to ``max_seq``."""
+
+    path: Path
+    max_lines: int | None
+    max_seq: int
+
+
+def _plan(root: Path, report: VerifyReport) -> list[_Task]:
+    """The segments holding the verified prefix: every one before the break, the break's up to its line.
+
+    Without a break the newest segment may have grown since it was verified (and new segments may have
+    been started): ``max_seq`` (the last verified seq) keeps the records appended since out.
+    """
+    tasks: list[_Task] = []
+    brk = report.first_break
+    for _index, path in list_segments(root):
+        if brk is not None and path.name == brk.segment:
+            if brk.line > 1:
+                tasks.append(_Task(path, brk.line - 1, report.last_seq))
+            break
+        tasks.append(_Task(path, None, report.last_seq))
+    return tasks
+
+
+def _export_segment(task: _Task, out: BinaryIO, trail: str, window: QueryFilters, mapper: OcsfMapper) -> int:
+    """Write the events of one segment's verified records; returns how many."""
+    count = taken = 0
+    windowed = window.since is not None or window.until is not None
+    with task.path.open("rb", buffering=1 << 20) as fh:
+        for raw in fh:
+            if task.max_lines is not None and taken >= task.max_lines:
+                break
+            taken += 1
+            record = _parse(raw)
+            if not isinstance(record, dict):  # pragma: no cover - verify checked each line
+                raise AuditError(f"{task.path}: line {taken} is not a JSON object")
+            seq = record.get("seq")
+            if isinstance(seq, int) and seq > task.max_seq:
+                break  # appended after verification
+            if windowed and not window.matches(record):
+                continue
+            out.write(event_line(mapper.event(view_record(record), trail)))
+            count += 1
+    return count
+
+
+def worker_main() -> int:
+    """An export worker: reads ``{"trail", "since", "until"}`` then one task per line on stdin (``path``,
+    ``max_lines``, ``max_seq``, ``out``), writes the segment's events to ``out`` and answers each task with
+    ``{"count": N}`` or ``{"error": TEXT}`` on stdout."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    head = json.loads(stdin.readline() or b"null")
+    if not isinstance(head, dict):
+        return 2
+    window = QueryFilters(since=head.get("since"), until=head.get("until"))
+    mapper = OcsfMapper()
+    for line in stdin:
+        task = json.loads(line)
+        try:
+            with open(task["out"], "wb", buffering=1 << 20) as out:
+                count = _export_segment(
+                    _Task(Path(task["path"]), task["max_lines"], task["max_seq"]), out, head["trail"], window, mapper
+                )
+            answer: dict[str, Any] = {"count": count}
+        except (GatewayError, OSError, ValueError) as exc:
+            answer = {"error": exc.diagnostics() if isinstance(exc, GatewayError) else f"{type(exc).__name__}: {exc}"}
+        stdout.write(json.dumps(answer).encode("utf-8") + b"\n")
+        stdout.flush()
+    return 0
+
+
+def _workers(root: Path, requested: int | None) -> int:
+    cpus = os.cpu_count() or 1
+    segments = list_segments(root)
+    if requested is None:
+        total = 0
+        for _index, path in segments:
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+        if total < PARALLEL_MIN_BYTES:
+            return 1
+        requested = cpus
+    return max(1, min(requested, cpus, len(segments)))
+
+
+def _export_parallel(
+    tasks: list[_Task],
+    out: BinaryIO,
+    *,
+    trail: str,
+    window: QueryFilters,
+    workers: int,
+    on_progress: Callable[[int], None] | None,
+) -> int:
+    """Export segments in worker processes, each into a temporary file, and copy the files to ``out`` in trail
+    order as they complete. Workers are fresh interpreters (never a fork of a process that may run threads);
+    at most two segments per worker are exported ahead of the one being copied, so the temporary files stay
+    bounded. A worker's error (a malformed record) stops the export with that error."""
+    env = dict(os.environ)  # the workers import this very package, wherever it was imported from
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    head = json.dumps({"trail": trail, "since": window.since, "until": window.until}).encode("utf-8") + b"\n"
+    scratch = Path(tempfile.mkdtemp(prefix="gateway-export-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    selector = selectors.DefaultSelector()
+    doing: dict[int, int] = {}  # worker pid -> task position
+    done: dict[int, int] = {}  # task position -> events written
+    nxt = copied = written = 0
+
+    def give(proc: subprocess.Popen[bytes]) -> None:
+        nonlocal nxt
+        stdin = proc.stdin
+        if stdin is None or nxt >= len(tasks) or nxt >= copied + 2 * workers:
+            return
+        task = tasks[nxt]
+        doing[proc.pid] = nxt
+        order = {"path": str(task.path), "max_lines": task.max_lines, "max_seq": task.max_seq}
+        stdin.write(json.dumps({**order, "out": str(scratch / f"{nxt}.jsonl")}).encode("utf-8") + b"\n")
+        stdin.flush()
+        nxt += 1
+
+    try:
+        for _ in range(workers):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env
+            )
+            procs.append(proc)
+            if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
+                raise AuditError("could not start an export worker")
+            proc.stdin.write(head)
+            selector.register(proc.stdout, selectors.EVENT_READ, proc)
+            give(proc)
+        while copied < len(tasks):
+            while copied in done:
+                part = scratch / f"{copied}.jsonl"
+                with part.open("rb") as fh:
+                    shutil.copyfileobj(fh, out, 1 << 20)
+                part.unlink()
+                written += done.pop(copied)
+                copied += 1
+                if on_progress is not None:
+                    on_progress(written)
+                for proc in procs:
+                    if proc.pid not in doing:
+                        give(proc)
+            if copied >= len(tasks):
+                break
+            if not selector.get_map():
+                raise AuditError("every export worker exited before the export was complete")
+            for ready, _events in selector.select():
+                proc = ready.data
+                answer = proc.stdout.readline() if proc.stdout is not None else b""
+                at = doing.pop(proc.pid, None)
+                if not answer:
+                    selector.unregister(ready.fileobj)
+                    if at is not None:
+                        raise AuditError(f"an export worker died exporting {tasks[at].path}")
+                    continue
+                result = json.loads(answer)
+                if "error" in result:
+                    raise AuditIntegrityError(f"{tasks[at].path if at is not None else trail}: {result['error']}")
+                if at is not None:
+                    done[at] = int(result["count"])
+                give(proc)
+    finally:
+        for proc in procs:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        selector.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return written
+
+
+def export_ocsf(
+    directories: Iterable[str | Path],
+    out: BinaryIO,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    key: bytes | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
+) -> list[ExportReport]:
+    """Write the verified records of every trail in ``directories`` to ``out`` as OCSF JSON lines.
+
+    Each trail is verified first (with ``key``, when given); only its intact prefix is exported, so an event
+    in the output is one that verified. ``since`` (inclusive) and ``until`` (exclusive) are trail timestamps
+    (:func:`~gateway.audit.query.parse_time`). Several trails are merged by time (then trail order, then
+    seq), holding one record per trail in memory. One large trail (:data:`PARALLEL_MIN_BYTES`, several
+    segments) is exported by ``workers`` processes (default: one per CPU; ``1``: in process), segment by
+    segment, in the same order and with the same output. ``on_progress`` is called with the running count
+    (every 65,536 events, or every segment). Returns one report per trail, in the order given.
+    """
+    roots = [Path(d) for d in directories]
+    if not roots:
+        raise AuditError("no trail directory given")
+    for root in roots:
+        if not root.is_dir():
+            raise AuditError(f"no audit trail directory at {root}")
+    window = QueryFilters(since=since, until=until)
+    verified = [verify_trail(root, key=key) for root in roots]
+    ids = [_trail_id(root, report) for root, report in zip(roots, verified, strict=True)]
+    if len(roots) == 1:
+        count = _workers(roots[0], workers)
+        tasks = _plan(roots[0], verified[0])
+        if count > 1 and len(tasks) > 1:
+            written = _export_parallel(
+                tasks, out, trail=ids[0] or "", window=window, workers=count, on_progress=on_progress
+            )
+            return [ExportReport(roots[0], ids[0], verified[0], written)]
+    counts = [0] * len(roots)
+    mapper = OcsfMapper()
+
+    def events(position: int) -> Iterator[tuple[str, int, int, AuditRecordView]]:
+        for record in _verified_records(roots[position], verified[position].records_checked):
+            if (window.since is None and window.until is None) or window.matches(record):
+                view = view_record(record)
+                yield view.timestamp, position, view.seq, view
+
+    streams = [events(position) for position in range(len(roots))]
+    merged: Iterable[tuple[str, int, int, AuditRecordView]] = streams[0] if len(streams) == 1 else heapq.merge(*streams)
+    for written, (_ts, position, _seq, view) in enumerate(merged, start=1):
+        out.write(event_line(mapper.event(view, ids[position] or "")))
+        counts[position] += 1
+        if on_progress is not None and written & 0xFFFF == 0:
+            on_progress(written)
+    return [
+        ExportReport(root, trail_id, report, n)
+        for root, trail_id, report, n in zip(roots, ids, verified, counts, strict=True)
+    ]

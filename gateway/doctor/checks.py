@@ -1,0 +1,288 @@
+"""The daemon and host checks of ``gateway doctor``, as pure functions of what the engine reported.
+
+Each check takes the parsed answers of ``GET /info`` and ``GET /version`` (docker-py's ``client.info()`` /
+``client.version()``), or a path, and returns a :class:`Check` with a status and the remediation text. No
+check talks to the engine itself, so the unit tests run them on recorded answers; ``gateway doctor`` (the CLI)
+fetches the answers once and calls them. Statuses:
+
+``PASS`` the setting is as it should be;
+``WARN`` a hardening layer is missing, but the gateway's own per-container options (or its preconditions)
+         keep the sandbox safe without it;
+``FAIL`` the gateway cannot keep its promises on this host: ``gateway doctor`` exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from gateway.doctor.vulns import Finding, match
+
+__all__ = [
+    "Check",
+    "Status",
+    "audit_permissions",
+    "authz_plugin",
+    "default_bridge",
+    "engine_version",
+    "live_restore",
+    "no_new_privileges",
+    "runc_version",
+    "seccomp_default",
+    "security_options",
+    "userns_remap",
+]
+
+Status = Literal["PASS", "WARN", "FAIL"]
+
+_DAEMON_JSON: Final = "/etc/docker/daemon.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of ``gateway doctor``."""
+
+    name: str
+    status: Status
+    detail: str
+    remediation: str = ""
+    """What to do; empty for PASS."""
+
+    @property
+    def ok(self) -> bool:
+        """Kept from the first doctor's JSON: ``False`` exactly when the check FAILs (the exit status's rule)."""
+        return self.status != "FAIL"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "status": self.status,
+            "detail": self.detail,
+            "remediation": self.remediation,
+        }
+
+
+def security_options(info: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """``SecurityOptions`` (``["name=seccomp,profile=default", "name=userns"]``) as ``{name: {key: value}}``."""
+    out: dict[str, dict[str, str]] = {}
+    for item in info.get("SecurityOptions") or ():
+        if not isinstance(item, str):
+            continue
+        fields = dict(part.split("=", 1) for part in item.split(",") if "=" in part)
+        name = fields.pop("name", None)
+        if name is not None:
+            out[name] = fields
+    return out
+
+
+def live_restore(info: Mapping[str, Any]) -> Check:
+    if info.get("LiveRestoreEnabled") is True:
+        return Check("live_restore", "PASS", "live restore is enabled: sandboxes survive a daemon restart")
+    return Check(
+        "live_restore",
+        "WARN",
+        "live restore is disabled: restarting dockerd kills every running sandbox (CIS Docker 2.15)",
+        f'set "live-restore": true in {_DAEMON_JSON} and reload dockerd (SIGHUP); running runs then end by '
+        "their own deadline instead of with the daemon",
+    )
+
+
+def userns_remap(info: Mapping[str, Any]) -> Check:
+    if "userns" in security_options(info):
+        return Check("userns_remap", "PASS", "user namespace remapping is enabled")
+    return Check(
+        "userns_remap",
+        "WARN",
+        "no user namespace remapping: uid 0 in a container is uid 0 on the host (CIS Docker 2.10); the gateway's "
+        "sandboxes run as 65534 with every capability dropped, other containers on this engine may not",
+        f'set "userns-remap": "default" in {_DAEMON_JSON} and restart dockerd (images and volumes then live under '
+        "a new, remapped root)",
+    )
+
+
+def no_new_privileges(info: Mapping[str, Any]) -> Check:
+    if "no-new-privileges" in security_options(info):
+        return Check("no_new_privileges", "PASS", "containers get no-new-privileges by default")
+    return Check(
+        "no_new_privileges",
+        "WARN",
+        "the daemon does not default to no-new-privileges (CIS Docker 2.18); the gateway sets it on each sandbox, "
+        "containers started by others may still gain privileges through setuid binaries",
+        f'set "no-new-privileges": true in {_DAEMON_JSON} and restart dockerd',
+    )
+
+
+def default_bridge(bridge: Mapping[str, Any] | None) -> Check:
+    """``bridge``: the inspected network named ``bridge`` (``GET /networks/bridge``), or ``None`` without one."""
+    if bridge is None:
+        return Check(
+            "default_bridge", "PASS", "no default bridge (dockerd --bridge=none): containers get no network by default"
+        )
+    options = bridge.get("Options") or {}
+    if str(options.get("com.docker.network.bridge.enable_icc", "true")).lower() == "false":
+        return Check("default_bridge", "PASS", "default bridge with inter-container communication disabled (icc=false)")
+    return Check(
+        "default_bridge",
+        "WARN",
+        "the default bridge lets containers on it reach each other (icc=true, CIS Docker 2.2); the gateway's "
+        "sandboxes use network none unless a policy names a network",
+        f'set "icc": false in {_DAEMON_JSON} (or start dockerd with --bridge=none) and restart dockerd',
+    )
+
+
+def authz_plugin(info: Mapping[str, Any]) -> Check:
+    plugins = (info.get("Plugins") or {}).get("Authorization") or []
+    if plugins:
+        return Check("authz_plugin", "PASS", f"authorization plugin(s): {', '.join(map(str, plugins))}")
+    return Check(
+        "authz_plugin",
+        "WARN",
+        "no authorization plugin: every client of the Docker socket can start privileged containers (CIS Docker "
+        "2.11); the gateway's guard covers only the containers it creates",
+        "keep the Docker socket to root and the gateway's user, or add an authorization plugin "
+        f'("authorization-plugins" in {_DAEMON_JSON}); mind CVE-2024-41110 (engine_version) when you do',
+    )
+
+
+def seccomp_default(info: Mapping[str, Any], *, policy_seccomp: Collection[str] = ("gateway",)) -> Check:
+    """``policy_seccomp``: the seccomp settings of the configured policies (``gateway`` or ``engine-default``)."""
+    options = security_options(info)
+    engine_default = "engine-default" in policy_seccomp
+    if "seccomp" not in options:
+        return Check(
+            "seccomp",
+            "FAIL",
+            "the engine reports no seccomp support: no seccomp profile (the gateway's included) can be applied",
+            "run dockerd on a kernel with seccomp (CONFIG_SECCOMP_FILTER) and a dockerd built with seccomp",
+        )
+    profile = options["seccomp"].get("profile", "default")
+    if profile == "unconfined":
+        status: Status = "FAIL" if engine_default else "WARN"
+        why = (
+            "a policy uses seccomp: engine-default, so its sandboxes run without any syscall filter"
+            if engine_default
+            else "the gateway applies its own profile to its sandboxes; other containers run unfiltered"
+        )
+        return Check(
+            "seccomp",
+            status,
+            f"the engine's default seccomp profile is unconfined (CIS Docker 5.21): {why}",
+            f'remove "seccomp-profile": "unconfined" from {_DAEMON_JSON} (or --seccomp-profile) and restart dockerd',
+        )
+    shown = "Docker's default" if profile in ("default", "builtin") else profile
+    return Check("seccomp", "PASS", f"default seccomp profile: {shown}")
+
+
+def _versions(findings: list[Finding], what: str) -> tuple[Status, str, str]:
+    vulnerable = [f for f in findings if f.verdict == "vulnerable"]
+    unknown = [f for f in findings if f.verdict == "unknown"]
+    dormant = [f for f in findings if f.verdict == "not_exploitable"]
+    parts = []
+    if vulnerable:
+        parts.append(
+            "vulnerable to " + "; ".join(f"{f.vulnerability.cve} ({f.vulnerability.summary})" for f in vulnerable)
+        )
+    if unknown:
+        parts.append(
+            "a distribution build that may carry the fix for "
+            + ", ".join(f.vulnerability.cve for f in unknown)
+            + " (the engine does not report the package revision)"
+        )
+    if dormant:
+        parts.append(
+            "in the affected range of "
+            + ", ".join(f.vulnerability.cve for f in dormant)
+            + ", exploitable only with an authorization plugin (none is configured)"
+        )
+    fixes = "; ".join(f"{f.vulnerability.cve}: {f.vulnerability.fixed}" for f in findings)
+    status: Status = "FAIL" if vulnerable else "WARN"
+    return status, f"{what}: " + "; ".join(parts), f"upgrade: {fixes} (docs/doctor.md lists the sources)"
+
+
+def engine_version(version: Mapping[str, Any], info: Mapping[str, Any]) -> Check:
+    reported = str(version.get("Version") or info.get("ServerVersion") or "")
+    plugins = bool((info.get("Plugins") or {}).get("Authorization"))
+    findings = match("engine", reported, authz_plugin=plugins)
+    if not reported:
+        return Check("engine_version", "WARN", "the engine did not report its version", "check `docker version`")
+    if not findings:
+        return Check("engine_version", "PASS", f"Docker Engine {reported}: no known-vulnerable range (docs/doctor.md)")
+    status, detail, remediation = _versions(findings, f"Docker Engine {reported}")
+    return Check("engine_version", status, detail, remediation)
+
+
+def runc_version(info: Mapping[str, Any], *, runtimes: Collection[str] = ("runc",)) -> Check:
+    """``runtimes``: the runtimes the configured policies allow; runc flaws FAIL only when runc can be used."""
+    reported = str((info.get("RuncCommit") or {}).get("ID") or "")
+    if not reported:
+        return Check("runc_version", "WARN", "the engine did not report its runc version", "check `runc --version`")
+    findings = match("runc", reported, authz_plugin=False)
+    if not findings:
+        return Check("runc_version", "PASS", f"runc {reported}: no known-vulnerable range (docs/doctor.md)")
+    status, detail, remediation = _versions(findings, f"runc {reported}")
+    if status == "FAIL" and "runc" not in runtimes:
+        status = "WARN"
+        detail += "; the configured policies allow only " + ", ".join(sorted(runtimes)) + ", not runc"
+    return Check("runc_version", status, detail, remediation)
+
+
+def audit_permissions(
+    directory: Path, *, euid: int | None = None, lstat: Callable[[Path], os.stat_result] = os.lstat
+) -> Check:
+    """The trail directory and its files: owned by this user (or root), not writable by group or others."""
+    me = os.geteuid() if euid is None else euid
+    try:
+        st = lstat(directory)
+    except FileNotFoundError:
+        return Check(
+            "audit_permissions",
+            "WARN",
+            f"{directory} does not exist yet: the first run creates it with this process's umask",
+            f"create it first: install -d -m 0700 {directory}",
+        )
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return Check(
+            "audit_permissions",
+            "FAIL",
+            f"{directory} is not a plain directory (a symlink or a file)",
+            f"point the trail at a real directory: install -d -m 0700 DIR (not {directory})",
+        )
+    problems: list[tuple[Status, str]] = []
+    if st.st_uid not in (me, 0):
+        problems.append(("WARN", f"owned by uid {st.st_uid}, not by this user ({me}) or root"))
+    if st.st_mode & stat.S_IWOTH:
+        problems.append(
+            ("FAIL", f"writable by everyone (mode {stat.S_IMODE(st.st_mode):04o}): anyone can delete records")
+        )
+    elif st.st_mode & stat.S_IWGRP:
+        problems.append(("WARN", f"writable by its group (mode {stat.S_IMODE(st.st_mode):04o})"))
+    if st.st_mode & stat.S_IROTH:
+        problems.append(("WARN", "readable by everyone: records name principals, images and rule messages"))
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        problems.append(("FAIL", f"cannot list it: {exc.strerror}"))
+        entries = []
+    writable = [
+        e.name for e in entries if e.name.endswith(".jsonl") and lstat(e).st_mode & (stat.S_IWOTH | stat.S_IWGRP)
+    ]
+    if writable:
+        problems.append(("FAIL", f"segments writable by group or others: {', '.join(writable[:5])}"))
+    if not problems:
+        return Check(
+            "audit_permissions",
+            "PASS",
+            f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}, segments not writable by others",
+        )
+    status: Status = "FAIL" if any(s == "FAIL" for s, _ in problems) else "WARN"
+    return Check(
+        "audit_permissions",
+        status,
+        f"{directory}: " + "; ".join(text for _s, text in problems),
+        f"chown {me} {directory} && chmod 0700 {directory} && chmod 0640 {directory}/*.jsonl",
+    )
