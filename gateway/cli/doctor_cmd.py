@@ -36,7 +36,7 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "doctor",
-        help="check the policy, the trail, the engine and its settings, gVisor, the image and its SBOM, the configured files",
+        help="check the policy, the trail, the engine and its settings, gVisor, the image and its SBOM, the files",
         description="Check this machine: PASS / WARN / FAIL per check, with what to do. Exit 1 if and only if "
         "some check FAILs.",
     )
