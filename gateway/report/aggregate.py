@@ -45,6 +45,7 @@ from gateway.report.model import (
     PrincipalRow,
     RuleRow,
 )
+from gateway.sbom import sbom_digest_for_image
 
 __all__ = ["DENIED_CAP", "MAX_BUCKETS", "MAX_KEYS", "Aggregate", "DurationHistogram"]
 
@@ -452,7 +453,7 @@ class Aggregate:
         rows = []
         for key, n in self.images.items():
             image, image_id = (OTHER, None) if key == OTHER else key
-            rows.append(ImageRow(image, image_id, n))
+            rows.append(ImageRow(image, image_id, n, sbom_digest_for_image(image_id) if image_id else None))
         rows.sort(key=lambda r: (-r.executions, r.image, r.image_id or ""))
         return tuple(rows)
 

@@ -231,8 +231,8 @@ def render_html(report: Report) -> str:
     out.append("<h2>By image</h2>")
     out.append(
         _table(
-            ["image", "image id", "executions"],
-            [(r.image, r.image_id or "-", r.executions) for r in report.images],
+            ["image", "image id", "executions", "SBOM"],
+            [(r.image, r.image_id or "-", r.executions, r.sbom_digest or "none recorded") for r in report.images],
             (2,),
         )
     )

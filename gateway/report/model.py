@@ -179,6 +179,9 @@ class ImageRow:
     image: str
     image_id: str | None
     executions: int
+    sbom_digest: str | None = None
+    """``sha256:<hex>`` of the SBOM recorded on this host for exactly that image id (``gateway sbom --image
+    ... --record``); None when none is recorded here."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,8 @@ def render_markdown(report: Report) -> str:
     )
     lines += ["", "## By image", ""]
     lines += _table(
-        ["image", "image id", "executions"], [(r.image, r.image_id or "-", r.executions) for r in report.images]
+        ["image", "image id", "executions", "SBOM"],
+        [(r.image, r.image_id or "-", r.executions, r.sbom_digest or "none recorded") for r in report.images],
     )
     o = report.outcomes
     lines += ["", "## Outcomes", ""]
@@ -193,6 +194,7 @@ def render_csv(report: Report) -> str:
                 w.writerow([section, rule.rule, "example", example])
     for img in report.images:
         w.writerow(["image", f"{img.image}@{img.image_id or ''}", "executions", img.executions])
+        w.writerow(["image", f"{img.image}@{img.image_id or ''}", "sbom", img.sbom_digest or ""])
     o = report.outcomes
     for field in (
         "executions",

@@ -302,3 +302,19 @@ def test_worker_processes_give_the_same_report(tmp_path: Path, monkeypatch: pyte
     assert [d["time"] for d in serial["denied"]["shown"]] == sorted(d["time"] for d in serial["denied"]["shown"])
     assert serial["denied"]["total"] == 6
     assert len(serial["denied"]["shown"]) == 4
+
+
+def test_each_image_names_the_sbom_recorded_for_exactly_its_id(trail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.sbom import image_sbom, record_image_sbom, sbom_digest_for_image
+
+    monkeypatch.setenv("GATEWAY_STATE_DIR", str(trail.resolve().parent / "state"))
+    assert all(row["sbom_digest"] is None for row in build_report([trail], now=NOW).to_dict()["images"])
+    image_id = "sha256:" + "a" * 64  # the scenario's image id
+    status = b"Package: python3\nStatus: install ok installed\nArchitecture: amd64\nVersion: 3.11.2-1+b1\n\n"
+    document = image_sbom(image="sandbox:1", image_id=image_id, created="2026-03-03T08:00:00Z", dpkg_status=status)
+    record_image_sbom(image_id, document)
+    digest = sbom_digest_for_image(image_id)
+    assert digest is not None
+    rows = {row["image_id"]: row for row in build_report([trail], now=NOW).to_dict()["images"]}
+    assert rows[image_id]["sbom_digest"] == digest
+    assert digest in render(build_report([trail], now=NOW), "md")
