@@ -1,0 +1,463 @@
+"""Pod assembly and the Pod guard: the Kubernetes counterpart of ``runner/docker/options.py``.
+
+:class:`KubernetesAssembler` is what the Gateway hands the decision when the backend is Kubernetes. ``build``
+turns the decision's :class:`~gateway.decision.SandboxSettings` (the very object the Docker assembler reads)
+into the complete Pod manifest the runner will submit, byte for byte: hardened baseline always on, the fixed
+supervisor as the container's command, nothing of the caller's except the values the policy judged. ``guard``
+re-checks *any* options dict against the Pod invariants (field by field, every problem reported), so a bug in a
+rule or in ``build`` can never submit an unsafe Pod; the runner calls it again right before ``create``.
+
+The options a Kubernetes decision carries (and records) are::
+
+    {"image": ..., "namespace": ..., "environment": {...}, "pod": {<the Pod manifest>}, "pod_sha256": ...}
+
+``pod_sha256`` is the sha256 of the manifest in the canonical options format: the decision record, the outcome
+record and the Pod's own annotation-free spec all refer to the one submitted manifest by it. The environment
+is not in the manifest: like the Docker runner, it travels in the payload to the program's ``execve`` only.
+
+What a Pod cannot express, and how it is covered (see docs/ARCHITECTURE.md, "Kubernetes backend"):
+the pids limit (the kubelet's ``podPidsLimit``), ``nofile`` / ``core`` / ``fsize`` ulimits (the runtime's
+defaults), ``noexec`` on the emptyDir tmpfs (not settable), the gateway's own seccomp profile (``RuntimeDefault``
+instead, unless the node has the profile installed), and "no network" (a deny-all NetworkPolicy from
+``gateway kubernetes manifests``, enforced only by a CNI that implements NetworkPolicy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gateway.canonical import options_bytes
+from gateway.decision.settings import BackendLimits, SandboxSettings
+from gateway.errors import Problem, UnsafeOptionsError
+from gateway.runner.docker.supervisor import supervisor_command
+
+__all__ = [
+    "ANNOTATION_POLICY",
+    "CONTAINER_NAME",
+    "DECISION_LABEL",
+    "DEFAULT_NAMESPACE",
+    "GVISOR_RUNTIME_CLASS",
+    "INSTANCE_LABEL",
+    "LABEL_PREFIX",
+    "MANAGED_LABEL",
+    "OPTION_KEYS",
+    "REQUEST_LABEL",
+    "START_MARGIN_S",
+    "WORKSPACE",
+    "KubernetesAssembler",
+    "build_pod",
+    "guard",
+    "label_value",
+    "pod_digest",
+    "pod_name",
+]
+
+LABEL_PREFIX = "agent-gateway.io/"
+MANAGED_LABEL = "agent-gateway.io/managed"
+INSTANCE_LABEL = "agent-gateway.io/instance"
+"""The gateway instance that made the Pod (in the shipped Deployment: the gateway Pod's own name)."""
+DECISION_LABEL = "agent-gateway.io/decision"
+REQUEST_LABEL = "agent-gateway.io/request"
+ANNOTATION_POLICY = "agent-gateway.io/policy"
+"""``name@sha256:<hex>`` does not fit a label value (63 characters, no ``@``/``:``), so it is an annotation."""
+ANNOTATION_PIDS = "agent-gateway.io/pids-limit"
+"""The policy's pids limit, for the operator: a Pod has no pids field; the kubelet's ``podPidsLimit`` bounds it."""
+DEFAULT_NAMESPACE = "gateway-sandboxes"
+CONTAINER_NAME = "sandbox"
+WORKSPACE = "/workspace"
+SANDBOX_HOSTNAME = "sandbox"
+GVISOR_RUNTIME_CLASS = "gvisor"
+"""The RuntimeClass a ``runsc`` profile names (``gateway kubernetes manifests`` defines it, handler ``runsc``)."""
+START_MARGIN_S = 60
+"""Seconds ``activeDeadlineSeconds`` allows beyond the run's own deadline: scheduling, start, hand-over."""
+OPTION_KEYS = frozenset({"image", "namespace", "environment", "pod", "pod_sha256"})
+"""The only keys of a Kubernetes decision's options."""
+_VOLUMES = (("tmp", "/tmp"), ("workspace", WORKSPACE))  # noqa: S108 - container paths
+_MI = 1024 * 1024
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_POD_KEYS = frozenset({"apiVersion", "kind", "metadata", "spec"})
+_METADATA_KEYS = frozenset({"name", "namespace", "labels", "annotations"})
+_SPEC_KEYS = frozenset(
+    {
+        "restartPolicy",
+        "automountServiceAccountToken",
+        "enableServiceLinks",
+        "hostNetwork",
+        "hostPID",
+        "hostIPC",
+        "shareProcessNamespace",
+        "hostname",
+        "securityContext",
+        "containers",
+        "volumes",
+        "activeDeadlineSeconds",
+        "terminationGracePeriodSeconds",
+        "runtimeClassName",
+    }
+)
+"""Every Pod spec field the assembler may set; the guard refuses any other (nodeName, initContainers,
+ephemeralContainers, hostAliases, serviceAccountName, ...)."""
+_CONTAINER_KEYS = frozenset(
+    {
+        "name",
+        "image",
+        "imagePullPolicy",
+        "command",
+        "args",
+        "workingDir",
+        "stdin",
+        "stdinOnce",
+        "tty",
+        "resources",
+        "securityContext",
+        "volumeMounts",
+        "terminationMessagePolicy",
+    }
+)
+_RESOURCES = ("memory", "cpu", "ephemeral-storage")
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value: at most 63 characters of ``[A-Za-z0-9_.-]``, alphanumeric at both ends."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
+    return cleaned or "unknown"
+
+
+def pod_name(decision_id: str) -> str:
+    """The Pod's name: one per decision, so a create retried after a lost answer meets its own Pod (409)."""
+    return f"gateway-sandbox-{label_value(decision_id).lower()[:40]}".rstrip("-")
+
+
+def pod_digest(pod: Mapping[str, Any]) -> str:
+    """sha256 of the Pod manifest in the canonical options format (sorted keys, compact)."""
+    return hashlib.sha256(options_bytes(dict(pod))).hexdigest()
+
+
+def _cpu(cpus: float) -> str:
+    return f"{max(round(cpus * 1000), 1)}m"
+
+
+def _ephemeral(settings: SandboxSettings) -> int:
+    """Bytes of node disk the Pod may use: its container log (the kubelet writes the attached stdout there too)
+    holds at most both capped streams and the returned files, plus the frame overhead; a margin on top. Past it
+    the kubelet evicts the Pod, which the runner reports as an eviction."""
+    need = 2 * settings.output_bytes + settings.output_files_bytes
+    return (math.ceil(need * 1.1 / _MI) + 64) * _MI
+
+
+def build_pod(
+    settings: SandboxSettings, *, decision_id: str, request_id: str, namespace: str = DEFAULT_NAMESPACE,
+    instance: str = "unknown",
+) -> dict[str, Any]:  # fmt: skip
+    """The complete Pod manifest for ``settings`` (what the runner submits, unchanged)."""
+    p = settings.profile
+    if settings.mounts:
+        raise UnsafeOptionsError(
+            "host mounts are not available on the Kubernetes backend (a Pod never gets a hostPath volume)",
+            hint="run requests with mounts on the Docker backend, or drop the mounts",
+        )
+    if p.network != "none":
+        raise UnsafeOptionsError(
+            f"network {p.network!r} is not available on the Kubernetes backend: sandboxes have no network "
+            "(the deny-all NetworkPolicy of `gateway kubernetes manifests`)",
+            hint="ask for network none on the Kubernetes backend",
+        )
+    if p.runtime not in ("runc", "runsc"):
+        raise UnsafeOptionsError(f"unknown runtime {p.runtime!r}: expected runc or runsc")
+    memory = str(p.memory)
+    amounts = {"memory": memory, "cpu": _cpu(p.cpus), "ephemeral-storage": str(_ephemeral(settings))}
+    seccomp = {"type": "RuntimeDefault"}
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": p.image,
+        # Never a silent pull: a missing image is a start failure the runner reports (ErrImageNeverPull).
+        "imagePullPolicy": "IfNotPresent" if p.pull == "if-missing" else "Never",
+        "command": supervisor_command(WORKSPACE),
+        "workingDir": WORKSPACE,
+        # The payload reaches the supervisor (PID 1) through attach; stdinOnce: when the gateway's attach
+        # session ends (the gateway is gone), the supervisor's stdin closes and it ends the run itself.
+        "stdin": True,
+        "stdinOnce": True,
+        "tty": False,
+        "resources": {"limits": dict(amounts), "requests": dict(amounts)},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": p.uid,
+            "runAsGroup": p.gid,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": dict(seccomp),
+        },
+        "volumeMounts": [{"name": name, "mountPath": path} for name, path in _VOLUMES],
+        "terminationMessagePolicy": "File",
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        "hostname": SANDBOX_HOSTNAME,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": p.uid,
+            "runAsGroup": p.gid,
+            "fsGroup": p.gid,
+            "seccompProfile": dict(seccomp),
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": str(p.tmpfs)}} for name, _ in _VOLUMES
+        ],
+        "activeDeadlineSeconds": math.ceil(settings.timeout_s) + START_MARGIN_S,
+        "terminationGracePeriodSeconds": 1,
+    }
+    if p.runtime == "runsc":
+        spec["runtimeClassName"] = GVISOR_RUNTIME_CLASS
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(decision_id),
+            "namespace": namespace,
+            "labels": {
+                MANAGED_LABEL: "true",
+                INSTANCE_LABEL: label_value(instance),
+                DECISION_LABEL: label_value(decision_id),
+                REQUEST_LABEL: label_value(request_id),
+            },
+            "annotations": {ANNOTATION_POLICY: p.policy, ANNOTATION_PIDS: str(p.pids)},
+        },
+        "spec": spec,
+    }
+
+
+def build_options(
+    settings: SandboxSettings, *, decision_id: str, request_id: str, namespace: str = DEFAULT_NAMESPACE,
+    instance: str = "unknown",
+) -> dict[str, Any]:  # fmt: skip
+    """The Kubernetes decision's options: the Pod manifest, its digest, and what travels in the payload."""
+    pod = build_pod(settings, decision_id=decision_id, request_id=request_id, namespace=namespace, instance=instance)
+    return {
+        "image": settings.profile.image,
+        "namespace": namespace,
+        "environment": dict(settings.env),
+        "pod": pod,
+        "pod_sha256": pod_digest(pod),
+    }
+
+
+class KubernetesAssembler:
+    """The Kubernetes backend's assembler (see ``gateway.decision.Assembler``): Pods in ``namespace``, labelled
+    with the runner's ``instance`` so that the manifest in the decision is exactly the one submitted."""
+
+    backend = "kubernetes"
+
+    def __init__(self, *, namespace: str = DEFAULT_NAMESPACE, instance: str = "unknown") -> None:
+        self.namespace = namespace
+        self.instance = instance
+
+    @property
+    def limits(self) -> BackendLimits:
+        """Unknown: the node a Pod lands on is chosen by the scheduler, which refuses what no node can give."""
+        return BackendLimits()
+
+    def build(self, settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:
+        return build_options(
+            settings, decision_id=decision_id, request_id=request_id, namespace=self.namespace, instance=self.instance
+        )
+
+    def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
+        guard(options)
+
+
+# --- the Pod guard ---------------------------------------------------------------------------------------
+#
+# One small generator per invariant, yielding (path, message); the guard runs them all and reports every problem.
+
+_Issues = Iterable[tuple[str, str]]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _check_options(options: Mapping[str, Any]) -> _Issues:
+    for key in sorted(set(options) - OPTION_KEYS):
+        yield f"$.{key}", f"{key!r} is not a Kubernetes decision option (only {sorted(OPTION_KEYS)})"
+    pod = options.get("pod")
+    if not isinstance(pod, Mapping):
+        yield "$.pod", "the Pod manifest is missing"
+        return
+    if options.get("pod_sha256") != pod_digest(pod):
+        yield "$.pod_sha256", "pod_sha256 is not the digest of this Pod manifest (changed after assembly)"
+    env = options.get("environment", {})
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        yield "$.environment", "environment must map names to strings"
+    namespace = options.get("namespace")
+    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
+        yield "$.namespace", f"namespace {namespace!r} is not a DNS label"
+    elif _mapping(pod.get("metadata")).get("namespace") != namespace:
+        yield "$.pod.metadata.namespace", f"the Pod must be in the namespace {namespace!r}"
+
+
+def _check_shape(pod: Mapping[str, Any]) -> _Issues:
+    if pod.get("apiVersion") != "v1" or pod.get("kind") != "Pod":
+        yield "$.pod", "the manifest must be apiVersion v1, kind Pod"
+    for key in sorted(set(pod) - _POD_KEYS):
+        yield f"$.pod.{key}", f"{key!r} is not allowed in the manifest"
+    meta = _mapping(pod.get("metadata"))
+    for key in sorted(set(meta) - _METADATA_KEYS):
+        yield f"$.pod.metadata.{key}", f"metadata.{key} is never set (no owner, no finalizer, no generateName)"
+    name = meta.get("name")
+    if not isinstance(name, str) or not _DNS_LABEL.match(name):
+        yield "$.pod.metadata.name", f"the Pod name {name!r} is not a DNS label"
+    labels = _mapping(meta.get("labels"))
+    if labels.get(MANAGED_LABEL) != "true":
+        yield "$.pod.metadata.labels", f"the {MANAGED_LABEL} label is missing"
+    for key in (INSTANCE_LABEL, DECISION_LABEL, REQUEST_LABEL):
+        if not isinstance(labels.get(key), str) or not labels[key]:
+            yield "$.pod.metadata.labels", f"the {key} label is missing"
+    for key, value in labels.items():
+        if not isinstance(value, str) or not _LABEL_VALUE.match(value) or len(value) > 63:
+            yield f"$.pod.metadata.labels[{key!r}]", f"{value!r} is not a valid label value"
+    spec = _mapping(pod.get("spec"))
+    for key in sorted(set(spec) - _SPEC_KEYS):
+        yield f"$.pod.spec.{key}", f"spec.{key} is not allowed in a sandbox Pod"
+
+
+def _check_pod_spec(spec: Mapping[str, Any]) -> _Issues:
+    if spec.get("restartPolicy") != "Never":
+        yield "$.pod.spec.restartPolicy", "restartPolicy must be Never (a sandbox runs once)"
+    for key in ("automountServiceAccountToken", "enableServiceLinks"):
+        if spec.get(key) is not False:
+            yield f"$.pod.spec.{key}", f"{key} must be false"
+    for key in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
+        if spec.get(key, False) is not False:
+            yield f"$.pod.spec.{key}", f"{key} must be false (no shared namespaces)"
+    deadline: Any = spec.get("activeDeadlineSeconds")
+    if not _is_int(deadline) or deadline <= 0:
+        yield "$.pod.spec.activeDeadlineSeconds", "activeDeadlineSeconds must be a positive integer (the backstop)"
+    runtime = spec.get("runtimeClassName")
+    if runtime is not None and runtime != GVISOR_RUNTIME_CLASS:
+        yield "$.pod.spec.runtimeClassName", f"runtimeClassName {runtime!r} is not {GVISOR_RUNTIME_CLASS!r}"
+    ctx = _mapping(spec.get("securityContext"))
+    if ctx.get("runAsNonRoot") is not True:
+        yield "$.pod.spec.securityContext.runAsNonRoot", "runAsNonRoot must be true"
+    for key in ("runAsUser", "runAsGroup", "fsGroup"):
+        if not _is_int(ctx.get(key)) or ctx[key] <= 0:
+            yield f"$.pod.spec.securityContext.{key}", f"{key} must be a non-root id"
+    if _mapping(ctx.get("seccompProfile")).get("type") != "RuntimeDefault":
+        yield "$.pod.spec.securityContext.seccompProfile", "seccompProfile must be RuntimeDefault"
+    for key in sorted(set(ctx) - {"runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "seccompProfile"}):
+        yield f"$.pod.spec.securityContext.{key}", f"securityContext.{key} is never set (sysctls, SELinux, ...)"
+    volumes = spec.get("volumes")
+    if not isinstance(volumes, list):
+        yield "$.pod.spec.volumes", "volumes must be the two memory-backed emptyDirs"
+        return
+    names = []
+    for index, volume in enumerate(volumes):
+        where = f"$.pod.spec.volumes[{index}]"
+        vol = _mapping(volume)
+        names.append(vol.get("name"))
+        if set(vol) != {"name", "emptyDir"}:
+            yield where, "a volume must be an emptyDir (never hostPath or any other source)"
+            continue
+        empty = _mapping(vol["emptyDir"])
+        if empty.get("medium") != "Memory":
+            yield where, "an emptyDir must be memory-backed (medium: Memory)"
+        size = empty.get("sizeLimit")
+        if not isinstance(size, str) or not size.isdigit() or int(size) <= 0:
+            yield where, "an emptyDir needs a positive sizeLimit in bytes"
+    if sorted(str(n) for n in names) != sorted(name for name, _ in _VOLUMES):
+        yield "$.pod.spec.volumes", f"the volumes must be exactly {[name for name, _ in _VOLUMES]}"
+
+
+def _check_container(spec: Mapping[str, Any]) -> _Issues:
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or len(containers) != 1:
+        yield "$.pod.spec.containers", "a sandbox Pod has exactly one container"
+        return
+    c = _mapping(containers[0])
+    at = "$.pod.spec.containers[0]"
+    for key in sorted(set(c) - _CONTAINER_KEYS):
+        yield f"{at}.{key}", f"{key} is never set on the sandbox container (ports, env, probes, ...)"
+    if not isinstance(c.get("image"), str) or not c.get("image"):
+        yield f"{at}.image", "image is missing"
+    if c.get("imagePullPolicy") not in ("Never", "IfNotPresent"):
+        yield f"{at}.imagePullPolicy", "imagePullPolicy must be Never (or IfNotPresent when the policy allows pulls)"
+    if c.get("command") != supervisor_command(WORKSPACE) or "args" in c:
+        yield f"{at}.command", "the command must be the fixed supervisor and nothing else"
+    if c.get("stdin") is not True or c.get("stdinOnce") is not True or c.get("tty") is not False:
+        yield f"{at}.stdin", "stdin and stdinOnce must be true and tty false (the payload goes through attach)"
+    ctx = _mapping(c.get("securityContext"))
+    sc = f"{at}.securityContext"
+    if ctx.get("runAsNonRoot") is not True:
+        yield f"{sc}.runAsNonRoot", "runAsNonRoot must be true"
+    for key in ("runAsUser", "runAsGroup"):
+        if not _is_int(ctx.get(key)) or ctx[key] <= 0:
+            yield f"{sc}.{key}", f"{key} must be a non-root id"
+    if ctx.get("allowPrivilegeEscalation") is not False:
+        yield f"{sc}.allowPrivilegeEscalation", "allowPrivilegeEscalation must be false"
+    if ctx.get("privileged", False) is not False:
+        yield f"{sc}.privileged", "privileged containers are never allowed"
+    if ctx.get("readOnlyRootFilesystem") is not True:
+        yield f"{sc}.readOnlyRootFilesystem", "the root filesystem must be read-only"
+    caps = _mapping(ctx.get("capabilities"))
+    if caps.get("drop") != ["ALL"] or caps.get("add"):
+        yield f"{sc}.capabilities", "capabilities must drop ALL and add none"
+    if _mapping(ctx.get("seccompProfile")).get("type") != "RuntimeDefault":
+        yield f"{sc}.seccompProfile", "seccompProfile must be RuntimeDefault"
+    allowed = {"runAsNonRoot", "runAsUser", "runAsGroup", "allowPrivilegeEscalation", "privileged",
+               "readOnlyRootFilesystem", "capabilities", "seccompProfile"}  # fmt: skip
+    for key in sorted(set(ctx) - allowed):
+        yield f"{sc}.{key}", f"securityContext.{key} is never set (procMount, SELinux, AppArmor overrides, ...)"
+    pod_ctx = _mapping(spec.get("securityContext"))
+    for key in ("runAsUser", "runAsGroup"):
+        if key in ctx and key in pod_ctx and ctx[key] != pod_ctx[key]:
+            yield f"{sc}.{key}", f"{key} differs from the Pod's"
+    resources = _mapping(c.get("resources"))
+    limits, requests = _mapping(resources.get("limits")), _mapping(resources.get("requests"))
+    for name in _RESOURCES:
+        if name not in limits:
+            yield f"{at}.resources.limits", f"a {name} limit is required"
+        elif limits.get(name) != requests.get(name):
+            yield f"{at}.resources.requests", f"the {name} request must equal its limit (Guaranteed QoS)"
+    mounts = c.get("volumeMounts")
+    wanted = [{"name": name, "mountPath": path} for name, path in _VOLUMES]
+    if mounts != wanted:
+        yield f"{at}.volumeMounts", f"the volume mounts must be exactly {wanted} (writable, size-capped)"
+
+
+def _check_image(options: Mapping[str, Any]) -> _Issues:
+    containers = _mapping(options.get("pod")).get("spec", {}).get("containers") or [{}]
+    if _mapping(containers[0]).get("image") != options.get("image"):
+        yield "$.image", "the container's image must be the decision's image"
+
+
+def guard(options: Mapping[str, Any]) -> None:
+    """Refuse ``options`` (raise :class:`UnsafeOptionsError` listing every problem) unless all Pod invariants hold."""
+    issues = list(_check_options(options))
+    pod = options.get("pod")
+    if isinstance(pod, Mapping):
+        spec = _mapping(pod.get("spec"))
+        issues.extend(_check_shape(pod))
+        issues.extend(_check_pod_spec(spec))
+        issues.extend(_check_container(spec))
+        issues.extend(_check_image(options))
+    if issues:
+        problems = [Problem(message, path=path, code="decision.unsafe_options") for path, message in issues]
+        raise UnsafeOptionsError(f"refused unsafe Pod ({len(problems)} problem(s))", problems=problems)
