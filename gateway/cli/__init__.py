@@ -10,7 +10,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import audit_cmd, check_cmd, doctor_cmd, mcp_cmd, policy_cmd, principals_cmd, run_cmd, serve_cmd
+from gateway.cli import (
+    audit_cmd,
+    check_cmd,
+    doctor_cmd,
+    kubernetes_cmd,
+    mcp_cmd,
+    policy_cmd,
+    principals_cmd,
+    run_cmd,
+    serve_cmd,
+)
 from gateway.errors import EXIT_USAGE, GatewayError, exit_code_for
 
 __all__ = ["console_main", "main"]
@@ -31,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     principals_cmd.register(sub)
     mcp_cmd.register(sub)
     serve_cmd.register(sub)
+    kubernetes_cmd.register(sub)
     return parser
 
 

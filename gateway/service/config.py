@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
     "MAX_CONFIG_BYTES",
+    "KubernetesSettings",
     "ServerConfig",
     "load_server_config",
     "load_server_config_text",
@@ -37,6 +38,16 @@ DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 """A configuration file larger than this is refused before parsing."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """The ``kubernetes:`` section: where the sandbox Pods go and how to reach the API server."""
+
+    namespace: str = "gateway-sandboxes"
+    kubeconfig: Path | None = None
+    context: str | None = None
+    in_cluster: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +75,10 @@ class ServerConfig:
     """PEM certificate (chain) to serve HTTPS with; requires ``tls_key``."""
     tls_key: Path | None = None
     """PEM private key of ``tls_cert``; requires ``tls_cert``."""
+    backend: str = "docker"
+    """``docker`` or ``kubernetes``: which runner ``gateway serve`` builds."""
+    kubernetes: KubernetesSettings = KubernetesSettings()
+    """The Kubernetes backend's connection (``backend: kubernetes``)."""
     source: str | None = field(default=None, compare=False)
     """The file it was read from, if any."""
 
@@ -116,6 +131,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         return where / data[key] if key in data else None
 
     quotas = data.get("quotas", {})
+    kube = data.get("kubernetes", {})
     return ServerConfig(
         host=data.get("host", DEFAULT_HOST),
         port=data.get("port", DEFAULT_PORT),
@@ -133,6 +149,13 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),
         tls_key=path("tls_key"),
+        backend=data.get("backend", "docker"),
+        kubernetes=KubernetesSettings(
+            namespace=kube.get("namespace", "gateway-sandboxes"),
+            kubeconfig=where / kube["kubeconfig"] if "kubeconfig" in kube else None,
+            context=kube.get("context"),
+            in_cluster=bool(kube.get("in_cluster", False)),
+        ),
         source=source,
     )
 

@@ -110,8 +110,11 @@ class KubernetesRunner:
         self.client.close()
 
     def image_id(self, image: str) -> str | None:
-        """Unknown before a Pod runs: images live on the nodes, not behind the API (the outcome has the id)."""
-        return None
+        """The reference itself once the API server answers (``GET /readyz``'s engine check): images live on the
+        nodes, not behind the API, so whether a node has it is known only when a Pod starts there (a missing
+        image is then ``ImageMissingError``; the outcome carries the node's image id)."""
+        self.client.list_pods(self.namespace, f"{MANAGED_LABEL}=true")
+        return image
 
     # -- prepare ---------------------------------------------------------------------------------------
 
