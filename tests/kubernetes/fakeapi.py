@@ -164,8 +164,12 @@ class FakeCluster:
             return
         status = pod["status"]["containerStatuses"][0]
         if container["image"] not in self.images and container.get("imagePullPolicy") == "Never":
-            status["state"] = {"waiting": {"reason": "ErrImageNeverPull", "message": f'Container image '
-                                           f'"{container["image"]}" is not present with pull policy of Never'}}
+            status["state"] = {
+                "waiting": {
+                    "reason": "ErrImageNeverPull",
+                    "message": f'Container image "{container["image"]}" is not present with pull policy of Never',
+                }
+            }
         else:
             pod["status"]["phase"] = "Running"
             status["state"] = {"running": {"startedAt": _now()}}
@@ -261,10 +265,8 @@ def build_app(cluster: FakeCluster) -> Starlette:
                         seen = version
                         yield (json.dumps({"type": kind, "object": obj}) + "\n").encode()
                 async with cluster.changed:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(cluster.changed.wait(), timeout=max(end - time.monotonic(), 0.01))
-                    except TimeoutError:
-                        pass
 
         return StreamingResponse(stream(), media_type="application/json")
 
@@ -387,6 +389,7 @@ def build_app(cluster: FakeCluster) -> Starlette:
         Route("/api/v1/namespaces/{ns}/pods/{name}/log", log, methods=["GET"]),
         WebSocketRoute("/api/v1/namespaces/{ns}/pods/{name}/attach", attach),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         cluster.loop = asyncio.get_running_loop()
