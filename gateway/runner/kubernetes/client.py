@@ -344,7 +344,18 @@ class Attach:
             return data[0], data[1:]
 
     def close(self) -> None:
-        """End the session: with ``stdinOnce`` the supervisor's stdin closes, and it ends the run itself."""
+        """End the session at once: with ``stdinOnce`` the supervisor's stdin closes, and it ends the run itself.
+
+        A close frame is sent without waiting for the peer's answer (websocket-client's own ``close`` waits up
+        to 3 s for it, reading whatever a flooding sandbox still sends), then the socket is shut; its ``close``
+        also skips the shutdown once the peer has closed first, which would leak the socket."""
         self.closed = True
+        sock = getattr(self._ws, "sock", None)
+        if sock is None:
+            return
         with contextlib.suppress(Exception):
-            self._ws.close()
+            if sock.connected:
+                sock.settimeout(0.5)
+                sock.send_close()
+        with contextlib.suppress(Exception):
+            sock.shutdown()

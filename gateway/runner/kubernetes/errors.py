@@ -60,9 +60,10 @@ class ApiStatus:
 
 
 def api_status(exc: BaseException) -> ApiStatus | None:
-    """The API answer inside ``exc`` (a ``kubernetes.client.ApiException``), or None for anything else."""
+    """The API answer inside ``exc`` (a ``kubernetes.client.ApiException`` or one of its per-status subclasses,
+    ``NotFoundException`` ...), or None for anything else."""
     status = getattr(exc, "status", None)
-    if type(exc).__name__ != "ApiException" or not isinstance(status, int):
+    if "ApiException" not in {k.__name__ for k in type(exc).__mro__} or not isinstance(status, int):
         return None
     body: Any = getattr(exc, "body", None)
     message = str(getattr(exc, "reason", "") or "")

@@ -124,9 +124,8 @@ class KubernetesRunner:
         pod: Mapping[str, Any] = options["pod"]
         namespace = str(options["namespace"])
         name = str(pod["metadata"]["name"])
-        created: dict[str, Any] | None = None
+        created = self._create(namespace, pod)  # a Pod that is not ours (409) is never touched
         try:
-            created = self._create(namespace, pod)
             running = self._wait_running(namespace, name, created)
             status = _container_status(running)
             box = KubernetesSandbox(
