@@ -53,7 +53,9 @@ def test_a_run_creates_watches_attaches_and_deletes(
     outcome = kube_runner.execute(spec, Payload(code="print(2+2)", language="python", files={"data.txt": b"hello"}))
     assert outcome.exit_code == 0
     assert outcome.stdout == b"4\n"
-    assert not (outcome.timed_out or outcome.oom_killed or outcome.resource_killed)
+    assert not (outcome.timed_out)
+    assert not (outcome.oom_killed)
+    assert not (outcome.resource_killed)
     assert _calls(fake_api) == [("POST", "pods"), ("WATCH", "pods"), ("WS", "attach"), ("DELETE", "pod")]
     assert fake_api.cluster.live() == []
     # the submitted manifest is the decision's, unchanged, and the outcome names it by digest and uid
@@ -62,7 +64,8 @@ def test_a_run_creates_watches_attaches_and_deletes(
     assert outcome.sandbox["pod_sha256"] == spec.options["pod_sha256"]
     assert outcome.sandbox["pod_uid"]
     assert outcome.sandbox["pod"] == submitted["metadata"]["name"]
-    assert outcome.container_id is not None and outcome.container_id.startswith("fake://")
+    assert outcome.container_id is not None
+    assert outcome.container_id.startswith("fake://")
     # the payload reached the in-Pod supervisor through attach, environment included
     (request,) = fake_api.cluster.payloads
     assert request["code"] == "print(2+2)"
