@@ -24,9 +24,9 @@ from gateway.errors import UnsafeOptionsError
 from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
-from gateway.runner.docker.supervisor import supervisor_command
+from gateway.runner.docker.supervisor import SUPERVISOR
 from gateway.runner.kubernetes.manifests import KUBERNETES_VERSION, ROLE_RULES, cluster_manifests, dump_all
-from gateway.runner.kubernetes.pod import KubernetesAssembler, guard, pod_digest
+from gateway.runner.kubernetes.pod import POD_COMMAND, KubernetesAssembler, guard, pod_digest
 from tests.kubernetes.conftest import all_pods, shipped_policy_files
 
 VERSION = f"{KUBERNETES_VERSION}.0"
@@ -269,7 +269,8 @@ def test_the_default_pod_is_exactly_the_hardened_one(default_policy: Policy) -> 
         {"name": "workspace", "emptyDir": {"medium": "Memory", "sizeLimit": str(64 * 1024 * 1024)}},
     ]
     assert c["imagePullPolicy"] == "Never"
-    assert c["command"] == supervisor_command("/workspace")
+    assert c["command"] == list(POD_COMMAND)
+    assert c["command"][4].strip() == SUPERVISOR.strip()
     assert (c["stdin"], c["stdinOnce"], c["tty"]) == (True, True, False)
     assert "env" not in c
     assert pod["metadata"]["labels"]["agent-gateway.io/managed"] == "true"

@@ -33,7 +33,7 @@ from typing import Any
 from gateway.canonical import options_bytes
 from gateway.decision.settings import BackendLimits, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
-from gateway.runner.docker.supervisor import supervisor_command
+from gateway.runner.docker.supervisor import SUPERVISOR
 
 __all__ = [
     "ANNOTATION_POLICY",
@@ -45,6 +45,7 @@ __all__ = [
     "LABEL_PREFIX",
     "MANAGED_LABEL",
     "OPTION_KEYS",
+    "POD_COMMAND",
     "REQUEST_LABEL",
     "START_MARGIN_S",
     "WORKSPACE",
@@ -63,7 +64,8 @@ INSTANCE_LABEL = "agent-gateway.io/instance"
 DECISION_LABEL = "agent-gateway.io/decision"
 REQUEST_LABEL = "agent-gateway.io/request"
 ANNOTATION_POLICY = "agent-gateway.io/policy"
-"""``name@sha256:<hex>`` does not fit a label value (63 characters, no ``@``/``:``), so it is an annotation."""
+"""The policy's name. Its sha256 is in the decision record the decision label leads to: podman refuses annotation
+values longer than 63 characters, which ``name@sha256:<hex>`` always is."""
 ANNOTATION_PIDS = "agent-gateway.io/pids-limit"
 """The policy's pids limit, for the operator: a Pod has no pids field; the kubelet's ``podPidsLimit`` bounds it."""
 DEFAULT_NAMESPACE = "gateway-sandboxes"
@@ -74,6 +76,10 @@ GVISOR_RUNTIME_CLASS = "gvisor"
 """The RuntimeClass a ``runsc`` profile names (``gateway kubernetes manifests`` defines it, handler ``runsc``)."""
 START_MARGIN_S = 60
 """Seconds ``activeDeadlineSeconds`` allows beyond the run's own deadline: scheduling, start, hand-over."""
+POD_COMMAND = ("/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR.strip("\n"), WORKSPACE)
+"""The container's fixed command: the Docker backend's supervisor, the same program. Its leading newline is dropped:
+podman's ``kube play`` (layer 3 of the tests) re-serialises the manifest through a YAML library that cannot read
+back a block scalar starting with one."""
 OPTION_KEYS = frozenset({"image", "namespace", "environment", "pod", "pod_sha256"})
 """The only keys of a Kubernetes decision's options."""
 _VOLUMES = (("tmp", "/tmp"), ("workspace", WORKSPACE))  # noqa: S108 - container paths
@@ -177,7 +183,7 @@ def build_pod(
         "image": p.image,
         # Never a silent pull: a missing image is a start failure the runner reports (ErrImageNeverPull).
         "imagePullPolicy": "IfNotPresent" if p.pull == "if-missing" else "Never",
-        "command": supervisor_command(WORKSPACE),
+        "command": list(POD_COMMAND),
         "workingDir": WORKSPACE,
         # The payload reaches the supervisor (PID 1) through attach; stdinOnce: when the gateway's attach
         # session ends (the gateway is gone), the supervisor's stdin closes and it ends the run itself.
@@ -235,7 +241,7 @@ def build_pod(
                 DECISION_LABEL: label_value(decision_id),
                 REQUEST_LABEL: label_value(request_id),
             },
-            "annotations": {ANNOTATION_POLICY: p.policy, ANNOTATION_PIDS: str(p.pids)},
+            "annotations": {ANNOTATION_POLICY: p.policy.split("@", 1)[0][:63], ANNOTATION_PIDS: str(p.pids)},
         },
         "spec": spec,
     }
@@ -399,7 +405,7 @@ def _check_container(spec: Mapping[str, Any]) -> _Issues:
         yield f"{at}.image", "image is missing"
     if c.get("imagePullPolicy") not in ("Never", "IfNotPresent"):
         yield f"{at}.imagePullPolicy", "imagePullPolicy must be Never (or IfNotPresent when the policy allows pulls)"
-    if c.get("command") != supervisor_command(WORKSPACE) or "args" in c:
+    if c.get("command") != list(POD_COMMAND) or "args" in c:
         yield f"{at}.command", "the command must be the fixed supervisor and nothing else"
     if c.get("stdin") is not True or c.get("stdinOnce") is not True or c.get("tty") is not False:
         yield f"{at}.stdin", "stdin and stdinOnce must be true and tty false (the payload goes through attach)"
