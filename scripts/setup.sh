@@ -2,7 +2,8 @@
 # One entry point that brings everything up, idempotently:
 #   1. .venv with the package installed editable with its dev extras (only when missing or pyproject changed);
 #   2. a Docker engine (scripts/setup-engine.sh: touches nothing when an engine already answers);
-#   3. the sandbox image (scripts/build-image.sh: built locally only when missing).
+#   3. the sandbox image (scripts/build-image.sh: built locally only when missing);
+#   4. podman and catatonit (the Kubernetes backend's `podman kube play` tests), only when missing.
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
 set -euo pipefail
 
@@ -60,3 +61,20 @@ fi
 # 3. Sandbox image (its id goes to stderr when verbose; the build script prints it on stdout).
 id="$("$ROOT/scripts/build-image.sh")"
 say "sandbox image: $id"
+
+# 4. podman (and catatonit, its pod infra's init) for the Kubernetes backend's layer-3 tests: `podman kube play`
+#    runs the assembled Pod manifests for real (tests/integration/test_kubernetes_podman.py). Installed only when
+#    missing, and only where apt-get is usable as root; everything podman stores lives under the tests' temp dirs.
+if ! command -v podman >/dev/null 2>&1 || ! command -v catatonit >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing podman and catatonit"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit >/dev/null 2>&1 \
+            || { apt-get update -qq >/dev/null 2>&1 \
+                 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit >/dev/null; } \
+            || die "cannot install podman and catatonit"
+    else
+        say "podman or catatonit missing (install both: the Kubernetes layer-3 tests need them)"
+    fi
+else
+    say "podman is installed"
+fi
