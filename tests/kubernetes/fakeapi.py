@@ -101,6 +101,8 @@ class FakeCluster:
     """Every payload the fake container received (decoded)."""
     submitted: list[dict[str, Any]] = field(default_factory=list)
     """Every Pod manifest as POSTed."""
+    deleted: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    """Set when a Pod is deleted: its container (and attach session) ends, as the kubelet would end it."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     loop: asyncio.AbstractEventLoop | None = None
     changed: asyncio.Condition | None = None
@@ -281,6 +283,7 @@ def build_app(cluster: FakeCluster) -> Starlette:
             return JSONResponse(status_body(404, "NotFound", f'pods "{name}" not found'), status_code=404)
         if request.method == "DELETE":
             del cluster.pods[(ns, name)]
+            cluster.deleted.setdefault((ns, name), asyncio.Event()).set()
             found["metadata"]["deletionTimestamp"] = _now()
             await cluster._changed("DELETED", found)
             return JSONResponse(found)
@@ -322,9 +325,18 @@ def build_app(cluster: FakeCluster) -> Starlette:
 
     async def play(ws: WebSocket, key: tuple[str, str]) -> None:
         buf = bytearray()
+        gone = cluster.deleted.setdefault(key, asyncio.Event())
         try:
             while len(buf) < 8 or len(buf) < 8 + struct.unpack(">I", bytes(buf[4:8]))[0]:
-                message = await ws.receive_bytes()
+                receive = asyncio.ensure_future(ws.receive_bytes())
+                deleted = asyncio.ensure_future(gone.wait())
+                done, _ = await asyncio.wait({receive, deleted}, return_when=asyncio.FIRST_COMPLETED)
+                if receive not in done:
+                    receive.cancel()
+                    await ws.close()  # the Pod was deleted while its supervisor waited: the session ends
+                    return
+                deleted.cancel()
+                message = receive.result()
                 assert message[0] == 0, "stdin arrives on channel 0"
                 buf += message[1:]
         except WebSocketDisconnect:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -342,6 +343,20 @@ class Attach:
             if data[0] == _CHANNEL_CLOSE:  # v5: the server closed one channel (stdout ends with the program)
                 continue
             return data[0], data[1:]
+
+    def idle(self) -> bool:
+        """True while the session is open and silent: a waiting supervisor writes nothing, so anything readable
+        (a message, the close) means the Pod is not fit to serve (an idle pooled Pod is checked at claim)."""
+        if self.closed:
+            return False
+        sock = getattr(getattr(self._ws, "sock", None), "sock", None)
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
 
     def close(self) -> None:
         """End the session at once: with ``stdinOnce`` the supervisor's stdin closes, and it ends the run itself.

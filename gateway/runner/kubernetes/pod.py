@@ -24,14 +24,16 @@ instead, unless the node has the profile installed), and "no network" (a deny-al
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import re
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.canonical import options_bytes
-from gateway.decision.settings import BackendLimits, SandboxSettings
+from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
 from gateway.runner.docker.supervisor import SUPERVISOR
 
@@ -40,12 +42,14 @@ __all__ = [
     "CONTAINER_NAME",
     "DECISION_LABEL",
     "DEFAULT_NAMESPACE",
+    "EPHEMERAL_STORAGE",
     "GVISOR_RUNTIME_CLASS",
     "INSTANCE_LABEL",
     "LABEL_PREFIX",
     "MANAGED_LABEL",
     "OPTION_KEYS",
     "POD_COMMAND",
+    "POOL_LABEL",
     "REQUEST_LABEL",
     "START_MARGIN_S",
     "WORKSPACE",
@@ -55,6 +59,9 @@ __all__ = [
     "label_value",
     "pod_digest",
     "pod_name",
+    "pool_key",
+    "pooled_pod",
+    "profile_part",
 ]
 
 LABEL_PREFIX = "agent-gateway.io/"
@@ -63,6 +70,9 @@ INSTANCE_LABEL = "agent-gateway.io/instance"
 """The gateway instance that made the Pod (in the shipped Deployment: the gateway Pod's own name)."""
 DECISION_LABEL = "agent-gateway.io/decision"
 REQUEST_LABEL = "agent-gateway.io/request"
+POOL_LABEL = "agent-gateway.io/pool"
+"""On a warm pool's Pod instead of the decision and request labels: the first 32 hex digits of its profile's
+:func:`pool_key` (a label value holds at most 63 characters)."""
 ANNOTATION_POLICY = "agent-gateway.io/policy"
 """The policy's name. Its sha256 is in the decision record the decision label leads to: podman refuses annotation
 values longer than 63 characters, which ``name@sha256:<hex>`` always is."""
@@ -148,25 +158,18 @@ def _cpu(cpus: float) -> str:
     return f"{max(round(cpus * 1000), 1)}m"
 
 
-def _ephemeral(settings: SandboxSettings) -> int:
-    """Bytes of node disk the Pod may use: its container log (the kubelet writes the attached stdout there too)
-    holds at most both capped streams and the returned files, plus the frame overhead; a margin on top. Past it
-    the kubelet evicts the Pod, which the runner reports as an eviction."""
-    need = 2 * settings.output_bytes + settings.output_files_bytes
-    return (math.ceil(need * 1.1 / _MI) + 64) * _MI
+EPHEMERAL_STORAGE = 512 * _MI
+"""Node disk one sandbox Pod may use. Its root is read-only and its volumes are memory, so this bounds the
+container log, which the kubelet fills with the attached stdout too. The runner stops reading (and kills) at the
+run's output cap long before; past this the kubelet evicts the Pod, which the run reports as an eviction. One
+value for every Pod: it is part of the profile (a warm pool's Pod is made before any request says its caps)."""
 
 
-def build_pod(
-    settings: SandboxSettings, *, decision_id: str, request_id: str, namespace: str = DEFAULT_NAMESPACE,
-    instance: str = "unknown",
-) -> dict[str, Any]:  # fmt: skip
-    """The complete Pod manifest for ``settings`` (what the runner submits, unchanged)."""
-    p = settings.profile
-    if settings.mounts:
-        raise UnsafeOptionsError(
-            "host mounts are not available on the Kubernetes backend (a Pod never gets a hostPath volume)",
-            hint="run requests with mounts on the Docker backend, or drop the mounts",
-        )
+def _profile_pod(
+    profile: SandboxProfile, *, namespace: str, instance: str, name: str, deadline_s: int
+) -> dict[str, Any]:
+    """The Pod of ``profile``: everything but the labels that name one run."""
+    p = profile
     if p.network != "none":
         raise UnsafeOptionsError(
             f"network {p.network!r} is not available on the Kubernetes backend: sandboxes have no network "
@@ -175,8 +178,7 @@ def build_pod(
         )
     if p.runtime not in ("runc", "runsc"):
         raise UnsafeOptionsError(f"unknown runtime {p.runtime!r}: expected runc or runsc")
-    memory = str(p.memory)
-    amounts = {"memory": memory, "cpu": _cpu(p.cpus), "ephemeral-storage": str(_ephemeral(settings))}
+    amounts = {"memory": str(p.memory), "cpu": _cpu(p.cpus), "ephemeral-storage": str(EPHEMERAL_STORAGE)}
     seccomp = {"type": "RuntimeDefault"}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -201,7 +203,7 @@ def build_pod(
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": dict(seccomp),
         },
-        "volumeMounts": [{"name": name, "mountPath": path} for name, path in _VOLUMES],
+        "volumeMounts": [{"name": vol, "mountPath": path} for vol, path in _VOLUMES],
         "terminationMessagePolicy": "File",
     }
     spec: dict[str, Any] = {
@@ -221,10 +223,8 @@ def build_pod(
             "seccompProfile": dict(seccomp),
         },
         "containers": [container],
-        "volumes": [
-            {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": str(p.tmpfs)}} for name, _ in _VOLUMES
-        ],
-        "activeDeadlineSeconds": math.ceil(settings.timeout_s) + START_MARGIN_S,
+        "volumes": [{"name": vol, "emptyDir": {"medium": "Memory", "sizeLimit": str(p.tmpfs)}} for vol, _ in _VOLUMES],
+        "activeDeadlineSeconds": deadline_s,
         "terminationGracePeriodSeconds": 1,
     }
     if p.runtime == "runsc":
@@ -233,18 +233,65 @@ def build_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(decision_id),
+            "name": name,
             "namespace": namespace,
-            "labels": {
-                MANAGED_LABEL: "true",
-                INSTANCE_LABEL: label_value(instance),
-                DECISION_LABEL: label_value(decision_id),
-                REQUEST_LABEL: label_value(request_id),
-            },
+            "labels": {MANAGED_LABEL: "true", INSTANCE_LABEL: label_value(instance)},
             "annotations": {ANNOTATION_POLICY: p.policy.split("@", 1)[0][:63], ANNOTATION_PIDS: str(p.pids)},
         },
         "spec": spec,
     }
+
+
+def build_pod(
+    settings: SandboxSettings, *, decision_id: str, request_id: str, namespace: str = DEFAULT_NAMESPACE,
+    instance: str = "unknown",
+) -> dict[str, Any]:  # fmt: skip
+    """The complete Pod manifest for ``settings`` (what the runner submits, unchanged): the profile's Pod, named
+    after the decision, labelled with it and the request, with the run's backstop deadline."""
+    if settings.mounts:
+        raise UnsafeOptionsError(
+            "host mounts are not available on the Kubernetes backend (a Pod never gets a hostPath volume)",
+            hint="run requests with mounts on the Docker backend, or drop the mounts",
+        )
+    pod = _profile_pod(
+        settings.profile, namespace=namespace, instance=instance, name=pod_name(decision_id),
+        deadline_s=math.ceil(settings.timeout_s) + START_MARGIN_S,
+    )  # fmt: skip
+    pod["metadata"]["labels"].update({DECISION_LABEL: label_value(decision_id), REQUEST_LABEL: label_value(request_id)})
+    return pod
+
+
+def pooled_pod(
+    profile: SandboxProfile, *, ttl_s: float, namespace: str = DEFAULT_NAMESPACE, instance: str = "unknown"
+) -> dict[str, Any]:
+    """A warm pool's Pod of ``profile``: nothing of a request (no decision or request label, no environment), the
+    pool label, a random name, and ``activeDeadlineSeconds`` = the pool's ``ttl_s`` (idle expiry plus the
+    policy's longest timeout): the backstop holds whenever it is claimed."""
+    key = pool_key(profile, namespace=namespace, instance=instance)
+    name = f"gateway-pool-{key[:12]}-{secrets.token_hex(6)}"
+    pod = _profile_pod(profile, namespace=namespace, instance=instance, name=name, deadline_s=math.ceil(ttl_s))
+    pod["metadata"]["labels"][POOL_LABEL] = key[:32]
+    return pod
+
+
+_RUN_LABELS = (DECISION_LABEL, REQUEST_LABEL, POOL_LABEL)
+
+
+def profile_part(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """``pod`` without what names one run or one pooled Pod (its name, the decision / request / pool labels,
+    ``activeDeadlineSeconds``): a pooled Pod and a decision's Pod of the same profile have equal parts."""
+    out = copy.deepcopy(dict(pod))
+    meta = out.get("metadata") or {}
+    meta.pop("name", None)
+    meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k not in _RUN_LABELS}
+    (out.get("spec") or {}).pop("activeDeadlineSeconds", None)
+    return out
+
+
+def pool_key(profile: SandboxProfile, *, namespace: str = DEFAULT_NAMESPACE, instance: str = "unknown") -> str:
+    """The sha256 of ``profile``'s Pod without what names a run (canonical JSON): names a warm pool."""
+    part = profile_part(_profile_pod(profile, namespace=namespace, instance=instance, name="x", deadline_s=1))
+    return hashlib.sha256(options_bytes(part)).hexdigest()
 
 
 def build_options(
@@ -334,9 +381,13 @@ def _check_shape(pod: Mapping[str, Any]) -> _Issues:
     labels = _mapping(meta.get("labels"))
     if labels.get(MANAGED_LABEL) != "true":
         yield "$.pod.metadata.labels", f"the {MANAGED_LABEL} label is missing"
-    for key in (INSTANCE_LABEL, DECISION_LABEL, REQUEST_LABEL):
+    pooled = POOL_LABEL in labels
+    needed = (INSTANCE_LABEL, POOL_LABEL) if pooled else (INSTANCE_LABEL, DECISION_LABEL, REQUEST_LABEL)
+    for key in needed:
         if not isinstance(labels.get(key), str) or not labels[key]:
             yield "$.pod.metadata.labels", f"the {key} label is missing"
+    if pooled and (DECISION_LABEL in labels or REQUEST_LABEL in labels):
+        yield "$.pod.metadata.labels", "a pooled Pod is made before any request: it names none"
     for key, value in labels.items():
         if not isinstance(value, str) or not _LABEL_VALUE.match(value) or len(value) > 63:
             yield f"$.pod.metadata.labels[{key!r}]", f"{value!r} is not a valid label value"

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.decision.settings import SandboxProfile
 from gateway.errors import (
     CancelledRunError,
     ContainerLeftError,
@@ -39,6 +40,7 @@ from gateway.errors import (
     ImageMissingError,
     OutputCallbackError,
     SandboxError,
+    UnsafeOptionsError,
 )
 from gateway.runner.docker.collect import CANCEL_POLL_S, Collected, outcome_of, take_frame
 from gateway.runner.docker.supervisor import FrameDecoder, ProtocolError, encode_payload, new_key
@@ -52,9 +54,17 @@ from gateway.runner.kubernetes.pod import (
     KubernetesAssembler,
     guard,
     label_value,
+    pod_digest,
+    pool_key,
+    pooled_pod,
+    profile_part,
 )
 
-__all__ = ["EXPIRY_GRACE_S", "KubernetesRunner", "KubernetesSandbox"]
+__all__ = ["EXPIRY_GRACE_S", "KubernetesRunner", "KubernetesSandbox", "OnGone"]
+
+OnGone = Callable[[GatewayError | None], None]
+"""``Runner.run(..., on_gone=)`` (the warm pool's interface): called once the Pod no longer exists, with None or
+with why it could not be deleted (instead of ``ContainerLeftError``)."""
 
 EXPIRY_GRACE_S = 60
 """Seconds past a Pod's ``activeDeadlineSeconds`` (from its creation) after which any reaper deletes it."""
@@ -78,6 +88,8 @@ class KubernetesSandbox:
     container_id: str | None = None
     image_id: str | None = None
     used: bool = False
+    created_with: Mapping[str, Any] | None = None
+    """For a warm pool's Pod: the exact options (manifest and digest) it was created with, re-guarded at claim."""
 
     def names(self, reason: str | None = None) -> dict[str, str]:
         out = {"namespace": self.namespace, "pod": self.name, "pod_uid": self.uid, "pod_sha256": self.digest}
@@ -119,7 +131,10 @@ class KubernetesRunner:
     # -- prepare ---------------------------------------------------------------------------------------
 
     def prepare(self, spec: RunSpec) -> KubernetesSandbox:
-        options = dict(spec.options)
+        return self._start(spec, dict(spec.options))
+
+    def _start(self, spec: RunSpec, options: dict[str, Any], *, pooled: bool = False) -> KubernetesSandbox:
+        """Guard, create, watch until running, attach: a Pod whose supervisor waits for its payload."""
         guard(options)
         pod: Mapping[str, Any] = options["pod"]
         namespace = str(options["namespace"])
@@ -131,7 +146,7 @@ class KubernetesRunner:
             box = KubernetesSandbox(
                 spec=spec, namespace=namespace, name=name, uid=str(running["metadata"].get("uid", "")),
                 digest=str(options["pod_sha256"]), container_id=status.get("containerID"),
-                image_id=status.get("imageID"),
+                image_id=status.get("imageID"), created_with=options if pooled else None,
             )  # fmt: skip
             box.attach = self.client.attach(namespace, name, CONTAINER_NAME)
         except BaseException:
@@ -201,12 +216,62 @@ class KubernetesRunner:
                 tail = ""
             raise SandboxError(exc.message + (f"; its log: {tail.strip()!r}" if tail.strip() else "")) from exc
 
+    # -- the warm pool (gateway.runner.interface.PoolingRunner) --------------------------------------------
+
+    def pool_key(self, profile: SandboxProfile) -> str:
+        return pool_key(profile, namespace=self.namespace, instance=self.instance)
+
+    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> KubernetesSandbox:
+        """A running Pod of ``profile`` alone, its supervisor waiting on the attach session: nothing of a request
+        (no environment, no decision or request label), ``activeDeadlineSeconds`` = ``ttl_s``."""
+        pod = pooled_pod(profile, ttl_s=ttl_s, namespace=self.namespace, instance=self.instance)
+        options = {"image": profile.image, "namespace": self.namespace, "environment": {}, "pod": pod,
+                   "pod_sha256": pod_digest(pod)}  # fmt: skip
+        spec = RunSpec(options=options, timeout_s=max(ttl_s, 1.0), output_bytes=0, pull=profile.pull,
+                       backend="kubernetes")  # fmt: skip
+        return self._start(spec, options, pooled=True)
+
+    def claim(self, sandbox: Any, spec: RunSpec) -> KubernetesSandbox | None:
+        """Bind an idle pooled Pod to one request's ``spec``; None when it is no longer alive.
+
+        The guard runs again on the manifest the Pod was created with and on the decision's, and the two must
+        have the same profile part (``pod.profile_part``: every field but the name, the labels naming a run or a
+        pool, and the backstop deadline). The outcome then names the Pod that ran (its own digest and uid)."""
+        if not isinstance(sandbox, KubernetesSandbox) or sandbox.created_with is None:
+            raise SandboxError("only an idle pooled sandbox can be claimed")
+        if sandbox.used:
+            raise SandboxError("a sandbox is used once; this one was already claimed")
+        guard(sandbox.created_with)
+        guard(spec.options)
+        made, wanted = profile_part(sandbox.created_with["pod"]), profile_part(spec.options["pod"])
+        if spec.mounts or made != wanted or sandbox.created_with["namespace"] != spec.options["namespace"]:
+            raise UnsafeOptionsError(
+                "the pooled Pod was created from another profile than the decision's; it was deleted and nothing "
+                "ran in it"
+            )
+        sandbox.used = True
+        if sandbox.attach is None or not sandbox.attach.idle():
+            return None
+        return replace(sandbox, spec=spec, used=False)
+
+    def discard(self, sandbox: Any) -> None:
+        """Delete a Pod that will never run (its supervisor also ends when the attach session closes)."""
+        if not isinstance(sandbox, KubernetesSandbox):
+            return
+        sandbox.used = True
+        if sandbox.attach is not None:
+            sandbox.attach.close()
+        with contextlib.suppress(Exception):
+            self.client.delete_pod(sandbox.namespace, sandbox.name)
+
     # -- run -------------------------------------------------------------------------------------------
 
     def run(
         self, sandbox: Any, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
+        """``on_gone`` (the warm pool's interface): called once the Pod is deleted (with None), or with why it
+        could not be (then no ``ContainerLeftError`` is raised: the caller audits it)."""
         if not isinstance(sandbox, KubernetesSandbox):
             raise SandboxError(f"KubernetesRunner cannot run a {type(sandbox).__name__}")
         if sandbox.used:
@@ -228,7 +293,10 @@ class KubernetesRunner:
                 self.client.delete_pod(sandbox.namespace, sandbox.name)
             except GatewayError as exc:
                 left = exc
-        if left is not None:
+            if on_gone is not None:
+                with contextlib.suppress(Exception):
+                    on_gone(left)
+        if left is not None and on_gone is None:
             error = ContainerLeftError(
                 f"the run ended, but its Pod {sandbox.namespace}/{sandbox.name} could not be deleted ({left.message}); "
                 "it was left for `gateway reap` (activeDeadlineSeconds ends it too)"
@@ -240,9 +308,15 @@ class KubernetesRunner:
 
     def execute(
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        return self.run(self.prepare(spec), payload, on_output=on_output, cancel=cancel)
+        try:
+            sandbox = self.prepare(spec)
+        except BaseException:
+            if on_gone is not None:
+                on_gone(None)  # prepare deletes what it created
+            raise
+        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
 
     def _run(
         self, sb: KubernetesSandbox, payload: Payload, got: Collected, start: float, reason: list[str], *,
