@@ -202,7 +202,10 @@ def _print_human(result: ExecutionResult, live: _LiveOutput) -> None:
         notes.append("gateway: killed at the deadline")
     if data["oom_killed"]:
         notes.append("gateway: killed for exceeding the memory limit")
-    if data["resource_killed"]:
+    reason = (result.outcome.sandbox.get("reason") if result.outcome is not None else None) or ""
+    if reason == "Evicted":
+        notes.append("gateway: the node evicted the sandbox's Pod (node pressure or its ephemeral-storage limit)")
+    elif data["resource_killed"]:
         notes.append("gateway: the sandbox ended without reporting the program's exit (killed for a resource limit)")
     if not result.audit_ok:
         notes.append("gateway: WARNING: the audit record of this request could not be written")

@@ -147,8 +147,14 @@ def test_the_gateway_runs_replicated_behind_a_service() -> None:
     assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "GATEWAY_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
-    config = yaml.safe_load(_by_kind(docs, "ConfigMap")[0]["data"]["server.yaml"])
+    text = _by_kind(docs, "ConfigMap")[0]["data"]["server.yaml"]
+    config = yaml.safe_load(text)
     assert config["backend"] == "kubernetes"
+    from gateway.service.config import load_server_config_text
+
+    loaded = load_server_config_text(text, source="server.yaml")  # the gateway accepts its own configuration
+    assert loaded.backend == "kubernetes"
+    assert loaded.kubernetes.in_cluster
     assert config["kubernetes"] == {"namespace": "gateway-sandboxes", "in_cluster": True}
     with pytest.raises(ValueError, match="at least 2"):
         cluster_manifests([], replicas=1)

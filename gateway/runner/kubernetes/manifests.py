@@ -65,6 +65,8 @@ def _namespace(name: str) -> dict[str, Any]:
 
 def _server_config(policy_file: str | None) -> str:
     config: dict[str, Any] = {
+        "apiVersion": "gateway.agent-exec/v1",
+        "kind": "ServerConfig",
         "host": "0.0.0.0",  # noqa: S104 - the Service's port; the Pod network is the boundary
         "port": GATEWAY_PORT,
         "principals": "/etc/gateway/principals/principals.yaml",
