@@ -92,7 +92,14 @@ class Podman:
 
     def run(self, args: list[str], *, stdin: Any = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            self.argv(args), stdin=stdin, capture_output=True, text=True, env=self.env, timeout=300, check=False
+            self.argv(args),
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=300,
+            check=False,
+            cwd=self.root,  # conmon drops an `oom` file into its working directory on an OOM kill
         )
         if check and proc.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args[:3])} failed: {proc.stderr[-800:]}")
@@ -138,7 +145,7 @@ class Podman:
                                  timeout_s=spec.timeout_s)  # fmt: skip
         start = time.monotonic()
         proc = subprocess.Popen(self.argv(["start", "--attach", name]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=self.env)  # fmt: skip
+                                env=self.env, cwd=self.root)  # fmt: skip
         writer = _open_writer(fifo, proc)
         got = Collected()
         decoder = FrameDecoder(key)
