@@ -150,6 +150,7 @@ def outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None
         "stderr": {**_digest(o.stderr, o.stderr_bytes), "truncated": o.stderr_truncated},
         **_files_data(o),
         "error": {"code": error.code, "message": error.message} if error else None,
+        **({"sandbox": dict(o.sandbox)} if o.sandbox else {}),
     }
 
 

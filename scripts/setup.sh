@@ -4,7 +4,8 @@
 #      package itself editable with --no-deps; skipped when the venv's stamp says it already holds this lock;
 #   2. a Docker engine (scripts/setup-engine.sh: touches nothing when an engine already answers);
 #   3. the sandbox image (scripts/build-image.sh: built locally, reproducibly, only when missing; its SBOM recorded);
-#   4. Debian's chromium for the HTML report test (only when missing).
+#   4. Debian's chromium for the HTML report test (only when missing);
+#   5. podman and catatonit (the Kubernetes backend's `podman kube play` tests), only when missing.
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
 set -euo pipefail
 
@@ -85,4 +86,21 @@ if [[ ! -x /usr/bin/chromium ]] && [[ "$(id -u)" == 0 ]] && command -v apt-get >
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
         || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
         || say "chromium could not be installed: the HTML report test will skip"
+fi
+
+# 5. podman (and catatonit, its pod infra's init) for the Kubernetes backend's layer-3 tests: `podman kube play`
+#    runs the assembled Pod manifests for real (tests/integration/test_kubernetes_podman.py). Installed only when
+#    missing, and only where apt-get is usable as root; everything podman stores lives under the tests' temp dirs.
+if ! command -v podman >/dev/null 2>&1 || ! command -v catatonit >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "installing podman and catatonit"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit >/dev/null 2>&1 \
+            || { apt-get update -qq >/dev/null 2>&1 \
+                 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit >/dev/null; } \
+            || die "cannot install podman and catatonit"
+    else
+        say "podman or catatonit missing (install both: the Kubernetes layer-3 tests need them)"
+    fi
+else
+    say "podman is installed"
 fi

@@ -14,6 +14,7 @@ from gateway.cli import (
     audit_cmd,
     check_cmd,
     doctor_cmd,
+    kubernetes_cmd,
     mcp_cmd,
     policy_cmd,
     principals_cmd,
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp_cmd.register(sub)
     serve_cmd.register(sub)
     sbom_cmd.register(sub)
+    kubernetes_cmd.register(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway._gateway import Gateway
+from gateway.cli.backend import add_backend_args, make_runner
 from gateway.cli.policy_cmd import policy_path_for
 from gateway.decision import Decision
 from gateway.errors import EXIT_DENIED, RequestError, exit_code_for
@@ -68,8 +69,13 @@ def check_main(args: argparse.Namespace) -> int:
     the gateway makes is on the trail.
     """
     data, _source = _read_request(args.request)
-    with Gateway.from_env(policy_path_for(args), args.audit_dir) as gw:
-        result = gw.decide(data)
+    runner = make_runner(args)  # never contacts a cluster or an engine: check only decides
+    try:
+        with Gateway.from_env(policy_path_for(args), args.audit_dir, runner=runner) as gw:
+            result = gw.decide(data)
+    finally:
+        if runner is not None:
+            runner.close()
     if result.error is not None:
         if args.json:
             print(json.dumps({"allowed": False, "request_id": result.request_id, "error": result.error.to_dict()}))
@@ -79,7 +85,12 @@ def check_main(args: argparse.Namespace) -> int:
     decision = result.decision
     assert decision is not None  # noqa: S101 - decide() returns a decision whenever it reports no error
     if args.json:
-        print(json.dumps(decision.to_dict(), indent=2, sort_keys=True))
+        out = decision.to_dict()
+        options = out.get("options")
+        if decision.run is not None and decision.run.backend == "kubernetes" and isinstance(options, dict):
+            out["pod"] = options["pod"]  # the full manifest the runner would submit (also in options.pod)
+            out["pod_sha256"] = options["pod_sha256"]
+        print(json.dumps(out, indent=2, sort_keys=True))
     else:
         print(render_decision(decision))
     return 0 if decision.allowed else EXIT_DENIED
@@ -91,6 +102,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     check.add_argument("--policy", metavar="FILE", help="policy file (default: $GATEWAY_POLICY, then the default)")
     check.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
     check.add_argument("--json", action="store_true", help="print the decision as JSON")
+    add_backend_args(check)
     check.set_defaults(func=check_main)
 
 

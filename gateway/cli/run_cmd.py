@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from gateway import ExecutionResult, Gateway
+from gateway.cli.backend import add_backend_args, make_runner
 from gateway.cli.otel import OTEL_HELP, setup_otel
 from gateway.errors import (
     EXIT_USAGE,
@@ -81,6 +82,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="print one JSON result object at the end instead of the program output (written live without it)",
     )
     p.add_argument("--otel", metavar="EXPORTER", help=OTEL_HELP)
+    add_backend_args(p)
 
 
 def _split_mount(spec: str) -> dict[str, str]:
@@ -200,7 +202,10 @@ def _print_human(result: ExecutionResult, live: _LiveOutput) -> None:
         notes.append("gateway: killed at the deadline")
     if data["oom_killed"]:
         notes.append("gateway: killed for exceeding the memory limit")
-    if data["resource_killed"]:
+    reason = (result.outcome.sandbox.get("reason") if result.outcome is not None else None) or ""
+    if reason == "Evicted":
+        notes.append("gateway: the node evicted the sandbox's Pod (node pressure or its ephemeral-storage limit)")
+    elif data["resource_killed"]:
         notes.append("gateway: the sandbox ended without reporting the program's exit (killed for a resource limit)")
     if not result.audit_ok:
         notes.append("gateway: WARNING: the audit record of this request could not be written")
@@ -245,8 +250,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     shutdown = setup_otel(args.otel)
     live = _LiveOutput()  # human output is written as it arrives; --json stays one object at the end
+    runner = None
     try:
-        with _interruptible(), Gateway.from_env(args.policy, args.audit_dir) as gw:
+        runner = make_runner(args)
+        with _interruptible(), Gateway.from_env(args.policy, args.audit_dir, runner=runner) as gw:
             _sweep(gw)
             result = gw.execute(request, on_output=None if args.json else live)
     except GatewayError as exc:
@@ -255,6 +262,8 @@ def _run(args: argparse.Namespace) -> int:
         # as policy.rejected before Gateway.from_env raised (when that record fails, the AuditError is raised).
         result = ExecutionResult(uuid.uuid4().hex, None, error=exc, audit_ok=not isinstance(exc, AuditError))
     finally:
+        if runner is not None:
+            runner.close()
         shutdown()
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -278,8 +287,10 @@ def _sweep(gw: Gateway) -> None:
 
 def _reap(args: argparse.Namespace) -> int:
     shutdown = setup_otel(args.otel)
+    runner = None
     try:
-        with Gateway.from_env(args.policy, args.audit_dir) as gw:
+        runner = make_runner(args)
+        with Gateway.from_env(args.policy, args.audit_dir, runner=runner) as gw:
             ids = gw.reap(everything=args.everything)
     except GatewayError as exc:
         if args.json:
@@ -288,6 +299,8 @@ def _reap(args: argparse.Namespace) -> int:
             print(exc.diagnostics(), file=sys.stderr)
         return exit_code_for(exc)
     finally:
+        if runner is not None:
+            runner.close()
         shutdown()
     if args.json:
         print(json.dumps({"removed": ids}))

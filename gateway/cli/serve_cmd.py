@@ -11,8 +11,10 @@ import argparse
 import math
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from gateway.runner import Runner
 from gateway.service.config import ServerConfig, load_server_config
 
 __all__ = ["register"]
@@ -76,6 +78,21 @@ def _server_class(base: type[Any]) -> type[Any]:
     return Server
 
 
+def _kubernetes_runner(config: ServerConfig) -> Callable[[], Runner]:
+    """The Kubernetes runner of the configuration's ``kubernetes:`` section (it connects on first use)."""
+    from gateway.runner.kubernetes.client import KubeClient, KubeConfig  # noqa: PLC0415
+    from gateway.runner.kubernetes.runner import KubernetesRunner  # noqa: PLC0415
+
+    kube = config.kubernetes
+    settings = KubeConfig(
+        namespace=kube.namespace,
+        kubeconfig=str(kube.kubeconfig) if kube.kubeconfig is not None else None,
+        context=kube.context,
+        in_cluster=kube.in_cluster,
+    )
+    return lambda: KubernetesRunner(KubeClient(settings))
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415 - the server only when serving
 
@@ -83,7 +100,10 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.service.app import Service, build_app  # noqa: PLC0415 - Starlette only when serving
 
     config = config_from_args(args)
-    service = Service.from_config(config, runner=DockerRunner)  # refuses to start without principals with a token
+    runner: Callable[[], Runner] = DockerRunner
+    if config.backend == "kubernetes":
+        runner = _kubernetes_runner(config)
+    service = Service.from_config(config, runner=runner)  # refuses to start without principals with a token
     server = _server_class(uvicorn.Server)(
         uvicorn.Config(
             build_app(service),

@@ -149,6 +149,10 @@ class Outcome:
     """Some files under ``/workspace/out`` were left out because of ``output_files_bytes`` or ``output_files``."""
     pulled: bool = False
     """An image pull happened for this run (to be audited)."""
+    sandbox: Mapping[str, str] = field(default_factory=dict)
+    """What the backend names the sandbox by besides ``container_id``, for the outcome record (Kubernetes:
+    ``namespace``, ``pod``, ``pod_uid``, ``pod_sha256`` and, when the kubelet ended the Pod, ``reason``:
+    ``OOMKilled``, ``Evicted``, ``DeadlineExceeded``). Empty for the Docker backend."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view (bytes decoded as UTF-8 with replacement; file contents as sizes)."""
@@ -170,6 +174,7 @@ class Outcome:
             "files": {name: len(data) for name, data in sorted(self.files.items())},
             "files_truncated": self.files_truncated,
             "pulled": self.pulled,
+            **({"sandbox": dict(self.sandbox)} if self.sandbox else {}),
         }
 
 

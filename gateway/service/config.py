@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
     "MAX_CONFIG_BYTES",
+    "KubernetesSettings",
     "ServerConfig",
     "load_server_config",
     "load_server_config_text",
@@ -37,6 +38,16 @@ DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 """A configuration file larger than this is refused before parsing."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """The ``kubernetes:`` section: where the sandbox Pods go and how to reach the API server."""
+
+    namespace: str = "gateway-sandboxes"
+    kubeconfig: Path | None = None
+    context: str | None = None
+    in_cluster: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,10 @@ class ServerConfig:
     """Where the service writes the trail's head (``audit_anchor.directory``); None: no anchors."""
     anchor_every_records: int | None = None
     anchor_every_seconds: float | None = None
+    backend: str = "docker"
+    """``docker`` or ``kubernetes``: which runner ``gateway serve`` builds."""
+    kubernetes: KubernetesSettings = KubernetesSettings()
+    """The Kubernetes backend's connection (``backend: kubernetes``)."""
     source: str | None = field(default=None, compare=False)
     """The file it was read from, if any."""
 
@@ -127,6 +142,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
 
     quotas = data.get("quotas", {})
     anchor = data.get("audit_anchor", {})
+    kube = data.get("kubernetes", {})
     return ServerConfig(
         host=data.get("host", DEFAULT_HOST),
         port=data.get("port", DEFAULT_PORT),
@@ -149,6 +165,13 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         anchor_dir=where / anchor["directory"] if "directory" in anchor else None,
         anchor_every_records=anchor.get("every_records"),
         anchor_every_seconds=None if "every_seconds" not in anchor else float(anchor["every_seconds"]),
+        backend=data.get("backend", "docker"),
+        kubernetes=KubernetesSettings(
+            namespace=kube.get("namespace", "gateway-sandboxes"),
+            kubeconfig=where / kube["kubeconfig"] if "kubeconfig" in kube else None,
+            context=kube.get("context"),
+            in_cluster=bool(kube.get("in_cluster", False)),
+        ),
         source=source,
     )
 

@@ -211,9 +211,9 @@ class _Recording:
     handed: ClassVar[list[Any]] = []
 
     @classmethod
-    def from_env(cls, policy: Any, audit_dir: Any) -> Gateway:
-        runner = FakeRunner(outcome=make_outcome(stdout="héllo\n".encode(), stderr=b"warn\n"))
-        gw = Gateway(load_policy(default_policy_path()), runner=runner, audit=MemoryAuditSink())
+    def from_env(cls, policy: Any, audit_dir: Any, *, runner: Any = None) -> Gateway:  # as Gateway.from_env
+        fake = FakeRunner(outcome=make_outcome(stdout="héllo\n".encode(), stderr=b"warn\n"))
+        gw = Gateway(load_policy(default_policy_path()), runner=fake, audit=MemoryAuditSink())
         execute = gw.execute
 
         def recording(request: Any, **kw: Any) -> Any:
