@@ -44,9 +44,20 @@ def gateway_case(
     def via_gateway() -> None:
         data = gw.execute(request).to_dict()
         if data.get("stdout") != EXPECTED:
-            raise SystemExit(f"gateway run failed: {json.dumps(data)[:400]}")
+            raise SystemExit(f"gateway run failed: {gateway_failure(data)}")
 
     return via_gateway, gw.close
+
+
+def gateway_failure(data: Mapping[str, Any]) -> str:
+    """What went wrong in a result (``to_dict()``), short enough for a report line."""
+    parts = [f"exit_status {data.get('exit_status')}", f"allowed {data.get('allowed')}"]
+    if data.get("error"):
+        parts.append(f"error {json.dumps(data['error'])[:300]}")
+    if data.get("violations"):
+        parts.append(f"violations {json.dumps(data['violations'])[:300]}")
+    parts.append(f"stdout {str(data.get('stdout'))[:100]!r} stderr {str(data.get('stderr'))[:200]!r}")
+    return "; ".join(parts)
 
 
 def gateway_profile_options(runtime: str, audit_dir: Path) -> dict[str, Any]:

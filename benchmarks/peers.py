@@ -61,6 +61,7 @@ from cases import (
     cli_flags,
     cpus,
     docker_cli,
+    gateway_failure,
     gateway_profile_options,
     lesson_helper,
     percentile,
@@ -69,6 +70,7 @@ from cases import (
 
 from gateway import Gateway
 from gateway.runner.docker.options import INSTANCE_LABEL
+from gateway.slots import default_slot_count
 
 RUN_LABEL = "io.agent-gateway.bench.run"
 """Put on every container this benchmark starts outside the gateway (whose containers carry its instance)."""
@@ -269,7 +271,7 @@ def gateway_runner(gw: Gateway) -> Runner:
     def run() -> str | None:
         data = gw.execute(request).to_dict()
         if data.get("stdout") != EXPECTED:
-            raise CaseError(f"gateway run failed: {json.dumps(data)[:400]}")
+            raise CaseError(f"gateway run failed: {gateway_failure(data)}")
         pool = data.get("pool")
         return str(pool) if pool is not None else None
 
@@ -730,6 +732,7 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-peers-")))
         audit_dir = Path(env_audit) if env_audit else work / "audit"
+        slots = _private_slots(args, work)
         leaked: int | None = None
         try:
             build_cases(run, args, audit_dir, work, progress)
@@ -762,6 +765,7 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
         "warmup": args.warmup,
         "throughput_requests_per_lane": args.throughput_requests,
         "pool_size": args.pool_size,
+        "slots": slots,
         "image": IMAGE,
         "runtimes": list(args.runtimes),
         "machine": platform.platform(),
@@ -774,6 +778,20 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
         "audit_dir": str(audit_dir) if env_audit else None,
     }
     return {"info": info, **measured, "peers": run.peers, "leaked_containers": leaked}
+
+
+def _private_slots(args: argparse.Namespace, work: Path) -> int:
+    """Host slots of this run alone (its own directory): other sessions' runs on the machine never hold them,
+    and every gateway case of the run shares them. ``--slots``, by default the host's default count plus
+    what the warm pools hold (pooled containers count against the bound; with only the default, full pools
+    would leave the cold cases, a separate Gateway in this process, waiting for a slot)."""
+    pools = args.pool_size * len(args.runtimes) if "gateway_pool" in args.cases else 0
+    count = args.slots if args.slots is not None else default_slot_count() + pools
+    runtime_dir = work / "runtime"
+    runtime_dir.mkdir()
+    os.environ["GATEWAY_RUNTIME_DIR"] = str(runtime_dir)
+    os.environ["GATEWAY_SLOTS"] = str(count)
+    return count
 
 
 def _refill(run: Run, name: str) -> None:
@@ -816,11 +834,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few runs of each case (under two minutes)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--n", type=int, help="measured latency rounds (default 20; 4 with --quick)")
+    parser.add_argument("--n", type=int, help="measured latency rounds (default 20; 3 with --quick)")
     parser.add_argument("--warmup", type=int, help="untimed rounds first (default 2; 1 with --quick)")
     parser.add_argument("--throughput-requests", type=int, help="calls per lane at each level (default 3; 1 quick)")
     parser.add_argument("--pool-size", type=int, default=4, help="warm containers for gateway_pool (default 4)")
-    parser.add_argument("--burst-factor", type=int, default=3, help="burst = this x pool size (default 3)")
+    parser.add_argument("--slots", type=int, help="host slots of this run (default: the host default + pools)")
+    parser.add_argument("--burst-factor", type=int, help="burst = this x pool size (default 3; 2 with --quick)")
     parser.add_argument("--cases", default=",".join(BASE_CASES), help="comma-separated subset of the cases")
     parser.add_argument("--runtimes", help="comma-separated (default: runc, and runsc when it is registered)")
     parser.add_argument("--peers-dir", type=Path, default=None, help="where the peers' venvs live")
@@ -829,9 +848,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.cases) - set(BASE_CASES))
     if unknown:
         parser.error(f"--cases: unknown {unknown}; expected a subset of {list(BASE_CASES)}")
-    args.n = args.n if args.n is not None else (4 if args.quick else 20)
+    args.n = args.n if args.n is not None else (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.throughput_requests = args.throughput_requests or (1 if args.quick else 3)
+    args.burst_factor = args.burst_factor or (2 if args.quick else 3)
     args.peers_dir = args.peers_dir or peers_dir()
     if args.runtimes is not None:
         args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]

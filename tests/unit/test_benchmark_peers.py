@@ -17,7 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 @pytest.fixture
 def peers(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import peers as module  # noqa: PLC0415 - a script directory, importable only once it is on the path
+    import peers as module  # a script directory: importable once it is on the path
 
     return module
 
@@ -85,7 +85,8 @@ def test_report_shape_with_injected_cases(peers: ModuleType) -> None:
         if name in ("epicbox_runsc", "llm_sandbox_runsc"):
             assert set(row) == {"error"}, name  # an error, never numbers
             continue
-        assert isinstance(row["p50_ms"], float) and isinstance(row["p95_ms"], float), name
+        assert isinstance(row["p50_ms"], float), name
+        assert isinstance(row["p95_ms"], float), name
         assert row["n"] == 3
     assert "stdout was ''" in report["cases"]["epicbox_runsc"]["error"]
     assert report["cases"]["llm_sandbox_runsc"]["error"] == "worker did not start: boom"
@@ -103,11 +104,16 @@ def test_report_shape_with_injected_cases(peers: ModuleType) -> None:
     assert report["burst"]["gateway_pool"]["requests"] == 6
     assert report["burst"]["gateway_pool"]["pool_size"] == 2
     assert report["burst"]["gateway_pool"]["pool"] == {"hit": 6}
-    assert report["burst"]["gateway_cold"]["pool_size"] is None and "pool" not in report["burst"]["gateway_cold"]
+    assert report["burst"]["gateway_cold"]["pool_size"] is None
+    assert "pool" not in report["burst"]["gateway_cold"]
     assert len(report["burst"]["gateway_cold"]["latencies_ms"]) == 6
     assert report["settled"].count("gateway_pool") == 4  # before each throughput level and the burst
 
-    assert set(report["ratios"]) >= {"gateway_pool/gateway_cold", "gateway_cold/docker_cli", "gateway_pool_runsc/epicbox_runsc"}
+    assert set(report["ratios"]) >= {
+        "gateway_pool/gateway_cold",
+        "gateway_cold/docker_cli",
+        "gateway_pool_runsc/epicbox_runsc",
+    }
     assert report["ratios"]["gateway_pool_runsc/epicbox_runsc"] is None  # no p50 for a failed case
     assert len(report["targets"]) == 8
     assert all(t["met"] in (True, False, None) for t in report["targets"])
@@ -122,15 +128,16 @@ def test_a_failing_call_under_concurrency_is_the_case_error(peers: ModuleType) -
 
 def test_quick_defaults_and_bad_arguments(peers: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     args = peers.parse_args(["--quick", "--json", "--cases", "gateway_cold,gateway_pool", "--runtimes", "runc"])
-    assert (args.n, args.warmup, args.throughput_requests) == (4, 1, 1)
-    assert args.cases == ["gateway_cold", "gateway_pool"] and args.runtimes == ["runc"]
+    assert (args.n, args.warmup, args.throughput_requests, args.burst_factor) == (3, 1, 1, 2)
+    assert args.cases == ["gateway_cold", "gateway_pool"]
+    assert args.runtimes == ["runc"]
     with pytest.raises(SystemExit):
         peers.parse_args(["--cases", "gateway_warm"])
     assert "unknown ['gateway_warm']" in capsys.readouterr().err
 
 
 def test_cli_flags_carry_the_gateways_hardening(peers: ModuleType, tmp_path: Path) -> None:
-    import cases  # noqa: PLC0415 - on the path through the fixture
+    import cases  # on the path through the fixture
 
     options = cases.gateway_profile_options("runc", tmp_path / "audit")
     assert options["labels"]["io.agent-gateway.policy"].startswith("default@sha256:")  # the profile part only
@@ -155,4 +162,3 @@ def test_cli_flags_carry_the_gateways_hardening(peers: ModuleType, tmp_path: Pat
     assert json.loads(Path(seccomp.removeprefix("seccomp=")).read_text())["defaultAction"]
     with pytest.raises(SystemExit, match="no CLI flag for option 'privileged'"):
         cases.cli_flags({"privileged": True}, tmp_path)
-
