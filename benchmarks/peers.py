@@ -26,7 +26,8 @@ happens when the pool drains. A case that fails is reported with its error, neve
 
 ``--quick --json`` (a few runs of each case, under two minutes once the peers are installed) prints one JSON
 object: ``cases`` (name → ``p50_ms``, ``p95_ms``, ... or ``error``), ``ratios``, ``targets``, ``throughput``
-(name → {"1": rps, "4": rps, "8": rps}), ``burst``, ``peers`` (versions and settings), ``leaked_containers``
+(name → {"1": rps, "4": rps, "8": rps}), ``throughput_pool`` (the gateway's hit/miss/cold counts per level),
+``burst``, ``peers`` (versions and settings), ``leaked_containers``
 (containers this run left behind, found by its labels: must be 0) and ``info``. The gateway's audit trail goes
 to ``GATEWAY_AUDIT_DIR`` when set (else a temporary directory). Progress goes to stderr when it is a terminal.
 Every container the run started is removed at the end, also on Ctrl-C.
@@ -281,18 +282,15 @@ def gateway_runner(gw: Gateway) -> Runner:
 def gateway_pool_case(name: str, runtime: str, audit_dir: Path, size: int) -> tuple[Case, Gateway]:
     """The gateway with a warm pool of ``size`` for the policy's default profile, filled before it is timed.
 
-    Written against the pool API of the ``pool`` branch (issue 10): ``Gateway.from_env(..., pool=PoolConfig)``,
-    ``gateway.policy.model.PoolConfig(size=..., burst="cold")``, ``gw.pool.wait_ready()``/``stats()``, and
-    ``"pool": "hit" | "miss" | "cold"`` in the result. Without that API the case reports why, with no numbers.
+    The pool API of issue 10: ``Gateway.from_env(..., pool=gateway.PoolConfig(size=..., burst="cold"))``,
+    ``gw.pool.wait_ready()``/``stats()``, and ``"pool": "hit" | "miss" | "cold"`` in the result. Without that
+    API (a gateway from before it) the case reports why, with no numbers.
     """
     try:
-        from gateway.policy.model import PoolConfig  # type: ignore[attr-defined,unused-ignore]  # noqa: PLC0415
+        from gateway import PoolConfig  # type: ignore[attr-defined,unused-ignore]  # noqa: PLC0415
     except ImportError as exc:
-        raise CaseError(f"no warm pool in this gateway (gateway.policy.model.PoolConfig: {exc})") from exc
-    try:
-        gw = Gateway.from_env(policy_for(runtime), audit_dir, pool=PoolConfig(size=size, burst="cold"))  # type: ignore[call-arg,unused-ignore]
-    except TypeError as exc:
-        raise CaseError(f"no warm pool in this gateway (Gateway.from_env(pool=...): {exc})") from exc
+        raise CaseError(f"no warm pool in this gateway (gateway.PoolConfig: {exc})") from exc
+    gw = Gateway.from_env(policy_for(runtime), audit_dir, pool=PoolConfig(size=size, burst="cold"))  # type: ignore[call-arg,unused-ignore]
     wait_for_pool(gw)
     return Case(name, gateway_runner(gw), gw.close), gw
 
@@ -415,27 +413,63 @@ def measure_throughput(
     errors: dict[str, str],
     progress: Callable[[str], None],
     settle: Callable[[str], None] = lambda name: None,
+    statuses: dict[str, dict[str, dict[str, int]]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Requests/s at each concurrency level: ``requests_per_lane`` x level calls over ``level`` lanes."""
+    """Requests/s at each concurrency level: ``requests_per_lane`` x level calls over ``level`` lanes. Case by
+    case, every level in turn: the lanes for the highest level are made once, untimed, before the first."""
     out: dict[str, dict[str, float]] = {}
-    for level in levels:
-        names = [n for n in cases if n not in errors]
-        for name in names[level % max(1, len(names)) :] + names[: level % max(1, len(names))]:
-            progress(f"throughput at concurrency {level}: {name}")
-            try:
-                settle(name)
-                lanes = cases[name].lanes(level)
-                seconds, results, failures = run_concurrently(lanes, requests_per_lane * level)
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - recorded as the case's error
-                errors[name] = _failure(exc)
-                continue
-            finally:
-                cases[name].shrink()
-            if failures:
-                errors[name] = f"at concurrency {level}: {failures[0]}"
-                continue
-            out.setdefault(name, {})[str(level)] = round(len(results) / seconds, 2)
+    for name in [n for n in cases if n not in errors]:
+        try:
+            progress(f"throughput: {name}: starting {max(levels)} lanes")
+            lanes = cases[name].lanes(max(levels))
+            row = _levels(
+                name,
+                lanes,
+                levels=levels,
+                requests_per_lane=requests_per_lane,
+                progress=progress,
+                settle=settle,
+                statuses=statuses,
+            )
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - recorded as the case's error
+            errors[name] = str(exc) if isinstance(exc, CaseError) else _failure(exc)
+            continue
+        finally:
+            cases[name].shrink()
+        out[name] = row
     return out
+
+
+def _levels(
+    name: str,
+    lanes: list[Runner],
+    *,
+    levels: Sequence[int],
+    requests_per_lane: int,
+    progress: Callable[[str], None],
+    settle: Callable[[str], None],
+    statuses: dict[str, dict[str, dict[str, int]]] | None = None,
+) -> dict[str, float]:
+    row: dict[str, float] = {}
+    for level in levels:
+        progress(f"throughput: {name} at concurrency {level}")
+        settle(name)
+        seconds, results, failures = run_concurrently(lanes[:level], requests_per_lane * level)
+        if failures:
+            raise CaseError(f"at concurrency {level}: {failures[0]}")
+        row[str(level)] = round(len(results) / seconds, 2)
+        counts = _status_counts(results)
+        if counts and statuses is not None:
+            statuses.setdefault(name, {})[str(level)] = counts
+    return row
+
+
+def _status_counts(results: list[tuple[float, str | None]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _, status in results:
+        if status is not None:
+            counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def measure_burst(case: Case, *, requests: int, pool_size: int | None) -> dict[str, Any]:
@@ -451,10 +485,7 @@ def measure_burst(case: Case, *, requests: int, pool_size: int | None) -> dict[s
     if failures:
         return {"error": failures[0]}
     latencies = [ms for ms, _ in results]
-    statuses: dict[str, int] = {}
-    for _, status in results:
-        if status is not None:
-            statuses[status] = statuses.get(status, 0) + 1
+    statuses = _status_counts(results)
     return {
         "requests": requests,
         "pool_size": pool_size,
@@ -562,9 +593,10 @@ def measure(
     ``cases``, ``ratios``, ``targets``, ``throughput`` and ``burst``. ``errors`` holds (and receives) the cases
     that failed; ``settle(name)`` runs, untimed, before each throughput level and burst (the pool refills)."""
     times, statuses = measure_latency(cases, rounds=rounds, warmup=warmup, errors=errors, progress=progress)
+    throughput_pool: dict[str, dict[str, dict[str, int]]] = {}
     throughput = measure_throughput(
         cases, levels=CONCURRENCY, requests_per_lane=requests_per_lane, errors=errors, progress=progress,
-        settle=settle,
+        settle=settle, statuses=throughput_pool,
     )  # fmt: skip
     burst: dict[str, Any] = {}
     for name in [n for n in cases if n.startswith(("gateway_pool", "gateway_cold")) and n not in errors]:
@@ -577,7 +609,14 @@ def measure(
         if "error" not in summary.get(name, {"error": None}):
             summary[name]["pool"] = counts
     ratios, targets = ratios_and_targets(summary, throughput, runtimes)
-    return {"cases": summary, "ratios": ratios, "targets": targets, "throughput": throughput, "burst": burst}
+    return {
+        "cases": summary,
+        "ratios": ratios,
+        "targets": targets,
+        "throughput": throughput,
+        "throughput_pool": {n: v for n, v in throughput_pool.items() if n in throughput},
+        "burst": burst,
+    }
 
 
 # --- the run ---------------------------------------------------------------------------------------------
@@ -650,7 +689,9 @@ class Run:
         return len(left)
 
 
-def build_cases(run: Run, args: argparse.Namespace, audit_dir: Path, work: Path, progress: Progress) -> None:
+def build_cases(
+    run: Run, args: argparse.Namespace, *, audit_dir: Path, work: Path, slots: int, progress: Progress
+) -> None:
     wanted = set(args.cases)
     label = f"{RUN_LABEL}={run.run_id}"
     venvs: dict[str, Path | CaseError] = {}
@@ -698,6 +739,7 @@ def build_cases(run: Run, args: argparse.Namespace, audit_dir: Path, work: Path,
         if "gateway_cold" in wanted:
 
             def cold(runtime: str = runtime) -> Case:
+                own_slots(work, f"gateway_cold{suffix(runtime)}", slots)
                 gw = Gateway.from_env(policy_for(runtime), audit_dir)
                 run.gateways[f"gateway_cold{suffix(runtime)}"] = gw
                 return Case(f"gateway_cold{suffix(runtime)}", gateway_runner(gw), gw.close)
@@ -706,6 +748,7 @@ def build_cases(run: Run, args: argparse.Namespace, audit_dir: Path, work: Path,
         if "gateway_pool" in wanted:
 
             def pooled(runtime: str = runtime) -> Case:
+                own_slots(work, f"gateway_pool{suffix(runtime)}", slots)
                 case, gw = gateway_pool_case(f"gateway_pool{suffix(runtime)}", runtime, audit_dir, args.pool_size)
                 run.gateways[case.name] = gw
                 return case
@@ -732,10 +775,10 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-peers-")))
         audit_dir = Path(env_audit) if env_audit else work / "audit"
-        slots = _private_slots(args, work)
+        slots = args.slots if args.slots is not None else default_slot_count()
         leaked: int | None = None
         try:
-            build_cases(run, args, audit_dir, work, progress)
+            build_cases(run, args, audit_dir=audit_dir, work=work, slots=slots, progress=progress)
             measured = measure(
                 run.cases,
                 errors=run.errors,
@@ -780,18 +823,15 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
     return {"info": info, **measured, "peers": run.peers, "leaked_containers": leaked}
 
 
-def _private_slots(args: argparse.Namespace, work: Path) -> int:
-    """Host slots of this run alone (its own directory): other sessions' runs on the machine never hold them,
-    and every gateway case of the run shares them. ``--slots``, by default the host's default count plus
-    what the warm pools hold (pooled containers count against the bound; with only the default, full pools
-    would leave the cold cases, a separate Gateway in this process, waiting for a slot)."""
-    pools = args.pool_size * len(args.runtimes) if "gateway_pool" in args.cases else 0
-    count = args.slots if args.slots is not None else default_slot_count() + pools
-    runtime_dir = work / "runtime"
-    runtime_dir.mkdir()
+def own_slots(work: Path, name: str, count: int) -> None:
+    """Give the next Gateway made in this process host slots of its own (``count`` in a directory of its own),
+    as if it were alone on the host with that setting: another session's runs on the machine never hold its
+    slots, and the cold and pooled cases (separate Gateways here) never hold each other's. A warm pool's
+    ready containers count against its gateway's slots, as in a deployment."""
+    runtime_dir = work / "slots" / name
+    runtime_dir.mkdir(parents=True)
     os.environ["GATEWAY_RUNTIME_DIR"] = str(runtime_dir)
     os.environ["GATEWAY_SLOTS"] = str(count)
-    return count
 
 
 def _refill(run: Run, name: str) -> None:
@@ -837,8 +877,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, help="measured latency rounds (default 20; 3 with --quick)")
     parser.add_argument("--warmup", type=int, help="untimed rounds first (default 2; 1 with --quick)")
     parser.add_argument("--throughput-requests", type=int, help="calls per lane at each level (default 3; 1 quick)")
-    parser.add_argument("--pool-size", type=int, default=4, help="warm containers for gateway_pool (default 4)")
-    parser.add_argument("--slots", type=int, help="host slots of this run (default: the host default + pools)")
+    parser.add_argument(
+        "--pool-size", type=int, help="warm containers of gateway_pool (default: half the host's default slots)"
+    )
+    parser.add_argument("--slots", type=int, help="host slots of each gateway case (default: the host's default)")
     parser.add_argument("--burst-factor", type=int, help="burst = this x pool size (default 3; 2 with --quick)")
     parser.add_argument("--cases", default=",".join(BASE_CASES), help="comma-separated subset of the cases")
     parser.add_argument("--runtimes", help="comma-separated (default: runc, and runsc when it is registered)")
@@ -852,6 +894,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.throughput_requests = args.throughput_requests or (1 if args.quick else 3)
     args.burst_factor = args.burst_factor or (2 if args.quick else 3)
+    # Half the slots: the pool's ready containers hold slots, the rest are for the runs that miss it.
+    args.pool_size = args.pool_size or max(1, default_slot_count() // 2)
     args.peers_dir = args.peers_dir or peers_dir()
     if args.runtimes is not None:
         args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]

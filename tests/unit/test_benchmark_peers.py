@@ -97,9 +97,11 @@ def test_report_shape_with_injected_cases(peers: ModuleType) -> None:
     for name in ok:
         assert set(report["throughput"][name]) == {"1", "4", "8"}
         assert all(rps > 0 for rps in report["throughput"][name].values())
-        assert cases[name].asked == [1] * 4 + [1, 4, 8] + ([1] if name.startswith("gateway_") else [])
-        assert cases[name].shrunk == 3  # extra lanes given back after every level
+        assert cases[name].asked == [1] * 4 + [8] + ([1] if name.startswith("gateway_") else [])
+        assert cases[name].shrunk == 1  # the extra lanes given back once its levels are done
 
+    assert report["throughput_pool"]["gateway_pool"] == {"1": {"hit": 1}, "4": {"hit": 4}, "8": {"hit": 8}}
+    assert "gateway_cold" not in report["throughput_pool"]
     assert set(report["burst"]) == {"gateway_cold", "gateway_pool", "gateway_cold_runsc", "gateway_pool_runsc"}
     assert report["burst"]["gateway_pool"]["requests"] == 6
     assert report["burst"]["gateway_pool"]["pool_size"] == 2
@@ -123,7 +125,7 @@ def test_a_failing_call_under_concurrency_is_the_case_error(peers: ModuleType) -
     cases = {"docker_cli": FakeCase("docker_cli", fail_after=5)}  # 1 warm-up + 3 rounds + 1 fine, then fails
     report = _measure(peers, cases, {})
     assert report["cases"]["docker_cli"] == {"error": "at concurrency 4: docker_cli: stdout was ''"}
-    assert report["throughput"] == {"docker_cli": {"1": report["throughput"]["docker_cli"]["1"]}}
+    assert report["throughput"] == {}  # no partial row for a failed case
 
 
 def test_quick_defaults_and_bad_arguments(peers: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
