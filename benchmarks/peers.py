@@ -291,7 +291,11 @@ def gateway_pool_case(name: str, runtime: str, audit_dir: Path, size: int) -> tu
     except ImportError as exc:
         raise CaseError(f"no warm pool in this gateway (gateway.PoolConfig: {exc})") from exc
     gw = Gateway.from_env(policy_for(runtime), audit_dir, pool=PoolConfig(size=size, burst="cold"))  # type: ignore[call-arg,unused-ignore]
-    wait_for_pool(gw)
+    try:
+        wait_for_pool(gw)
+    except BaseException:
+        gw.close()  # its pooled containers go with it
+        raise
     return Case(name, gateway_runner(gw), gw.close), gw
 
 
@@ -588,6 +592,7 @@ def measure(
     pool_size: int,
     progress: Callable[[str], None] = lambda message: None,
     settle: Callable[[str], None] = lambda name: None,
+    pool_state: Callable[[str], dict[str, Any] | None] = lambda name: None,
 ) -> dict[str, Any]:
     """Latency, throughput and bursts of ``cases`` (set up by the caller, who also closes them): the report's
     ``cases``, ``ratios``, ``targets``, ``throughput`` and ``burst``. ``errors`` holds (and receives) the cases
@@ -602,8 +607,11 @@ def measure(
     for name in [n for n in cases if n.startswith(("gateway_pool", "gateway_cold")) and n not in errors]:
         progress(f"burst of {burst_requests}: {name}")
         settle(name)
+        state = pool_state(name)  # what the burst found: ready containers per the pool's own count
         pooled = name.startswith("gateway_pool")
         burst[name] = measure_burst(cases[name], requests=burst_requests, pool_size=pool_size if pooled else None)
+        if state is not None:
+            burst[name]["pool_before"] = state
     summary = summarize(times, errors)
     for name, counts in statuses.items():
         if "error" not in summary.get(name, {"error": None}):
@@ -790,6 +798,7 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
                 pool_size=args.pool_size,
                 progress=progress,
                 settle=lambda name: _refill(run, name),
+                pool_state=lambda name: _pool_state(run, name),
             )
         finally:
             progress("closing every case and sweeping containers")
@@ -839,6 +848,14 @@ def _refill(run: Run, name: str) -> None:
     gw = run.gateways.get(name)
     if gw is not None and getattr(gw, "pool", None) is not None:
         wait_for_pool(gw)
+
+
+def _pool_state(run: Run, name: str) -> dict[str, Any] | None:
+    pool: Any = getattr(run.gateways.get(name), "pool", None)
+    if pool is None:
+        return None
+    stats = pool.stats()
+    return {"ready": stats.ready, "creating": stats.creating, "target": stats.target, "errors": list(stats.errors)}
 
 
 def _cpu_model() -> str:

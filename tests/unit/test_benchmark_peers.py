@@ -64,6 +64,7 @@ def _measure(peers: ModuleType, cases: dict[str, Any], errors: dict[str, str]) -
         burst_requests=6,
         pool_size=2,
         settle=settled.append,
+        pool_state=lambda name: {"ready": 2} if name.startswith("gateway_pool") else None,
     )
     report["settled"] = settled
     return report
@@ -106,6 +107,7 @@ def test_report_shape_with_injected_cases(peers: ModuleType) -> None:
     assert report["burst"]["gateway_pool"]["requests"] == 6
     assert report["burst"]["gateway_pool"]["pool_size"] == 2
     assert report["burst"]["gateway_pool"]["pool"] == {"hit": 6}
+    assert report["burst"]["gateway_pool"]["pool_before"] == {"ready": 2}
     assert report["burst"]["gateway_cold"]["pool_size"] is None
     assert "pool" not in report["burst"]["gateway_cold"]
     assert len(report["burst"]["gateway_cold"]["latencies_ms"]) == 6
