@@ -940,7 +940,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peers.py: runtime(s) {missing} not registered with the engine", file=sys.stderr)
         return 2
     progress = Progress(sys.stderr.isatty())
+    # Ctrl-C and SIGTERM both end the run through the cleanup below, even when started from a shell that
+    # made this process ignore SIGINT (a background job).
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         report = execute(args, client, progress)
     except KeyboardInterrupt:
@@ -948,6 +951,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         client.close()
     if args.json:
         print(json.dumps(report, indent=2))
