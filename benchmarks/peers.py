@@ -825,6 +825,7 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
         "cpus": cpus(),
         "python": platform.python_version(),
         "docker": client.version().get("Version"),
+        "runsc": _runsc_version(client) if "runsc" in args.runtimes else None,
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "audit_dir": str(audit_dir) if env_audit else None,
@@ -856,6 +857,14 @@ def _pool_state(run: Run, name: str) -> dict[str, Any] | None:
         return None
     stats = pool.stats()
     return {"ready": stats.ready, "creating": stats.creating, "target": stats.target, "errors": list(stats.errors)}
+
+
+def _runsc_version(client: Any) -> str | None:
+    path = client.info().get("Runtimes", {}).get("runsc", {}).get("path")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+        return out.splitlines()[0].strip() if out else None
+    return None
 
 
 def _cpu_model() -> str:
