@@ -282,7 +282,7 @@ def gateway_runner(gw: Gateway) -> Runner:
 def gateway_pool_case(name: str, runtime: str, audit_dir: Path, size: int) -> tuple[Case, Gateway]:
     """The gateway with a warm pool of ``size`` for the policy's default profile, filled before it is timed.
 
-    The pool API of issue 10: ``Gateway.from_env(..., pool=gateway.PoolConfig(size=..., burst="cold"))``,
+    The pool API of issue 10: ``Gateway.from_env(..., pool=gateway.PoolConfig(size=N, min=N, burst="cold"))``,
     ``gw.pool.wait_ready()``/``stats()``, and ``"pool": "hit" | "miss" | "cold"`` in the result. Without that
     API (a gateway from before it) the case reports why, with no numbers.
     """
@@ -290,7 +290,10 @@ def gateway_pool_case(name: str, runtime: str, audit_dir: Path, size: int) -> tu
         from gateway import PoolConfig  # type: ignore[attr-defined,unused-ignore]  # noqa: PLC0415
     except ImportError as exc:
         raise CaseError(f"no warm pool in this gateway (gateway.PoolConfig: {exc})") from exc
-    gw = Gateway.from_env(policy_for(runtime), audit_dir, pool=PoolConfig(size=size, burst="cold"))  # type: ignore[call-arg,unused-ignore]
+    # min=size: the other cases keep this one idle for minutes; idle expiry must not shrink it (it would find the
+    # pool at target 0, as seen with min 0: wait_ready then returns at once and the burst meets an empty pool).
+    config = PoolConfig(size=size, min=size, burst="cold")
+    gw = Gateway.from_env(policy_for(runtime), audit_dir, pool=config)  # type: ignore[call-arg,unused-ignore]
     try:
         wait_for_pool(gw)
     except BaseException:
