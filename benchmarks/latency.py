@@ -11,80 +11,24 @@ so that drift in the machine's load hits all three alike):
   remove=True, network_disabled=True, mem_limit="256m")``.
 
 Usage: ``.venv/bin/python benchmarks/latency.py [--n 30] [--warmup 3] [--runtime runc|runsc] [--json]``
-Only the local engine is contacted.
+Only the local engine is contacted. The three runners live in ``benchmarks/cases.py`` (shared with
+``benchmarks/peers.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import docker
-
-from gateway import Gateway
-from gateway.resources import policies_dir
-
-IMAGE = "gateway/sandbox-python:3.11-bookworm"
-CODE = "print(2+2)"
-
-
-def gateway_case(runtime: str, audit_dir: Path) -> tuple[Callable[[], None], Callable[[], None]]:
-    """The full gateway path; runsc requests go through ``policies/strict.yaml`` (the default allows runc only)."""
-    policy = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
-    gw = Gateway.from_env(policy, audit_dir)
-    request = {"code": CODE}
-
-    def via_gateway() -> None:
-        data = gw.execute(request).to_dict()
-        if data.get("stdout") != "4\n":
-            raise SystemExit(f"gateway run failed: {json.dumps(data)[:400]}")
-
-    return via_gateway, gw.close
-
-
-def docker_cli(runtime: str) -> None:
-    proc = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "--runtime", runtime, IMAGE, "python3", "-c", CODE],
-        capture_output=True,
-        check=False,
-    )
-    if proc.stdout != b"4\n":
-        raise SystemExit(f"docker run failed: {proc.stderr.decode(errors='replace')}")
-
-
-def lesson_helper(client: Any, runtime: str) -> Callable[[], None]:
-    def run_in_sandbox() -> None:
-        # The lesson's shape, shell quoting included (it is the baseline, not something we ship).
-        quoted = CODE.replace('"', '\\"')
-        output = client.containers.run(
-            IMAGE,
-            f'python3 -c "{quoted}"',
-            remove=True,
-            network_disabled=True,
-            mem_limit="256m",
-            runtime=runtime,
-        )
-        if output != b"4\n":
-            raise SystemExit(f"lesson helper failed: {output!r}")
-
-    return run_in_sandbox
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+from cases import IMAGE, cpus, docker_cli, gateway_case, lesson_helper, percentile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         gateway_run, close = gateway_case(args.runtime, Path(audit))
         cases: dict[str, Callable[[], None]] = {
             name: gateway_run,
-            "docker-cli": lambda: docker_cli(args.runtime),
+            "docker-cli": docker_cli(args.runtime),
             "lesson": lesson_helper(client, args.runtime),
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
@@ -135,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{name}/lesson p50": round(base / summary["lesson"]["p50_ms"], 2),
         f"{name}/docker-cli p95": round(summary[name]["p95_ms"] / summary["docker-cli"]["p95_ms"], 2),
     }
-    info = {"runtime": args.runtime, "machine": platform.platform(), "cpus": _cpus()}
+    info = {"runtime": args.runtime, "machine": platform.platform(), "cpus": cpus()}
     if args.json:
         print(json.dumps({"info": info, "summary": summary, "ratios": ratios}, indent=2))
     else:
@@ -146,10 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in ratios.items():
             print(f"{key}: {value}")
     return 0
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":
