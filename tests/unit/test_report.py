@@ -302,3 +302,15 @@ def test_worker_processes_give_the_same_report(tmp_path: Path, monkeypatch: pyte
     assert [d["time"] for d in serial["denied"]["shown"]] == sorted(d["time"] for d in serial["denied"]["shown"])
     assert serial["denied"]["total"] == 6
     assert len(serial["denied"]["shown"]) == 4
+
+
+def test_the_report_package_reads_only_the_trail() -> None:
+    """Reports are built from the audit trail alone: no decision engine, no policy loader, no runner."""
+    import ast
+
+    for path in (Path(__file__).resolve().parents[2] / "gateway" / "report").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        bad = {m for m in imported if m.startswith(("gateway.decision", "gateway.policy", "gateway.runner", "docker"))}
+        assert not bad, f"{path.name} imports {bad}"
