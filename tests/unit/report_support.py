@@ -8,7 +8,6 @@ policy file's absolute path) varies, and with it the hashes.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
@@ -153,7 +152,6 @@ __all__ = [
     "START",
     "FixedClock",
     "counted_uuids",
-    "dataclasses",
     "decision_dict",
     "write_scenario",
 ]

@@ -318,3 +318,15 @@ def test_each_image_names_the_sbom_recorded_for_exactly_its_id(trail: Path, monk
     rows = {row["image_id"]: row for row in build_report([trail], now=NOW).to_dict()["images"]}
     assert rows[image_id]["sbom_digest"] == digest
     assert digest in render(build_report([trail], now=NOW), "md")
+
+
+def test_the_report_package_reads_only_the_trail() -> None:
+    """Reports are built from the audit trail alone: no decision engine, no policy loader, no runner."""
+    import ast
+
+    for path in (Path(__file__).resolve().parents[2] / "gateway" / "report").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        bad = {m for m in imported if m.startswith(("gateway.decision", "gateway.policy", "gateway.runner", "docker"))}
+        assert not bad, f"{path.name} imports {bad}"
