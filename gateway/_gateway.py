@@ -36,11 +36,13 @@ from gateway.errors import (
     SandboxError,
 )
 from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
+from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner import Outcome, Payload, Runner
-from gateway.runner.interface import OnOutput
+from gateway.runner.interface import OnOutput, PoolingRunner, PoolStatus
+from gateway.runner.pool import Lease, WarmPool
 from gateway.slots import HostSlots
 from gateway.telemetry import (
     SPAN_AUDIT,
@@ -93,6 +95,12 @@ class Gateway:
     created (:meth:`from_env` creates its trail and runner); a runner or sink passed in stays its owner's.
     ``slots`` bounds concurrent sandboxes host-wide (default: :meth:`HostSlots.from_env`, shared by every
     gateway process on the host).
+
+    ``pool``: keep a warm pool of single-use sandboxes (``gateway.runner.pool``): ``True`` sizes it by each
+    policy's ``spec.pool``, a :class:`PoolConfig` sizes it the same for every policy, a :class:`WarmPool` is
+    used as it is (and closed with the Gateway). The runner must be a ``PoolingRunner`` (the Docker runner
+    is). Off by default: a one-shot CLI run never starts containers it will not use. :meth:`close` destroys
+    the pool's containers.
     """
 
     def __init__(
@@ -105,8 +113,9 @@ class Gateway:
         admission: Admission | None = None,
         slots: HostSlots | None = None,
         tracer: trace.Tracer | None = None,
+        pool: bool | PoolConfig | WarmPool | None = None,
     ) -> None:
-        self.policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
+        self._policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
         self.runner = runner
         self.audit = audit
         self.assembler = assembler if assembler is not None else runner.assembler
@@ -115,6 +124,23 @@ class Gateway:
         """Host-wide execution slots (``GATEWAY_SLOTS`` etc.): every run holds one while its sandbox exists."""
         self._tracer = tracer or get_tracer()
         self._owned: list[Callable[[], None]] = []
+        self.pool: WarmPool | None = _make_pool(pool, runner, self.slots)
+        """The warm pool, when this Gateway keeps one (see ``pool``)."""
+        if self.pool is not None:
+            self._owned.append(self.pool.close)
+            self.pool.configure(c.policy for c in self._policies)
+
+    @property
+    def policies(self) -> PolicySet:
+        """The policy set requests are decided under. Assigning a new one (a reload) rebuilds the warm pool:
+        containers made under a policy that is no longer served are destroyed, never used."""
+        return self._policies
+
+    @policies.setter
+    def policies(self, policies: PolicySet) -> None:
+        self._policies = policies
+        if self.pool is not None:
+            self.pool.configure(c.policy for c in policies)
 
     @property
     def policy(self) -> Policy:
@@ -131,9 +157,11 @@ class Gateway:
         *,
         runner: Runner | None = None,
         tracer: trace.Tracer | None = None,
+        pool: bool | PoolConfig | None = None,
     ) -> Gateway:
         """Policy from ``policy_path``/``GATEWAY_POLICY``/default; trail from ``audit_dir``/``GATEWAY_AUDIT_DIR``/
-        ``./audit``; the Docker engine from ``DOCKER_HOST`` as docker-py reads it.
+        ``./audit``; the Docker engine from ``DOCKER_HOST`` as docker-py reads it. ``pool``: as for the
+        constructor.
 
         A policy that fails to load is recorded as ``policy.rejected`` and raised: nothing can run without one.
         """
@@ -153,10 +181,11 @@ class Gateway:
             from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when needed
 
             runner = DockerRunner()
-        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer)
+        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer, pool=pool)
+        # Closed in reverse: the pool (added by the constructor) before the runner, the trail last.
+        gateway._owned.insert(0, sink.close)
         if owned_runner:
-            gateway._owned.append(runner.close)
-        gateway._owned.append(sink.close)
+            gateway._owned.insert(1, runner.close)
         return gateway
 
     def __enter__(self) -> Gateway:
@@ -209,6 +238,8 @@ class Gateway:
         """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
         every gateway container on the backend; ``expired_only``: only those past their deadline, what a
         starting gateway does before its first run); audited (an expired-only sweep that found nothing is not)."""
+        if self.pool is not None and not expired_only:
+            self.pool.drain()  # its containers are this instance's: destroyed as such, then refilled
         ids = self.runner.reap(everything=everything, expired_only=expired_only)
         if ids or not expired_only:
             data = {"container_ids": ids, "everything": everything, "expired_only": expired_only}
@@ -345,17 +376,31 @@ class Gateway:
         with self._tracer.start_as_current_span(SPAN_SANDBOX) as sspan:
             outcome: Outcome | None = None
             error: GatewayError | None = None
+            status: PoolStatus = "cold"
             try:
                 sspan.set_attribute("container.image.name", settings.profile.image)
                 sspan.set_attribute("container.runtime", settings.profile.runtime)
                 files = {name: text.encode("utf-8", "surrogatepass") for name, text in request.files.items()}
                 payload = Payload(code=request.code, language=settings.language, files=files)
-                with self.slots.acquire():
-                    _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
-                    outcome = self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
+                _check_not_cancelled(cancel)
+                lease = self.pool.claim(settings, spec) if self.pool is not None else Lease("cold")
+                status = lease.status
+                sspan.set_attribute("gateway.pool", status)
+                if lease.sandbox is not None:
+                    try:
+                        outcome = self.runner.run(lease.sandbox, payload, on_output=on_output, cancel=cancel)
+                    finally:
+                        lease.release()
+                else:
+                    with self.pool.cold_slot() if self.pool is not None else self.slots.take():
+                        _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
+                        outcome = self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
+                outcome = dataclasses.replace(outcome, pool=status)
             except GatewayError as exc:
                 error = exc
                 outcome = exc.outcome  # what ran before the failure (output so far, the container), if anything
+                if outcome is not None:
+                    outcome = dataclasses.replace(outcome, pool=status)
             except Exception as exc:  # noqa: BLE001 - a runner bug must come back as an audited failure, not a crash
                 error = SandboxError(f"the runner failed unexpectedly: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
@@ -378,6 +423,18 @@ class Gateway:
             data = {**data, "caller": caller.to_dict()}
         with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
             self.audit.append(event_type, data, **kw)
+
+
+def _make_pool(pool: bool | PoolConfig | WarmPool | None, runner: Runner, slots: HostSlots) -> WarmPool | None:
+    if pool is None or pool is False:
+        return None
+    if isinstance(pool, WarmPool):
+        return pool
+    if not isinstance(runner, PoolingRunner):
+        raise ContractError(
+            f"a warm pool needs a runner that can prepare pooled sandboxes; {type(runner).__name__} cannot"
+        )
+    return WarmPool(runner, slots, override=pool if isinstance(pool, PoolConfig) else None)
 
 
 def _check_not_cancelled(cancel: threading.Event | None) -> None:

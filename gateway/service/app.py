@@ -107,6 +107,8 @@ class Service:
         self.admission = Admission(config.max_concurrent_executions or default_global_bound())
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
         self.metrics.queue_depth.set_function(self.admission.waiting)
+        if gateway.pool is not None:
+            self.metrics.watch_pool(gateway.pool)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
 
     @classmethod
@@ -136,7 +138,12 @@ class Service:
         except BaseException:
             sink.close()
             raise
-        gateway = Gateway(policies, runner=backend, audit=sink)
+        try:
+            gateway = Gateway(policies, runner=backend, audit=sink, pool=config.pool or None)
+        except BaseException:
+            backend.close()
+            sink.close()
+            raise
         auth = AuthFailures(sink, interval_s=config.auth_failure_interval_s)
         return cls(
             config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close)

@@ -58,6 +58,8 @@ class ServerConfig:
     max_concurrent_executions: int | None = None
     """The global bound on running executions; None: :func:`gateway.service.quotas.default_global_bound`."""
     grace_s: float = 30.0
+    pool: bool = False
+    """Keep a warm pool, sized by each policy's ``spec.pool`` (``gateway.runner.pool``)."""
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
     tls_cert: Path | None = None
@@ -130,6 +132,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         ),
         max_concurrent_executions=data.get("max_concurrent_executions"),
         grace_s=float(data.get("grace_s", 30.0)),
+        pool=bool(data.get("pool", False)),
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),
         tls_key=path("tls_key"),

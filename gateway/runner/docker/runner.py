@@ -33,17 +33,19 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import docker
 import docker.errors
 
-from gateway.decision.settings import BackendLimits
+from gateway.decision.settings import BackendLimits, SandboxProfile
 from gateway.errors import (
     CancelledRunError,
     ContainerLeftError,
@@ -65,9 +67,13 @@ from gateway.runner.docker.options import (
     HOST_CONFIG_KEYS,
     INSTANCE_LABEL,
     MANAGED_LABEL,
+    POOL_LABEL,
     WORKSPACE,
     DockerAssembler,
     guard,
+    pool_key,
+    profile_options,
+    profile_part,
 )
 from gateway.runner.docker.supervisor import (
     FrameDecoder,
@@ -109,6 +115,8 @@ class DockerSandbox:
     runtime: str = "runc"
     staging: Staging | None = None
     """The staged binds of the judged mounts (removed after the container, always)."""
+    created_with: Mapping[str, Any] | None = None
+    """For a warm pool's container: the exact assembled options it was created with (re-guarded at claim)."""
 
     def close(self) -> None:
         """Drop the attach connection of a sandbox that will never run (its container is reaped)."""
@@ -281,13 +289,13 @@ class DockerRunner:
 
     # -- prepare ---------------------------------------------------------------------------------------
 
-    def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
-        options = dict(spec.options)
+    def _create_kwargs(self, options: Mapping[str, Any], *, expires_s: float) -> dict[str, Any]:
+        options = dict(options)
         guard(options)  # also refuses the runner-owned keys added below
         # The environment is the program's alone: it travels in the payload to the program's execve, never
         # in the container's configuration (where the supervisor, PID 1, would hold it too).
         options.pop("environment", None)
-        deadline = int(time.time() + spec.timeout_s) + 1
+        deadline = int(time.time() + expires_s) + 1
         options["labels"] = {
             **dict(options.get("labels") or {}),
             MANAGED_LABEL: "true",
@@ -307,7 +315,9 @@ class DockerRunner:
         return options
 
     def prepare(self, spec: RunSpec) -> DockerSandbox:
-        kwargs = self._create_kwargs(spec)
+        return self._prepare(spec, self._create_kwargs(spec.options, expires_s=spec.timeout_s))
+
+    def _prepare(self, spec: RunSpec, kwargs: dict[str, Any], *, pooled: bool = False) -> DockerSandbox:
         image_id, pulled, kwargs["image"] = self._ensure_image(spec.image, spec.pull)
         api = self.client.api
         container_id: str | None = None
@@ -344,7 +354,62 @@ class DockerRunner:
             sockio=sockio,
             runtime=runtime,
             staging=staging,
+            created_with=MappingProxyType(dict(spec.options)) if pooled else None,
         )
+
+    # -- the warm pool ---------------------------------------------------------------------------------
+
+    def pool_key(self, profile: SandboxProfile) -> str:
+        return pool_key(profile)
+
+    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> DockerSandbox:
+        """A container of ``profile`` alone, for a warm pool: the profile's options (guarded), the pool label,
+        no environment, no mounts, no label naming a request; it waits for one payload on stdin."""
+        options = profile_options(profile)
+        options["labels"] = {**options["labels"], POOL_LABEL: pool_key(profile)}
+        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=profile.pull)
+        return self._prepare(spec, self._create_kwargs(spec.options, expires_s=ttl_s), pooled=True)
+
+    def claim(self, sandbox: Any, spec: RunSpec) -> DockerSandbox | None:
+        """Bind an idle pooled sandbox to ``spec``; None when its container is no longer alive.
+
+        The guard runs again on the options the container was created with (and on the decision's), and those
+        options must be exactly the profile part of the decision's (``profile_part``): same image, runtime,
+        limits, user, seccomp profile, every hardening key. A request with mounts never matches."""
+        if not isinstance(sandbox, DockerSandbox) or sandbox.created_with is None:
+            raise SandboxError("only an idle pooled sandbox can be claimed")
+        if sandbox.used:
+            raise SandboxError("a sandbox is used once; this one was already claimed")
+        guard(sandbox.created_with)
+        guard(spec.options)
+        made = profile_part(sandbox.created_with)
+        made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
+        if spec.mounts or "mounts" in spec.options or made != profile_part(spec.options):
+            differ = sorted(
+                k for k in set(made) | set(spec.options) if made.get(k) != profile_part(spec.options).get(k)
+            )
+            raise UnsafeOptionsError(
+                "the pooled container was created with options other than the profile part of the decision's "
+                f"({', '.join(differ) or 'mounts'}); it was destroyed and nothing ran in it"
+            )
+        if not _alive(sandbox.sock):
+            sandbox.used = True
+            return None
+        sandbox.used = True
+        return replace(sandbox, spec=spec, used=False)
+
+    def discard(self, sandbox: Any) -> None:
+        """Destroy a sandbox that will never run: its supervisor ends when its stdin closes; removed too."""
+        if not isinstance(sandbox, DockerSandbox):
+            return
+        sandbox.used = True
+        _close(sandbox.sockio)
+        with contextlib.suppress(Exception):
+            if sandbox.container_id is not None:
+                self._remove(sandbox.container_id, quiet=True)
+        if sandbox.staging is not None:
+            with contextlib.suppress(Exception):
+                sandbox.staging.remove()
 
     # -- run -------------------------------------------------------------------------------------------
 
@@ -640,6 +705,16 @@ def _raw_socket(sockio: Any) -> Any:
         if not hasattr(sock, needed):
             raise SandboxError(f"the engine's attach connection ({type(sock).__name__}) is not a socket")
     return sock
+
+
+def _alive(sock: Any) -> bool:
+    """True when an idle sandbox's attach connection is still open and silent: a waiting supervisor writes
+    nothing, so anything readable (EOF: the container ended; or bytes) means it is not fit to serve."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 def _close(sockio: Any) -> None:
