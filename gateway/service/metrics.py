@@ -19,13 +19,10 @@ default one: several services may run in one process, as the tests do). What it 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-
-if TYPE_CHECKING:
-    from gateway.runner.pool import WarmPool
 
 __all__ = ["CLAIM_BUCKETS", "CONTENT_TYPE", "LATENCY_BUCKETS", "ServiceMetrics"]
 
@@ -37,6 +34,14 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 CLAIM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 """Seconds: a claim is a lock and a guard (well under a millisecond) unless a burst response waits."""
+
+
+class _Pool(Protocol):
+    """What the metrics read of a warm pool (``gateway.runner.pool.WarmPool``; the service imports no runner)."""
+
+    observer: Any
+
+    def stats(self) -> Any: ...
 
 
 class ServiceMetrics:
@@ -99,7 +104,7 @@ class ServiceMetrics:
             registry=self.registry,
         )
 
-    def watch_pool(self, pool: WarmPool) -> None:
+    def watch_pool(self, pool: _Pool) -> None:
         """Count ``pool``'s claims and read its size at each scrape."""
         self.pool_ready.set_function(lambda: pool.stats().ready)
         self.pool_target.set_function(lambda: pool.stats().target)
