@@ -9,6 +9,7 @@ and the decision sees no environment: the paths it must protect come from the au
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -40,10 +41,10 @@ from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
-from gateway.runner import Outcome, Payload, Runner
+from gateway.runner import Outcome, Payload, Runner, RunSpec
 from gateway.runner.interface import OnOutput, PoolingRunner, PoolStatus
 from gateway.runner.pool import Lease, WarmPool
-from gateway.slots import HostSlots
+from gateway.slots import HostSlots, Slot
 from gateway.telemetry import (
     SPAN_AUDIT,
     SPAN_EXECUTE,
@@ -200,8 +201,14 @@ class Gateway:
         self.close()
 
     def close(self) -> None:
-        """Record the stop (best effort), then close what this Gateway created, in reverse order."""
+        """Destroy the warm pool, wait for the removals still under way (their failures are audited), record
+        the stop (best effort), then close what this Gateway created, in reverse order."""
         try:
+            if self.pool is not None:
+                self.pool.close()
+            settle = getattr(self.runner, "settle", None)
+            if callable(settle):
+                settle(30.0)
             self._append("gateway.stop", {"policy_source": self.policy.source}, policy=_ref(self.policy))
         except GatewayError:
             pass  # the stop record is best effort; every request already failed closed on its own
@@ -287,7 +294,7 @@ class Gateway:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
         if not run or not decision.allowed:
             return ExecutionResult(request_id, decision)
-        outcome, error = self._run(decision, request, on_output, cancel)
+        outcome, error = self._run(decision, request, on_output, cancel, records)
         audit_ok = True
         try:
             self._record_outcome(decision, outcome, error, records=records)
@@ -367,7 +374,7 @@ class Gateway:
 
     def _run(
         self, decision: Decision, request: ExecutionRequest, on_output: OnOutput | None,
-        cancel: threading.Event | None,
+        cancel: threading.Event | None, records: Mapping[str, Any],
     ) -> tuple[Outcome | None, GatewayError | None]:  # fmt: skip
         """Hand the decision's run specification and the payload to the runner; every failure comes back."""
         spec, settings = decision.run, decision.settings
@@ -386,15 +393,7 @@ class Gateway:
                 lease = self.pool.claim(settings, spec) if self.pool is not None else Lease("cold")
                 status = lease.status
                 sspan.set_attribute("gateway.pool", status)
-                if lease.sandbox is not None:
-                    try:
-                        outcome = self.runner.run(lease.sandbox, payload, on_output=on_output, cancel=cancel)
-                    finally:
-                        lease.release()
-                else:
-                    with self.pool.cold_slot() if self.pool is not None else self.slots.take():
-                        _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
-                        outcome = self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
+                outcome = self._hand_over(lease, spec, payload, on_output=on_output, cancel=cancel, records=records)
                 outcome = dataclasses.replace(outcome, pool=status)
             except GatewayError as exc:
                 error = exc
@@ -410,6 +409,30 @@ class Gateway:
                 annotate_outcome(sspan, outcome)
         return outcome, error
 
+    def _hand_over(
+        self, lease: Lease, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None,
+        cancel: threading.Event | None, records: Mapping[str, Any],
+    ) -> Outcome:  # fmt: skip
+        """Run in the claimed sandbox, or cold in a new one, holding one host slot until the sandbox is gone:
+        the runner removes a finished container after the result is returned and calls ``gone`` then."""
+        if lease.sandbox is not None:
+            slot, lease.slot = lease.slot, None
+        else:
+            slot = self.pool.cold_slot() if self.pool is not None else self.slots.take()
+        gone = _Gone(slot, self, records)
+        try:
+            if lease.sandbox is not None:
+                return self.runner.run(lease.sandbox, payload, on_output=on_output, cancel=cancel, on_gone=gone)
+            if cancel is not None and cancel.is_set():
+                gone(None)
+                _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
+            return self.runner.execute(spec, payload, on_output=on_output, cancel=cancel, on_gone=gone)
+        except GatewayError:
+            raise
+        except BaseException:
+            gone(None)  # a runner bug may never call it: the slot is freed (a later call does nothing)
+            raise
+
     def _record_outcome(
         self, decision: Decision, outcome: Outcome | None, error: GatewayError | None, *, records: Mapping[str, Any]
     ) -> None:
@@ -423,6 +446,27 @@ class Gateway:
             data = {**data, "caller": caller.to_dict()}
         with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
             self.audit.append(event_type, data, **kw)
+
+
+class _Gone:
+    """A run's ``on_gone``: frees its host slot once its sandbox no longer exists, and audits a container that
+    could not be removed (``container.left``: labelled, it ends itself at its deadline and ``gateway reap``
+    removes it). Called at most once to effect."""
+
+    def __init__(self, slot: Slot | None, gateway: Gateway, records: Mapping[str, Any]) -> None:
+        self._slot: Slot | None = slot
+        self._gateway = gateway
+        self._records = records
+
+    def __call__(self, error: GatewayError | None) -> None:
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return
+        slot.release()
+        if error is not None:
+            data = {"error": {"code": error.code, "message": error.message}}
+            with contextlib.suppress(GatewayError):
+                self._gateway._append("container.left", data, **self._records)
 
 
 def _make_pool(pool: bool | PoolConfig | WarmPool | None, runner: Runner, slots: HostSlots) -> WarmPool | None:

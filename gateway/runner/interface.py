@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from gateway.errors import ContractError, Problem
+from gateway.errors import ContractError, GatewayError, Problem
 from gateway.payload import Payload
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ __all__ = [
     "PULL_POLICIES",
     "STREAMS",
     "HostMount",
+    "OnGone",
     "OnOutput",
     "Outcome",
     "Payload",
@@ -50,6 +51,10 @@ PoolStatus = Literal["hit", "miss", "cold"]
 """How a run found its sandbox: ``hit`` (a warm pooled container was claimed), ``miss`` (its profile has a
 pool, but it was empty: the run went cold), ``cold`` (no pool serves its options: pooling off, or a request
 with host mounts)."""
+
+OnGone = Callable[[GatewayError | None], None]
+"""Called once a run's sandbox no longer exists (``Runner.run(..., on_gone=)``), possibly later and from
+another thread: with None, or with the error that kept its container from being removed."""
 
 PULL_POLICIES = ("never", "if-missing")
 """``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
@@ -238,7 +243,7 @@ class Runner(Protocol):
 
     def run(
         self, sandbox: Sandbox, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
         """Hand over the payload, wait, collect, and always destroy the sandbox.
 
@@ -249,14 +254,19 @@ class Runner(Protocol):
         removed and ``OutputCallbackError`` (the callback's exception as its cause) carries the outcome so far.
 
         ``cancel``: once set, the run is abandoned within a bounded poll interval: the sandbox is killed and
-        removed and ``CancelledRunError`` carries the outcome so far."""
+        removed and ``CancelledRunError`` carries the outcome so far.
+
+        ``on_gone``: the removal of the finished sandbox may happen after this returns (off the caller's
+        path); ``on_gone`` is called exactly once, when the sandbox no longer exists (see ``OnGone``). Without
+        it, the sandbox is removed before this returns and a failed removal raises ``ContainerLeftError``."""
         ...
 
     def execute(
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        """``prepare`` + ``run``; nothing is left behind on any error."""
+        """``prepare`` + ``run``; nothing is left behind on any error. ``on_gone`` is called exactly once
+        whatever happens (at once when ``prepare`` fails)."""
         ...
 
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:

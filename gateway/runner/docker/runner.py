@@ -82,7 +82,7 @@ from gateway.runner.docker.supervisor import (
     new_key,
     supervisor_command,
 )
-from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -142,6 +142,8 @@ class DockerRunner:
         self._owns_client = client is None
         self._base_url = base_url
         self.instance = instance or os.environ.get("GATEWAY_INSTANCE") or new_instance_id()
+        self._removals = _Removals(self._destroy)
+        """Removals confirmed in the background (runs given ``on_gone``)."""
 
     def _engine_limits(self) -> BackendLimits:
         """The engine refuses (at start) a CPU quota above its host's CPUs: say so to the decision."""
@@ -152,7 +154,9 @@ class DockerRunner:
         return BackendLimits(max_cpus=float(cpus)) if cpus > 0 else BackendLimits()
 
     def close(self) -> None:
-        """Close the client if this runner created it (an injected client belongs to its owner)."""
+        """Finish the background removals, then close the client if this runner created it (an injected client
+        belongs to its owner)."""
+        self._removals.close()
         if self._owns_client and self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
@@ -415,7 +419,7 @@ class DockerRunner:
 
     def run(
         self, sandbox: Any, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
         if not isinstance(sandbox, DockerSandbox):
             raise SandboxError(f"DockerRunner cannot run a {type(sandbox).__name__}")
@@ -433,22 +437,43 @@ class DockerRunner:
             exc.outcome = exc.outcome or self._partial(sandbox, got, start)
             raise
         finally:
+            # Closing stdin ends the supervisor (it waits for exactly this after its final frame), and the
+            # engine's AutoRemove removes the container. With ``on_gone`` the removal is confirmed (and forced
+            # if need be) in the background, off the caller's path; without it, here.
             _close(sandbox.sockio)
-            try:
-                if sandbox.container_id is not None:
-                    left = self._removal_failure(sandbox.container_id)
-            finally:
-                if sandbox.staging is not None:
-                    sandbox.staging.remove()
+            if on_gone is not None:
+                self._removals.submit(sandbox, on_gone)
+            else:
+                left = self._destroy(sandbox)
         if left is not None:
             raise _left(str(sandbox.container_id), outcome, left)
         return outcome
 
+    def _destroy(self, sandbox: DockerSandbox) -> GatewayError | None:
+        """Force-remove a finished sandbox's container and its staging; why it could not be removed, if so."""
+        try:
+            if sandbox.container_id is not None:
+                return self._removal_failure(sandbox.container_id)
+            return None
+        finally:
+            if sandbox.staging is not None:
+                sandbox.staging.remove()
+
     def execute(
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        return self.run(self.prepare(spec), payload, on_output=on_output, cancel=cancel)
+        try:
+            sandbox = self.prepare(spec)
+        except BaseException:
+            if on_gone is not None:
+                on_gone(None)  # nothing was left behind (prepare cleans up after itself)
+            raise
+        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
+
+    def settle(self, timeout_s: float = 30.0) -> bool:
+        """Wait (bounded) until every background removal is done; True when none is pending."""
+        return self._removals.settle(timeout_s)
 
     def _run(
         self, sb: DockerSandbox, payload: Payload, got: Collected, start: float, *, on_output: OnOutput | None,
@@ -505,7 +530,9 @@ class DockerRunner:
             raise SandboxError(f"the sandbox could not start the program: {got.error}")
         # After the final frame the supervisor waits for its stdin to close before it exits: the container is
         # still there to be inspected (OOMKilled). Without a final frame it may already be gone (AutoRemove).
-        state = self._state(cid)
+        # When the supervisor could read the memory cgroup's OOM counter itself, its report is the answer and
+        # the engine is not asked (one round trip less on every run).
+        state = {} if got.final is not None and got.oom_known else self._state(cid)
         _close(sb.sockio)
         duration_ms = round((time.monotonic() - start) * 1000)
         return outcome_of(
@@ -611,6 +638,67 @@ class DockerRunner:
         # now has staged before creating its container, hence the grace.
         reap_staging(live, grace_s=EXPIRY_GRACE_S, gone=gone)
         return removed
+
+
+class _Removals:
+    """One background thread that confirms the removal of finished sandboxes and reports each as gone.
+
+    A run's result does not wait for the engine to tear its container down: the supervisor has already exited
+    (its stdin was closed) and the engine's AutoRemove is removing it. This thread makes sure (a forced
+    remove, a bounded wait), removes the staging of its mounts, and calls the run's ``on_gone`` with None or
+    with why the container could not be removed (the Gateway audits that, and the container is left for
+    ``gateway reap``, labelled, ending itself at its deadline). ``on_gone`` is where the Gateway frees the
+    run's host slot, so a container counts against the host's bound until it is gone."""
+
+    def __init__(self, destroy: Callable[[DockerSandbox], GatewayError | None]) -> None:
+        self._destroy = destroy
+        self._cond = threading.Condition()
+        self._queue: list[tuple[DockerSandbox, OnGone]] = []
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, sandbox: DockerSandbox, on_gone: OnGone) -> None:
+        with self._cond:
+            self._queue.append((sandbox, on_gone))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="gateway-removals", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    if not self._cond.wait(5.0) and not self._queue:
+                        self._thread = None
+                        return
+                    continue
+                sandbox, on_gone = self._queue.pop(0)
+                self._busy += 1
+            try:
+                try:
+                    error = self._destroy(sandbox)
+                except Exception as exc:  # noqa: BLE001 - reported to on_gone, the thread goes on
+                    error = exc if isinstance(exc, GatewayError) else SandboxError(f"removal failed: {exc}")
+                with contextlib.suppress(Exception):
+                    on_gone(error)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def settle(self, timeout_s: float) -> bool:
+        give_up = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._busy:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+            return True
+
+    def close(self) -> None:
+        self.settle(60.0)
 
 
 def _left(container_id: str, outcome: Outcome, cause: GatewayError) -> GatewayError:

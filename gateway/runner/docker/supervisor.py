@@ -72,9 +72,10 @@ FRAME_STDERR = b"e"
 FRAME_FILE_NAME = b"n"
 FRAME_FILE_DATA = b"f"
 FRAME_META = b"m"
-"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool}``, from the kernel's own
-``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the container exited, and
-by then AutoRemove may have taken the container away)."""
+"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool, "oom_known": bool}``, from
+the kernel's own ``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the
+container exited, and by then AutoRemove may have taken the container away). ``oom_known``: the counter could
+be read before and after the run, so the host need not ask the engine."""
 FRAME_EXIT = b"x"
 """Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
 FRAME_ERROR = b"!"
@@ -267,7 +268,8 @@ code = os.waitstatus_to_exitcode(status)
 if code < 0:
     code = 128 - code
 oom = ooms()
-send(b"m", json.dumps({"oom_killed": OOM0 is not None and oom is not None and oom > OOM0}).encode())
+known = OOM0 is not None and oom is not None
+send(b"m", json.dumps({"oom_killed": known and oom > OOM0, "oom_known": known}).encode())
 truncated = stop = False
 total = 0
 count = 0
