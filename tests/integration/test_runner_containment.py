@@ -1,4 +1,7 @@
-"""The containment suite: every check runs against the real engine, under runc and under gVisor (runsc)."""
+"""The containment suite: every check runs against the real engine, under runc and under gVisor (runsc), and
+in both modes: ``cold`` (a container created for the run) and ``pooled`` (a container created and started ahead
+from the options' profile part alone, idle for a moment, then claimed through the warm pool's claim: guard
+again, exact profile match, and only then the payload)."""
 
 from __future__ import annotations
 
@@ -14,12 +17,35 @@ from typing import Any
 
 import pytest
 
+from gateway.runner.docker.options import profile_part
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.interface import Outcome, Payload, RunSpec
+from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
 
 pytestmark = pytest.mark.integration
 
 Options = Callable[..., dict[str, Any]]
+MODES = ("cold", "pooled")
+
+
+class PooledRunner(DockerRunner):
+    """The Docker runner, every execution through a pooled container: made from the profile part of the run's
+    options before the payload exists, then claimed like the warm pool claims one (``WarmPool`` adds only the
+    bookkeeping of many)."""
+
+    def execute(
+        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None, **kw: Any
+    ) -> Outcome:  # fmt: skip
+        idle = self.prepare_pooled(profile_part(spec.options), ttl_s=spec.timeout_s + 60, pull=spec.pull)
+        time.sleep(0.2)  # idle before the claim: the deadline must count from the hand-over, not from start
+        claimed = self.claim(idle, spec)
+        assert claimed is not None, "the pooled container died while idle"
+        return self.run(claimed, payload, on_output=on_output, **kw)
+
+
+@pytest.fixture(params=MODES)
+def runner(request: pytest.FixtureRequest, engine: Any) -> DockerRunner:
+    """The runner of the suite, in each mode (overrides the package fixture)."""
+    return PooledRunner(engine) if request.param == "pooled" else DockerRunner(engine)
 
 
 def run(runner: DockerRunner, options: dict[str, Any], code: str, *, timeout_s: float = 20, **spec: Any) -> Outcome:

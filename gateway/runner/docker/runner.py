@@ -68,6 +68,8 @@ from gateway.runner.docker.options import (
     INSTANCE_LABEL,
     MANAGED_LABEL,
     POOL_LABEL,
+    RUN_LABELS,
+    RUN_OPTION_KEYS,
     WORKSPACE,
     DockerAssembler,
     guard,
@@ -371,7 +373,18 @@ class DockerRunner:
         no environment, no mounts, no label naming a request; it waits for one payload on stdin."""
         options = profile_options(profile)
         options["labels"] = {**options["labels"], POOL_LABEL: pool_key(profile)}
-        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=profile.pull)
+        return self.prepare_pooled(options, ttl_s=ttl_s, pull=profile.pull)
+
+    def prepare_pooled(self, options: Mapping[str, Any], *, ttl_s: float, pull: str = "never") -> DockerSandbox:
+        """A pooled container made from ``options`` as they are (guarded; refused when they hold anything of
+        one run: an environment, mounts, a label naming a request). :meth:`prepare_idle` gives it a profile's
+        options; the containment suite gives it the profile part of the options it tests."""
+        run_keys = sorted(k for k in options if k in RUN_OPTION_KEYS) + sorted(
+            k for k in dict(options.get("labels") or {}) if k in RUN_LABELS
+        )
+        if run_keys:
+            raise UnsafeOptionsError(f"a pooled container is made before any request; it cannot hold {run_keys}")
+        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=pull)
         return self._prepare(spec, self._create_kwargs(spec.options, expires_s=ttl_s), pooled=True)
 
     def claim(self, sandbox: Any, spec: RunSpec) -> DockerSandbox | None:
