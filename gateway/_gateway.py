@@ -246,8 +246,12 @@ class Gateway:
         every gateway container on the backend; ``expired_only``: only those past their deadline, what a
         starting gateway does before its first run); audited (an expired-only sweep that found nothing is not)."""
         if self.pool is not None and not expired_only:
-            self.pool.drain()  # its containers are this instance's: destroyed as such, then refilled
-        ids = self.runner.reap(everything=everything, expired_only=expired_only)
+            # The pool's containers are this instance's: destroyed with the rest, refilled afterwards.
+            with self.pool.paused():
+                self.pool.drain()
+                ids = self.runner.reap(everything=everything, expired_only=expired_only)
+        else:
+            ids = self.runner.reap(everything=everything, expired_only=expired_only)
         if ids or not expired_only:
             data = {"container_ids": ids, "everything": everything, "expired_only": expired_only}
             self._append("containers.reaped", data)

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.decision.settings import SandboxProfile, SandboxSettings, resolve
@@ -154,6 +154,7 @@ class WarmPool:
         self._policies: dict[str, Policy] = {}
         """Policy ref → policy, for every policy the pool serves now."""
         self._closed = False
+        self._paused = 0
         self._threads: list[threading.Thread] = []
         self._fillers = max(1, fillers)
         self.hits = 0
@@ -355,6 +356,8 @@ class WarmPool:
                     continue
                 now = self._clock()
                 pool = next((p for p in self._pools.values() if p.deficit > 0 and p.retry_at <= now), None)
+                if self._paused:
+                    pool = None
                 if pool is None:
                     self._cond.wait(self._idle_wait(now))
                     continue
@@ -398,6 +401,22 @@ class WarmPool:
         for ready in items:
             with contextlib.suppress(Exception):
                 self._discard(ready)
+
+    @contextlib.contextmanager
+    def paused(self, timeout_s: float = 60.0) -> Iterator[None]:
+        """No refill inside the block, and none under way when it starts (``Gateway.reap`` removes this
+        instance's containers: a container made meanwhile would be removed behind the pool's back)."""
+        with self._cond:
+            self._paused += 1
+            give_up = time.monotonic() + timeout_s
+            while any(p.creating for p in self._pools.values()) and time.monotonic() < give_up:
+                self._cond.wait(0.05)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                self._cond.notify_all()
 
     def drain(self) -> None:
         """Destroy every ready container (the pool refills afterwards)."""
