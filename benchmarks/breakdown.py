@@ -16,9 +16,11 @@ The steps are driven with the runner's own pieces, in the runner's order (``Dock
     close      close the attach connection (the supervisor then exits)
     remove     ``remove_container(force=True)`` (the engine's AutoRemove may be doing it already)
 
-``--pooled`` also times the same steps for a container started ahead (create/attach/start off the clock).
-Each step's p50 over ``--n`` runs, and the end-to-end ``Gateway.execute`` p50 (cold, and with the pool) in
-the same process run for comparison.
+The same steps are timed in four modes, interleaved (see ``MODES``): ``cold``, and three things a warm pool
+could do ahead of the request: ``created`` (create + attach), ``started`` (+ start) and ``warm`` (+ the
+program's interpreter). Each step's p50 over ``--n`` runs; the floor (``print(2+2)`` sent to an interpreter
+already running in a container already running); and the end-to-end ``Gateway.execute`` p50, cold and with
+the pool, in the same process run.
 
 Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/breakdown.py [--n 20] [--runtime runc|runsc] [--json]``
 Only the local engine is contacted; every container is labelled with this run's instance and removed.
@@ -66,7 +68,13 @@ class Timer:
         return value
 
 
-def one_run(runner: DockerRunner, policy: Any, trail: JsonlAuditTrail, timer: Timer, *, pooled: bool) -> None:
+MODES = ("cold", "created", "started", "warm")
+"""cold: every step on the clock. created: the container was created and attached ahead (start on the clock).
+started: created and started ahead (the supervisor waits for the payload). warm: started ahead with the
+program's interpreter already running too (the warm pool's variant)."""
+
+
+def one_run(runner: DockerRunner, policy: Any, trail: JsonlAuditTrail, timer: Timer, *, mode: str) -> None:
     api = runner.client.api
     compiled = compile_policy(policy)
     request = parse_request({"code": CODE})
@@ -74,15 +82,17 @@ def one_run(runner: DockerRunner, policy: Any, trail: JsonlAuditTrail, timer: Ti
     assert decision.run is not None
     spec = decision.run
     timer.step("audit", lambda: trail.append("policy.decision", {"benchmark": True}))
-    kwargs = runner._create_kwargs(spec.options, expires_s=spec.timeout_s)
-    clock = Timer() if pooled else timer  # a pooled container is made before the request: off the clock
-    _, _, kwargs["image"] = clock.step("image", lambda: runner._ensure_image(spec.image, spec.pull))
-    cid = str(clock.step("create", lambda: api.create_container(**_create_args(kwargs, api)))["Id"])
-    sockio = clock.step(
-        "attach", lambda: api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-    )
+    kwargs = runner._create_kwargs(spec.options, expires_s=spec.timeout_s, warm=mode == "warm")
+    ahead = Timer()  # what a pool does before the request: off the clock
+    early = timer if mode == "cold" else ahead
+    _, _, kwargs["image"] = early.step("image", lambda: runner._ensure_image(spec.image, spec.pull))
+    cid = str(early.step("create", lambda: api.create_container(**_create_args(kwargs, api)))["Id"])
+    params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+    sockio = early.step("attach", lambda: api.attach_socket(cid, params=params))
     sock = _raw_socket(sockio)
-    clock.step("start", lambda: api.start(cid))
+    (timer if mode in ("cold", "created") else ahead).step("start", lambda: api.start(cid))
+    if mode == "warm":
+        time.sleep(0.3)  # the interpreter starts while the container waits in the pool
     try:
         key = new_key()
         data = encode_payload(
@@ -98,6 +108,35 @@ def one_run(runner: DockerRunner, policy: Any, trail: JsonlAuditTrail, timer: Ti
         timer.step("close", lambda: _close(sockio))
     finally:
         timer.step("remove", lambda: runner._remove(cid, quiet=True))
+
+
+def floor(runner: DockerRunner, image: str, runtime: str, n: int) -> list[float]:
+    """``print(2+2)`` in an already running interpreter in an already running container: the floor."""
+    api = runner.client.api
+    loop = "import sys\nfor line in sys.stdin:\n    exec(line)\n    sys.stdout.flush()\n"
+    cid = str(
+        api.create_container(
+            image, ["python3", "-u", "-c", loop], stdin_open=True, network_disabled=True,
+            host_config=api.create_host_config(network_mode="none", runtime=runtime, auto_remove=True),
+            labels={"io.agent-gateway.managed": "true", "io.agent-gateway.instance": os.environ["GATEWAY_INSTANCE"]},
+        )["Id"]
+    )  # fmt: skip
+    sockio = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stream": 1})
+    sock = _raw_socket(sockio)
+    api.start(cid)
+    out = []
+    try:
+        for _ in range(n + 2):
+            start = time.perf_counter()
+            sock.sendall(b"print(2+2)\n")
+            got = b""
+            while not got.endswith(b"4\n"):
+                got += sock.recv(4096)
+            out.append((time.perf_counter() - start) * 1000)
+    finally:
+        _close(sockio)
+        runner._remove(cid, quiet=True)
+    return out[2:]
 
 
 def end_to_end(gw: Gateway, n: int) -> list[float]:
@@ -125,15 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"runtime": args.runtime, "n": args.n}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         trail = JsonlAuditTrail(Path(tmp) / "steps")
-        cold, warm = Timer(), Timer()
-        one_run(runner, policy, trail, Timer(), pooled=False)  # warm-up
+        timers = {mode: Timer() for mode in MODES}
+        one_run(runner, policy, trail, Timer(), mode="cold")  # warm-up
         for _ in range(args.n):
-            one_run(runner, policy, trail, cold, pooled=False)
-            one_run(runner, policy, trail, warm, pooled=True)
+            for mode in MODES:  # interleaved: machine drift hits every mode alike
+                one_run(runner, policy, trail, timers[mode], mode=mode)
         trail.close()
-        for name, timer in (("cold", cold), ("pooled", warm)):
+        for mode, timer in timers.items():
             steps = {s: round(statistics.median(timer.times[s]), 1) for s in STEPS if s in timer.times}
-            report[name] = {"steps_p50_ms": steps, "sum_ms": round(sum(steps.values()) + 2 * steps["audit"], 1)}
+            report[mode] = {"steps_p50_ms": steps, "sum_ms": round(sum(steps.values()) + 2 * steps["audit"], 1)}
+        report["floor_p50_ms"] = round(statistics.median(floor(runner, policy.images.default, args.runtime, args.n)), 1)
         with Gateway.from_env(_policy(args.runtime), Path(tmp) / "cold") as gw:
             end_to_end(gw, 2)
             report["gateway_cold_p50_ms"] = round(statistics.median(end_to_end(gw, args.n)), 1)
@@ -147,12 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"runtime={args.runtime} n={args.n}  (p50 ms per step; 'sum' counts the three audit records)")
-    print(f"{'step':<10} {'cold':>8} {'pooled':>8}")
+    print(f"{'step':<10}" + "".join(f"{m:>9}" for m in MODES))
     for step in STEPS:
-        c = report["cold"]["steps_p50_ms"].get(step, "")
-        w = report["pooled"]["steps_p50_ms"].get(step, "-")
-        print(f"{step:<10} {c!s:>8} {w!s:>8}")
-    print(f"{'sum':<10} {report['cold']['sum_ms']:>8} {report['pooled']['sum_ms']:>8}")
+        print(f"{step:<10}" + "".join(f"{report[m]['steps_p50_ms'].get(step, '-')!s:>9}" for m in MODES))
+    print(f"{'sum':<10}" + "".join(f"{report[m]['sum_ms']!s:>9}" for m in MODES))
+    print(f"floor (print(2+2) in a running interpreter in a running container): {report['floor_p50_ms']} ms")
     print(f"Gateway.execute p50: cold {report['gateway_cold_p50_ms']} ms, pool {report['gateway_pool_p50_ms']} ms")
     return 0
 
