@@ -90,7 +90,7 @@ _KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRA
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and few imports (each costs start-up time on every run). Keep it small and self-contained.
 SUPERVISOR = r"""
-import os, sys, json, struct, hmac, select, signal, binascii, time
+import os, sys, signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 W = sys.argv[1]
 PY = "/usr/bin/python3"
@@ -129,6 +129,50 @@ def _go():
     exec(code, g)
 _go()
 '''
+WARM = len(sys.argv) > 2 and sys.argv[2] == "warm"
+def spawn(argv, env, go=None):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open("/dev/null", os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            if go is not None:
+                if go != 3:
+                    os.dup2(go, 3)
+                os.set_inheritable(3, True)
+            os.closerange(3 if go is None else 4, 1 << 16)
+            for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            os.chdir(W)
+            os.execve(PY, argv, env)
+        finally:
+            os._exit(127)
+    for fd in (out_w, err_w, null):
+        os.close(fd)
+    return pid, out_r, err_r
+def undumpable():
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+        fail("prctl(PR_SET_DUMPABLE, 0) failed: errno %d" % ctypes.get_errno())
+if WARM:
+    # The program's interpreter, started first thing, before the supervisor's own imports and before any
+    # payload exists: it holds nothing of a request and waits on fd 3 for the request's environment, then
+    # runs main.py. It boots while the supervisor does. The supervisor makes itself non-dumpable (below)
+    # before the go message, so the program can never trace it or read its key.
+    go_r, go_w = os.pipe()
+    try:
+        warm = spawn([PY, "-c", STUB, W], dict(os.environ), go_r)
+    except OSError:
+        warm = None
+    os.close(go_r)
+import json, struct, hmac, select, binascii, time
+if WARM:
+    import ctypes
 CHUNK = 65536
 def readn(fd, n):
     parts = []
@@ -161,49 +205,6 @@ def everyone():
         os.kill(-1, signal.SIGKILL)
     except OSError:
         pass
-WARM = len(sys.argv) > 2 and sys.argv[2] == "warm"
-def spawn(argv, env, go=None):
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    null = os.open("/dev/null", os.O_RDONLY)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            os.dup2(null, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            if go is not None:
-                if go != 3:
-                    os.dup2(go, 3)
-                os.set_inheritable(3, True)
-            os.closerange(3 if go is None else 4, 1 << 16)
-            for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
-                signal.signal(sig, signal.SIG_DFL)
-            os.chdir(W)
-            os.execve(PY, argv, env)
-        finally:
-            os._exit(127)
-    for fd in (out_w, err_w, null):
-        os.close(fd)
-    return pid, out_r, err_r
-def undumpable():
-    import ctypes
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
-        fail("prctl(PR_SET_DUMPABLE, 0) failed: errno %d" % ctypes.get_errno())
-if WARM:
-    # The program's interpreter, started before any payload exists: it holds nothing of a request and waits
-    # on fd 3 for the request's environment, then runs main.py. The supervisor is non-dumpable before the
-    # payload (and its key) arrive.
-    import ctypes
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
-        os._exit(125)
-    go_r, go_w = os.pipe()
-    try:
-        warm = spawn([PY, "-c", STUB, W], dict(os.environ), go_r)
-    except OSError:
-        warm = None
-    os.close(go_r)
 head = readn(0, 8)
 if len(head) != 8 or head[:4] != b"GWP1":
     sys.stderr.write("supervisor: malformed payload\n")
