@@ -33,6 +33,7 @@ when its stdin (the gateway's attach connection) closes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -59,6 +60,7 @@ TTL_GRACE_S = 60.0
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits after consecutive failures to prepare a profile's container (a missing image, the engine down)."""
 _SLOT_POLL_S = 0.05
+_COLD_POLL_S = (0.005, 0.01, 0.02, 0.05)
 _FILLERS = 2
 
 
@@ -155,6 +157,8 @@ class WarmPool:
         """Policy ref → policy, for every policy the pool serves now."""
         self._closed = False
         self._paused = 0
+        self._waiting = 0
+        """Cold runs waiting for a host slot now (the fillers wait for them)."""
         self._threads: list[threading.Thread] = []
         self._fillers = max(1, fillers)
         self.hits = 0
@@ -280,11 +284,27 @@ class WarmPool:
 
     def cold_slot(self) -> Slot:
         """A host slot for a cold run: a free one, else one freed by destroying an idle pooled container (the
-        pool never starves the requests it cannot serve), else the ordinary bounded wait."""
-        slot = self.slots.try_take()
-        if slot is None and self._evict_one():
-            slot = self.slots.try_take()
-        return slot if slot is not None else self.slots.take()
+        pool never starves the requests it cannot serve), within the slots' usual bounded wait. While a cold
+        run waits, the fillers take no slot: a refill never wins a freed slot over a waiting request."""
+        with self._cond:
+            self._waiting += 1
+        try:
+            give_up = time.monotonic() + self.slots.wait_s
+            attempt = 0
+            while True:
+                slot = self.slots.try_take()
+                if slot is not None:
+                    return slot
+                if self._evict_one():
+                    continue
+                if time.monotonic() >= give_up:
+                    return dataclasses.replace(self.slots, wait_s=0.0).take()  # the usual CapacityError
+                time.sleep(_COLD_POLL_S[min(attempt, len(_COLD_POLL_S) - 1)])
+                attempt += 1
+        finally:
+            with self._cond:
+                self._waiting -= 1
+                self._cond.notify_all()
 
     def _evict_one(self) -> bool:
         with self._cond:
@@ -356,8 +376,8 @@ class WarmPool:
                     continue
                 now = self._clock()
                 pool = next((p for p in self._pools.values() if p.deficit > 0 and p.retry_at <= now), None)
-                if self._paused:
-                    pool = None
+                if self._paused or self._waiting:
+                    pool = None  # paused, or a cold run waits for a slot: it goes first
                 if pool is None:
                     self._cond.wait(self._idle_wait(now))
                     continue
