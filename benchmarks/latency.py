@@ -45,6 +45,8 @@ from gateway.resources import policies_dir
 
 IMAGE = "gateway/sandbox-python:3.11-bookworm"
 CODE = "print(2+2)"
+DEFER = [False]
+"""``--defer-removal``: cold runs return before their container's removal is confirmed."""
 
 
 def gateway_case(
@@ -52,7 +54,7 @@ def gateway_case(
 ) -> tuple[Callable[[], None], Callable[[], None], Gateway]:
     """The full gateway path; runsc requests go through ``policies/strict.yaml`` (the default allows runc only)."""
     policy = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
-    gw = Gateway.from_env(policy, audit_dir, pool=PoolConfig(size=pool) if pool else None)
+    gw = Gateway.from_env(policy, audit_dir, pool=PoolConfig(size=pool) if pool else None, defer_removal=DEFER[0])
     if gw.pool is not None:
         gw.pool.wait_ready(timeout_s=120)
     request = {"code": CODE}
@@ -137,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runtime", default="runc", choices=["runc", "runsc"])
     parser.add_argument("--pool", action="store_true", help="add the gateway-pool case")
+    parser.add_argument("--defer-removal", action="store_true", help="Gateway(defer_removal=True) for cold runs")
     parser.add_argument("--concurrency", type=int, default=0, help="also measure throughput at this concurrency")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    DEFER[0] = args.defer_removal
 
     client = docker.from_env()
     client.images.get(IMAGE)  # fails clearly when the image is missing: run scripts/build-image.sh

@@ -102,6 +102,11 @@ class Gateway:
     used as it is (and closed with the Gateway). The runner must be a ``PoolingRunner`` (the Docker runner
     is). Off by default: a one-shot CLI run never starts containers it will not use. :meth:`close` destroys
     the pool's containers.
+
+    ``defer_removal``: a cold run's result is returned before its container's removal is confirmed (the
+    runner confirms it in the background and frees the host slot then; a failure is audited as
+    ``container.left``). Pooled runs always work this way. Off by default for cold runs: a failed removal then
+    stays the run's own error, and the container is gone when ``execute`` returns.
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class Gateway:
         slots: HostSlots | None = None,
         tracer: trace.Tracer | None = None,
         pool: bool | PoolConfig | WarmPool | None = None,
+        defer_removal: bool = False,
     ) -> None:
         self._policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
         self.runner = runner
@@ -125,6 +131,8 @@ class Gateway:
         """Host-wide execution slots (``GATEWAY_SLOTS`` etc.): every run holds one while its sandbox exists."""
         self._tracer = tracer or get_tracer()
         self._owned: list[Callable[[], None]] = []
+        self.defer_removal = defer_removal
+        """Cold runs too return before their container's removal is confirmed (pooled runs always do)."""
         self.pool: WarmPool | None = _make_pool(pool, runner, self.slots)
         """The warm pool, when this Gateway keeps one (see ``pool``)."""
         if self.pool is not None:
@@ -159,6 +167,7 @@ class Gateway:
         runner: Runner | None = None,
         tracer: trace.Tracer | None = None,
         pool: bool | PoolConfig | None = None,
+        defer_removal: bool = False,
     ) -> Gateway:
         """Policy from ``policy_path``/``GATEWAY_POLICY``/default; trail from ``audit_dir``/``GATEWAY_AUDIT_DIR``/
         ``./audit``; the Docker engine from ``DOCKER_HOST`` as docker-py reads it. ``pool``: as for the
@@ -182,7 +191,7 @@ class Gateway:
             from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when needed
 
             runner = DockerRunner()
-        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer, pool=pool)
+        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer, pool=pool, defer_removal=defer_removal)
         # Closed in reverse: the pool (added by the constructor) before the runner, the trail last.
         gateway._owned.insert(0, sink.close)
         if owned_runner:
@@ -417,12 +426,18 @@ class Gateway:
         self, lease: Lease, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None,
         cancel: threading.Event | None, records: Mapping[str, Any],
     ) -> Outcome:  # fmt: skip
-        """Run in the claimed sandbox, or cold in a new one, holding one host slot until the sandbox is gone:
-        the runner removes a finished container after the result is returned and calls ``gone`` then."""
+        """Run in the claimed sandbox, or cold in a new one, holding one host slot until the sandbox is gone.
+        A pooled run (and a cold one with ``defer_removal``) returns before the removal is confirmed: the runner
+        confirms it in the background and calls ``gone`` then."""
+        slot: Slot | None
         if lease.sandbox is not None:
             slot, lease.slot = lease.slot, None
         else:
             slot = self.pool.cold_slot() if self.pool is not None else self.slots.take()
+        if not (self.defer_removal or lease.sandbox is not None) and slot is not None:
+            with slot:  # removed before this returns; a failed removal is the run's error
+                _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
+                return self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
         gone = _Gone(slot, self, records)
         try:
             if lease.sandbox is not None:

@@ -86,7 +86,6 @@ def test_an_empty_pool_is_a_miss_and_grows_towards_max(policy: Policy, slots: Ho
         pool.drain()
         assert pool.claim(*_settings_and_spec(gw, policy)).status == "miss"  # type: ignore[arg-type]
         assert pool.stats().target == 2
-        assert pool.stats().errors == ("the engine is busy",)
         runner.error = None
         assert pool.wait_ready(timeout_s=WAIT)
         assert pool.stats().ready == 2
