@@ -29,6 +29,7 @@ from gateway.errors import (
     http_status_for,
 )
 from gateway.policy import Policy, PolicySet, load_policy, load_policy_text
+from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
 from gateway.result import ExecutionResult
 
@@ -50,6 +51,7 @@ __all__ = [
     "PolicyError",
     "PolicyNotFoundError",
     "PolicySet",
+    "PoolConfig",
     "Problem",
     "RequestError",
     "RuleResult",

@@ -9,6 +9,7 @@ and the decision sees no environment: the paths it must protect come from the au
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -36,12 +37,14 @@ from gateway.errors import (
     SandboxError,
 )
 from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
+from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
-from gateway.runner import Outcome, Payload, Runner
-from gateway.runner.interface import OnOutput
-from gateway.slots import HostSlots
+from gateway.runner import Outcome, Payload, Runner, RunSpec
+from gateway.runner.interface import OnOutput, PoolingRunner, PoolStatus
+from gateway.runner.pool import Lease, WarmPool
+from gateway.slots import HostSlots, Slot
 from gateway.telemetry import (
     SPAN_AUDIT,
     SPAN_EXECUTE,
@@ -93,6 +96,17 @@ class Gateway:
     created (:meth:`from_env` creates its trail and runner); a runner or sink passed in stays its owner's.
     ``slots`` bounds concurrent sandboxes host-wide (default: :meth:`HostSlots.from_env`, shared by every
     gateway process on the host).
+
+    ``pool``: keep a warm pool of single-use sandboxes (``gateway.runner.pool``): ``True`` sizes it by each
+    policy's ``spec.pool``, a :class:`PoolConfig` sizes it the same for every policy, a :class:`WarmPool` is
+    used as it is (and closed with the Gateway). The runner must be a ``PoolingRunner`` (the Docker runner
+    is). Off by default: a one-shot CLI run never starts containers it will not use. :meth:`close` destroys
+    the pool's containers.
+
+    ``defer_removal``: a cold run's result is returned before its container's removal is confirmed (the
+    runner confirms it in the background and frees the host slot then; a failure is audited as
+    ``container.left``). Pooled runs always work this way. Off by default for cold runs: a failed removal then
+    stays the run's own error, and the container is gone when ``execute`` returns.
     """
 
     def __init__(
@@ -105,8 +119,10 @@ class Gateway:
         admission: Admission | None = None,
         slots: HostSlots | None = None,
         tracer: trace.Tracer | None = None,
+        pool: bool | PoolConfig | WarmPool | None = None,
+        defer_removal: bool = False,
     ) -> None:
-        self.policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
+        self._policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
         self.runner = runner
         self.audit = audit
         self.assembler = assembler if assembler is not None else runner.assembler
@@ -115,6 +131,25 @@ class Gateway:
         """Host-wide execution slots (``GATEWAY_SLOTS`` etc.): every run holds one while its sandbox exists."""
         self._tracer = tracer or get_tracer()
         self._owned: list[Callable[[], None]] = []
+        self.defer_removal = defer_removal
+        """Cold runs too return before their container's removal is confirmed (pooled runs always do)."""
+        self.pool: WarmPool | None = _make_pool(pool, runner, self.slots)
+        """The warm pool, when this Gateway keeps one (see ``pool``)."""
+        if self.pool is not None:
+            self._owned.append(self.pool.close)
+            self.pool.configure(c.policy for c in self._policies)
+
+    @property
+    def policies(self) -> PolicySet:
+        """The policy set requests are decided under. Assigning a new one (a reload) rebuilds the warm pool:
+        containers made under a policy that is no longer served are destroyed, never used."""
+        return self._policies
+
+    @policies.setter
+    def policies(self, policies: PolicySet) -> None:
+        self._policies = policies
+        if self.pool is not None:
+            self.pool.configure(c.policy for c in policies)
 
     @property
     def policy(self) -> Policy:
@@ -131,9 +166,12 @@ class Gateway:
         *,
         runner: Runner | None = None,
         tracer: trace.Tracer | None = None,
+        pool: bool | PoolConfig | None = None,
+        defer_removal: bool = False,
     ) -> Gateway:
         """Policy from ``policy_path``/``GATEWAY_POLICY``/default; trail from ``audit_dir``/``GATEWAY_AUDIT_DIR``/
-        ``./audit``; the Docker engine from ``DOCKER_HOST`` as docker-py reads it.
+        ``./audit``; the Docker engine from ``DOCKER_HOST`` as docker-py reads it. ``pool``: as for the
+        constructor.
 
         A policy that fails to load is recorded as ``policy.rejected`` and raised: nothing can run without one.
         """
@@ -153,10 +191,11 @@ class Gateway:
             from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when needed
 
             runner = DockerRunner()
-        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer)
+        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer, pool=pool, defer_removal=defer_removal)
+        # Closed in reverse: the pool (added by the constructor) before the runner, the trail last.
+        gateway._owned.insert(0, sink.close)
         if owned_runner:
-            gateway._owned.append(runner.close)
-        gateway._owned.append(sink.close)
+            gateway._owned.insert(1, runner.close)
         return gateway
 
     def __enter__(self) -> Gateway:
@@ -171,8 +210,14 @@ class Gateway:
         self.close()
 
     def close(self) -> None:
-        """Record the stop (best effort), then close what this Gateway created, in reverse order."""
+        """Destroy the warm pool, wait for the removals still under way (their failures are audited), record
+        the stop (best effort), then close what this Gateway created, in reverse order."""
         try:
+            if self.pool is not None:
+                self.pool.close()
+            settle = getattr(self.runner, "settle", None)
+            if callable(settle):
+                settle(30.0)
             self._append("gateway.stop", {"policy_source": self.policy.source}, policy=_ref(self.policy))
         except GatewayError:
             pass  # the stop record is best effort; every request already failed closed on its own
@@ -209,7 +254,13 @@ class Gateway:
         """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
         every gateway container on the backend; ``expired_only``: only those past their deadline, what a
         starting gateway does before its first run); audited (an expired-only sweep that found nothing is not)."""
-        ids = self.runner.reap(everything=everything, expired_only=expired_only)
+        if self.pool is not None and not expired_only:
+            # The pool's containers are this instance's: destroyed with the rest, refilled afterwards.
+            with self.pool.paused():
+                self.pool.drain()
+                ids = self.runner.reap(everything=everything, expired_only=expired_only)
+        else:
+            ids = self.runner.reap(everything=everything, expired_only=expired_only)
         if ids or not expired_only:
             data = {"container_ids": ids, "everything": everything, "expired_only": expired_only}
             self._append("containers.reaped", data)
@@ -256,7 +307,7 @@ class Gateway:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
         if not run or not decision.allowed:
             return ExecutionResult(request_id, decision)
-        outcome, error = self._run(decision, request, on_output, cancel)
+        outcome, error = self._run(decision, request, on_output, cancel, records)
         audit_ok = True
         try:
             self._record_outcome(decision, outcome, error, records=records)
@@ -336,7 +387,7 @@ class Gateway:
 
     def _run(
         self, decision: Decision, request: ExecutionRequest, on_output: OnOutput | None,
-        cancel: threading.Event | None,
+        cancel: threading.Event | None, records: Mapping[str, Any],
     ) -> tuple[Outcome | None, GatewayError | None]:  # fmt: skip
         """Hand the decision's run specification and the payload to the runner; every failure comes back."""
         spec, settings = decision.run, decision.settings
@@ -345,17 +396,23 @@ class Gateway:
         with self._tracer.start_as_current_span(SPAN_SANDBOX) as sspan:
             outcome: Outcome | None = None
             error: GatewayError | None = None
+            status: PoolStatus = "cold"
             try:
                 sspan.set_attribute("container.image.name", settings.profile.image)
                 sspan.set_attribute("container.runtime", settings.profile.runtime)
                 files = {name: text.encode("utf-8", "surrogatepass") for name, text in request.files.items()}
                 payload = Payload(code=request.code, language=settings.language, files=files)
-                with self.slots.acquire():
-                    _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
-                    outcome = self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
+                _check_not_cancelled(cancel)
+                lease = self.pool.claim(settings, spec) if self.pool is not None else Lease("cold")
+                status = lease.status
+                sspan.set_attribute("gateway.pool", status)
+                outcome = self._hand_over(lease, spec, payload, on_output=on_output, cancel=cancel, records=records)
+                outcome = dataclasses.replace(outcome, pool=status)
             except GatewayError as exc:
                 error = exc
                 outcome = exc.outcome  # what ran before the failure (output so far, the container), if anything
+                if outcome is not None:
+                    outcome = dataclasses.replace(outcome, pool=status)
             except Exception as exc:  # noqa: BLE001 - a runner bug must come back as an audited failure, not a crash
                 error = SandboxError(f"the runner failed unexpectedly: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
@@ -364,6 +421,36 @@ class Gateway:
             if outcome is not None:
                 annotate_outcome(sspan, outcome)
         return outcome, error
+
+    def _hand_over(
+        self, lease: Lease, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None,
+        cancel: threading.Event | None, records: Mapping[str, Any],
+    ) -> Outcome:  # fmt: skip
+        """Run in the claimed sandbox, or cold in a new one, holding one host slot until the sandbox is gone.
+        A pooled run (and a cold one with ``defer_removal``) returns before the removal is confirmed: the runner
+        confirms it in the background and calls ``gone`` then."""
+        slot: Slot | None
+        if lease.sandbox is not None:
+            slot, lease.slot = lease.slot, None
+        else:
+            slot = self.pool.cold_slot() if self.pool is not None else self.slots.take()
+        if not (self.defer_removal or lease.sandbox is not None) and slot is not None:
+            with slot:  # removed before this returns; a failed removal is the run's error
+                _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
+                return self.runner.execute(spec, payload, on_output=on_output, cancel=cancel)
+        gone = _Gone(slot, self, records)
+        try:
+            if lease.sandbox is not None:
+                return self.runner.run(lease.sandbox, payload, on_output=on_output, cancel=cancel, on_gone=gone)
+            if cancel is not None and cancel.is_set():
+                gone(None)
+                _check_not_cancelled(cancel)  # abandoned while waiting for a slot: nothing runs
+            return self.runner.execute(spec, payload, on_output=on_output, cancel=cancel, on_gone=gone)
+        except GatewayError:
+            raise
+        except BaseException:
+            gone(None)  # a runner bug may never call it: the slot is freed (a later call does nothing)
+            raise
 
     def _record_outcome(
         self, decision: Decision, outcome: Outcome | None, error: GatewayError | None, *, records: Mapping[str, Any]
@@ -378,6 +465,39 @@ class Gateway:
             data = {**data, "caller": caller.to_dict()}
         with self._tracer.start_as_current_span(SPAN_AUDIT, attributes={"gateway.audit.event_type": event_type}):
             self.audit.append(event_type, data, **kw)
+
+
+class _Gone:
+    """A run's ``on_gone``: frees its host slot once its sandbox no longer exists, and audits a container that
+    could not be removed (``container.left``: labelled, it ends itself at its deadline and ``gateway reap``
+    removes it). Called at most once to effect."""
+
+    def __init__(self, slot: Slot | None, gateway: Gateway, records: Mapping[str, Any]) -> None:
+        self._slot: Slot | None = slot
+        self._gateway = gateway
+        self._records = records
+
+    def __call__(self, error: GatewayError | None) -> None:
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return
+        slot.release()
+        if error is not None:
+            data = {"error": {"code": error.code, "message": error.message}}
+            with contextlib.suppress(GatewayError):
+                self._gateway._append("container.left", data, **self._records)
+
+
+def _make_pool(pool: bool | PoolConfig | WarmPool | None, runner: Runner, slots: HostSlots) -> WarmPool | None:
+    if pool is None or pool is False:
+        return None
+    if isinstance(pool, WarmPool):
+        return pool
+    if not isinstance(runner, PoolingRunner):
+        raise ContractError(
+            f"a warm pool needs a runner that can prepare pooled sandboxes; {type(runner).__name__} cannot"
+        )
+    return WarmPool(runner, slots, override=pool if isinstance(pool, PoolConfig) else None)
 
 
 def _check_not_cancelled(cancel: threading.Event | None) -> None:

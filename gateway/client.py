@@ -156,6 +156,7 @@ def _result_data(
         "duration_ms": None,
         "files": [],
         "files_truncated": False,
+        "pool": None,
         "error": error.to_dict() if error is not None else None,
         "audit_ok": True,
         "exit_status": exit_status,

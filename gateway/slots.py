@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from gateway.errors import CapacityError, GatewayError
 
-__all__ = ["DEFAULT_SLOT_WAIT_S", "HostSlots", "default_runtime_dir", "default_slot_count"]
+__all__ = ["DEFAULT_SLOT_WAIT_S", "HostSlots", "Slot", "default_runtime_dir", "default_slot_count"]
 
 DEFAULT_SLOT_WAIT_S = 30.0
 """How long a run waits for a free slot by default before it is refused."""
@@ -46,6 +46,34 @@ def default_runtime_dir() -> Path:
         return Path("/run/agent-gateway")
     base = os.environ.get("XDG_RUNTIME_DIR") or os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - per-user dir below
     return Path(base) / f"agent-gateway-{os.geteuid()}"
+
+
+class Slot:
+    """One held slot, released exactly once (``release``, or the end of a ``with`` block).
+
+    A warm pool holds one for each container it keeps ready and hands it to the request that claims the
+    container, so a pooled container counts against the host's bound from its creation to its removal."""
+
+    __slots__ = ("_fd", "index")
+
+    def __init__(self, fd: int, index: int) -> None:
+        self._fd: int | None = fd
+        self.index = index
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the file releases the lock
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 @dataclass(frozen=True)
@@ -75,11 +103,22 @@ class HostSlots:
     @contextlib.contextmanager
     def acquire(self) -> Iterator[int]:
         """Hold one slot for the duration of the block; yields its index."""
+        with self.take() as slot:
+            yield slot.index
+
+    def take(self) -> Slot:
+        """One slot, waiting at most ``wait_s`` (then :class:`CapacityError`); release it when done."""
         fd, index = self._take()
-        try:
-            yield index
-        finally:
-            os.close(fd)  # closing the file releases the lock
+        return Slot(fd, index)
+
+    def try_take(self) -> Slot | None:
+        """One free slot now, or None when every slot is busy (never waits)."""
+        self._prepare()
+        for index in range(self.count):
+            fd = self._try(index)
+            if fd is not None:
+                return Slot(fd, index)
+        return None
 
     def _take(self) -> tuple[int, int]:
         self._prepare()

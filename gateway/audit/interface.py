@@ -31,6 +31,7 @@ EVENT_TYPES: Final = frozenset(
         "image.pulled",
         "execution.outcome",
         "containers.reaped",
+        "container.left",
         "recovery",
         "auth.failed",
         "auth.forbidden",

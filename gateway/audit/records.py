@@ -222,6 +222,8 @@ class ExecutionOutcomeView(AuditRecordView):
     error_code: str | None
     """Stable code of the gateway or engine error when the run failed for a reason other than the program."""
     error_message: str | None
+    pool: str | None = None
+    """``hit`` / ``miss`` / ``cold``: how the run found its sandbox (warm pool); None in older records."""
 
     @property
     def images(self) -> frozenset[str]:
@@ -433,6 +435,7 @@ def _execution_outcome(r: FieldReader, env: _Envelope) -> ExecutionOutcomeView:
         files=_files(r, data, _DATA),
         error_code=None if error is None else r.text_or_none(error, "code", "$.data.error"),
         error_message=None if error is None else r.text_or_none(error, "message", "$.data.error"),
+        pool=r.text_or_none(data, "pool", _DATA),
     )
 
 

@@ -40,6 +40,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--grace", type=float, metavar="S", help="SIGTERM: seconds in-flight runs may take to finish (default 30)"
     )
     p.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (needs --tls-cert)")
+    p.add_argument(
+        "--pool",
+        action="store_true",
+        default=None,
+        help="keep a warm pool of single-use sandboxes, sized by each policy's spec.pool (config key `pool`)",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -54,6 +60,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         grace_s=getattr(args, "grace", None),
+        pool=getattr(args, "pool", None),
     )
 
 

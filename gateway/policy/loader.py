@@ -41,6 +41,7 @@ from gateway.policy.model import (
     NetworkRule,
     Policy,
     PolicyException,
+    PoolConfig,
     RuntimeRule,
     UserSpec,
 )
@@ -369,6 +370,7 @@ def _compile(loaded: LoadedYaml) -> Policy:
     f_raw = spec.get("files", {})
     files = FilesRule(f_raw.get("max_count", 64), f_raw.get("mode", "enforce"))
     exceptions = _exceptions(spec, sem, limits)
+    pool = _pool(spec, sem)
 
     if sem.problems:
         raise PolicyError(
@@ -395,7 +397,26 @@ def _compile(loaded: LoadedYaml) -> Policy:
         seccomp=spec.get("seccomp", "gateway"),
         labels=tuple(sorted(meta.get("labels", {}).items())),
         exceptions=exceptions,
+        pool=pool,
     )
+
+
+def _pool(spec: dict[str, Any], sem: _Semantic) -> PoolConfig:
+    raw = spec.get("pool", {})
+    pool = PoolConfig(
+        size=raw.get("size", 0),
+        min=raw.get("min", 0),
+        max=raw.get("max", 0),
+        idle_s=float(raw.get("idle_s", 300.0)),
+        burst=raw.get("burst", "cold"),
+        burst_wait_s=float(raw.get("burst_wait_s", 1.0)),
+        profiles=raw.get("profiles", 4),
+    )
+    if pool.min > pool.size:
+        sem.fail("$.spec.pool.min", f"pool min {pool.min} is above its size {pool.size}: expected at most size")
+    if pool.max and pool.max < pool.size:
+        sem.fail("$.spec.pool.max", f"pool max {pool.max} is below its size {pool.size}: expected 0 or at least size")
+    return pool
 
 
 def load_policy_text(text: str | bytes, *, source: str = "<string>") -> Policy:

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Literal
 
 __all__ = [
+    "BURST_RESPONSES",
     "DEFAULT_LANGUAGE",
     "DEFAULT_OUTPUT_FILES",
     "MAX_ENV_TOTAL_BYTES",
@@ -32,6 +33,7 @@ __all__ = [
     "NetworkRule",
     "Policy",
     "PolicyException",
+    "PoolConfig",
     "RuntimeRule",
     "UserSpec",
 ]
@@ -169,6 +171,45 @@ class FilesRule:
     mode: Mode = "enforce"
 
 
+BURST_RESPONSES = ("cold", "wait")
+"""What a request does when its warm pool is empty: run cold at once, or wait (bounded) for a refill."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """The warm pool of a policy (``spec.pool``): single-use sandboxes created and started ahead of requests.
+
+    A gateway keeps a pool only when it is asked to (``Gateway(..., pool=True)``, ``pool: true`` in the
+    ``gateway serve`` configuration): a one-shot CLI run never starts containers it will not use. The pool is
+    kept per *sandbox profile* (this policy, the image, the runtime and the resolved limits: what the options
+    depend on before a request arrives); the policy's defaults are warmed from the start, other profiles once
+    a request asked for them (at most ``profiles`` of them)."""
+
+    size: int = 0
+    """Containers kept ready per profile; 0 disables the pool for this policy."""
+    min: int = 0
+    """The pool never shrinks below this on idle expiry."""
+    max: int = 0
+    """The most containers a profile's pool grows to when requests find it empty (burst); 0 means ``size``."""
+    idle_s: float = 300.0
+    """A ready container unused this long is destroyed (down to ``min``); the pool grows back on demand."""
+    burst: Literal["cold", "wait"] = "cold"
+    """A request that finds its pool empty runs cold at once (``cold``) or waits for a refill (``wait``)."""
+    burst_wait_s: float = 1.0
+    """How long a ``wait`` burst response waits for a ready container before running cold."""
+    profiles: int = 4
+    """The most sandbox profiles this policy keeps warm (its defaults count as one)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 0
+
+    @property
+    def ceiling(self) -> int:
+        """The most containers one profile's pool holds (``max``, or ``size`` when ``max`` is 0)."""
+        return max(self.max, self.size)
+
+
 RELAXABLE_LIMITS = (
     "memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "output_files", "tmpfs",
     "code_size", "files_size",
@@ -228,6 +269,8 @@ class Policy:
     labels: tuple[tuple[str, str], ...] = field(default=())
     exceptions: tuple[PolicyException, ...] = ()
     """Approved, expiring widenings for some principals (applied by the decision, per request)."""
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    """The warm pool (``spec.pool``); used only by a gateway that keeps one."""
     audit_policy: Policy | None = None
     """The stricter shadow policy (``spec.audit_policy``) judged on every request; its failures are warnings."""
 

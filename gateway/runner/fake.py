@@ -13,9 +13,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.decision.engine import Assembler
-from gateway.errors import CancelledRunError, GatewayError, ImageMissingError, OutputCallbackError, SandboxError
-from gateway.runner.docker.options import DockerAssembler
-from gateway.runner.interface import NOTHING_RAN, OnOutput, Outcome, Payload, RunSpec
+from gateway.decision.settings import SandboxProfile
+from gateway.errors import (
+    CancelledRunError,
+    GatewayError,
+    ImageMissingError,
+    OutputCallbackError,
+    SandboxError,
+    UnsafeOptionsError,
+)
+from gateway.runner.docker.options import POOL_LABEL, DockerAssembler, guard, pool_key, profile_options, profile_part
+from gateway.runner.interface import NOTHING_RAN, OnGone, OnOutput, Outcome, Payload, RunSpec
 
 __all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
 
@@ -46,6 +54,8 @@ class FakeSandbox:
     spec: RunSpec
     container_id: str | None
     used: bool = False
+    profile: SandboxProfile | None = None
+    """Set for a pooled sandbox (``prepare_idle``): the profile it was made from."""
 
 
 @dataclass(eq=False)
@@ -79,6 +89,10 @@ class FakeRunner:
     assembler: Assembler = field(default_factory=DockerAssembler)
     closed: bool = False
     """Whether ``close`` was called."""
+    pooled: list[str] = field(default_factory=list)
+    """Ids of the pooled sandboxes made (``prepare_idle``), in order."""
+    claimed: list[str] = field(default_factory=list)
+    discarded: list[str] = field(default_factory=list)
     _ids: Iterable[int] = field(default_factory=lambda: itertools.count(1), repr=False)
     _seq: Any = field(default=None, repr=False)
 
@@ -102,7 +116,7 @@ class FakeRunner:
 
     def run(
         self, sandbox: Any, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
         if not isinstance(sandbox, FakeSandbox) or sandbox.used:
             raise SandboxError("a fake sandbox is used once")
@@ -114,12 +128,59 @@ class FakeRunner:
             return result
         finally:
             self.live.discard(sandbox.container_id or "")
+            if on_gone is not None:
+                on_gone(None)
 
     def execute(
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        return self.run(self.prepare(spec), payload, on_output=on_output, cancel=cancel)
+        try:
+            sandbox = self.prepare(spec)
+        except BaseException:
+            if on_gone is not None:
+                on_gone(None)
+            raise
+        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
+
+    # -- the warm pool (``PoolingRunner``) -------------------------------------------------------------
+
+    def pool_key(self, profile: SandboxProfile) -> str:
+        return pool_key(profile)
+
+    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> FakeSandbox:
+        """A pooled fake sandbox of ``profile`` (``error`` raised instead, like ``prepare``)."""
+        if self.error is not None:
+            raise self.error
+        options = profile_options(profile)
+        options["labels"] = {**options["labels"], POOL_LABEL: pool_key(profile)}
+        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=profile.pull)
+        cid = f"fake-pool-{next(iter(self._ids))}"
+        self.live.add(cid)
+        self.pooled.append(cid)
+        return FakeSandbox(spec=spec, container_id=cid, profile=profile)
+
+    def claim(self, sandbox: Any, spec: RunSpec) -> FakeSandbox | None:
+        """The Docker runner's checks (guard again, exactly the decision's profile part); None once the
+        sandbox was discarded or reaped."""
+        if not isinstance(sandbox, FakeSandbox) or sandbox.profile is None or sandbox.used:
+            raise SandboxError("only an unused pooled fake sandbox can be claimed")
+        guard(sandbox.spec.options)
+        made = profile_part(sandbox.spec.options)
+        made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
+        if spec.mounts or made != profile_part(spec.options):
+            raise UnsafeOptionsError("the pooled fake sandbox was made with other options than the decision's")
+        if sandbox.container_id not in self.live:
+            return None
+        sandbox.used = True
+        self.claimed.append(str(sandbox.container_id))
+        return FakeSandbox(spec=spec, container_id=sandbox.container_id, profile=sandbox.profile)
+
+    def discard(self, sandbox: Any) -> None:
+        if isinstance(sandbox, FakeSandbox):
+            sandbox.used = True
+            self.live.discard(sandbox.container_id or "")
+            self.discarded.append(str(sandbox.container_id))
 
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         self.reaped += 1

@@ -13,22 +13,27 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from gateway.errors import ContractError, Problem
+from gateway.errors import ContractError, GatewayError, Problem
 from gateway.payload import Payload
 
 if TYPE_CHECKING:
     from gateway.decision.engine import Assembler
+    from gateway.decision.settings import SandboxProfile
 
 __all__ = [
     "NOTHING_RAN",
+    "POOL_STATUSES",
     "PULL_POLICIES",
     "STREAMS",
     "HostMount",
+    "OnGone",
     "OnOutput",
     "Outcome",
     "Payload",
+    "PoolStatus",
+    "PoolingRunner",
     "RunSpec",
     "Runner",
     "Sandbox",
@@ -40,6 +45,16 @@ STREAMS = ("stdout", "stderr")
 OnOutput = Callable[[str, bytes], None]
 """An output-chunk callback ``(stream, data)``: ``stream`` is ``"stdout"`` or ``"stderr"``, ``data`` the next
 bytes of it that the outcome keeps (see ``Runner.run``)."""
+
+POOL_STATUSES = ("hit", "miss", "cold")
+PoolStatus = Literal["hit", "miss", "cold"]
+"""How a run found its sandbox: ``hit`` (a warm pooled container was claimed), ``miss`` (its profile has a
+pool, but it was empty: the run went cold), ``cold`` (no pool serves its options: pooling off, or a request
+with host mounts)."""
+
+OnGone = Callable[[GatewayError | None], None]
+"""Called once a run's sandbox no longer exists (``Runner.run(..., on_gone=)``), possibly later and from
+another thread: with None, or with the error that kept its container from being removed."""
 
 PULL_POLICIES = ("never", "if-missing")
 """``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
@@ -153,6 +168,8 @@ class Outcome:
     """What the backend names the sandbox by besides ``container_id``, for the outcome record (Kubernetes:
     ``namespace``, ``pod``, ``pod_uid``, ``pod_sha256`` and, when the kubelet ended the Pod, ``reason``:
     ``OOMKilled``, ``Evicted``, ``DeadlineExceeded``). Empty for the Docker backend."""
+    pool: PoolStatus | None = None
+    """``hit`` / ``miss`` / ``cold`` (see ``POOL_STATUSES``), set by the Gateway; None from a bare runner."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view (bytes decoded as UTF-8 with replacement; file contents as sizes)."""
@@ -175,6 +192,7 @@ class Outcome:
             "files_truncated": self.files_truncated,
             "pulled": self.pulled,
             **({"sandbox": dict(self.sandbox)} if self.sandbox else {}),
+            "pool": self.pool,
         }
 
 
@@ -230,7 +248,7 @@ class Runner(Protocol):
 
     def run(
         self, sandbox: Sandbox, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
         """Hand over the payload, wait, collect, and always destroy the sandbox.
 
@@ -241,14 +259,19 @@ class Runner(Protocol):
         removed and ``OutputCallbackError`` (the callback's exception as its cause) carries the outcome so far.
 
         ``cancel``: once set, the run is abandoned within a bounded poll interval: the sandbox is killed and
-        removed and ``CancelledRunError`` carries the outcome so far."""
+        removed and ``CancelledRunError`` carries the outcome so far.
+
+        ``on_gone``: the removal of the finished sandbox may happen after this returns (off the caller's
+        path); ``on_gone`` is called exactly once, when the sandbox no longer exists (see ``OnGone``). Without
+        it, the sandbox is removed before this returns and a failed removal raises ``ContainerLeftError``."""
         ...
 
     def execute(
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        """``prepare`` + ``run``; nothing is left behind on any error."""
+        """``prepare`` + ``run``; nothing is left behind on any error. ``on_gone`` is called exactly once
+        whatever happens (at once when ``prepare`` fails)."""
         ...
 
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
@@ -259,4 +282,33 @@ class Runner(Protocol):
 
     def image_id(self, image: str) -> str | None:
         """The local id of ``image``, or ``None`` when it is not present."""
+        ...
+
+
+@runtime_checkable
+class PoolingRunner(Runner, Protocol):
+    """A runner that can prepare sandboxes for a warm pool (``gateway.runner.pool.WarmPool``).
+
+    A pooled sandbox is made from the profile alone, before any request: nothing of a request (environment,
+    files, mounts, the labels that name it) is in it. At claim time the runner re-runs its guard on the
+    options the container was created with and checks they are exactly the profile part of what the
+    request's decision assembled; only then is the sandbox bound to the request's run specification."""
+
+    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> Sandbox:
+        """Create and start a hardened sandbox of ``profile`` waiting for one payload; it expires (any reaper
+        may remove it) ``ttl_s`` seconds from now."""
+        ...
+
+    def claim(self, sandbox: Sandbox, spec: RunSpec) -> Sandbox | None:
+        """Bind an idle sandbox to one request's ``spec`` (guard + exact profile match, and the sandbox still
+        alive), or raise ``UnsafeOptionsError`` / ``SandboxError``; None when the sandbox died while idle. The
+        result goes to :meth:`Runner.run`."""
+        ...
+
+    def discard(self, sandbox: Sandbox) -> None:
+        """Destroy a sandbox that will never run (an idle pooled one); never raises."""
+        ...
+
+    def pool_key(self, profile: SandboxProfile) -> str:
+        """The digest naming ``profile``'s options (the pool label of its containers)."""
         ...

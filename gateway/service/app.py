@@ -109,6 +109,8 @@ class Service:
         )
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
         self.metrics.queue_depth.set_function(self.admission.waiting)
+        if gateway.pool is not None:
+            self.metrics.watch_pool(gateway.pool)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
         self.anchors = anchor_writer(config, gateway.audit)
         """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
@@ -142,7 +144,12 @@ class Service:
         except BaseException:
             sink.close()
             raise
-        gateway = Gateway(policies, runner=backend, audit=sink)
+        try:
+            gateway = Gateway(policies, runner=backend, audit=sink, pool=config.pool or None)
+        except BaseException:
+            backend.close()
+            sink.close()
+            raise
         auth = AuthFailures(sink, interval_s=config.auth_failure_interval_s)
         return cls(
             config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close)

@@ -75,6 +75,8 @@ class ServerConfig:
     server stops writing to it (see :mod:`gateway.service.streaming`)."""
     """The longest an execution waits in its principal's queue for a slot; then 429 (``queue_wait``)."""
     grace_s: float = 30.0
+    pool: bool = False
+    """Keep a warm pool, sized by each policy's ``spec.pool`` (``gateway.runner.pool``)."""
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
     tls_cert: Path | None = None
@@ -159,6 +161,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         queue_wait_s=float(data.get("queue_wait_s", 60.0)),
         stream_stall_s=float(data.get("stream_stall_s", 30.0)),
         grace_s=float(data.get("grace_s", 30.0)),
+        pool=bool(data.get("pool", False)),
         auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),
         tls_key=path("tls_key"),

@@ -10,24 +10,38 @@ default one: several services may run in one process, as the tests do). What it 
 - ``gateway_running_executions``: executions this service is running now;
 - ``gateway_queue_depth``: requests waiting for an execution slot, read from the service's admission
   (``Admission.waiting``) at each scrape;
-- ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule.
+- ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule;
+- with a warm pool (``pool: true``): ``gateway_pool_ready`` (containers ready now), ``gateway_pool_target``
+  (how many the profiles aim for), ``gateway_pool_claims_total{result}`` (``hit``, ``miss``, ``cold``) and
+  ``gateway_pool_claim_seconds`` (how long taking a container from the pool took, guard and claim included).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "ServiceMetrics"]
+__all__ = ["CLAIM_BUCKETS", "CONTENT_TYPE", "LATENCY_BUCKETS", "ServiceMetrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The Prometheus text exposition format that :func:`prometheus_client.generate_latest` writes."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Seconds: from a cached decision (milliseconds) to a run at a generous policy's deadline (minutes)."""
+
+CLAIM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Seconds: a claim is a lock and a guard (well under a millisecond) unless a burst response waits."""
+
+
+class _Pool(Protocol):
+    """What the metrics read of a warm pool (``gateway.runner.pool.WarmPool``; the service imports no runner)."""
+
+    observer: Any
+
+    def stats(self) -> Any: ...
 
 
 class ServiceMetrics:
@@ -70,6 +84,36 @@ class ServiceMetrics:
             ("rule", "dry_run"),
             registry=self.registry,
         )
+
+        self.pool_ready = Gauge(
+            "gateway_pool_ready", "Warm pooled containers ready now, over every profile.", registry=self.registry
+        )
+        self.pool_target = Gauge(
+            "gateway_pool_target", "Warm pooled containers the profiles aim for.", registry=self.registry
+        )
+        self.pool_claims = Counter(
+            "gateway_pool_claims",
+            "Executions by how they found their sandbox: hit (a pooled one), miss (pool empty), cold (no pool).",
+            ("result",),
+            registry=self.registry,
+        )
+        self.pool_claim_seconds = Histogram(
+            "gateway_pool_claim_seconds",
+            "Time to take a sandbox from the warm pool (the claim's guard included; a miss's burst wait too).",
+            buckets=CLAIM_BUCKETS,
+            registry=self.registry,
+        )
+
+    def watch_pool(self, pool: _Pool) -> None:
+        """Count ``pool``'s claims and read its size at each scrape."""
+        self.pool_ready.set_function(lambda: pool.stats().ready)
+        self.pool_target.set_function(lambda: pool.stats().target)
+        pool.observer = self.pool_claimed
+
+    def pool_claimed(self, status: str, seconds: float) -> None:
+        self.pool_claims.labels(result=status).inc()
+        if status != "cold":
+            self.pool_claim_seconds.observe(seconds)
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status_class=f"{status // 100}xx", status=str(status)).inc()

@@ -72,6 +72,7 @@ OUTCOME: dict[str, Any] = {
     "resource_killed": False,
     "duration_ms": 123,
     "container_id": "c" * 64,
+    "pool": "hit",
     "image": "gateway/sandbox-python:3.11-bookworm",
     "image_id": "sha256:" + "b" * 64,
     "stdout": {"bytes": 2, "sha256": hashlib.sha256(b"4\n").hexdigest(), "truncated": False},
@@ -95,6 +96,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "image.pulled": {"image": "gateway/sandbox-python:3.11-bookworm", "image_id": "sha256:" + "b" * 64},
     "execution.outcome": OUTCOME,
     "containers.reaped": {"container_ids": ["c" * 64]},
+    "container.left": {"error": {"code": "runner.container_left", "message": "could not be removed"}},
     "recovery": {"reason": "truncated", "dropped_bytes": 10, "last_good_seq": 3, "last_good_hash": "f" * 64},
     "auth.failed": {
         "count": 1,

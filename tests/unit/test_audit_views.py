@@ -69,6 +69,7 @@ OUTCOME: dict[str, Any] = {
     "resource_killed": True,
     "duration_ms": 10_004,
     "container_id": "c" * 64,
+    "pool": "hit",
     "image": IMAGE,
     "image_id": "sha256:" + "b" * 64,
     "stdout": {"bytes": 0, "sha256": "0" * 64, "truncated": False},
@@ -193,6 +194,7 @@ def test_outcome_and_pull_views(records: list[dict[str, Any]]) -> None:
     assert outcome.files == (FileDigestView("out/result.txt", "f" * 64, 3),)
     assert (outcome.error_code, outcome.error_message) == ("runner.sandbox_failed", "killed at the deadline")
     assert outcome.images == {IMAGE}
+    assert outcome.pool == "hit"
 
 
 def test_optional_outcome_fields_have_documented_defaults() -> None:
@@ -202,6 +204,7 @@ def test_optional_outcome_fields_have_documented_defaults() -> None:
     assert isinstance(view, ExecutionOutcomeView)
     assert (view.output_limit_killed, view.resource_killed) == (False, False)
     assert (view.container_id, view.image, view.image_id, view.error_code, view.files) == (None, None, None, None, ())
+    assert view.pool is None
 
 
 def test_views_of_trail_lines_equal_views_of_memory_records(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ PUBLIC = [
     "PolicyError",
     "PolicyNotFoundError",
     "PolicySet",
+    "PoolConfig",
     "Problem",
     "RequestError",
     "RuleResult",

@@ -111,6 +111,8 @@ def _supervise(
     most: int = 256,
     *,
     timeout_s: float = 60,
+    warm: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, list]:
     """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed."""
     key = new_key()
@@ -118,11 +120,16 @@ def _supervise(
     decoder = FrameDecoder(key)
     frames: list = []
     with subprocess.Popen(
-        supervisor_command(str(workspace)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        supervisor_command(str(workspace), warm=warm),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     ) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None
-        proc.stdin.write(encode_payload(key, code, files, cap, most, timeout_s=timeout_s))
+        if warm:
+            time.sleep(0.3)  # the program's interpreter starts before the payload exists
+        proc.stdin.write(encode_payload(key, code, files, cap, most, timeout_s=timeout_s, env=env))
         proc.stdin.flush()
         while not decoder.finished:
             chunk = os.read(proc.stdout.fileno(), 1 << 16)
@@ -157,6 +164,36 @@ def test_supervisor_runs_code_relays_streams_and_returns_files(tmp_path: Path) -
     assert data == [bytes(range(256)), b"nested"]
     assert frames[-1].kind == FRAME_EXIT
     assert json.loads(frames[-1].data) == {"status": 7, "files_truncated": False}
+
+
+_PROBE = (
+    "import os, sys\n"
+    "print(os.environ.get('APP_X'), os.environ.get('LANG'), __name__, sys.argv, sys.path[0])\n"
+    "print(sorted(k for k in globals() if not k.startswith('__')))\n"
+    "if __name__ == '__main__':\n    raise ValueError('boom')\n"
+)
+
+
+@needs_system_python
+@pytest.mark.parametrize("env", [{"APP_X": "1"}, {"APP_X": "1", "LANG": "C.UTF-8"}], ids=["late-env", "startup-env"])
+def test_a_warm_interpreter_runs_the_program_as_a_fresh_one_would(tmp_path: Path, env: dict[str, str]) -> None:
+    """The pooled variant starts ``python3`` before the payload: the program sees the same environment,
+    ``__main__``, ``sys.argv``, ``sys.path[0]``, globals, traceback and exit status as a cold start; an
+    environment the interpreter reads while starting (``LANG``) gets a fresh interpreter."""
+    outputs = []
+    for warm in (False, True):
+        status, frames = _supervise(tmp_path / str(warm), _PROBE, {}, warm=warm, env=env)
+        stdout = b"".join(f.data for f in frames if f.kind == FRAME_STDOUT).decode()
+        stderr = b"".join(f.data for f in frames if f.kind == FRAME_STDERR).decode()
+        outputs.append(
+            (status, stdout.replace(str(tmp_path / str(warm)), "W"), stderr.replace(str(tmp_path / str(warm)), "W"))
+        )
+    assert outputs[0] == outputs[1]
+    status, stdout, stderr = outputs[1]
+    assert status == 1
+    assert stdout.splitlines()[0] == f"1 {env.get('LANG', os.environ.get('LANG'))} __main__ ['W/main.py'] W"
+    assert stdout.splitlines()[1] == "['os', 'sys']"
+    assert stderr.startswith('Traceback (most recent call last):\n  File "W/main.py"')
 
 
 @needs_system_python

@@ -70,6 +70,8 @@ class Collected:
     output_limit_killed: bool = False
     oom_reported: bool = False
     """The supervisor saw the memory cgroup's OOM killer strike during the run (``FRAME_META``)."""
+    oom_known: bool = False
+    """The supervisor could read the memory cgroup's OOM counter (``FRAME_META``): its report is the answer."""
     cancelled: bool = False
     """The caller's cancel event was set: the reading stopped and the container must be killed."""
     callback_error: Exception | None = None
@@ -180,6 +182,7 @@ def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec, on_outpu
         except ValueError as exc:
             raise ProtocolError("malformed meta frame") from exc
         got.oom_reported = isinstance(meta, dict) and meta.get("oom_killed") is True
+        got.oom_known = isinstance(meta, dict) and meta.get("oom_known") is True
     elif kind == FRAME_EXIT:
         final = json.loads(data)
         if not isinstance(final, dict) or not isinstance(final.get("status"), int):

@@ -13,10 +13,12 @@ profile (policy, image, runtime, limits: what a warm pool can prepare ahead of a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from gateway.canonical import options_bytes
 from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
@@ -33,14 +35,19 @@ __all__ = [
     "LABEL_PREFIX",
     "MANAGED_LABEL",
     "POLICY_LABEL",
+    "POOL_LABEL",
     "REQUEST_LABEL",
     "RUNNER_OPTION_KEYS",
+    "RUN_LABELS",
+    "RUN_OPTION_KEYS",
     "SANDBOX_HOSTNAME",
     "WORKSPACE",
     "DockerAssembler",
     "build_options",
     "guard",
+    "pool_key",
     "profile_options",
+    "profile_part",
     "run_options",
     "security_options",
 ]
@@ -54,6 +61,8 @@ INSTANCE_LABEL = "io.agent-gateway.instance"
 """The gateway instance (runner) that created the container: ``gateway reap`` removes its own by default."""
 DEADLINE_LABEL = "io.agent-gateway.deadline"
 """Unix time (seconds) after which the container is expired whoever created it: any reaper may remove it."""
+POOL_LABEL = "io.agent-gateway.pool"
+"""On a warm pool's container: the digest of the profile options it was created with (:func:`pool_key`)."""
 WORKSPACE = "/workspace"
 """Where the program, its files and ``out/`` live inside a sandbox (a size-capped tmpfs)."""
 SANDBOX_HOSTNAME = "sandbox"
@@ -186,6 +195,26 @@ def run_options(settings: SandboxSettings, *, decision_id: str, request_id: str)
         # Never the host path: the runner binds the judged directory at the staging path (see ``mounts.py``).
         options["mounts"] = engine_mounts([(m.target, m.mode == "ro") for m in settings.mounts], decision_id)
     return options
+
+
+RUN_OPTION_KEYS: frozenset[str] = frozenset({"environment", "mounts"})
+"""The keys :func:`run_options` adds: what belongs to one run and is never in a pooled container."""
+RUN_LABELS: frozenset[str] = frozenset({DECISION_LABEL, REQUEST_LABEL})
+"""The labels that name one run (:func:`run_options`): a pooled container is created without them."""
+
+
+def profile_part(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without what :func:`run_options` adds: for a decision's options, exactly
+    ``profile_options`` of its profile. A warm pool's claim compares this with what its container was made
+    with."""
+    out = {k: v for k, v in options.items() if k not in RUN_OPTION_KEYS}
+    out["labels"] = {k: v for k, v in dict(options.get("labels") or {}).items() if k not in RUN_LABELS}
+    return out
+
+
+def pool_key(profile: SandboxProfile) -> str:
+    """The sha256 of a profile's options in canonical JSON: names a warm pool and labels its containers."""
+    return hashlib.sha256(options_bytes(profile_options(profile))).hexdigest()
 
 
 def build_options(settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:

@@ -33,17 +33,19 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import docker
 import docker.errors
 
-from gateway.decision.settings import BackendLimits
+from gateway.decision.settings import BackendLimits, SandboxProfile
 from gateway.errors import (
     CancelledRunError,
     ContainerLeftError,
@@ -65,9 +67,15 @@ from gateway.runner.docker.options import (
     HOST_CONFIG_KEYS,
     INSTANCE_LABEL,
     MANAGED_LABEL,
+    POOL_LABEL,
+    RUN_LABELS,
+    RUN_OPTION_KEYS,
     WORKSPACE,
     DockerAssembler,
     guard,
+    pool_key,
+    profile_options,
+    profile_part,
 )
 from gateway.runner.docker.supervisor import (
     FrameDecoder,
@@ -76,7 +84,7 @@ from gateway.runner.docker.supervisor import (
     new_key,
     supervisor_command,
 )
-from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -109,6 +117,8 @@ class DockerSandbox:
     runtime: str = "runc"
     staging: Staging | None = None
     """The staged binds of the judged mounts (removed after the container, always)."""
+    created_with: Mapping[str, Any] | None = None
+    """For a warm pool's container: the exact assembled options it was created with (re-guarded at claim)."""
 
     def close(self) -> None:
         """Drop the attach connection of a sandbox that will never run (its container is reaped)."""
@@ -125,15 +135,29 @@ class DockerRunner:
     ``instance`` names this gateway instance on every container it creates (``INSTANCE_LABEL``), so that
     :meth:`reap` removes only its own containers and expired ones, never another instance's live sandboxes.
     Defaults to ``$GATEWAY_INSTANCE`` or a fresh id.
+
+    ``warm_interpreter``: a warm pool's containers also start the program's interpreter before the payload
+    arrives (see ``supervisor_command``); cold containers never do (nothing to overlap it with).
     """
 
-    def __init__(self, client: Any | None = None, *, base_url: str | None = None, instance: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Any | None = None,
+        *,
+        base_url: str | None = None,
+        instance: str | None = None,
+        warm_interpreter: bool = True,
+    ) -> None:
         self.assembler = DockerAssembler(capacity=self._engine_limits)
         """Builds and guards this backend's options; the Gateway hands it to the decision."""
         self._client = client
         self._owns_client = client is None
         self._base_url = base_url
         self.instance = instance or os.environ.get("GATEWAY_INSTANCE") or new_instance_id()
+        self.warm_interpreter = warm_interpreter
+        """Pooled containers start the program's interpreter ahead too (``supervisor_command(warm=True)``)."""
+        self._removals = _Removals(self._destroy)
+        """Removals confirmed in the background (runs given ``on_gone``)."""
 
     def _engine_limits(self) -> BackendLimits:
         """The engine refuses (at start) a CPU quota above its host's CPUs: say so to the decision."""
@@ -144,7 +168,9 @@ class DockerRunner:
         return BackendLimits(max_cpus=float(cpus)) if cpus > 0 else BackendLimits()
 
     def close(self) -> None:
-        """Close the client if this runner created it (an injected client belongs to its owner)."""
+        """Finish the background removals, then close the client if this runner created it (an injected client
+        belongs to its owner)."""
+        self._removals.close()
         if self._owns_client and self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
@@ -281,13 +307,13 @@ class DockerRunner:
 
     # -- prepare ---------------------------------------------------------------------------------------
 
-    def _create_kwargs(self, spec: RunSpec) -> dict[str, Any]:
-        options = dict(spec.options)
+    def _create_kwargs(self, options: Mapping[str, Any], *, expires_s: float, warm: bool = False) -> dict[str, Any]:
+        options = dict(options)
         guard(options)  # also refuses the runner-owned keys added below
         # The environment is the program's alone: it travels in the payload to the program's execve, never
         # in the container's configuration (where the supervisor, PID 1, would hold it too).
         options.pop("environment", None)
-        deadline = int(time.time() + spec.timeout_s) + 1
+        deadline = int(time.time() + expires_s) + 1
         options["labels"] = {
             **dict(options.get("labels") or {}),
             MANAGED_LABEL: "true",
@@ -295,7 +321,7 @@ class DockerRunner:
             DEADLINE_LABEL: str(deadline),
         }
         options.update(
-            entrypoint=supervisor_command(WORKSPACE),
+            entrypoint=supervisor_command(WORKSPACE, warm=warm),
             command=[],
             stdin_open=True,
             stdin_once=True,
@@ -307,7 +333,9 @@ class DockerRunner:
         return options
 
     def prepare(self, spec: RunSpec) -> DockerSandbox:
-        kwargs = self._create_kwargs(spec)
+        return self._prepare(spec, self._create_kwargs(spec.options, expires_s=spec.timeout_s))
+
+    def _prepare(self, spec: RunSpec, kwargs: dict[str, Any], *, pooled: bool = False) -> DockerSandbox:
         image_id, pulled, kwargs["image"] = self._ensure_image(spec.image, spec.pull)
         api = self.client.api
         container_id: str | None = None
@@ -344,13 +372,80 @@ class DockerRunner:
             sockio=sockio,
             runtime=runtime,
             staging=staging,
+            created_with=MappingProxyType(dict(spec.options)) if pooled else None,
         )
+
+    # -- the warm pool ---------------------------------------------------------------------------------
+
+    def pool_key(self, profile: SandboxProfile) -> str:
+        return pool_key(profile)
+
+    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> DockerSandbox:
+        """A container of ``profile`` alone, for a warm pool: the profile's options (guarded), the pool label,
+        no environment, no mounts, no label naming a request; it waits for one payload on stdin."""
+        options = profile_options(profile)
+        options["labels"] = {**options["labels"], POOL_LABEL: pool_key(profile)}
+        return self.prepare_pooled(options, ttl_s=ttl_s, pull=profile.pull)
+
+    def prepare_pooled(self, options: Mapping[str, Any], *, ttl_s: float, pull: str = "never") -> DockerSandbox:
+        """A pooled container made from ``options`` as they are (guarded; refused when they hold anything of
+        one run: an environment, mounts, a label naming a request). :meth:`prepare_idle` gives it a profile's
+        options; the containment suite gives it the profile part of the options it tests."""
+        run_keys = sorted(k for k in options if k in RUN_OPTION_KEYS) + sorted(
+            k for k in dict(options.get("labels") or {}) if k in RUN_LABELS
+        )
+        if run_keys:
+            raise UnsafeOptionsError(f"a pooled container is made before any request; it cannot hold {run_keys}")
+        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=pull)
+        kwargs = self._create_kwargs(spec.options, expires_s=ttl_s, warm=self.warm_interpreter)
+        return self._prepare(spec, kwargs, pooled=True)
+
+    def claim(self, sandbox: Any, spec: RunSpec) -> DockerSandbox | None:
+        """Bind an idle pooled sandbox to ``spec``; None when its container is no longer alive.
+
+        The guard runs again on the options the container was created with (and on the decision's), and those
+        options must be exactly the profile part of the decision's (``profile_part``): same image, runtime,
+        limits, user, seccomp profile, every hardening key. A request with mounts never matches."""
+        if not isinstance(sandbox, DockerSandbox) or sandbox.created_with is None:
+            raise SandboxError("only an idle pooled sandbox can be claimed")
+        if sandbox.used:
+            raise SandboxError("a sandbox is used once; this one was already claimed")
+        guard(sandbox.created_with)
+        guard(spec.options)
+        made = profile_part(sandbox.created_with)
+        made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
+        if spec.mounts or "mounts" in spec.options or made != profile_part(spec.options):
+            differ = sorted(
+                k for k in set(made) | set(spec.options) if made.get(k) != profile_part(spec.options).get(k)
+            )
+            raise UnsafeOptionsError(
+                "the pooled container was created with options other than the profile part of the decision's "
+                f"({', '.join(differ) or 'mounts'}); it was destroyed and nothing ran in it"
+            )
+        if not _alive(sandbox.sock):
+            sandbox.used = True
+            return None
+        sandbox.used = True
+        return replace(sandbox, spec=spec, used=False)
+
+    def discard(self, sandbox: Any) -> None:
+        """Destroy a sandbox that will never run: its supervisor ends when its stdin closes; removed too."""
+        if not isinstance(sandbox, DockerSandbox):
+            return
+        sandbox.used = True
+        _close(sandbox.sockio)
+        with contextlib.suppress(Exception):
+            if sandbox.container_id is not None:
+                self._remove(sandbox.container_id, quiet=True)
+        if sandbox.staging is not None:
+            with contextlib.suppress(Exception):
+                sandbox.staging.remove()
 
     # -- run -------------------------------------------------------------------------------------------
 
     def run(
         self, sandbox: Any, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
         if not isinstance(sandbox, DockerSandbox):
             raise SandboxError(f"DockerRunner cannot run a {type(sandbox).__name__}")
@@ -368,22 +463,43 @@ class DockerRunner:
             exc.outcome = exc.outcome or self._partial(sandbox, got, start)
             raise
         finally:
+            # Closing stdin ends the supervisor (it waits for exactly this after its final frame), and the
+            # engine's AutoRemove removes the container. With ``on_gone`` the removal is confirmed (and forced
+            # if need be) in the background, off the caller's path; without it, here.
             _close(sandbox.sockio)
-            try:
-                if sandbox.container_id is not None:
-                    left = self._removal_failure(sandbox.container_id)
-            finally:
-                if sandbox.staging is not None:
-                    sandbox.staging.remove()
+            if on_gone is not None:
+                self._removals.submit(sandbox, on_gone)
+            else:
+                left = self._destroy(sandbox)
         if left is not None:
             raise _left(str(sandbox.container_id), outcome, left)
         return outcome
 
+    def _destroy(self, sandbox: DockerSandbox) -> GatewayError | None:
+        """Force-remove a finished sandbox's container and its staging; why it could not be removed, if so."""
+        try:
+            if sandbox.container_id is not None:
+                return self._removal_failure(sandbox.container_id)
+            return None
+        finally:
+            if sandbox.staging is not None:
+                sandbox.staging.remove()
+
     def execute(
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        return self.run(self.prepare(spec), payload, on_output=on_output, cancel=cancel)
+        try:
+            sandbox = self.prepare(spec)
+        except BaseException:
+            if on_gone is not None:
+                on_gone(None)  # nothing was left behind (prepare cleans up after itself)
+            raise
+        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
+
+    def settle(self, timeout_s: float = 30.0) -> bool:
+        """Wait (bounded) until every background removal is done; True when none is pending."""
+        return self._removals.settle(timeout_s)
 
     def _run(
         self, sb: DockerSandbox, payload: Payload, got: Collected, start: float, *, on_output: OnOutput | None,
@@ -440,7 +556,11 @@ class DockerRunner:
             raise SandboxError(f"the sandbox could not start the program: {got.error}")
         # After the final frame the supervisor waits for its stdin to close before it exits: the container is
         # still there to be inspected (OOMKilled). Without a final frame it may already be gone (AutoRemove).
-        state = self._state(cid)
+        # The engine's OOMKilled only matters for a program that reported exit 137 (see ``outcome_of``) or that
+        # never reported; and when the supervisor could read the memory cgroup's OOM counter itself, its report
+        # is the answer. Otherwise the engine is not asked: one round trip less on nearly every run (under
+        # gVisor an inspect costs tens to hundreds of milliseconds).
+        state = {} if got.final is not None and (got.oom_known or got.final["status"] != 137) else self._state(cid)
         _close(sb.sockio)
         duration_ms = round((time.monotonic() - start) * 1000)
         return outcome_of(
@@ -548,6 +668,67 @@ class DockerRunner:
         return removed
 
 
+class _Removals:
+    """One background thread that confirms the removal of finished sandboxes and reports each as gone.
+
+    A run's result does not wait for the engine to tear its container down: the supervisor has already exited
+    (its stdin was closed) and the engine's AutoRemove is removing it. This thread makes sure (a forced
+    remove, a bounded wait), removes the staging of its mounts, and calls the run's ``on_gone`` with None or
+    with why the container could not be removed (the Gateway audits that, and the container is left for
+    ``gateway reap``, labelled, ending itself at its deadline). ``on_gone`` is where the Gateway frees the
+    run's host slot, so a container counts against the host's bound until it is gone."""
+
+    def __init__(self, destroy: Callable[[DockerSandbox], GatewayError | None]) -> None:
+        self._destroy = destroy
+        self._cond = threading.Condition()
+        self._queue: list[tuple[DockerSandbox, OnGone]] = []
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, sandbox: DockerSandbox, on_gone: OnGone) -> None:
+        with self._cond:
+            self._queue.append((sandbox, on_gone))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="gateway-removals", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    if not self._cond.wait(5.0) and not self._queue:
+                        self._thread = None
+                        return
+                    continue
+                sandbox, on_gone = self._queue.pop(0)
+                self._busy += 1
+            try:
+                try:
+                    error = self._destroy(sandbox)
+                except Exception as exc:  # noqa: BLE001 - reported to on_gone, the thread goes on
+                    error = exc if isinstance(exc, GatewayError) else SandboxError(f"removal failed: {exc}")
+                with contextlib.suppress(Exception):
+                    on_gone(error)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def settle(self, timeout_s: float) -> bool:
+        give_up = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._busy:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+            return True
+
+    def close(self) -> None:
+        self.settle(60.0)
+
+
 def _left(container_id: str, outcome: Outcome, cause: GatewayError) -> GatewayError:
     """The error for a run whose container could not be removed afterwards, keeping the run's outcome.
 
@@ -640,6 +821,16 @@ def _raw_socket(sockio: Any) -> Any:
         if not hasattr(sock, needed):
             raise SandboxError(f"the engine's attach connection ({type(sock).__name__}) is not a socket")
     return sock
+
+
+def _alive(sock: Any) -> bool:
+    """True when an idle sandbox's attach connection is still open and silent: a waiting supervisor writes
+    nothing, so anything readable (EOF: the container ended; or bytes) means it is not fit to serve."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 def _close(sockio: Any) -> None:

@@ -72,9 +72,10 @@ FRAME_STDERR = b"e"
 FRAME_FILE_NAME = b"n"
 FRAME_FILE_DATA = b"f"
 FRAME_META = b"m"
-"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool}``, from the kernel's own
-``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the container exited, and
-by then AutoRemove may have taken the container away)."""
+"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool, "oom_known": bool}``, from
+the kernel's own ``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the
+container exited, and by then AutoRemove may have taken the container away). ``oom_known``: the counter could
+be read before and after the run, so the host need not ask the engine."""
 FRAME_EXIT = b"x"
 """Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
 FRAME_ERROR = b"!"
@@ -89,10 +90,89 @@ _KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRA
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and few imports (each costs start-up time on every run). Keep it small and self-contained.
 SUPERVISOR = r"""
-import os, sys, json, struct, hmac, select, signal, binascii, time
+import os, sys, signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 W = sys.argv[1]
 PY = "/usr/bin/python3"
+STARTUP = ("LANG", "LANGUAGE", "HOME", "TZ")
+STUB = '''
+import os, sys
+def _go():
+    def rd(n):
+        b = b""
+        while len(b) < n:
+            c = os.read(3, n - len(b))
+            if not c:
+                os._exit(125)
+            b += c
+        return b
+    data = rd(int.from_bytes(rd(4), "big"))
+    os.close(3)
+    for item in data.split(b"\\0") if data else ():
+        k, _, v = item.partition(b"=")
+        os.environ[os.fsdecode(k)] = os.fsdecode(v)
+    path = sys.argv[1] + "/main.py"
+    sys.argv[:] = [path]
+    sys.path[0] = os.path.dirname(path)
+    def hook(t, v, tb, show=sys.excepthook):
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+        show(t, v.with_traceback(tb) if v is not None else v, tb)
+    sys.excepthook = hook
+    import __main__
+    g = __main__.__dict__
+    for k in [k for k in g if k not in ("__name__", "__builtins__")]:
+        del g[k]
+    g.update(__file__=path, __doc__=None, __spec__=None, __loader__=None, __package__=None, __cached__=None)
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    exec(code, g)
+_go()
+'''
+WARM = len(sys.argv) > 2 and sys.argv[2] == "warm"
+def spawn(argv, env, go=None):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open("/dev/null", os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            if go is not None:
+                if go != 3:
+                    os.dup2(go, 3)
+                os.set_inheritable(3, True)
+            os.closerange(3 if go is None else 4, 1 << 16)
+            for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            os.chdir(W)
+            os.execve(PY, argv, env)
+        finally:
+            os._exit(127)
+    for fd in (out_w, err_w, null):
+        os.close(fd)
+    return pid, out_r, err_r
+def undumpable():
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+        fail("prctl(PR_SET_DUMPABLE, 0) failed: errno %d" % ctypes.get_errno())
+if WARM:
+    # The program's interpreter, started first thing, before the supervisor's own imports and before any
+    # payload exists: it holds nothing of a request and waits on fd 3 for the request's environment, then
+    # runs main.py. It boots while the supervisor does. The supervisor makes itself non-dumpable (below)
+    # before the go message, so the program can never trace it or read its key.
+    go_r, go_w = os.pipe()
+    try:
+        warm = spawn([PY, "-c", STUB, W], dict(os.environ), go_r)
+    except OSError:
+        warm = None
+    os.close(go_r)
+import json, struct, hmac, select, binascii, time
+if WARM:
+    import ctypes
 CHUNK = 65536
 def readn(fd, n):
     parts = []
@@ -172,38 +252,37 @@ try:
     env = dict(os.environ)
     env.update(req["env"])
     most = int(req["files_max"])
+    # A request whose environment the interpreter reads while it starts (locale, PYTHON*, HOME, TZ) gets a
+    # fresh interpreter, so that it starts exactly as it would cold.
+    late = WARM and warm is not None and not any(k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
+    extra = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in sorted(req["env"].items()))
     del req
-    import ctypes
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
-        fail("prctl(PR_SET_DUMPABLE, 0) failed: errno %d" % ctypes.get_errno())
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    undumpable()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
-    null = os.open("/dev/null", os.O_RDONLY)
     OOM0 = ooms()
-    pid = os.fork()
+    if late:
+        pid, out_r, err_r = warm
+        put(go_w, struct.pack(">I", len(extra)) + extra)
+        os.close(go_w)
+    else:
+        if WARM:
+            os.close(go_w)
+            if warm is not None:  # the warm interpreter cannot serve this request: a fresh one does
+                try:
+                    os.killpg(warm[0], signal.SIGKILL)
+                except OSError:
+                    pass
+                os.close(warm[1])
+                os.close(warm[2])
+                os.waitpid(warm[0], 0)
+        pid, out_r, err_r = spawn([PY, W + "/main.py"], env)
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
-if pid == 0:
-    try:
-        os.setsid()
-        os.dup2(null, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.closerange(3, 1 << 16)
-        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        os.chdir(W)
-        os.execve(PY, [PY, W + "/main.py"], env)
-    finally:
-        os._exit(127)
-del env
-for fd in (out_w, err_w, null):
-    os.close(fd)
+del env, extra
 poller = select.poll()
 streams = {out_r: b"o", err_r: b"e"}
 for fd in (out_r, err_r, wake_r, 0):
@@ -267,7 +346,8 @@ code = os.waitstatus_to_exitcode(status)
 if code < 0:
     code = 128 - code
 oom = ooms()
-send(b"m", json.dumps({"oom_killed": OOM0 is not None and oom is not None and oom > OOM0}).encode())
+known = OOM0 is not None and oom is not None
+send(b"m", json.dumps({"oom_killed": known and oom > OOM0, "oom_known": known}).encode())
 truncated = stop = False
 total = 0
 count = 0
@@ -326,9 +406,14 @@ os._exit(code)
 """
 
 
-def supervisor_command(workspace: str = "/workspace") -> list[str]:
-    """The container's fixed command: the supervisor and the workspace path, nothing from the caller."""
-    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace]
+def supervisor_command(workspace: str = "/workspace", *, warm: bool = False) -> list[str]:
+    """The container's fixed command: the supervisor and the workspace path, nothing from the caller.
+
+    ``warm``: the supervisor starts the program's interpreter before the payload arrives (a warm pool's
+    container: single use, so as safe as a cold start); it waits for the request's environment, then runs
+    ``main.py`` in its ``__main__``. A request setting a variable the interpreter reads while starting
+    (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``, ``TZ``) gets a fresh interpreter instead."""
+    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace, *(["warm"] if warm else [])]
 
 
 def new_key() -> bytes:

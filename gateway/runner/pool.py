@@ -1,0 +1,499 @@
+"""The warm pool: single-use sandboxes created and started ahead of requests, never reused.
+
+Agents call code tools in tight loops and the container's create and start dominate their wait. A
+:class:`WarmPool` keeps, per *sandbox profile* (``gateway.decision.SandboxProfile``: the policy and its exact
+content, the image, the runtime and the resolved limits, i.e. what the options depend on before a request
+arrives), a few containers already created and started with the full hardening, each running the supervisor
+that waits for one framed payload (code, files, environment) on stdin. A request whose decision resolved to a
+warm profile *claims* one (the runner re-runs its guard on the options the container was created with and
+checks they are exactly the profile part of the decision's options); the container serves that request only
+and is destroyed after it, like a cold one; a replacement is started in the background at once.
+
+Why this is as safe as a cold start: nothing of a request is in a pooled container before it is claimed (its
+environment travels in the payload, its files too; a request with host mounts never uses the pool, since the
+judged directory is staged and bound at create), the container is never reused, and the deadline, the output
+cap, the OOM report, cleanup, audit and the guard all hold as on the cold path.
+
+Sizing is the policy's (``spec.pool``, :class:`~gateway.policy.model.PoolConfig`): ``size`` ready per
+profile (0: no pool), ``min`` kept through idle expiry (``idle_s``), ``max`` reached when requests find the
+pool empty, and the burst response (``cold``: run cold at once; ``wait``: wait up to ``burst_wait_s`` for a
+refill). A pool is rebuilt when the policies change (:meth:`WarmPool.configure`): the profile names the
+policy's sha256, so a container made under an old policy version never serves a request of the new one, and
+the old profiles' containers are destroyed.
+
+Every pooled container holds one of the host's execution slots (``gateway.slots``) from its creation until
+the request that claimed it has finished, so the pool counts against the host's bound; a cold run that finds
+every slot taken evicts an idle pooled container rather than wait for one. Pooled containers carry the
+gateway's managed, instance, deadline (``ttl``: idle expiry plus the policy's longest timeout) and pool
+labels, so ``gateway reap`` and the service's start-up reap treat them like any other; a gateway that exits
+destroys its pool (:meth:`WarmPool.close`), and a gateway that dies leaves none running: each supervisor ends
+when its stdin (the gateway's attach connection) closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from gateway.decision.settings import SandboxProfile, SandboxSettings, resolve
+from gateway.errors import GatewayError
+from gateway.policy.model import Policy, PoolConfig
+from gateway.request import ExecutionRequest
+from gateway.runner.interface import PoolingRunner, PoolStatus, RunSpec, Sandbox
+from gateway.slots import HostSlots, Slot
+
+__all__ = ["Lease", "PoolConfig", "PoolObserver", "PoolStats", "WarmPool", "default_profile"]
+
+_log = logging.getLogger("gateway.pool")
+
+PoolObserver = Callable[[PoolStatus, float], None]
+"""Called after every claim with its status and how long the claim took (seconds): the service's metrics."""
+
+TTL_GRACE_S = 60.0
+"""Added to a pooled container's deadline label beyond idle expiry plus the policy's longest timeout."""
+_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Waits after consecutive failures to prepare a profile's container (a missing image, the engine down)."""
+_SLOT_POLL_S = 0.05
+_COLD_POLL_S = (0.005, 0.01, 0.02, 0.05)
+_FILLERS = 2
+
+
+def default_profile(policy: Policy) -> SandboxProfile:
+    """The profile of a request that asks for nothing: what a policy's pool warms from the start."""
+    return resolve(policy, ExecutionRequest(code="")).profile
+
+
+@dataclass
+class _Ready:
+    sandbox: Sandbox
+    slot: Slot
+    since: float
+
+
+@dataclass
+class _Pool:
+    """The pool of one profile (guarded by the WarmPool's lock)."""
+
+    profile: SandboxProfile
+    config: PoolConfig
+    ttl_s: float
+    target: int
+    ready: deque[_Ready] = field(default_factory=deque)
+    creating: int = 0
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str | None = None
+    closed: bool = False
+
+    @property
+    def deficit(self) -> int:
+        return self.target - len(self.ready) - self.creating
+
+
+@dataclass
+class Lease:
+    """What :meth:`WarmPool.claim` gives a request: its pool status and, on a hit, the claimed sandbox (bound
+    to the request's run specification) with the host slot it holds. Release the lease when the run ends."""
+
+    status: PoolStatus
+    sandbox: Sandbox | None = None
+    slot: Slot | None = None
+    claim_s: float = 0.0
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of the pool (``gateway_pool_*`` metrics, ``gateway doctor``)."""
+
+    ready: int
+    """Containers ready now, over every profile."""
+    creating: int
+    target: int
+    """The ready containers every profile aims for, summed."""
+    profiles: int
+    hits: int
+    misses: int
+    cold: int
+    errors: tuple[str, ...] = ()
+    """The last preparation failure of each profile that has one."""
+
+
+class WarmPool:
+    """Warm single-use sandboxes per profile, refilled by background threads (see the module).
+
+    ``override``: one :class:`PoolConfig` for every policy instead of each policy's own ``spec.pool`` (a
+    benchmark, a test). ``fillers``: how many containers are prepared at once.
+    """
+
+    def __init__(
+        self,
+        runner: PoolingRunner,
+        slots: HostSlots,
+        *,
+        override: PoolConfig | None = None,
+        fillers: int = _FILLERS,
+        observer: PoolObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self.slots = slots
+        self.override = override
+        self.observer = observer
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._pools: dict[SandboxProfile, _Pool] = {}
+        self._policies: dict[str, Policy] = {}
+        """Policy ref → policy, for every policy the pool serves now."""
+        self._closed = False
+        self._paused = 0
+        self._waiting = 0
+        """Cold runs waiting for a host slot now (the fillers wait for them)."""
+        self._threads: list[threading.Thread] = []
+        self._fillers = max(1, fillers)
+        self.hits = 0
+        self.misses = 0
+        self.cold = 0
+
+    # -- configuration ---------------------------------------------------------------------------------
+
+    def config_for(self, policy: Policy) -> PoolConfig:
+        return self.override if self.override is not None else policy.pool
+
+    def configure(self, policies: Iterable[Policy]) -> None:
+        """Serve exactly ``policies`` from now on: warm each enabled policy's default profile, and drain the
+        profiles of policies no longer served (a reload, a policy edit: the sha256 is in the profile)."""
+        wanted = {p.ref: p for p in policies if self.config_for(p).enabled}
+        drained: list[_Ready] = []
+        with self._cond:
+            if self._closed:
+                return
+            self._policies = wanted
+            for profile, pool in list(self._pools.items()):
+                if profile.policy not in wanted:
+                    drained.extend(self._drop(profile, pool))
+            for ref, policy in wanted.items():
+                try:
+                    profile = default_profile(policy)
+                except Exception as exc:  # noqa: BLE001 - a policy whose defaults do not resolve has no warm default
+                    _log.warning("no warm pool for %s: its defaults do not resolve (%s)", ref, exc)
+                    continue
+                self._add(profile, policy)
+            self._start_fillers()
+            self._cond.notify_all()
+        self._discard_all(drained)
+
+    def _add(self, profile: SandboxProfile, policy: Policy) -> _Pool | None:
+        """The pool of ``profile``, added when the policy allows one more profile (lock held)."""
+        pool = self._pools.get(profile)
+        if pool is not None:
+            return pool
+        config = self.config_for(policy)
+        if sum(1 for p in self._pools if p.policy == profile.policy) >= config.profiles:
+            return None
+        ttl = config.idle_s + float(policy.limits.timeout_s.max) + TTL_GRACE_S
+        pool = _Pool(profile=profile, config=config, ttl_s=ttl, target=config.size)
+        self._pools[profile] = pool
+        return pool
+
+    def _drop(self, profile: SandboxProfile, pool: _Pool) -> list[_Ready]:
+        pool.closed = True
+        del self._pools[profile]
+        ready = list(pool.ready)
+        pool.ready.clear()
+        return ready
+
+    # -- claiming --------------------------------------------------------------------------------------
+
+    def claim(self, settings: SandboxSettings, spec: RunSpec) -> Lease:
+        """A lease for one request: ``hit`` with a claimed sandbox, or ``miss`` / ``cold`` without one.
+
+        Raises what the runner's claim raises (the guard refusing the pooled container's options, or options
+        that are not the decision's): the container is destroyed and the request fails closed."""
+        started = time.perf_counter()
+        lease = self._claim(settings, spec)
+        lease.claim_s = time.perf_counter() - started
+        with self._cond:
+            if lease.status == "hit":
+                self.hits += 1
+            elif lease.status == "miss":
+                self.misses += 1
+            else:
+                self.cold += 1
+        if self.observer is not None:
+            with contextlib.suppress(Exception):
+                self.observer(lease.status, lease.claim_s)
+        return lease
+
+    def _claim(self, settings: SandboxSettings, spec: RunSpec) -> Lease:
+        profile = settings.profile
+        if settings.mounts or spec.mounts:
+            return Lease("cold")  # a judged directory is staged and bound at create: never pooled
+        while True:
+            with self._cond:
+                policy = self._policies.get(profile.policy)
+                if self._closed or policy is None:
+                    return Lease("cold")
+                pool = self._add(profile, policy)
+                if pool is None:
+                    return Lease("cold")
+                ready = self._take_ready(pool)
+            if ready is None:
+                return Lease("miss")
+            try:
+                claimed = self.runner.claim(ready.sandbox, spec)
+            except BaseException:
+                self._discard(ready)
+                raise
+            if claimed is not None:
+                return Lease("hit", sandbox=claimed, slot=ready.slot)
+            self._discard(ready)  # it died while waiting (an engine restart, a reaper): try the next one
+
+    def _take_ready(self, pool: _Pool) -> _Ready | None:
+        """A ready container of ``pool``, after the burst response when there is none (lock held)."""
+        pool.target = max(pool.target, pool.config.size)
+        ready = self._pop(pool)
+        if ready is None:
+            # Burst: grow towards max, and wait for a refill when the policy says so.
+            pool.target = min(pool.target + 1, pool.config.ceiling)
+            self._cond.notify_all()
+            if pool.config.burst == "wait" and pool.config.burst_wait_s > 0:
+                give_up = self._clock() + pool.config.burst_wait_s
+                while ready is None and not pool.closed and not self._closed:
+                    left = give_up - self._clock()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                    ready = self._pop(pool)
+        self._cond.notify_all()  # a filler replaces what was taken
+        return ready
+
+    def _pop(self, pool: _Pool) -> _Ready | None:
+        """The oldest ready container of ``pool`` (the one closest to idle expiry), or None (lock held)."""
+        return pool.ready.popleft() if pool.ready else None
+
+    def cold_slot(self) -> Slot:
+        """A host slot for a cold run: a free one, else one freed by destroying an idle pooled container (the
+        pool never starves the requests it cannot serve), within the slots' usual bounded wait. While a cold
+        run waits, the fillers take no slot: a refill never wins a freed slot over a waiting request."""
+        with self._cond:
+            self._waiting += 1
+        try:
+            give_up = time.monotonic() + self.slots.wait_s
+            attempt = 0
+            while True:
+                slot = self.slots.try_take()
+                if slot is not None:
+                    return slot
+                if self._evict_one():
+                    continue
+                if time.monotonic() >= give_up:
+                    return dataclasses.replace(self.slots, wait_s=0.0).take()  # the usual CapacityError
+                time.sleep(_COLD_POLL_S[min(attempt, len(_COLD_POLL_S) - 1)])
+                attempt += 1
+        finally:
+            with self._cond:
+                self._waiting -= 1
+                self._cond.notify_all()
+
+    def _evict_one(self) -> bool:
+        with self._cond:
+            victim: _Ready | None = None
+            for pool in self._pools.values():
+                if pool.ready and (victim is None or pool.ready[0].since < victim.since):
+                    victim = pool.ready[0]
+            if victim is None:
+                return False
+            for pool in self._pools.values():
+                if pool.ready and pool.ready[0] is victim:
+                    pool.ready.popleft()
+                    break
+        self._discard(victim)
+        return True
+
+    # -- filling ---------------------------------------------------------------------------------------
+
+    def _start_fillers(self) -> None:
+        """Start the background threads once (lock held)."""
+        if self._threads:
+            return
+        for n in range(self._fillers):
+            thread = threading.Thread(target=self._fill_loop, name=f"gateway-pool-{n}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _fill_loop(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            pool, slot = job
+            try:
+                sandbox = self.runner.prepare_idle(pool.profile, ttl_s=pool.ttl_s)
+            except Exception as exc:  # noqa: BLE001 - a failed refill is retried with back-off, never fatal
+                slot.release()
+                message = exc.message if isinstance(exc, GatewayError) else f"{type(exc).__name__}: {exc}"
+                with self._cond:
+                    pool.creating -= 1
+                    pool.failures += 1
+                    pool.last_error = message
+                    pool.retry_at = self._clock() + _BACKOFF_S[min(pool.failures, len(_BACKOFF_S)) - 1]
+                _log.warning("warm pool: preparing a %s container failed: %s", pool.profile.image, message)
+                continue
+            ready = _Ready(sandbox, slot, self._clock())
+            with self._cond:
+                pool.creating -= 1
+                pool.failures = 0
+                pool.last_error = None
+                keep = not pool.closed and not self._closed
+                if keep:
+                    pool.ready.append(ready)
+                    self._cond.notify_all()
+            if not keep:
+                self._discard(ready)
+
+    def _next_job(self) -> tuple[_Pool, Slot] | None:
+        """Wait for a profile that needs a container and a free host slot; None once the pool is closed."""
+        with self._cond:
+            while not self._closed:
+                expired = self._expire()
+                if expired:
+                    self._cond.release()
+                    try:
+                        self._discard_all(expired)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                now = self._clock()
+                pool = next((p for p in self._pools.values() if p.deficit > 0 and p.retry_at <= now), None)
+                if self._paused or self._waiting:
+                    pool = None  # paused, or a cold run waits for a slot: it goes first
+                if pool is None:
+                    self._cond.wait(self._idle_wait(now))
+                    continue
+                slot = self.slots.try_take()
+                if slot is None:  # the host is full: a run ends, or another process frees one
+                    self._cond.wait(_SLOT_POLL_S)
+                    continue
+                pool.creating += 1
+                return pool, slot
+        return None
+
+    def _expire(self) -> list[_Ready]:
+        """Take the containers idle longer than their ``idle_s`` (lock held); the target shrinks to ``min``."""
+        now = self._clock()
+        out: list[_Ready] = []
+        for pool in self._pools.values():
+            while pool.ready and now - pool.ready[0].since >= pool.config.idle_s:
+                out.append(pool.ready.popleft())
+                pool.target = max(pool.config.min, pool.target - 1)
+        return out
+
+    def _idle_wait(self, now: float) -> float:
+        """How long a filler may sleep: until the next expiry or retry, at most a second."""
+        wake = now + 1.0
+        for pool in self._pools.values():
+            if pool.ready:
+                wake = min(wake, pool.ready[0].since + pool.config.idle_s)
+            if pool.deficit > 0:
+                wake = min(wake, pool.retry_at)
+        return max(wake - now, 0.01)
+
+    # -- destroying ------------------------------------------------------------------------------------
+
+    def _discard(self, ready: _Ready) -> None:
+        try:
+            self.runner.discard(ready.sandbox)
+        finally:
+            ready.slot.release()
+
+    def _discard_all(self, items: Iterable[_Ready]) -> None:
+        for ready in items:
+            with contextlib.suppress(Exception):
+                self._discard(ready)
+
+    @contextlib.contextmanager
+    def paused(self, timeout_s: float = 60.0) -> Iterator[None]:
+        """No refill inside the block, and none under way when it starts (``Gateway.reap`` removes this
+        instance's containers: a container made meanwhile would be removed behind the pool's back)."""
+        with self._cond:
+            self._paused += 1
+            give_up = time.monotonic() + timeout_s
+            while any(p.creating for p in self._pools.values()) and time.monotonic() < give_up:
+                self._cond.wait(0.05)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Destroy every ready container (the pool refills afterwards)."""
+        with self._cond:
+            items = [r for pool in self._pools.values() for r in pool.ready]
+            for pool in self._pools.values():
+                pool.ready.clear()
+            self._cond.notify_all()
+        self._discard_all(items)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop refilling and destroy every pooled container (a gateway that exits leaves none behind)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            items = [r for pool in self._pools.values() for r in pool.ready]
+            for pool in self._pools.values():
+                pool.ready.clear()
+                pool.closed = True
+            self._cond.notify_all()
+        self._discard_all(items)
+        give_up = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(give_up - time.monotonic(), 0.0))
+
+    # -- observing -------------------------------------------------------------------------------------
+
+    def stats(self) -> PoolStats:
+        with self._cond:
+            pools = list(self._pools.values())
+            return PoolStats(
+                ready=sum(len(p.ready) for p in pools),
+                creating=sum(p.creating for p in pools),
+                target=sum(p.target for p in pools),
+                profiles=len(pools),
+                hits=self.hits,
+                misses=self.misses,
+                cold=self.cold,
+                errors=tuple(p.last_error for p in pools if p.last_error),
+            )
+
+    def ready_count(self) -> int:
+        return self.stats().ready
+
+    def wait_ready(self, count: int | None = None, timeout_s: float = 30.0) -> bool:
+        """Wait (bounded) until every profile has ``count`` (default: its target) ready; True when it has."""
+        give_up = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if all(len(p.ready) >= (p.target if count is None else count) for p in self._pools.values()):
+                    return True
+                left = give_up - time.monotonic()
+                if left <= 0 or self._closed:
+                    return False
+                self._cond.wait(min(left, 0.1))
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return f"WarmPool(ready={s.ready}, profiles={s.profiles}, hits={s.hits}, misses={s.misses})"
