@@ -128,6 +128,7 @@ MAPPING: Final[Mapping[str, tuple[OcsfClass, int]]] = MappingProxyType(
         "image.pulled": (API_ACTIVITY, 99),
         "execution.outcome": (API_ACTIVITY, 1),
         "containers.reaped": (API_ACTIVITY, 4),
+        "container.left": (API_ACTIVITY, 4),
         "auth.forbidden": (API_ACTIVITY, 99),
         "auth.failed": (AUTHENTICATION, 1),
         "gateway.start": (APPLICATION_LIFECYCLE, 3),
@@ -391,6 +392,16 @@ def _generic(view: AuditRecordView, ev: _Event) -> None:
         ev.operation = "reap"
         ev.message = f"{len(ids)} leftover container(s) removed"
         ev.resources = [{"type": "Container", "uid": i} for i in ids] or None
+    elif kind == "container.left":
+        error = data.get("error")
+        error = error if isinstance(error, dict) else {}
+        code, message = error.get("code"), error.get("message")
+        ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+        ev.operation = "remove"
+        ev.status_code = code if isinstance(code, str) else None
+        ev.message = "a finished sandbox could not be removed (it ends at its deadline; `gateway reap` removes it)"
+        if isinstance(message, str):
+            ev.status_detail = message
     elif kind == "auth.forbidden":
         ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
         ev.action_id, ev.disposition_id = _DENIED, _D_UNAUTHORIZED

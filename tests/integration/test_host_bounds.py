@@ -89,9 +89,9 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def start_cli(env: dict[str, str], code: str, **extra: str) -> subprocess.Popen[str]:
+def start_cli(env: dict[str, str], code: str, *args: str, **extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway", "run", "--json", "--code", code],
+        [sys.executable, "-m", "gateway", "run", "--json", *args, "--code", code],
         env={**env, **extra},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -133,7 +133,8 @@ def test_a_run_over_the_hosts_slot_count_is_refused_after_a_bounded_wait(
     managed_containers: Callable[[], list[str]],
     procs: list[subprocess.Popen[str]],
 ) -> None:
-    first = start_cli(cli_env, "import time; time.sleep(6); print('first')")
+    # Long enough that the second CLI meets the slot held even after seconds of start-up on a loaded machine.
+    first = start_cli(cli_env, "import time; time.sleep(15); print('first')", "--timeout", "40")
     procs.append(first)
     first_running(first)
     assert first.poll() is None

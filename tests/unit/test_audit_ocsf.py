@@ -107,6 +107,12 @@ EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
     ("auth.failed", {"count": 3, "summary": "3 failed bearer-token checks", "reason": "unknown token"}, None, None),
     ("auth.forbidden", {"role": "agent", "required_role": "operator", "path": "/v1/audit/records"}, None, "agent-1"),
     ("containers.reaped", {"container_ids": ["c" * 64, "d" * 64]}, None, None),
+    (
+        "container.left",
+        {"error": {"code": "runner.container_left", "message": "removal failed: engine busy"}},
+        "r-8",
+        "agent-1",
+    ),
     ("policy.reloaded", {"ok": False, "problems": [{"path": "$.x", "message": "bad"}], "source": "p.yaml"}, None, None),
     ("policy.rejected", {"source": "p.yaml", "problems": [{"path": "$.x", "message": "bad"}]}, None, None),
     (
@@ -407,3 +413,11 @@ def test_docs_table_matches_the_mapping() -> None:
     rows = re.findall(r"^\| `([a-z.]+)` \| [^|]*\((\d+)\) \| [^|]*?\((\d+)\)", doc, flags=re.MULTILINE)
     table = {event_type: (int(uid), int(activity)) for event_type, uid, activity in rows}
     assert table == {event_type: (cls.uid, activity) for event_type, (cls, activity) in MAPPING.items()}
+
+
+def test_a_sandbox_left_after_its_result_is_a_failed_delete(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, events, _ = _export(capsys, "--trail", str(trail))
+    (left,) = _by_code(events, "container.left")
+    assert (left["class_uid"], left["activity_id"], left["status_id"]) == (6003, 4, 2)
+    assert left["status_code"] == "runner.container_left"
+    assert left["status_detail"] == "removal failed: engine busy"
