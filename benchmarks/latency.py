@@ -29,22 +29,19 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import docker
+from cases import CODE, IMAGE, cpus, docker_cli, lesson_helper, percentile
 
 from gateway import Gateway, PoolConfig
 from gateway.resources import policies_dir
 
-IMAGE = "gateway/sandbox-python:3.11-bookworm"
-CODE = "print(2+2)"
 DEFER = [False]
 """``--defer-removal``: cold runs return before their container's removal is confirmed."""
 
@@ -65,34 +62,6 @@ def gateway_case(
             raise SystemExit(f"gateway run failed: {json.dumps(data)[:400]}")
 
     return via_gateway, gw.close, gw
-
-
-def docker_cli(runtime: str) -> None:
-    proc = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "--runtime", runtime, IMAGE, "python3", "-c", CODE],
-        capture_output=True,
-        check=False,
-    )
-    if proc.stdout != b"4\n":
-        raise SystemExit(f"docker run failed: {proc.stderr.decode(errors='replace')}")
-
-
-def lesson_helper(client: Any, runtime: str) -> Callable[[], None]:
-    def run_in_sandbox() -> None:
-        # The lesson's shape, shell quoting included (it is the baseline, not something we ship).
-        quoted = CODE.replace('"', '\\"')
-        output = client.containers.run(
-            IMAGE,
-            f'python3 -c "{quoted}"',
-            remove=True,
-            network_disabled=True,
-            mem_limit="256m",
-            runtime=runtime,
-        )
-        if output != b"4\n":
-            raise SystemExit(f"lesson helper failed: {output!r}")
-
-    return run_in_sandbox
 
 
 def _refilled(gw: Gateway) -> None:
@@ -126,13 +95,6 @@ def _throughput(run_one: Callable[[], None], concurrency: int, n: int) -> dict[s
     return {"rps": round(ok / elapsed, 2), "errors": len(errors), "seconds": round(elapsed, 1)}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=30, help="measured rounds (each runs all three)")
@@ -155,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         closers = [close]
         cases: dict[str, Callable[[], None]] = {
             name: gateway_run,
-            "docker-cli": lambda: docker_cli(args.runtime),
+            "docker-cli": docker_cli(args.runtime),
             "lesson": lesson_helper(client, args.runtime),
         }
         settle: dict[str, Callable[[], None]] = {}
@@ -205,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{name}/lesson p50": round(base / summary["lesson"]["p50_ms"], 2),
         f"{name}/docker-cli p95": round(summary[name]["p95_ms"] / summary["docker-cli"]["p95_ms"], 2),
     }
-    info = {"runtime": args.runtime, "machine": platform.platform(), "cpus": _cpus()}
+    info = {"runtime": args.runtime, "machine": platform.platform(), "cpus": cpus()}
     if throughput:
         info["concurrency"] = args.concurrency
         ratios[f"throughput pool/cold at concurrency {args.concurrency}"] = round(
@@ -223,10 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in ratios.items():
             print(f"{key}: {value}")
     return 0
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 if __name__ == "__main__":
