@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,28 +148,41 @@ def bench_append(root: Path, count: int, threads: int, group_commit: bool) -> di
     }
 
 
+def write_segments(directory: Path, lines: Iterable[bytes], segment_bytes: int = 64 << 20) -> int:
+    """Write sealed lines into segments rotated by size as the trail's writer does (buffered, no fsync); the
+    bytes written."""
+    index, size, total = 1, 0, 0
+    out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
+    try:
+        for line in lines:
+            if size and size + len(line) > segment_bytes:
+                out.close()
+                index, size = index + 1, 0
+                out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
+            out.write(line)
+            size += len(line)
+            total += len(line)
+    finally:
+        out.close()
+    return total
+
+
 def build_trail(directory: Path, records: int, key: bytes | None, segment_bytes: int = 64 << 20) -> tuple[int, float]:
     """Write a trail of ``records`` sealed records (same code path as the writer, without fsync)."""
     directory.mkdir(parents=True)
     pipeline = RecordPipeline(host="bench")
-    prev = GENESIS_HASH
-    index, size = 1, 0
-    out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
-    total = 0
+
+    def lines() -> Iterator[bytes]:
+        prev = GENESIS_HASH
+        for i in range(records):
+            event_type, data, rid = events(i)
+            record = pipeline.build(event_type, data, request_id=rid, principal=f"agent-{i % 7}", policy=None)
+            sealed = chain(record, seq=i + 1, prev_hash=prev, key=key)
+            prev = sealed.hash
+            yield sealed.line
+
     start = time.perf_counter()
-    for i in range(records):
-        event_type, data, rid = events(i)
-        record = pipeline.build(event_type, data, request_id=rid, principal=f"agent-{i % 7}", policy=None)
-        sealed = chain(record, seq=i + 1, prev_hash=prev, key=key)
-        if size and size + len(sealed.line) > segment_bytes:
-            out.close()
-            index, size = index + 1, 0
-            out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
-        out.write(sealed.line)
-        size += len(sealed.line)
-        total += len(sealed.line)
-        prev = sealed.hash
-    out.close()
+    total = write_segments(directory, lines(), segment_bytes)
     return total, time.perf_counter() - start
 
 

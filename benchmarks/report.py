@@ -29,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from audit import write_segments
 from gateway.audit.canonical import GENESIS_HASH
 from gateway.audit.pipeline import RecordPipeline, chain
-from gateway.audit.segments import segment_name
 from gateway.policy import load_policy
 from gateway.request import parse_request
 from gateway.resources import default_policy_path
@@ -88,39 +89,34 @@ def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) ->
         templates.append((parsed.to_dict(), decision, kind))
     directory.mkdir(parents=True)
     pipeline = RecordPipeline(host="bench")
-    prev, seq, index, size, total = GENESIS_HASH, 0, 1, 0, 0
-    out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
+
+    def lines() -> Iterator[bytes]:
+        prev, seq, request_no = GENESIS_HASH, 0, 0
+        while seq < records:
+            request, decision, kind = templates[request_no % len(templates)]
+            rid = f"{request_no:032x}"
+            principal = f"agent-{request_no % 7}"
+            when = START_EPOCH + request_no // 5
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{(request_no % 5) * 200000:06d}Z"
+            decision = {**decision, "request_id": rid, "decision_id": f"d{rid}"}
+            events: list[tuple[str, dict[str, Any]]] = [("request.received", {"request": request})]
+            events.append(("policy.decision", {"decision": decision, "options_sha256": "b" * 64, "dry_run": False}))
+            if decision["allowed"]:  # a denied request has no outcome (the env shape is denied: env.allowed)
+                events.append(
+                    ("execution.outcome", outcome_data(request_image(decision), _outcome(kind, request_no), None))
+                )
+            for event_type, data in events:
+                if seq >= records:
+                    break
+                seq += 1
+                record = pipeline.build(event_type, data, request_id=rid, principal=principal, policy=ref)
+                sealed = chain(record, seq=seq, prev_hash=prev, key=None, timestamp=stamp)
+                prev = sealed.hash
+                yield sealed.line
+            request_no += 1
+
     started = time.perf_counter()
-    request_no = 0
-    while seq < records:
-        request, decision, kind = templates[request_no % len(templates)]
-        rid = f"{request_no:032x}"
-        principal = f"agent-{request_no % 7}"
-        when = START_EPOCH + request_no // 5
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{(request_no % 5) * 200000:06d}Z"
-        decision = {**decision, "request_id": rid, "decision_id": f"d{rid}"}
-        events: list[tuple[str, dict[str, Any]]] = [("request.received", {"request": request})]
-        events.append(("policy.decision", {"decision": decision, "options_sha256": "b" * 64, "dry_run": False}))
-        if decision["allowed"]:  # a denied request has no outcome (the env shape is denied: env.allowed)
-            events.append(
-                ("execution.outcome", outcome_data(request_image(decision), _outcome(kind, request_no), None))
-            )
-        for event_type, data in events:
-            if seq >= records:
-                break
-            seq += 1
-            record = pipeline.build(event_type, data, request_id=rid, principal=principal, policy=ref)
-            sealed = chain(record, seq=seq, prev_hash=prev, key=None, timestamp=stamp)
-            if size and size + len(sealed.line) > segment_bytes:
-                out.close()
-                index, size = index + 1, 0
-                out = (directory / segment_name(index)).open("wb", buffering=1 << 20)
-            out.write(sealed.line)
-            size += len(sealed.line)
-            total += len(sealed.line)
-            prev = sealed.hash
-        request_no += 1
-    out.close()
+    total = write_segments(directory, lines(), segment_bytes)
     return total, time.perf_counter() - started
 
 

@@ -7,13 +7,18 @@ One place decides how a validator error reads: unknown fields name the allowed o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonschema.exceptions import ValidationError
 
-from gateway.errors import Problem
+from gateway.errors import GatewayError, PolicyError, Problem
 
-__all__ = ["problems_from_error"]
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
+
+    from gateway.policy.yamlstrict import LoadedYaml
+
+__all__ = ["load_yaml_checked", "problems_from_error"]
 
 
 def _short(value: Any) -> str:
@@ -56,3 +61,24 @@ def problems_from_error(
     else:
         message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
     return [Problem(message, path=path, source=source, line=line_of(path), code=f"{domain}.schema")]
+
+
+def load_yaml_checked(
+    text: str, *, source: str, validator: Validator, domain: str,
+    invalid: Callable[[str, list[Problem]], GatewayError],
+) -> tuple[LoadedYaml, list[Problem]]:  # fmt: skip
+    """A YAML file of the gateway's own (server config, principals): read strictly, then every schema problem
+    of it. What the strict reader refuses is raised through ``invalid(source, problems)`` (the file's own error,
+    not a policy's); the schema problems are returned, so a caller may add its semantic pass."""
+    from gateway.policy.yamlstrict import load_yaml  # noqa: PLC0415 - yamlstrict reports through this module
+
+    try:
+        loaded = load_yaml(text, source=source)
+    except PolicyError as exc:  # the strict reader speaks for policies; the problems are this file's
+        raise invalid(source, list(exc.problems)) from exc
+    problems = [
+        problem
+        for error in validator.iter_errors(loaded.data)
+        for problem in problems_from_error(error, source=source, domain=domain, line_of=loaded.line_of)
+    ]
+    return loaded, problems

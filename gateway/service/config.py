@@ -16,11 +16,11 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from gateway.errors import PolicyError, Problem, ServerConfigError
-from gateway.policy.yamlstrict import load_yaml, read_capped
+from gateway.errors import Problem, ServerConfigError
+from gateway.policy.yamlstrict import read_capped
 from gateway.resources import load_schema
 from gateway.service.principals import DEFAULT_QUOTAS, Quotas
-from gateway.validation import problems_from_error
+from gateway.validation import load_yaml_checked
 
 __all__ = [
     "DEFAULT_HOST",
@@ -125,15 +125,7 @@ def _invalid(source: str, problems: list[Problem]) -> ServerConfigError:
 
 def load_server_config_text(text: str, *, source: str = "<string>", base: Path | None = None) -> ServerConfig:
     """The configuration in ``text``; relative paths are taken from ``base`` (the file's directory)."""
-    try:
-        loaded = load_yaml(text, source=source)
-    except PolicyError as exc:  # the strict reader speaks for policies; the problems are this file's
-        raise _invalid(source, list(exc.problems)) from exc
-    problems = [
-        problem
-        for error in _validator().iter_errors(loaded.data)
-        for problem in problems_from_error(error, source=source, domain="server", line_of=loaded.line_of)
-    ]
+    loaded, problems = load_yaml_checked(text, source=source, validator=_validator(), domain="server", invalid=_invalid)
     if problems:
         raise _invalid(source, problems)
     data: dict[str, Any] = loaded.data

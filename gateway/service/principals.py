@@ -44,7 +44,6 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from gateway.errors import (
-    PolicyError,
     PrincipalExistsError,
     PrincipalsError,
     PrincipalsInvalidError,
@@ -53,9 +52,9 @@ from gateway.errors import (
     UnknownPrincipalError,
 )
 from gateway.policy import load_policy
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml, read_capped
+from gateway.policy.yamlstrict import LoadedYaml, read_capped
 from gateway.resources import load_schema
-from gateway.validation import problems_from_error
+from gateway.validation import load_yaml_checked
 
 __all__ = [
     "API_VERSION",
@@ -394,15 +393,9 @@ def load_principals_text(text: str | bytes, *, source: str = "<string>") -> Prin
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _invalid(source, [Problem(f"not valid UTF-8 at byte {exc.start}", source=source)]) from exc
-    try:
-        loaded = load_yaml(text, source=source)
-    except PolicyError as exc:  # the strict reader speaks for policies; the problems are this file's
-        raise _invalid(source, list(exc.problems)) from exc
-    problems = [
-        problem
-        for error in _validator().iter_errors(loaded.data)
-        for problem in problems_from_error(error, source=source, domain="principals", line_of=loaded.line_of)
-    ]
+    loaded, problems = load_yaml_checked(
+        text, source=source, validator=_validator(), domain="principals", invalid=_invalid
+    )
     if not problems:
         problems = _semantic(loaded)
     if problems:
