@@ -7,10 +7,8 @@ assembler) and is audited as a dry run: every decision the gateway makes is on t
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +52,10 @@ def render_decision(decision: Decision) -> str:
     if decision.settings is not None and decision.run is not None:
         lines.append("plan:")
         lines.extend(f"  {k}: {v}" for k, v in decision.settings.plan().items())
-    options = decision.options
+    options = decision.recorded_options
     if options is not None and decision.run is not None:
         lines.append(f"options ({decision.run.backend} backend):")
-        shown = json.dumps(_readable(options), indent=2, sort_keys=True)
+        shown = json.dumps(dict(options), indent=2, sort_keys=True)
         lines.extend("  " + line for line in shown.splitlines())
     return "\n".join(lines)
 
@@ -104,21 +102,3 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     check.add_argument("--json", action="store_true", help="print the decision as JSON")
     add_backend_args(check)
     check.set_defaults(func=check_main)
-
-
-def _readable(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options for a person: an inline seccomp profile (kilobytes of JSON) shown by size and digest; the
-    ``--json`` output and the decision record keep it whole."""
-    out = dict(options)
-    opts = out.get("security_opt")
-    if isinstance(opts, list):
-        out["security_opt"] = [_short_profile(o) for o in opts]
-    return out
-
-
-def _short_profile(opt: object) -> object:
-    text = str(opt)
-    if not text.startswith("seccomp=") or len(text) < 200:
-        return opt
-    body = text[len("seccomp=") :].encode()
-    return f"seccomp=<inline profile, {len(body)} bytes, sha256 {hashlib.sha256(body).hexdigest()[:16]}...>"

@@ -47,6 +47,11 @@ class Assembler(Protocol):
         """Raise :class:`~gateway.errors.UnsafeOptionsError` listing every broken invariant of ``options``."""
         ...
 
+    def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` as records and responses show them: a copy, with content the backend ships and names by
+        digest (the Docker seccomp profile) shown by that name."""
+        ...
+
     @property
     def limits(self) -> BackendLimits:
         """What this backend can give one sandbox (the rules deny more, before anything is created)."""
@@ -194,6 +199,7 @@ def _evaluate(
             backend=assembler.backend,
             mounts=_host_mounts(settings),
         )
+        recorded = assembler.recorded(run.options)
     except UnsafeOptionsError as exc:
         detail = "; ".join(str(p) for p in exc.problems) or exc.message
         results.append(_error("assembly.guard", f"unsafe options refused: {detail}"))
@@ -201,4 +207,6 @@ def _evaluate(
     except Exception as exc:  # noqa: BLE001 - an assembler that fails denies
         results.append(_error("assembly.build", f"{type(exc).__name__}: {exc}"))
         return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
-    return Decision(decision_id, request_id, True, ref, tuple(results), settings, run, exceptions=used)
+    return Decision(
+        decision_id, request_id, True, ref, tuple(results), settings, run, exceptions=used, recorded_options=recorded
+    )

@@ -2,13 +2,16 @@
 
 CLI, server, audit and reports serialise it; none rebuilds it. Each rule's verdict is a :class:`RuleResult`;
 an allowed decision also carries the :class:`~gateway.runner.interface.RunSpec` the runner will receive,
-with the backend's options exactly as they were guarded and recorded.
+with the backend's options exactly as they were guarded, and their recorded form (``recorded_options``: the
+same options with the Docker seccomp profile named by digest), which records and responses show.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from gateway.canonical import options_bytes
@@ -106,6 +109,15 @@ class Decision:
     """Ids of the policy exceptions that applied to this request (matching principal, not expired)."""
     shadow: ShadowVerdict | None = None
     """The shadow policy's verdict (its failures are among the warnings as ``shadow:<rule id>``)."""
+    recorded_options: Mapping[str, Any] | None = None
+    """``run.options`` as the record and the responses show them (the assembler's ``recorded`` form: the
+    Docker seccomp profile named by its digest); present exactly when ``run`` is."""
+
+    def __post_init__(self) -> None:
+        if (self.run is None) != (self.recorded_options is None):
+            raise ValueError("a decision has recorded options exactly when it has a run specification")
+        if self.recorded_options is not None:
+            object.__setattr__(self, "recorded_options", MappingProxyType(copy_json(dict(self.recorded_options))))
 
     @property
     def options(self) -> dict[str, Any] | None:
@@ -114,7 +126,7 @@ class Decision:
 
     @property
     def options_sha256(self) -> str | None:
-        """sha256 of the options in the canonical options format, for records that refer to the exact options."""
+        """sha256 of the exact options (``options``, not the recorded form) in the canonical options format."""
         if self.run is None:
             return None
         return hashlib.sha256(options_bytes(dict(self.run.options))).hexdigest()  # read only: no copy needed
@@ -139,7 +151,7 @@ class Decision:
             "results": [r.to_dict() for r in self.results],
             "violations": [r.to_dict() for r in self.violations],
             "warnings": [r.to_dict() for r in self.warnings],
-            "options": self.options,
+            "options": None if self.recorded_options is None else copy_json(dict(self.recorded_options)),
             "plan": self.settings.plan() if self.settings is not None and self.run is not None else None,
             "exceptions": list(self.exceptions),
             "shadow": None if self.shadow is None else self.shadow.to_dict(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.canonical import options_bytes
 from gateway.errors import UnsafeOptionsError
 from gateway.policy import Policy
 from gateway.request import parse_request
@@ -25,6 +27,7 @@ from gateway.runner.docker.options import (
     MANAGED_LABEL,
     RUNNER_OPTION_KEYS,
     guard,
+    recorded_options,
 )
 from gateway.runner.docker.seccomp import gateway_profile
 from gateway.testing import assemble, decide
@@ -73,6 +76,32 @@ def test_exact_options_for_the_default_policy(default_policy: Policy) -> None:
     guard(options)
     assert set(options) <= ASSEMBLED_OPTION_KEYS
     assert MANAGED_LABEL.startswith(LABEL_PREFIX)
+
+
+def test_the_record_names_the_seccomp_profile_the_runner_receives_whole(default_policy: Policy) -> None:
+    decision = decide(default_policy, parse_request({"code": "print(2+2)"}))
+    assert decision.run is not None
+    profile = f"seccomp={gateway_profile()}"
+    assert list(decision.run.options["security_opt"]) == ["no-new-privileges", profile]  # what the engine gets
+    recorded = decision.to_dict()["options"]
+    digest = hashlib.sha256(gateway_profile().encode()).hexdigest()
+    assert recorded["security_opt"] == ["no-new-privileges", f"seccomp=gateway@sha256:{digest}"]
+    # An auditor who puts the shipped profile back gets the exact options the record's digest names.
+    restored = {**recorded, "security_opt": ["no-new-privileges", profile]}
+    assert hashlib.sha256(options_bytes(restored)).hexdigest() == decision.options_sha256
+    assert {k: v for k, v in recorded.items() if k != "security_opt"} == {
+        k: v for k, v in decision.run.options.items() if k != "security_opt"
+    }
+
+
+def test_recorded_options_name_any_other_inline_profile_by_its_digest_only() -> None:
+    other = json.dumps({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []})
+    options = {"security_opt": ["no-new-privileges", f"seccomp={other}", "seccomp=unconfined"]}
+    digest = hashlib.sha256(other.encode()).hexdigest()
+    assert recorded_options(options)["security_opt"] == [
+        "no-new-privileges", f"seccomp=sha256:{digest}", "seccomp=unconfined",
+    ]  # fmt: skip
+    assert options["security_opt"][1] == f"seccomp={other}"  # a copy: the exact options are untouched
 
 
 def test_requested_limits_flow_into_options(default_policy: Policy) -> None:

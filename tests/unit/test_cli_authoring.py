@@ -6,6 +6,7 @@ with ``runner.engine_unavailable`` after its decision, and a denied one never re
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from gateway.audit import JsonlAuditTrail, query_trail, verify_trail
 from gateway.cli import main
 from gateway.resources import policies_dir
+from gateway.runner.docker.seccomp import gateway_profile
 
 DEFAULT = policies_dir() / "default.yaml"
 AUDIT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "audit-warnings" / "policy.yaml"
@@ -57,17 +59,19 @@ def test_plain_run_prints_each_warning_on_stderr(
     assert warnings[0].count("audit mode") == 1  # said once, not twice
 
 
-def test_check_shows_the_inline_seccomp_profile_by_size_and_digest(
+def test_check_names_the_seccomp_profile_by_digest_in_both_outputs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     request = tmp_path / "r.json"
     request.write_text('{"code": "print(1)"}')
+    reference = "seccomp=gateway@sha256:" + hashlib.sha256(gateway_profile().encode()).hexdigest()
     rc, out, _ = run(capsys, "check", "--audit-dir", str(tmp_path / "audit"), str(request))
     assert rc == 0
-    assert "seccomp=<inline profile, " in out
-    assert "SCMP_ACT_ALLOW" not in out  # kilobytes of JSON are for --json and the trail, not for a person
+    assert reference in out
+    assert "SCMP_ACT_ALLOW" not in out  # the 7 KB profile is named, not repeated
     rc, out, _ = run(capsys, "check", "--json", "--audit-dir", str(tmp_path / "audit"), str(request))
-    assert "SCMP_ACT_ALLOW" in out
+    assert rc == 0
+    assert json.loads(out)["options"]["security_opt"] == ["no-new-privileges", reference]
 
 
 def test_denied_run_prints_warnings_beside_the_violations(

@@ -13,6 +13,7 @@ profile (policy, image, runtime, limits: what a warm pool can prepare ahead of a
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSett
 from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
-from gateway.runner.docker.seccomp import gateway_profile, profile_problems
+from gateway.runner.docker.seccomp import gateway_profile, profile_problems, profile_reference
 
 __all__ = [
     "ASSEMBLED_OPTION_KEYS",
@@ -48,6 +49,7 @@ __all__ = [
     "pool_key",
     "profile_options",
     "profile_part",
+    "recorded_options",
     "run_options",
     "security_options",
 ]
@@ -185,6 +187,24 @@ def security_options(seccomp: str) -> list[str]:
     raise UnsafeOptionsError(f"unknown seccomp setting {seccomp!r}: expected gateway or engine-default")
 
 
+def recorded_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as decision records and responses show them: a copy in which an inline seccomp profile
+    (``seccomp=<JSON>``) is named by its digest (``seccomp=gateway@sha256:<hex>``, see
+    :func:`~gateway.runner.docker.seccomp.profile_reference`). Everything else is unchanged, so putting the
+    profile back gives the exact options again, whose canonical digest is the record's ``options_sha256``."""
+    out = copy.deepcopy(dict(options))
+    opts = out.get("security_opt")
+    if isinstance(opts, list):
+        out["security_opt"] = [_named_profile(opt) for opt in opts]
+    return out
+
+
+def _named_profile(opt: Any) -> Any:
+    if isinstance(opt, str) and opt.startswith("seccomp=") and opt[len("seccomp=") :].lstrip().startswith("{"):
+        return "seccomp=" + profile_reference(opt[len("seccomp=") :])
+    return opt
+
+
 def run_options(settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:
     """The options that belong to one run: its environment, its mounts and the labels that name it."""
     options: dict[str, Any] = {
@@ -253,6 +273,9 @@ class DockerAssembler:
 
     def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
         guard(options, denied_paths=denied_paths)
+
+    def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return recorded_options(options)
 
 
 # --- the invariant guard --------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ Derived, never hand-edited: ``scripts/gen-seccomp.py`` reads the pinned copy of 
    allowed only with that condition, and that the default action still refuses.
 
 The result is shipped as ``gateway-seccomp.json`` next to this module and given to the engine as
-``security_opt: seccomp=<profile JSON>`` when the policy says ``seccomp: gateway`` (the default).
+``security_opt: seccomp=<profile JSON>`` when the policy says ``seccomp: gateway`` (the default). Records and
+responses name it by digest instead (:func:`profile_reference`: ``seccomp=gateway@sha256:<hex>``), so that
+7 KB of identical JSON is not written into every decision record.
 ``tests/unit/test_seccomp_profile.py`` regenerates it and compares, so the shipped file cannot drift.
 
 Under gVisor (runsc) the sentry, not the host kernel, implements these calls (it has no ``process_vm_*``,
@@ -26,13 +28,23 @@ the OCI profile inside the sandbox only when registered with ``--oci-seccomp``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["AT_INIT", "NEVER", "PROFILE_FILE", "SOURCE", "derive", "gateway_profile", "profile_problems"]
+__all__ = [
+    "AT_INIT",
+    "NEVER",
+    "PROFILE_FILE",
+    "SOURCE",
+    "derive",
+    "gateway_profile",
+    "profile_problems",
+    "profile_reference",
+]
 
 SOURCE = {
     "repository": "github.com/moby/moby",
@@ -138,3 +150,11 @@ def gateway_profile() -> str:
     """The shipped profile as compact JSON: the value of ``security_opt: seccomp=...``."""
     text = resources.files(__package__).joinpath(PROFILE_FILE).read_text(encoding="utf-8")
     return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
+
+
+def profile_reference(profile: str) -> str:
+    """How records and responses name an inline profile: ``gateway@sha256:<hex>`` for the shipped one,
+    ``sha256:<hex>`` for any other; ``<hex>`` is the sha256 of ``profile`` exactly as given to the engine (for
+    the shipped one, :func:`gateway_profile`: the compact, key-sorted JSON of ``gateway-seccomp.json``)."""
+    digest = "sha256:" + hashlib.sha256(profile.encode("utf-8")).hexdigest()
+    return "gateway@" + digest if profile == gateway_profile() else digest

@@ -332,6 +332,10 @@ class KubernetesAssembler:
     def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
         guard(options)
 
+    def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options unchanged (a copy): the Pod manifest names nothing by digest."""
+        return copy.deepcopy(dict(options))
+
 
 # --- the Pod guard ---------------------------------------------------------------------------------------
 #
