@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -23,7 +25,11 @@ settings.load_profile("gateway")
 TEST_INSTANCE = os.environ.setdefault("GATEWAY_INSTANCE", f"pytest-{uuid.uuid4().hex[:12]}")
 # Host-wide execution slots of this session alone: another session's runs on the same machine never make a
 # test wait for a slot (the slot tests set their own directory and count).
-os.environ.setdefault("GATEWAY_RUNTIME_DIR", tempfile.mkdtemp(prefix="gateway-runtime-"))
+if "GATEWAY_RUNTIME_DIR" not in os.environ:
+    _RUNTIME_DIR = tempfile.mkdtemp(prefix="gateway-runtime-")
+    os.environ["GATEWAY_RUNTIME_DIR"] = _RUNTIME_DIR
+    # Removed when the session ends (its slot lock files die with their holders), so runs leave no directory.
+    atexit.register(shutil.rmtree, _RUNTIME_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
