@@ -22,6 +22,7 @@ __all__ = [
     "AuditSpaceError",
     "AuditUnavailableError",
     "AuthenticationError",
+    "BodyTimeoutError",
     "BodyTooLargeError",
     "CancelledRunError",
     "CapacityError",
@@ -225,6 +226,13 @@ class BodyTooLargeError(RequestError):
 
     code = "request.too_large"
     hint = "send a smaller request (the limit is the server's max_body_bytes)"
+
+
+class BodyTimeoutError(RequestError):
+    """The request body did not arrive within the service's ``body_read_s`` (HTTP 408); nothing was parsed."""
+
+    code = "request.timeout"
+    hint = "send the whole body at once (the server waits at most its body_read_s for it)"
 
 
 class UnsupportedMediaTypeError(RequestError):
@@ -441,6 +449,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (PolicyError, EXIT_GATEWAY_FAILURE, 500),
     (MalformedRequestError, EXIT_USAGE, 400),
     (BodyTooLargeError, EXIT_USAGE, 413),
+    (BodyTimeoutError, EXIT_USAGE, 408),
     (UnsupportedMediaTypeError, EXIT_USAGE, 415),
     (PrincipalMismatchError, EXIT_USAGE, 403),
     (RequestError, EXIT_USAGE, 422),

@@ -8,8 +8,10 @@ principal, and a silent re-attribution would hide a confused or hostile client.
 
 Bodies are bounded before they are parsed: the media type first (only ``application/json``, 415), then
 ``Content-Length`` against ``max_body_bytes`` before reading and the running total while reading a chunked
-body (413), then JSON (400 ``request.malformed``); the Gateway's own intake does the rest (422 with every
-JSON path). Quotas (:mod:`gateway.service.quotas`): each ``POST`` counts against the principal's requests per
+body (413), the whole body within ``body_read_s`` (408 ``request.timeout``), then JSON (400
+``request.malformed``); each such refusal is audited (``request.refused``, summarised per principal and code).
+The Gateway's own intake does the rest (422 with every JSON path). ``/mcp`` bodies get the same bounds.
+Quotas (:mod:`gateway.service.quotas`): each ``POST`` counts against the principal's requests per
 minute before its body is read; an execution, once read, takes a slot of the principal and of the service's
 global bound before the Gateway sees it, waiting in the principal's bounded queue if it must; over either,
 429 ``service.over_quota`` with ``Retry-After``.
@@ -36,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -47,6 +50,7 @@ from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway.audit import AuditSink, JsonlAuditTrail
 from gateway.errors import (
     AuthenticationError,
+    BodyTimeoutError,
     BodyTooLargeError,
     GatewayError,
     MalformedRequestError,
@@ -290,8 +294,9 @@ def _media_type(header: str | None) -> tuple[str, dict[str, str]]:
     return kind.strip().lower(), parsed
 
 
-async def _read_json_body(request: Request, limit: int) -> bytes:
-    """The body, checked for media type, size and JSON; the Gateway's intake validates it."""
+async def _read_json_body(request: Request, limit: int, deadline_s: float) -> bytes:
+    """The body, checked for media type, size, arrival within ``deadline_s`` and JSON; the Gateway's intake
+    validates it."""
     kind, params = _media_type(request.headers.get("content-type"))
     if kind != JSON_MEDIA_TYPE:
         got = repr(kind) if kind else "no Content-Type"
@@ -306,10 +311,16 @@ async def _read_json_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise BodyTooLargeError(f"the body is {int(declared)} bytes; this server accepts at most {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise BodyTooLargeError(f"the body is more than {limit} bytes, the most this server accepts")
+    try:
+        with anyio.fail_after(deadline_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLargeError(f"the body is more than {limit} bytes, the most this server accepts")
+    except TimeoutError:
+        raise BodyTimeoutError(
+            f"the body did not arrive within {deadline_s:g} s ({len(body)} bytes received)"
+        ) from None
     try:
         json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -366,9 +377,21 @@ def build_app(service: Service) -> Starlette:
             )
             raise
 
+    async def read_body(request: Request, caller: Caller, request_id: str) -> bytes:
+        """The JSON body; one it cannot take (400, 408, 413, 415) is refused and audited as ``request.refused``."""
+        try:
+            return await _read_json_body(request, service.config.max_body_bytes, service.config.body_read_s)
+        except RequestError as exc:
+            service.refusals.note(
+                exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id,
+                path=request.url.path,
+            )  # fmt: skip
+            raise
+
     mcp = McpEndpoint(
         gateway,
         authenticate=authenticate,
+        read_body=lambda request, caller: read_body(request, caller, _new_request_id()),
         error=lambda exc: _gateway_error(exc, _new_request_id()),
         admit=mcp_admission,
     )
@@ -402,7 +425,7 @@ def build_app(service: Service) -> Starlette:
         quotas = quotas_of(caller)
         if (over := admit(request, caller, request_id, quotas)) is not None:
             return over
-        body = await _read_json_body(request, service.config.max_body_bytes)
+        body = await read_body(request, caller, request_id)
         metrics, started = service.metrics, time.perf_counter()
         admitted = service.admission.execution(caller.principal, quotas)
         try:
@@ -433,7 +456,7 @@ def build_app(service: Service) -> Starlette:
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
         if (over := admit(request, caller, request_id, quotas_of(caller))) is not None:
             return over
-        body = await _read_json_body(request, service.config.max_body_bytes)
+        body = await read_body(request, caller, request_id)
         started = time.perf_counter()
         result = await run_in_threadpool(gateway.decide, body, caller=caller)
         response = _decision_response(result)

@@ -63,6 +63,9 @@ class ServerConfig:
     audit_dir: Path | None = None
     """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_read_s: float = 30.0
+    """The longest the service waits for a request's whole body; then 408 (``request.timeout``), so a client
+    that sends its body slowly cannot hold a connection and a request slot open."""
     quotas: Quotas = DEFAULT_QUOTAS
     """Default quotas: each field a principal does not set comes from here (enforced by
     :mod:`gateway.service.quotas`)."""
@@ -73,11 +76,10 @@ class ServerConfig:
     stream_stall_s: float = 30.0
     """A streaming client that takes nothing for this long is treated as gone: its run is cancelled and the
     server stops writing to it (see :mod:`gateway.service.streaming`)."""
-    """The longest an execution waits in its principal's queue for a slot; then 429 (``queue_wait``)."""
     grace_s: float = 30.0
+    """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     pool: bool = False
     """Keep a warm pool, sized by each policy's ``spec.pool`` (``gateway.runner.pool``)."""
-    """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
     auth_failure_interval_s: float = 60.0
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with; requires ``tls_key``."""
@@ -144,6 +146,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         policy=path("policy"),
         audit_dir=path("audit_dir"),
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        body_read_s=float(data.get("body_read_s", 30.0)),
         quotas=Quotas(
             max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
             rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),

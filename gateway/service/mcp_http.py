@@ -3,9 +3,11 @@
 The same server as ``gateway mcp`` (:func:`gateway.service.mcp.build_server`, one tool definition, one
 handler), but each HTTP request is its caller's: the endpoint authenticates the bearer token exactly like a
 ``/v1`` call (401 with the error body and ``WWW-Authenticate`` before the MCP layer sees anything, failures in
-the ``auth.failed`` summaries), and the tool's calls run through the service's Gateway with that
-:class:`~gateway.Caller`, so they are decided under the principal's own policy, pass the same checks (quotas
-included) and are audited with the principal and its token id. ``tools/list`` states the caller's ceilings.
+the ``auth.failed`` summaries), its body is read with the same bounds (``max_body_bytes``, ``body_read_s``,
+JSON; refusals audited as ``request.refused``) before the SDK sees it, and the tool's calls run through the
+service's Gateway with that :class:`~gateway.Caller`, so they are decided under the principal's own policy,
+pass the same checks (quotas included) and are audited with the principal and its token id. ``tools/list``
+states the caller's ceilings.
 
 The transport runs stateless (the SDK's ``StreamableHTTPSessionManager(stateless=True)``): every POST carries
 its token and is authenticated on its own; no session outlives a request, so a rotated or revoked token stops
@@ -23,7 +25,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway import Caller, Gateway
 from gateway.errors import GatewayError
@@ -36,6 +38,7 @@ CALLER_STATE = "gateway_caller"
 """The key of the authenticated caller in the request's state (``scope["state"]``)."""
 
 Authenticate = Callable[[Request], Awaitable[Caller]]
+ReadBody = Callable[[Request, Caller], Awaitable[bytes]]
 ErrorResponse = Callable[[GatewayError], Response]
 
 
@@ -52,10 +55,11 @@ class McpEndpoint:
     """The ASGI application at ``/mcp``; :meth:`run` is its part of the application's lifespan."""
 
     def __init__(
-        self, gateway: Gateway, *, authenticate: Authenticate, error: ErrorResponse,
+        self, gateway: Gateway, *, authenticate: Authenticate, read_body: ReadBody, error: ErrorResponse,
         admit: Callable[[Caller], AbstractAsyncContextManager[None]] | None = None,
     ) -> None:  # fmt: skip
         self._authenticate = authenticate
+        self._read_body = read_body
         self._error = error
 
         def handler_for(ctx: ServerRequestContext[Any]) -> ToolHandler:
@@ -76,8 +80,21 @@ class McpEndpoint:
         request = Request(scope, receive)
         try:
             caller = await self._authenticate(request)
+            # Read here, bounded like every /v1 body (size, deadline, JSON): the SDK would read any size.
+            body = await self._read_body(request, caller)
         except GatewayError as exc:
             await self._error(exc)(scope, receive, send)
             return
         scope.setdefault("state", {})[CALLER_STATE] = caller
-        await self._manager.handle_request(scope, receive, send)
+        await self._manager.handle_request(scope, _replay(body, receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands over the already read ``body`` once, then waits on the client's (for its
+    disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed

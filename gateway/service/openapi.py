@@ -114,6 +114,7 @@ _ERRORS: dict[str, tuple[str, str]] = {
     ),
     "404": ("NotFound", "No such endpoint (http.not_found)."),
     "405": ("MethodNotAllowed", "The endpoint does not take this method (http.method_not_allowed)."),
+    "408": ("BodyTimeout", "The body did not arrive within body_read_s (request.timeout)."),
     "413": ("TooLarge", "The body is larger than max_body_bytes (request.too_large)."),
     "415": ("MediaType", "The body is not application/json in UTF-8 (request.media_type)."),
     "422": (
@@ -148,7 +149,7 @@ _EXECUTION_EVENTS: dict[str, Any] = {
     "and `event: stderr`, each with `data:` a JSON string (the chunk decoded as UTF-8, invalid bytes replaced; "
     "joined, they equal the result's stdout and stderr), then one `event: result` whose data is the body the "
     "JSON response would have had (the result object, or the error body of a run that failed once started). "
-    "The stream starts at the first chunk or the result: what is refused before the run (401, 403, 413, 415, "
+    "The stream starts at the first chunk or the result: what is refused before the run (401, 403, 408, 413, 415, "
     "422) is the JSON error response. A stream has no X-Request-Id header (the result carries request_id). "
     "A client that disconnects cancels its run (gateway.cancelled).",
     "schema": {"type": "string"},
@@ -185,7 +186,7 @@ def _document() -> dict[str, Any]:
     schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
     auth: list[dict[str, list[str]]] = [{"bearer": []}]
     v1 = ("401", "405")
-    body = ("400", "413", "415", "422")
+    body = ("400", "408", "413", "415", "422")
     request_body = {"required": True, "content": {_JSON: {"schema": _ref("ExecutionRequest")}}}
     paths: dict[str, Any] = {
         "/v1/executions": {

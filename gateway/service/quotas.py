@@ -189,55 +189,61 @@ class Admission:
 
 
 class Refusals:
-    """``request.refused`` records, bounded like ``auth.failed``: per principal, the first refusal of an
-    interval at once (``count`` 1, ``summary`` false), the number of the rest when the interval has passed
-    (written with the principal's next refusal, or at stop; ``summary`` true). A principal hammering the
-    service over its quota cannot fill the trail: at most two records per principal per interval."""
+    """``request.refused`` records, bounded like ``auth.failed``: per principal and error code, the first
+    refusal of an interval at once (``count`` 1, ``summary`` false), the number of the rest when the interval
+    has passed (written with the next such refusal, or at stop; ``summary`` true). A principal hammering the
+    service over its quota, or with bodies it cannot take, cannot fill the trail: at most two records per
+    principal and code per interval."""
 
     def __init__(self, audit: AuditSink, *, interval_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
         self.audit = audit
         self.interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[float, int]] = {}
-        """principal -> (start of its open interval, refusals counted after the first)."""
+        self._open: dict[tuple[str, str], tuple[float, int]] = {}
+        """(principal, code) -> (start of its open interval, refusals counted after the first)."""
 
-    def note(self, error: OverQuotaError, *, principal: str, token_id: str, request_id: str, path: str) -> None:
+    def note(self, error: GatewayError, *, principal: str, token_id: str, request_id: str, path: str) -> None:
+        """One refusal: an :class:`OverQuotaError` (429) or a body the service could not take (400, 408, 413,
+        415), for the authenticated ``principal``."""
         now = self._clock()
+        key = (principal, error.code)
         summary: tuple[float, int] | None = None
         with self._lock:
-            since, rest = self._open.get(principal, (None, 0))
+            since, rest = self._open.get(key, (None, 0))
             if since is not None and now - since < self.interval_s:
-                self._open[principal] = (since, rest + 1)
+                self._open[key] = (since, rest + 1)
                 return
             if since is not None and rest:
                 summary = (since, rest)
-            self._open[principal] = (now, 0)
+            self._open[key] = (now, 0)
         if summary is not None:
-            self._summary(principal, *summary)
-        data = {
-            "count": 1,
-            "summary": False,
-            "code": error.code,
-            "quota": error.quota,
-            "retry_after_s": error.retry_after_s,
-            "path": path,
-            "interval_ms": round(self.interval_s * 1000),
-            "caller": {"principal": principal, "token_id": token_id},
-        }
+            self._summary(key, *summary)
+        data: dict[str, Any] = {"count": 1, "summary": False, "code": error.code}
+        if isinstance(error, OverQuotaError):
+            data.update(quota=error.quota, retry_after_s=error.retry_after_s)
+        else:
+            data["message"] = error.message
+        data.update(
+            path=path, interval_ms=round(self.interval_s * 1000), caller={"principal": principal, "token_id": token_id}
+        )
         self._write(data, principal=principal, request_id=request_id)
 
     def stop(self) -> None:
         """Write the count of every open interval's refusals after its first."""
         with self._lock:
             pending, self._open = self._open, {}
-        for principal, (since, rest) in pending.items():
+        for key, (since, rest) in pending.items():
             if rest:
-                self._summary(principal, since, rest)
+                self._summary(key, since, rest)
 
-    def _summary(self, principal: str, since: float, rest: int) -> None:
+    def _summary(self, key: tuple[str, str], since: float, rest: int) -> None:
+        principal, code = key
         since_text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
-        data = {"count": rest, "summary": True, "since": since_text, "interval_ms": round(self.interval_s * 1000)}
+        data = {
+            "count": rest, "summary": True, "code": code, "since": since_text,
+            "interval_ms": round(self.interval_s * 1000),
+        }  # fmt: skip
         self._write(data, principal=principal, request_id=None)
 
     def _write(self, data: dict[str, Any], *, principal: str, request_id: str | None) -> None:

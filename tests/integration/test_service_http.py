@@ -140,6 +140,30 @@ def test_a_body_over_the_limit_is_refused_from_content_length_before_it_is_sent(
     assert status == 413
     assert body["code"] == "request.too_large"
     assert server.records("request.received") == []
+    (refused,) = server.records("request.refused")  # refused before the Gateway, still on the trail
+    assert refused["request_id"] == body["request_id"]
+    assert (refused["principal"], refused["data"]["code"], refused["data"]["path"]) == (
+        "alice", "request.too_large", "/v1/executions",
+    )  # fmt: skip
+
+
+def test_a_body_sent_too_slowly_is_refused_with_408_and_audited(serve: Callable[..., Server]) -> None:
+    """A client that declares a body and then trickles it (or stops) cannot hold the connection and the
+    request open: after body_read_s it gets 408 (before, the service waited as long as the client liked)."""
+    server = serve(body_read_s=1.0)
+    head = (
+        "POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.tokens['alice']}\r\nContent-Length: 100\r\n\r\n"
+    )
+    started = time.monotonic()
+    status, body = _raw_http(server, head, b'{"code": ')  # 9 of the 100 bytes, then nothing
+    assert status == 408
+    assert body["code"] == "request.timeout"
+    assert "9 bytes received" in body["message"]
+    assert time.monotonic() - started < 20  # answered at the deadline, not at the client's timeout (30 s)
+    (refused,) = server.records("request.refused")
+    assert (refused["principal"], refused["data"]["code"]) == ("alice", "request.timeout")
+    assert server.records("request.received") == []
 
 
 def test_a_chunked_body_over_the_limit_is_refused_while_reading(server: Server) -> None:

@@ -5,6 +5,7 @@ caller's own policy, and no MCP at all without a valid token."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -151,3 +152,32 @@ def test_the_stateless_transport_refuses_get_and_delete_instead_of_holding_a_str
     body = response.json()
     assert body["code"] == "http.method_not_allowed"
     assert body["request_id"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "sent", "status", "code"),
+    [(10**9, b"", 413, "request.too_large"), (100, b'{"jsonrpc": ', 408, "request.timeout")],
+)
+def test_an_mcp_body_is_bounded_like_every_v1_body(
+    serve: Callable[..., Server], declared: int, sent: bytes, status: int, code: str
+) -> None:
+    """/mcp reads the body itself, with the service's bounds, before the SDK sees it: a declared gigabyte gets
+    413 before one byte of it is sent, a trickled body 408 after body_read_s (the SDK has no deadline, and its
+    own 4 MiB limit answers in plain text, unaudited); either refusal is the gateway's error body, audited."""
+    server = serve(body_read_s=1.0)
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\n"
+        f"Authorization: Bearer {server.tokens['alice']}\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + sent)
+        answer = b""
+        while code.encode() not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode())
+    (refused,) = server.records("request.refused")
+    assert (refused["principal"], refused["data"]["code"], refused["data"]["path"]) == ("alice", code, "/mcp")

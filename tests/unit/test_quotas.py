@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.audit import MemoryAuditSink
-from gateway.errors import OverQuotaError, ServerConfigError, http_status_for
+from gateway.errors import BodyTooLargeError, OverQuotaError, ServerConfigError, http_status_for
 from gateway.resources import policies_dir
 from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas, load_principals_text
 from gateway.service.quotas import Admission, Refusals
@@ -160,6 +160,24 @@ def test_refusals_are_bounded_per_principal_and_interval() -> None:
     assert got == [("m", 1, False), ("v", 1, False), ("m", 99, True), ("m", 1, False)]
     assert sink.records[0]["data"]["retry_after_s"] == 5
     assert sink.records[0]["data"]["caller"] == {"principal": "m", "token_id": "0123abcd"}
+
+
+def test_body_refusals_are_summarised_apart_from_quota_refusals() -> None:
+    """Each error code has its own interval: a flood of bad bodies neither hides a quota refusal nor is
+    counted as one, and the summary says which code it counts."""
+    sink = MemoryAuditSink()
+    refusals = Refusals(sink, interval_s=60, clock=Clock())
+    too_large = BodyTooLargeError("the body is more than 1024 bytes")
+    for _ in range(5):
+        refusals.note(too_large, principal="m", token_id="0123abcd", request_id="r", path="/mcp")
+    refusals.note(OverQuotaError("over", retry_after_s=5, quota="rpm"), principal="m", token_id="0123abcd",
+                  request_id="r2", path="/v1/executions")  # fmt: skip
+    refusals.stop()
+    got = [(r["data"]["code"], r["data"]["count"], r["data"]["summary"]) for r in sink.records]
+    assert got == [("request.too_large", 1, False), ("service.over_quota", 1, False), ("request.too_large", 4, True)]
+    first = sink.records[0]["data"]
+    assert first["message"] == "the body is more than 1024 bytes"
+    assert "quota" not in first
 
 
 def test_quota_fields_a_principal_does_not_set_come_from_the_server(tmp_path: Path) -> None:
