@@ -98,8 +98,8 @@ VENV_OF = {"llm_sandbox": "llm_sandbox", "llm_sandbox_reused": "llm_sandbox", "e
 PEER_SETTINGS = {
     "llm_sandbox": "SandboxSession(backend='docker', lang='python', image=IMAGE, skip_environment_setup=True, "
     "workdir='/var/tmp', runtime_configs={network_disabled: True, network_mode: 'none', "
-    "runtime: RUNTIME, labels: {run label}, init: True}); a Python handler registered with command "
-    "'python3 {file}'; user root (its default); one session per call",
+    "runtime: RUNTIME, labels: {run label}, init: True, command: ['sleep', 'infinity']}); a Python handler "
+    "registered with command 'python3 {file}'; user root (its default); one session per call",
     "llm_sandbox_reused": "the same settings; one session opened before the first call and reused by every call",
     "epicbox": "epicbox.configure(profiles=[Profile('python', IMAGE, user='65534:65534', read_only=True, "
     "network_disabled=True)]); epicbox.run('python', \"python3 -c 'print(2+2)'\", limits={cputime: 10, "
@@ -429,7 +429,9 @@ def measure_throughput(
     burst: Burst | None = None,
 ) -> dict[str, dict[str, float]]:
     """Requests/s at each concurrency level: ``requests_per_lane`` x level calls over ``level`` lanes. Case by
-    case, every level in turn: the lanes for the highest level are made once, untimed, before the first.
+    case, every level in turn: the lanes for the highest level are made once, untimed, before the first, and
+    given back after the last. Not all cases' lanes at once: an idle reused llm-sandbox session under runsc
+    burns CPU (5-35 % of a core each, measured), so idle extra lanes would slow the cases measured meanwhile.
     ``burst``: the level that is also the gateway cases' burst (see :class:`Burst`)."""
     out: dict[str, dict[str, float]] = {}
     for name in [n for n in cases if n not in errors]:
