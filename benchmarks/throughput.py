@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             for c in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}):
                 c.remove(force=True)
     for name, blocks in rows.items():
-        report["cases"][name] = {"rps_median": statistics.median(b["rps"] for b in blocks), "blocks": blocks}
+        report["cases"][name] = {"rps_median": round(statistics.median(b["rps"] for b in blocks), 2), "blocks": blocks}
     engine = report["cases"].get("engine", {}).get("rps_median")
     cold = report["cases"].get("cold_s4", {}).get("rps_median")
     report["ratios"] = {
