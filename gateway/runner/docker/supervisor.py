@@ -455,6 +455,8 @@ def encode_payload(
 ) -> bytes:
     """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
     included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline)."""
+    if not 0 < len(key) <= 64:  # the supervisor's HMAC takes a key of at most one SHA-256 block as it is
+        raise ValueError(f"a frame key is 1 to 64 bytes, got {len(key)}")
     body = marshal.dumps(
         {
             "key": bytes(key),
