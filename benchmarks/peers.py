@@ -51,6 +51,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,8 @@ VENV_OF = {"llm_sandbox": "llm_sandbox", "llm_sandbox_reused": "llm_sandbox", "e
 PEER_SETTINGS = {
     "llm_sandbox": "SandboxSession(backend='docker', lang='python', image=IMAGE, skip_environment_setup=True, "
     "workdir='/var/tmp', runtime_configs={network_disabled: True, network_mode: 'none', "
-    "runtime: RUNTIME, labels: {run label}, init: True}); a Python handler registered with command "
-    "'python3 {file}'; user root (its default); one session per call",
+    "runtime: RUNTIME, labels: {run label}, init: True, command: ['sleep', 'infinity']}); a Python handler "
+    "registered with command 'python3 {file}'; user root (its default); one session per call",
     "llm_sandbox_reused": "the same settings; one session opened before the first call and reused by every call",
     "epicbox": "epicbox.configure(profiles=[Profile('python', IMAGE, user='65534:65534', read_only=True, "
     "network_disabled=True)]); epicbox.run('python', \"python3 -c 'print(2+2)'\", limits={cputime: 10, "
@@ -381,13 +382,16 @@ def measure_latency(
 
 
 def run_concurrently(lanes: list[Runner], total: int) -> tuple[float, list[tuple[float, str | None]], list[str]]:
-    """``total`` calls spread over the lanes, one thread per lane: (seconds, per-call results, failures)."""
+    """``total`` calls spread over the lanes, one thread per lane, all released at once: (seconds, per-call
+    results, failures). With one call per lane this is a burst of ``len(lanes)`` requests."""
     lock = threading.Lock()
     remaining = [total]
     results: list[tuple[float, str | None]] = []
     failures: list[str] = []
+    barrier = threading.Barrier(len(lanes) + 1)
 
     def lane(run: Runner) -> None:
+        barrier.wait()
         while True:
             with lock:
                 if remaining[0] <= 0 or failures:
@@ -403,9 +407,10 @@ def run_concurrently(lanes: list[Runner], total: int) -> tuple[float, list[tuple
                 results.append(result)
 
     threads = [threading.Thread(target=lane, args=(run,), daemon=True) for run in lanes]
-    start = time.perf_counter()
     for t in threads:
         t.start()
+    barrier.wait()
+    start = time.perf_counter()
     for t in threads:
         while t.is_alive():  # join in slices: Ctrl-C stays responsive
             t.join(0.2)
@@ -421,9 +426,13 @@ def measure_throughput(
     progress: Callable[[str], None],
     settle: Callable[[str], None] = lambda name: None,
     statuses: dict[str, dict[str, dict[str, int]]] | None = None,
+    burst: Burst | None = None,
 ) -> dict[str, dict[str, float]]:
     """Requests/s at each concurrency level: ``requests_per_lane`` x level calls over ``level`` lanes. Case by
-    case, every level in turn: the lanes for the highest level are made once, untimed, before the first."""
+    case, every level in turn: the lanes for the highest level are made once, untimed, before the first, and
+    given back after the last. Not all cases' lanes at once: an idle reused llm-sandbox session under runsc
+    burns CPU (5-35 % of a core each, measured), so idle extra lanes would slow the cases measured meanwhile.
+    ``burst``: the level that is also the gateway cases' burst (see :class:`Burst`)."""
     out: dict[str, dict[str, float]] = {}
     for name in [n for n in cases if n not in errors]:
         try:
@@ -437,6 +446,7 @@ def measure_throughput(
                 progress=progress,
                 settle=settle,
                 statuses=statuses,
+                burst=burst,
             )
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - recorded as the case's error
             errors[name] = str(exc) if isinstance(exc, CaseError) else _failure(exc)
@@ -456,14 +466,20 @@ def _levels(
     progress: Callable[[str], None],
     settle: Callable[[str], None],
     statuses: dict[str, dict[str, dict[str, int]]] | None = None,
+    burst: Burst | None = None,
 ) -> dict[str, float]:
     row: dict[str, float] = {}
     for level in levels:
         progress(f"throughput: {name} at concurrency {level}")
         settle(name)
+        keep = burst is not None and burst.level == level and name.startswith(BURST_CASES)
+        state = burst.pool_state(name) if burst is not None and keep else None
         seconds, results, failures = run_concurrently(lanes[:level], requests_per_lane * level)
         if failures:
             raise CaseError(f"at concurrency {level}: {failures[0]}")
+        if burst is not None and keep:
+            size = burst.pool_size if name.startswith("gateway_pool") else None
+            burst.found[name] = _burst_row(seconds, results, state, pool_size=size)
         row[str(level)] = round(len(results) / seconds, 2)
         counts = _status_counts(results)
         if counts and statuses is not None:
@@ -479,28 +495,45 @@ def _status_counts(results: list[tuple[float, str | None]]) -> dict[str, int]:
     return counts
 
 
+BURST_CASES = ("gateway_pool", "gateway_cold")
+"""The cases measured in a burst (a pooled gateway draining, and the cold one for comparison)."""
+
+
+@dataclass
+class Burst:
+    """A throughput level that is also the burst: with one call per lane, ``level`` lanes released at once
+    from a settled (refilled) pool are exactly a burst of ``level`` requests, so in that mode (``--quick``)
+    the burst is taken from that level instead of being run a second time."""
+
+    level: int
+    pool_size: int
+    pool_state: Callable[[str], dict[str, Any] | None]
+    found: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 def measure_burst(case: Case, *, requests: int, pool_size: int | None) -> dict[str, Any]:
     """``requests`` calls released at once (one thread each): per-call latency in order of completion."""
-    barrier = threading.Barrier(requests)
     inner = case.lanes(1)[0]
-
-    def at_once() -> str | None:
-        barrier.wait()
-        return inner()
-
-    seconds, results, failures = run_concurrently([at_once] * requests, requests)
+    seconds, results, failures = run_concurrently([inner] * requests, requests)
     if failures:
         return {"error": failures[0]}
+    return _burst_row(seconds, results, None, pool_size=pool_size)
+
+
+def _burst_row(
+    seconds: float, results: list[tuple[float, str | None]], state: dict[str, Any] | None, *, pool_size: int | None
+) -> dict[str, Any]:
     latencies = [ms for ms, _ in results]
     statuses = _status_counts(results)
     return {
-        "requests": requests,
+        "requests": len(results),
         "pool_size": pool_size,
         "elapsed_s": round(seconds, 2),
         "p50_ms": round(statistics.median(latencies), 1),
         "max_ms": round(max(latencies), 1),
         "latencies_ms": [round(ms, 1) for ms in sorted(latencies)],
         **({"pool": statuses} if statuses else {}),
+        **({"pool_before": state} if state is not None else {}),
     }
 
 
@@ -600,14 +633,29 @@ def measure(
     """Latency, throughput and bursts of ``cases`` (set up by the caller, who also closes them): the report's
     ``cases``, ``ratios``, ``targets``, ``throughput`` and ``burst``. ``errors`` holds (and receives) the cases
     that failed; ``settle(name)`` runs, untimed, before each throughput level and burst (the pool refills)."""
+    phases: dict[str, float] = {}
+    clock = time.monotonic()
     times, statuses = measure_latency(cases, rounds=rounds, warmup=warmup, errors=errors, progress=progress)
+    phases["latency"], clock = round(time.monotonic() - clock, 1), time.monotonic()
+    # With one call per lane, concurrency 1 is one call on its own: the latency rounds made ``rounds`` of exactly
+    # those (sequential, each case alone on the engine's side of the benchmark), so that level is their rate.
+    # Likewise a level of ``burst_requests`` lanes is the burst (:class:`Burst`). Without this, --quick would time
+    # the same experiments twice.
+    one_call = requests_per_lane == 1
+    levels = [level for level in CONCURRENCY if not (one_call and level == 1)]
+    shared = Burst(burst_requests, pool_size, pool_state) if one_call and burst_requests in levels else None
     throughput_pool: dict[str, dict[str, dict[str, int]]] = {}
-    throughput = measure_throughput(
-        cases, levels=CONCURRENCY, requests_per_lane=requests_per_lane, errors=errors, progress=progress,
-        settle=settle, statuses=throughput_pool,
+    measured = measure_throughput(
+        cases, levels=levels, requests_per_lane=requests_per_lane, errors=errors, progress=progress,
+        settle=settle, statuses=throughput_pool, burst=shared,
     )  # fmt: skip
-    burst: dict[str, Any] = {}
-    for name in [n for n in cases if n.startswith(("gateway_pool", "gateway_cold")) and n not in errors]:
+    throughput: dict[str, dict[str, float]] = {}
+    for name, row in measured.items():
+        first = {"1": round(1000 / statistics.fmean(times[name]), 2)} if one_call and times.get(name) else {}
+        throughput[name] = {**first, **row}
+    phases["throughput"], clock = round(time.monotonic() - clock, 1), time.monotonic()
+    burst: dict[str, Any] = dict(shared.found) if shared is not None else {}
+    for name in [n for n in cases if n.startswith(BURST_CASES) and n not in errors and n not in burst]:
         progress(f"burst of {burst_requests}: {name}")
         settle(name)
         state = pool_state(name)  # what the burst found: ready containers per the pool's own count
@@ -615,6 +663,7 @@ def measure(
         burst[name] = measure_burst(cases[name], requests=burst_requests, pool_size=pool_size if pooled else None)
         if state is not None:
             burst[name]["pool_before"] = state
+    phases["burst"] = round(time.monotonic() - clock, 1)
     summary = summarize(times, errors)
     for name, counts in statuses.items():
         if "error" not in summary.get(name, {"error": None}):
@@ -626,7 +675,10 @@ def measure(
         "targets": targets,
         "throughput": throughput,
         "throughput_pool": {n: v for n, v in throughput_pool.items() if n in throughput},
+        "throughput_1_from_latency_rounds": one_call,
         "burst": burst,
+        "burst_from_throughput_level": shared.level if shared is not None else None,
+        "phase_seconds": phases,
     }
 
 
@@ -788,8 +840,10 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
         audit_dir = Path(env_audit) if env_audit else work / "audit"
         slots = args.slots if args.slots is not None else default_slot_count()
         leaked: int | None = None
+        clock = time.monotonic()
         try:
             build_cases(run, args, audit_dir=audit_dir, work=work, slots=slots, progress=progress)
+            setup_s, clock = round(time.monotonic() - clock, 1), time.monotonic()
             measured = measure(
                 run.cases,
                 errors=run.errors,
@@ -807,11 +861,17 @@ def execute(args: argparse.Namespace, client: Any, progress: Progress) -> dict[s
             progress("closing every case and sweeping containers")
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
             try:
+                clock = time.monotonic()
                 run.close()
                 leaked = run.sweep()
             finally:
                 signal.signal(signal.SIGINT, previous)
                 progress.done()
+    measured["phase_seconds"] = {
+        "setup": setup_s,
+        **measured["phase_seconds"],
+        "close": round(time.monotonic() - clock, 1),
+    }
     info = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "seconds": round((datetime.now(UTC) - started).total_seconds(), 1),

@@ -37,7 +37,11 @@ def test_quick_json_for_the_gateway_cases(engine: Any, tmp_path: Path) -> None:
     assert report["burst"]["gateway_cold"]["requests"] == 2 * 2
     assert report["info"]["audit_dir"] == str(audit)
     trail = "".join(p.read_text() for p in sorted(audit.rglob("*.jsonl")))
-    assert trail.count('"execution.outcome"') >= 3 + 1 + 1 + 4 + 8 + 4  # rounds, warm-up, levels, burst
+    # rounds, warm-up, levels 4 and 8: with one call per lane, level 1 is the rounds' rate and the burst of 4 is
+    # level 4 (a quick run does not time the same experiment twice)
+    assert report["throughput_1_from_latency_rounds"] is True
+    assert report["burst_from_throughput_level"] == 4
+    assert trail.count('"execution.outcome"') >= 3 + 1 + 4 + 8
 
     pooled = report["cases"]["gateway_pool"]
     if importlib.util.find_spec("gateway.runner.pool") is None:

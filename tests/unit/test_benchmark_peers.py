@@ -52,7 +52,9 @@ class FakeCase:
         pass
 
 
-def _measure(peers: ModuleType, cases: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+def _measure(
+    peers: ModuleType, cases: dict[str, Any], errors: dict[str, str], *, burst_requests: int = 6
+) -> dict[str, Any]:
     settled: list[str] = []
     report: dict[str, Any] = peers.measure(
         cases,
@@ -61,7 +63,7 @@ def _measure(peers: ModuleType, cases: dict[str, Any], errors: dict[str, str]) -
         rounds=3,
         warmup=1,
         requests_per_lane=1,
-        burst_requests=6,
+        burst_requests=burst_requests,
         pool_size=2,
         settle=settled.append,
         pool_state=lambda name: {"ready": 2} if name.startswith("gateway_pool") else None,
@@ -101,7 +103,9 @@ def test_report_shape_with_injected_cases(peers: ModuleType) -> None:
         assert cases[name].asked == [1] * 4 + [8] + ([1] if name.startswith("gateway_") else [])
         assert cases[name].shrunk == 1  # the extra lanes given back once its levels are done
 
-    assert report["throughput_pool"]["gateway_pool"] == {"1": {"hit": 1}, "4": {"hit": 4}, "8": {"hit": 8}}
+    # one call per lane: concurrency 1 is the latency rounds' rate, not timed again
+    assert report["throughput_1_from_latency_rounds"] is True
+    assert report["throughput_pool"]["gateway_pool"] == {"4": {"hit": 4}, "8": {"hit": 8}}
     assert "gateway_cold" not in report["throughput_pool"]
     assert set(report["burst"]) == {"gateway_cold", "gateway_pool", "gateway_cold_runsc", "gateway_pool_runsc"}
     assert report["burst"]["gateway_pool"]["requests"] == 6
@@ -111,7 +115,9 @@ def test_report_shape_with_injected_cases(peers: ModuleType) -> None:
     assert report["burst"]["gateway_cold"]["pool_size"] is None
     assert "pool" not in report["burst"]["gateway_cold"]
     assert len(report["burst"]["gateway_cold"]["latencies_ms"]) == 6
-    assert report["settled"].count("gateway_pool") == 4  # before each throughput level and the burst
+    assert report["settled"].count("gateway_pool") == 3  # before each timed throughput level and the burst
+    assert report["burst_from_throughput_level"] is None  # a burst of 6 is no level: run on its own
+    assert set(report["phase_seconds"]) == {"latency", "throughput", "burst"}
 
     assert set(report["ratios"]) >= {
         "gateway_pool/gateway_cold",
@@ -166,3 +172,18 @@ def test_cli_flags_carry_the_gateways_hardening(peers: ModuleType, tmp_path: Pat
     assert json.loads(Path(seccomp.removeprefix("seccomp=")).read_text())["defaultAction"]
     with pytest.raises(SystemExit, match="no CLI flag for option 'privileged'"):
         cases.cli_flags({"privileged": True}, tmp_path)
+
+
+def test_one_call_per_lane_takes_the_burst_from_the_level_of_its_size(peers: ModuleType) -> None:
+    names = ["gateway_cold", "gateway_pool", "docker_cli"]
+    cases = {n: FakeCase(n, status="hit" if n == "gateway_pool" else None) for n in names}
+    report = _measure(peers, cases, {}, burst_requests=4)
+    assert report["burst_from_throughput_level"] == 4
+    assert set(report["burst"]) == {"gateway_cold", "gateway_pool"}
+    assert report["burst"]["gateway_pool"]["requests"] == 4
+    assert report["burst"]["gateway_pool"]["pool"] == {"hit": 4}
+    assert report["burst"]["gateway_pool"]["pool_before"] == {"ready": 2}  # what the level started from
+    assert report["burst"]["gateway_cold"]["pool_size"] is None
+    for name in names:  # no call beyond the latency rounds and the two timed levels
+        assert cases[name].calls == 4 + 4 + 8, name
+        assert cases[name].asked == [1] * 4 + [8], name

@@ -10,7 +10,7 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     ``stdin_open``, ``stdin_once``, ``tty=False``, ``detach``); attach to its stdin/stdout/stderr *before*
     starting it; start it. The supervisor then waits for exactly one payload on stdin.
 ``run``
-    send the payload (length-prefixed JSON: code, base64 files, the environment, the deadline, a per-run HMAC
+    send the payload (length-prefixed ``marshal`` data: code, files, the environment, the deadline, a per-run HMAC
     key) and keep the socket open: its close is how the supervisor learns the gateway is gone. Read Docker's
     multiplexed stream and the supervisor's verified frames as they arrive, keeping at most ``output_bytes``
     per stream in memory (past it: truncate, kill the container, stop reading); a monotonic deadline covers
