@@ -78,7 +78,23 @@ def _outcome(kind: str, i: int) -> Outcome:
     )
 
 
-def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) -> tuple[int, float]:
+def seccomp_reference(decision: dict[str, Any]) -> dict[str, Any]:
+    """EXPERIMENT ONLY (``--seccomp-ref``): the decision with its inline seccomp profile replaced by a short
+    reference ``seccomp=gateway@sha256:<hex>``, the form decision records are moving to; not what today's
+    Gateway writes, so never the default."""
+    options = decision.get("options")
+    if not isinstance(options, dict):
+        return decision
+    opts = [
+        f"seccomp=gateway@sha256:{hashlib.sha256(o[8:].encode()).hexdigest()}" if o.startswith("seccomp={") else o
+        for o in options.get("security_opt") or []
+    ]
+    return {**decision, "options": {**options, "security_opt": opts}}
+
+
+def build_trail(
+    directory: Path, records: int, segment_bytes: int = 64 << 20, *, seccomp_ref: bool = False
+) -> tuple[int, float]:
     """``records`` sealed records of requests in the SHAPES mix, one request every 0.2 s from START_EPOCH."""
     policy = load_policy(default_policy_path())
     ref = {"name": policy.name, "sha256": policy.sha256}
@@ -86,7 +102,7 @@ def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) ->
     for request, kind in SHAPES:
         parsed = parse_request(request)
         decision = decide(policy, parsed, request_id="r", decision_id="d").to_dict()
-        templates.append((parsed.to_dict(), decision, kind))
+        templates.append((parsed.to_dict(), seccomp_reference(decision) if seccomp_ref else decision, kind))
     directory.mkdir(parents=True)
     pipeline = RecordPipeline(host="bench")
 
@@ -131,9 +147,10 @@ from gateway.cli import main
 started = time.perf_counter()
 rc = main(sys.argv[1:])
 seconds = time.perf_counter() - started
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-sys.stderr.write("\\n" + json.dumps({"rc": rc, "seconds": seconds, "own_mb": own, "worker_mb": workers}) + "\\n")
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+out = {"rc": rc, "seconds": seconds, "cpu_s": cpu, "own_mb": me.ru_maxrss / 1024, "worker_mb": kids.ru_maxrss / 1024}
+sys.stderr.write("\\n" + json.dumps(out) + "\\n")
 """
 
 
@@ -148,6 +165,8 @@ def run_child(argv: list[str]) -> dict[str, Any]:
     return {
         "rc": measured.get("rc", proc.returncode),
         "seconds": round(measured.get("seconds", 0.0), 2),
+        # user + system time of the command and its workers (imports included): the cost under any load
+        "cpu_s": round(measured.get("cpu_s", 0.0), 2),
         "max_rss_mb": round(own, 1),
         "worker_max_rss_mb": round(worker, 1),
         # workers run at the same time as the parent: their peaks add up at worst
@@ -162,15 +181,21 @@ def main() -> int:
     parser.add_argument("--formats", nargs="+", default=["html", "json", "md", "csv"])
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached trail")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the cache lives")
+    parser.add_argument(
+        "--seccomp-ref",
+        action="store_true",
+        help="EXPERIMENT: decisions name the seccomp profile by reference instead of inline (not today's records)",
+    )
     args = parser.parse_args()
-    trail = args.dir / f"gateway-report-bench-{args.records}"
+    suffix = "-seccomp-ref" if args.seccomp_ref else ""
+    trail = args.dir / f"gateway-report-bench-{args.records}{suffix}"
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trail {trail}")
     if args.rebuild and trail.exists():
         for path in trail.iterdir():
             path.unlink()
         trail.rmdir()
     if not trail.exists():
-        size, secs = build_trail(trail, args.records)
+        size, secs = build_trail(trail, args.records, seccomp_ref=args.seccomp_ref)
         print(json.dumps({"built": args.records, "bytes": size, "avg_record_bytes": size // args.records,
                           "build_s": round(secs, 1)}))  # fmt: skip
     else:
@@ -182,6 +207,7 @@ def main() -> int:
         result = run_child(["report", "--trail", str(trail), "--format", fmt, "-o", str(target)])
         result.update(what=f"report --format {fmt}", output_bytes=target.stat().st_size if target.exists() else 0)
         result["records_per_s"] = round(args.records / result["seconds"]) if result["seconds"] else None
+        result["cpu_us_per_record"] = round(result["cpu_s"] / args.records * 1e6, 1)
         print(json.dumps(result))
     # --- OCSF export: the lead wires `gateway audit export --format ocsf` here once the siem branch is merged:
     # result = run_child(["audit", "export", "--format", "ocsf", "--trail", str(trail), "-o", str(out / "x.ocsf")])

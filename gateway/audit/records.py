@@ -464,7 +464,8 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     results = _rule_results(r, decision)
     violations = _rule_statuses(r, decision, "violations")
     warnings = _rule_statuses(r, decision, "warnings")
-    statuses = [(result.rule, result.status) for result in results] + violations + warnings
+    not_passed = {result.rule for result in results if result.status in NOT_PASSED}
+    not_passed.update(rule for rule, status in violations + warnings if status in NOT_PASSED)
     options = r.mapping_or_none(decision, "options", _DECISION)
     plan = r.mapping_or_none(decision, "plan", _DECISION)
     plan_base = "$.data.decision.plan"
@@ -476,7 +477,7 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
         results=results,
         violations=tuple(rule for rule, _status in violations),
         warnings=tuple(rule for rule, _status in warnings),
-        not_passed=frozenset(rule for rule, status in statuses if status in NOT_PASSED),
+        not_passed=frozenset(not_passed),
         options=options,
         options_sha256=r.digest_or_none(data, "options_sha256", _DATA),
         options_image=None if options is None else r.text_or_none(options, "image", "$.data.decision.options"),
