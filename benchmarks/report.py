@@ -37,6 +37,8 @@ from audit import write_segments
 from gateway.audit.canonical import GENESIS_HASH
 from gateway.audit.pipeline import RecordPipeline, chain
 from gateway.policy import load_policy
+from gateway.report.aggregate import DENIED_CAP
+from gateway.report.scan import ReportFilters, SegmentTask, aggregate_segment
 from gateway.request import parse_request
 from gateway.resources import default_policy_path
 from gateway.result import outcome_data
@@ -175,6 +177,19 @@ def run_child(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def per_record_cpu(trail: Path, lines: int, rounds: int = 9) -> float:
+    """µs of CPU per trail line of the report's aggregation in this process (``aggregate_segment``: read, skip
+    ``request.received``, parse, typed view, aggregate) over the first ``lines`` lines of the first segment,
+    best of ``rounds``: the per-record cost without imports, workers or verification, least disturbed by load."""
+    task = SegmentTask(0, str(min(trail.glob("trail-*.jsonl"))), lines)
+    best = float("inf")
+    for _round in range(rounds):
+        started = time.thread_time()
+        aggregate_segment(task, ReportFilters(), DENIED_CAP)
+        best = min(best, time.thread_time() - started)
+    return best / lines * 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -185,6 +200,9 @@ def main() -> int:
         "--seccomp-ref",
         action="store_true",
         help="EXPERIMENT: decisions name the seccomp profile by reference instead of inline (not today's records)",
+    )
+    parser.add_argument(
+        "--per-record", type=int, metavar="LINES", help="only the in-process CPU µs per record over LINES lines"
     )
     args = parser.parse_args()
     suffix = "-seccomp-ref" if args.seccomp_ref else ""
@@ -201,6 +219,14 @@ def main() -> int:
     else:
         size = sum(p.stat().st_size for p in trail.glob("trail-*.jsonl"))
         print(json.dumps({"cached": args.records, "bytes": size}))
+    if args.per_record:
+        cost = per_record_cpu(trail, args.per_record)
+        print(
+            json.dumps(
+                {"what": "aggregation in process", "lines": args.per_record, "cpu_us_per_record": round(cost, 1)}
+            )
+        )
+        return 0
     out = Path(tempfile.mkdtemp(prefix="report-bench-out-"))
     for fmt in args.formats:
         target = out / f"report.{fmt}"
