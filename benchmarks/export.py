@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/export.py                     # 1,000,000 records
     .venv/bin/python benchmarks/export.py --records 100000 --repeat 3
+    .venv/bin/python benchmarks/export.py --records 15000 --per-record 15000   # CPU µs/record in process
 
 The trail is built with the writer's own pipeline and sealing code (``RecordPipeline`` + ``chain``, the mix of
 ``benchmarks/audit.py``: request received, decision with every rule result, outcome), written without fsync.

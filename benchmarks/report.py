@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/report.py                      # 1,000,000 records, every format
     .venv/bin/python benchmarks/report.py --records 100000 --formats html json
+    .venv/bin/python benchmarks/report.py --records 100000 --per-record 15000   # CPU µs/record in process
+    .venv/bin/python benchmarks/report.py --records 100000 --seccomp-ref       # EXPERIMENT, see below
 
 The trail is built with the writer's own code: the records are what a Gateway writes (``request.received``,
 ``policy.decision`` with every rule result and the real Docker run options of the default policy, inline
@@ -15,6 +17,10 @@ file) that prints its own wall time and peak RSS, and the peak RSS of its larges
 aggregates a large trail's segments in one worker per CPU), from ``resource.getrusage``. Baseline measured in
 the same run: ``gateway audit verify`` on the same trail (every report verifies first), so the ratio
 report/verify says what the report adds to the verification it cannot skip.
+
+``--seccomp-ref`` is for experiments only: its decisions name the seccomp profile by reference
+(``seccomp=gateway@sha256:<hex>``, the form decision records are moving to) instead of inline as today's
+Gateway writes it; the trail is cached apart (``...-seccomp-ref``).
 
 Targets on this machine: HTML report under 20 s and under 200 MB peak RSS.
 """
