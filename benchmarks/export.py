@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/export.py                     # 1,000,000 records
     .venv/bin/python benchmarks/export.py --records 100000 --repeat 3
+    .venv/bin/python benchmarks/export.py --records 15000 --per-record 15000   # CPU µs/record in process
 
 The trail is built with the writer's own pipeline and sealing code (``RecordPipeline`` + ``chain``, the mix of
 ``benchmarks/audit.py``: request received, decision with every rule result, outcome), written without fsync.
@@ -23,11 +24,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audit import build_trail
+from gateway.audit.ocsf import OcsfMapper, event_line
+from gateway.audit.records import view_record
+
+orjson: Any
+try:  # what the export parses with when the siem extra is installed
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
 
 CHILD = """
 import json, os, resource, sys, time
@@ -70,6 +80,24 @@ def child(what: str, directory: Path, output: str) -> dict[str, Any]:
     return result
 
 
+def per_record_cpu(trail: Path, lines: int, rounds: int = 9) -> float:
+    """µs of CPU per record of the export's per-record work in this process (parse, typed view, OCSF mapping,
+    JSON line) over the first ``lines`` lines of the first segment, best of ``rounds``: the cost without
+    imports, workers or verification, least disturbed by load."""
+    segment = min(trail.glob("trail-*.jsonl"))
+    with segment.open("rb") as fh:
+        chunk = [line for _, line in zip(range(lines), fh, strict=False)]
+    parse = orjson.loads if orjson is not None else json.loads
+    best = float("inf")
+    for _round in range(rounds):
+        mapper = OcsfMapper()
+        started = time.thread_time()
+        for raw in chunk:
+            event_line(mapper.event(view_record(parse(raw)), "bench"))
+        best = min(best, time.thread_time() - started)
+    return best / len(chunk) * 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000, help="records in the trail (default 1,000,000)")
@@ -77,6 +105,9 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--output", default=os.devnull, help="where the events go (default /dev/null)")
     parser.add_argument("--target", type=float, default=50_000, help="records/s the export should reach")
+    parser.add_argument(
+        "--per-record", type=int, metavar="LINES", help="only the in-process CPU µs per record over LINES lines"
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="export-bench-", dir=args.dir))
@@ -85,6 +116,12 @@ def main() -> int:
         size, secs = build_trail(trail, args.records, None)
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, work dir {root}")
         print(json.dumps({"built": args.records, "bytes": size, "build_s": round(secs, 1)}))
+        if args.per_record:
+            cost = per_record_cpu(trail, args.per_record)
+            print(
+                json.dumps({"what": "export in process", "lines": args.per_record, "cpu_us_per_record": round(cost, 1)})
+            )
+            return 0
         rates: dict[str, list[float]] = {"export": [], "verify": [], "parse": []}
         cpu_rates: dict[str, list[float]] = {"export": [], "verify": [], "parse": []}
         for _round in range(args.repeat):

@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/report.py                      # 1,000,000 records, every format
     .venv/bin/python benchmarks/report.py --records 100000 --formats html json
+    .venv/bin/python benchmarks/report.py --records 100000 --per-record 15000   # CPU µs/record in process
+    .venv/bin/python benchmarks/report.py --records 100000 --seccomp-ref       # EXPERIMENT, see below
 
 The trail is built with the writer's own code: the records are what a Gateway writes (``request.received``,
 ``policy.decision`` with every rule result and the real Docker run options of the default policy, inline
@@ -15,6 +17,10 @@ file) that prints its own wall time and peak RSS, and the peak RSS of its larges
 aggregates a large trail's segments in one worker per CPU), from ``resource.getrusage``. Baseline measured in
 the same run: ``gateway audit verify`` on the same trail (every report verifies first), so the ratio
 report/verify says what the report adds to the verification it cannot skip.
+
+``--seccomp-ref`` is for experiments only: its decisions name the seccomp profile by reference
+(``seccomp=gateway@sha256:<hex>``, the form decision records are moving to) instead of inline as today's
+Gateway writes it; the trail is cached apart (``...-seccomp-ref``).
 
 Targets on this machine: HTML report under 20 s and under 200 MB peak RSS.
 """
@@ -37,6 +43,8 @@ from audit import write_segments
 from gateway.audit.canonical import GENESIS_HASH
 from gateway.audit.pipeline import RecordPipeline, chain
 from gateway.policy import load_policy
+from gateway.report.aggregate import DENIED_CAP
+from gateway.report.scan import ReportFilters, SegmentTask, aggregate_segment
 from gateway.request import parse_request
 from gateway.resources import default_policy_path
 from gateway.result import outcome_data
@@ -78,7 +86,23 @@ def _outcome(kind: str, i: int) -> Outcome:
     )
 
 
-def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) -> tuple[int, float]:
+def seccomp_reference(decision: dict[str, Any]) -> dict[str, Any]:
+    """EXPERIMENT ONLY (``--seccomp-ref``): the decision with its inline seccomp profile replaced by a short
+    reference ``seccomp=gateway@sha256:<hex>``, the form decision records are moving to; not what today's
+    Gateway writes, so never the default."""
+    options = decision.get("options")
+    if not isinstance(options, dict):
+        return decision
+    opts = [
+        f"seccomp=gateway@sha256:{hashlib.sha256(o[8:].encode()).hexdigest()}" if o.startswith("seccomp={") else o
+        for o in options.get("security_opt") or []
+    ]
+    return {**decision, "options": {**options, "security_opt": opts}}
+
+
+def build_trail(
+    directory: Path, records: int, segment_bytes: int = 64 << 20, *, seccomp_ref: bool = False
+) -> tuple[int, float]:
     """``records`` sealed records of requests in the SHAPES mix, one request every 0.2 s from START_EPOCH."""
     policy = load_policy(default_policy_path())
     ref = {"name": policy.name, "sha256": policy.sha256}
@@ -86,7 +110,7 @@ def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) ->
     for request, kind in SHAPES:
         parsed = parse_request(request)
         decision = decide(policy, parsed, request_id="r", decision_id="d").to_dict()
-        templates.append((parsed.to_dict(), decision, kind))
+        templates.append((parsed.to_dict(), seccomp_reference(decision) if seccomp_ref else decision, kind))
     directory.mkdir(parents=True)
     pipeline = RecordPipeline(host="bench")
 
@@ -131,9 +155,10 @@ from gateway.cli import main
 started = time.perf_counter()
 rc = main(sys.argv[1:])
 seconds = time.perf_counter() - started
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-sys.stderr.write("\\n" + json.dumps({"rc": rc, "seconds": seconds, "own_mb": own, "worker_mb": workers}) + "\\n")
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+out = {"rc": rc, "seconds": seconds, "cpu_s": cpu, "own_mb": me.ru_maxrss / 1024, "worker_mb": kids.ru_maxrss / 1024}
+sys.stderr.write("\\n" + json.dumps(out) + "\\n")
 """
 
 
@@ -148,6 +173,8 @@ def run_child(argv: list[str]) -> dict[str, Any]:
     return {
         "rc": measured.get("rc", proc.returncode),
         "seconds": round(measured.get("seconds", 0.0), 2),
+        # user + system time of the command and its workers (imports included): the cost under any load
+        "cpu_s": round(measured.get("cpu_s", 0.0), 2),
         "max_rss_mb": round(own, 1),
         "worker_max_rss_mb": round(worker, 1),
         # workers run at the same time as the parent: their peaks add up at worst
@@ -156,32 +183,63 @@ def run_child(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def per_record_cpu(trail: Path, lines: int, rounds: int = 9) -> float:
+    """µs of CPU per trail line of the report's aggregation in this process (``aggregate_segment``: read, skip
+    ``request.received``, parse, typed view, aggregate) over the first ``lines`` lines of the first segment,
+    best of ``rounds``: the per-record cost without imports, workers or verification, least disturbed by load."""
+    task = SegmentTask(0, str(min(trail.glob("trail-*.jsonl"))), lines)
+    best = float("inf")
+    for _round in range(rounds):
+        started = time.thread_time()
+        aggregate_segment(task, ReportFilters(), DENIED_CAP)
+        best = min(best, time.thread_time() - started)
+    return best / lines * 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--formats", nargs="+", default=["html", "json", "md", "csv"])
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached trail")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the cache lives")
+    parser.add_argument(
+        "--seccomp-ref",
+        action="store_true",
+        help="EXPERIMENT: decisions name the seccomp profile by reference instead of inline (not today's records)",
+    )
+    parser.add_argument(
+        "--per-record", type=int, metavar="LINES", help="only the in-process CPU µs per record over LINES lines"
+    )
     args = parser.parse_args()
-    trail = args.dir / f"gateway-report-bench-{args.records}"
+    suffix = "-seccomp-ref" if args.seccomp_ref else ""
+    trail = args.dir / f"gateway-report-bench-{args.records}{suffix}"
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trail {trail}")
     if args.rebuild and trail.exists():
         for path in trail.iterdir():
             path.unlink()
         trail.rmdir()
     if not trail.exists():
-        size, secs = build_trail(trail, args.records)
+        size, secs = build_trail(trail, args.records, seccomp_ref=args.seccomp_ref)
         print(json.dumps({"built": args.records, "bytes": size, "avg_record_bytes": size // args.records,
                           "build_s": round(secs, 1)}))  # fmt: skip
     else:
         size = sum(p.stat().st_size for p in trail.glob("trail-*.jsonl"))
         print(json.dumps({"cached": args.records, "bytes": size}))
+    if args.per_record:
+        cost = per_record_cpu(trail, args.per_record)
+        print(
+            json.dumps(
+                {"what": "aggregation in process", "lines": args.per_record, "cpu_us_per_record": round(cost, 1)}
+            )
+        )
+        return 0
     out = Path(tempfile.mkdtemp(prefix="report-bench-out-"))
     for fmt in args.formats:
         target = out / f"report.{fmt}"
         result = run_child(["report", "--trail", str(trail), "--format", fmt, "-o", str(target)])
         result.update(what=f"report --format {fmt}", output_bytes=target.stat().st_size if target.exists() else 0)
         result["records_per_s"] = round(args.records / result["seconds"]) if result["seconds"] else None
+        result["cpu_us_per_record"] = round(result["cpu_s"] / args.records * 1e6, 1)
         print(json.dumps(result))
     # --- OCSF export: the lead wires `gateway audit export --format ocsf` here once the siem branch is merged:
     # result = run_child(["audit", "export", "--format", "ocsf", "--trail", str(trail), "-o", str(out / "x.ocsf")])

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from gateway.audit.pipeline import json_path
 from gateway.errors import AuditIntegrityError
 
-__all__ = ["FieldReader", "describe"]
+__all__ = ["FieldReader", "describe", "is_digest"]
 
 _HINT: Final = (
     "the record does not have the shape of schemas/audit-record.schema.json; "
@@ -43,6 +43,11 @@ def describe(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     return type(value).__name__
+
+
+def is_digest(value: object) -> TypeGuard[str]:
+    """64 lowercase hex digits: what :meth:`FieldReader.digest` accepts (for the views' inline first passes)."""
+    return isinstance(value, str) and _HEX64.match(value) is not None
 
 
 def _is_int(value: object) -> bool:
@@ -109,7 +114,7 @@ class FieldReader:
 
     def digest(self, obj: Mapping[str, Any], key: str, base: str) -> str:
         value = obj.get(key)
-        if isinstance(value, str) and _HEX64.match(value) is not None:
+        if is_digest(value):
             return value
         raise self._wrong(obj, key, base, "64 lowercase hex digits")
 
@@ -117,7 +122,7 @@ class FieldReader:
         value = obj.get(key)
         if value is None:
             return None
-        if isinstance(value, str) and _HEX64.match(value) is not None:
+        if is_digest(value):
             return value
         raise self._wrong(obj, key, base, "64 lowercase hex digits or null")
 

@@ -21,9 +21,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-from gateway.audit._fields import FieldReader, describe
+from gateway.audit._fields import FieldReader, describe, is_digest
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
 
 __all__ = [
@@ -49,8 +49,7 @@ NOT_PASSED: Final = frozenset({"fail", "error", "warn"})
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z\Z")
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyRefView:
+class PolicyRefView(NamedTuple):
     """The policy a record was made under (the envelope's ``policy``)."""
 
     name: str
@@ -58,8 +57,7 @@ class PolicyRefView:
     """sha256 of the policy document in the policy fingerprint format (:mod:`gateway.canonical`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class GatewayIdentityView:
+class GatewayIdentityView(NamedTuple):
     """The gateway process that wrote a record (the envelope's ``gateway``)."""
 
     version: str
@@ -68,9 +66,13 @@ class GatewayIdentityView:
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
-class RuleResultView:
-    """One rule result of a recorded decision (``got``/``expected`` are left in the record: redacted)."""
+class RuleResultView(NamedTuple):
+    """One rule result of a recorded decision (``got``/``expected`` are left in the record: redacted).
+
+    The small values nested in a view (the policy and writer of the envelope, rule results, file digests,
+    problems) are named tuples: as immutable as a frozen dataclass and about five times cheaper to build,
+    which counts for the ~25 results of every decision a report or an export reads.
+    """
 
     rule: str
     """Rule id, e.g. ``images.allowlist``."""
@@ -83,8 +85,7 @@ class RuleResultView:
     message: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class FileDigestView:
+class FileDigestView(NamedTuple):
     """A file named by a request or produced by a run: never its contents, only digest and size."""
 
     name: str
@@ -92,8 +93,7 @@ class FileDigestView:
     bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class ProblemView:
+class ProblemView(NamedTuple):
     """One reason a request was invalid."""
 
     path: str
@@ -249,6 +249,7 @@ class GenericRecordView(AuditRecordView):
 
 # --- building -----------------------------------------------------------------------------------------
 
+
 _DATA: Final = "$.data"
 _DECISION: Final = "$.data.decision"
 _STATUSES: Final = frozenset({"pass", "fail", "warn", "error", "skip"})
@@ -279,6 +280,72 @@ def _gateway(r: FieldReader, record: Mapping[str, Any]) -> GatewayIdentityView |
 
 
 def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
+    # Every record of a trail has an envelope, and a report or an export views millions of them: a first pass
+    # checks the shape a writer produces with inline type tests (the same rules as the reads below); for any
+    # record it does not accept, the field-by-field reads run instead and raise the error naming the path.
+    get = record.get
+    seq, schema, event_type, timestamp = get("seq"), get("schema"), get("event_type"), get("timestamp")
+    event_id, request_id, principal, policy = get("event_id"), get("request_id"), get("principal"), get("policy")
+    redacted, trace_id, span_id, data = get("redacted"), get("trace_id"), get("span_id"), get("data")
+    prev_hash, digest, hmac, writer = get("prev_hash"), get("hash"), get("hmac"), get("gateway")
+    if (
+        type(seq) is int
+        and seq >= 1
+        and schema == SCHEMA_VERSION
+        and type(event_type) is str
+        and event_type in EVENT_TYPES
+        and type(timestamp) is str
+        and _TIMESTAMP.match(timestamp) is not None
+        and type(event_id) is str
+        and (type(request_id) is str or (request_id is None and "request_id" in record))
+        and (type(principal) is str or (principal is None and "principal" in record))
+        and (
+            (policy is None and "policy" in record)
+            or (type(policy) is dict and type(policy.get("name")) is str and is_digest(policy.get("sha256")))
+        )
+        and type(redacted) is list
+        and all(type(path) is str for path in redacted)
+        and (trace_id is None or type(trace_id) is str)
+        and (span_id is None or type(span_id) is str)
+        and is_digest(prev_hash)
+        and is_digest(digest)
+        and (hmac is None or is_digest(hmac))
+        and type(data) is dict
+        and (
+            writer is None
+            or (
+                type(writer) is dict
+                and type(writer.get("version")) is str
+                and type(writer.get("host")) is str
+                and type(pid := writer.get("pid")) is int
+                and pid >= 0
+            )
+        )
+    ):
+        return {
+            "schema": schema,
+            "seq": seq,
+            "event_id": event_id,
+            "event_type": event_type,
+            "timestamp": timestamp,
+            "request_id": request_id,
+            "principal": principal,
+            "policy": None if policy is None else PolicyRefView(policy["name"], policy["sha256"]),
+            "redacted": tuple(redacted),
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "prev_hash": prev_hash,
+            "hash": digest,
+            "hmac": hmac,
+            "data": MappingProxyType(data),
+            "gateway": None
+            if writer is None
+            else GatewayIdentityView(writer["version"], writer["host"], writer["pid"]),
+        }
+    return _envelope_checked(r, record)
+
+
+def _envelope_checked(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
     seq = r.integer(record, "seq", "$", minimum=1)
     schema = r.text(record, "schema", "$")
     if schema != SCHEMA_VERSION:
@@ -397,7 +464,8 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     results = _rule_results(r, decision)
     violations = _rule_statuses(r, decision, "violations")
     warnings = _rule_statuses(r, decision, "warnings")
-    statuses = [(result.rule, result.status) for result in results] + violations + warnings
+    not_passed = {result.rule for result in results if result.status in NOT_PASSED}
+    not_passed.update(rule for rule, status in violations + warnings if status in NOT_PASSED)
     options = r.mapping_or_none(decision, "options", _DECISION)
     plan = r.mapping_or_none(decision, "plan", _DECISION)
     plan_base = "$.data.decision.plan"
@@ -409,7 +477,7 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
         results=results,
         violations=tuple(rule for rule, _status in violations),
         warnings=tuple(rule for rule, _status in warnings),
-        not_passed=frozenset(rule for rule, status in statuses if status in NOT_PASSED),
+        not_passed=frozenset(not_passed),
         options=options,
         options_sha256=r.digest_or_none(data, "options_sha256", _DATA),
         options_image=None if options is None else r.text_or_none(options, "image", "$.data.decision.options"),

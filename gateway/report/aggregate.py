@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from gateway.audit.records import (
+    NOT_PASSED,
     AuditRecordView,
     ExecutionOutcomeView,
     GenericRecordView,
@@ -290,8 +291,11 @@ class Aggregate:
         self._seen_policy(view, decision=True)
         who = self._principal(view.principal)
         policy_name = view.policy.name if view.policy is not None else "(none)"
+        messages: dict[str, str | None] = {}  # per rule, its last result that did not pass: the examples
         for result in view.results:
             status = result.status
+            if status in NOT_PASSED:
+                messages[result.rule] = result.message
             key = (policy_name, result.rule)
             counts = self.rules.get(key)
             if counts is None:
@@ -309,7 +313,6 @@ class Aggregate:
             self.dry_runs += 1
             who.dry_runs += 1
             return
-        messages = {r.rule: r.message for r in view.results if r.status in ("fail", "error", "warn")}
         for rule in view.warnings:
             self._rule(self.warnings, rule).add(messages.get(rule))
         if view.allowed:

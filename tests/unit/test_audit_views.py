@@ -343,3 +343,66 @@ def test_query_data_filters_skip_records_whose_view_fails(tmp_path: Path) -> Non
     assert [r["seq"] for r in query_trail(tmp_path, principal="bob")] == [1, 2]  # the envelope is fine
     assert [r["seq"] for r in query_trail(tmp_path, decision="deny")] == [1]  # its decision is not readable
     assert [r["seq"] for r in query_trail(tmp_path, rule="limits.memory")] == [1]
+
+
+_MISSING = object()
+_ENVELOPE_BAD: list[tuple[str, Any]] = [
+    ("seq", True),
+    ("seq", 1.0),
+    ("seq", _MISSING),
+    ("schema", None),
+    ("event_id", 7),
+    ("event_type", ["policy.decision"]),
+    ("timestamp", "2026-12-01T12:15:13Z"),
+    ("request_id", 1),
+    ("request_id", _MISSING),
+    ("principal", _MISSING),
+    ("policy", _MISSING),
+    ("policy", "default"),
+    ("policy", {"name": 1, "sha256": "a" * 64}),
+    ("policy", {"name": "default", "sha256": "A" * 64}),
+    ("redacted", _MISSING),
+    ("redacted", None),
+    ("redacted", ["$.data.code", 3]),
+    ("trace_id", 5),
+    ("span_id", {}),
+    ("prev_hash", "a" * 63),
+    ("hash", _MISSING),
+    ("hmac", "not-hex"),
+    ("data", None),
+    ("gateway", "gateway-1"),
+    ("gateway", {"version": "1", "host": "h", "pid": -1}),
+    ("gateway", {"version": "1", "host": "h", "pid": True}),
+    ("gateway", {"version": 1, "host": "h", "pid": 1}),
+    ("gateway", {"version": "1", "pid": 1}),
+]
+
+
+@pytest.mark.parametrize(("key", "bad"), _ENVELOPE_BAD)
+def test_every_envelope_field_is_checked(records: list[dict[str, Any]], key: str, bad: Any) -> None:
+    # The envelope is read by an inline first pass and, for what it refuses, by the field-by-field reads that
+    # name the path: whichever pass runs, a malformed envelope field is an error naming that field.
+    for record in records:
+        broken = copy.deepcopy(record)
+        if bad is _MISSING:
+            del broken[key]
+        else:
+            broken[key] = bad
+        with pytest.raises(AuditIntegrityError, match=rf"\$\.{key}\b"):
+            view_record(broken)
+
+
+def test_envelope_variants_a_writer_produces_are_read_alike(records: list[dict[str, Any]]) -> None:
+    # null request id, principal and policy; no writer identity; no hmac; a redacted path; a trace
+    record = copy.deepcopy(records[0])
+    record.update(request_id=None, principal=None, policy=None, redacted=["$.data.code"], trace_id="t" * 32)
+    del record["gateway"], record["hmac"]
+    view = view_record(record)
+    assert (view.request_id, view.principal, view.policy, view.gateway, view.hmac) == (None, None, None, None, None)
+    assert view.redacted == ("$.data.code",)
+    assert view.trace_id == "t" * 32
+    assert view.span_id is None
+    full = view_record(records[0])
+    assert full.gateway is not None
+    assert full.gateway.pid == records[0]["gateway"]["pid"]
+    assert full.hmac == records[0]["hmac"]

@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator
 
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
+from gateway.errors import AuditIntegrityError
 from gateway.report import _parallel, build_report, load_catalogue, render
 from gateway.report.aggregate import MAX_BUCKETS, DurationHistogram
 from gateway.report.build import ReportFilters
@@ -330,3 +331,24 @@ def test_the_report_package_reads_only_the_trail() -> None:
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         bad = {m for m in imported if m.startswith(("gateway.decision", "gateway.policy", "gateway.runner", "docker"))}
         assert not bad, f"{path.name} imports {bad}"
+
+
+def test_a_malformed_record_is_reported_alike_with_worker_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chained record whose decision does not have the view's shape stops the report with the error naming
+    its seq, whichever process (this one or a worker) read its segment."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the report never starts workers")
+    monkeypatch.chdir(tmp_path)
+    write_scenario(Path("a"), segment_max_bytes=30_000)
+    bad = decision_dict()
+    bad["allowed"] = "yes"
+    _append_decision(Path("a"), "req-malformed", bad, START + timedelta(hours=1))
+    errors = []
+    for workers in (1, 2):
+        with pytest.raises(AuditIntegrityError) as caught:
+            build_report([Path("a")], now=NOW, workers=workers)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
+    assert "$.data.decision.allowed: expected a boolean, got string 'yes'" in errors[0]
