@@ -46,7 +46,7 @@ def describe(value: object) -> str:
 
 
 def is_digest(value: object) -> TypeGuard[str]:
-    """64 lowercase hex digits: what :meth:`FieldReader.digest` accepts (for the views' inline first passes)."""
+    """64 lowercase hex digits: what :meth:`FieldReader.digest` accepts."""
     return isinstance(value, str) and _HEX64.match(value) is not None
 
 

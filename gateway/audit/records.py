@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
-from gateway.audit._fields import FieldReader, describe, is_digest
+from gateway.audit._fields import FieldReader, describe
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
 
 __all__ = [
@@ -280,72 +280,6 @@ def _gateway(r: FieldReader, record: Mapping[str, Any]) -> GatewayIdentityView |
 
 
 def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
-    # Every record of a trail has an envelope, and a report or an export views millions of them: a first pass
-    # checks the shape a writer produces with inline type tests (the same rules as the reads below); for any
-    # record it does not accept, the field-by-field reads run instead and raise the error naming the path.
-    get = record.get
-    seq, schema, event_type, timestamp = get("seq"), get("schema"), get("event_type"), get("timestamp")
-    event_id, request_id, principal, policy = get("event_id"), get("request_id"), get("principal"), get("policy")
-    redacted, trace_id, span_id, data = get("redacted"), get("trace_id"), get("span_id"), get("data")
-    prev_hash, digest, hmac, writer = get("prev_hash"), get("hash"), get("hmac"), get("gateway")
-    if (
-        type(seq) is int
-        and seq >= 1
-        and schema == SCHEMA_VERSION
-        and type(event_type) is str
-        and event_type in EVENT_TYPES
-        and type(timestamp) is str
-        and _TIMESTAMP.match(timestamp) is not None
-        and type(event_id) is str
-        and (type(request_id) is str or (request_id is None and "request_id" in record))
-        and (type(principal) is str or (principal is None and "principal" in record))
-        and (
-            (policy is None and "policy" in record)
-            or (type(policy) is dict and type(policy.get("name")) is str and is_digest(policy.get("sha256")))
-        )
-        and type(redacted) is list
-        and all(type(path) is str for path in redacted)
-        and (trace_id is None or type(trace_id) is str)
-        and (span_id is None or type(span_id) is str)
-        and is_digest(prev_hash)
-        and is_digest(digest)
-        and (hmac is None or is_digest(hmac))
-        and type(data) is dict
-        and (
-            writer is None
-            or (
-                type(writer) is dict
-                and type(writer.get("version")) is str
-                and type(writer.get("host")) is str
-                and type(pid := writer.get("pid")) is int
-                and pid >= 0
-            )
-        )
-    ):
-        return {
-            "schema": schema,
-            "seq": seq,
-            "event_id": event_id,
-            "event_type": event_type,
-            "timestamp": timestamp,
-            "request_id": request_id,
-            "principal": principal,
-            "policy": None if policy is None else PolicyRefView(policy["name"], policy["sha256"]),
-            "redacted": tuple(redacted),
-            "trace_id": trace_id,
-            "span_id": span_id,
-            "prev_hash": prev_hash,
-            "hash": digest,
-            "hmac": hmac,
-            "data": MappingProxyType(data),
-            "gateway": None
-            if writer is None
-            else GatewayIdentityView(writer["version"], writer["host"], writer["pid"]),
-        }
-    return _envelope_checked(r, record)
-
-
-def _envelope_checked(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
     seq = r.integer(record, "seq", "$", minimum=1)
     schema = r.text(record, "schema", "$")
     if schema != SCHEMA_VERSION:
