@@ -272,8 +272,9 @@ class Aggregate:
 
     def _generic(self, view: GenericRecordView) -> None:
         kind = view.event_type
-        if kind == "request.refused":
-            self.refused += 1
+        if kind == "request.refused":  # a summary record stands for `count` refusals
+            count = view.data.get("count")
+            self.refused += count if type(count) is int and count >= 1 else 1
         elif kind in ("policy.loaded", "policy.reloaded"):
             name, sha = view.data.get("name"), view.data.get("sha256")
             if isinstance(name, str) and isinstance(sha, str):

@@ -155,7 +155,7 @@ def render_html(report: Report) -> str:
     out.append("<h2>Totals</h2><div class=cards>")
     for key, value in (
         ("requests", t.requests), ("allowed", t.allowed), ("denied", t.denied), ("invalid", t.invalid),
-        ("errors", t.errors), ("dry runs", t.dry_runs), ("refused (quota)", t.refused), ("executions", t.executions),
+        ("errors", t.errors), ("dry runs", t.dry_runs), ("refused", t.refused), ("executions", t.executions),
     ):  # fmt: skip
         out.append(
             f'<div class=card><div class=v id="total-{_e(key.split()[0])}">{value}</div>'

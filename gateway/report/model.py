@@ -136,7 +136,8 @@ class Totals:
     dry_runs: int
     """Decisions of ``gateway check`` (nothing was meant to run)."""
     refused: int
-    """``request.refused`` records (over a quota before any decision; not in ``requests``)."""
+    """Refusals before any decision (over a quota, or a body the service could not take), counted from the
+    ``request.refused`` records (a summary record counts its ``count``); not in ``requests``."""
     executions: int
     """``execution.outcome`` records."""
     records: int

@@ -53,7 +53,7 @@ def render_markdown(report: Report) -> str:
     t = report.totals
     lines += ["", "## Totals", ""]
     lines += _table(
-        ["requests", "allowed", "denied", "invalid", "errors", "dry runs", "refused (quota)", "executions"],
+        ["requests", "allowed", "denied", "invalid", "errors", "dry runs", "refused", "executions"],
         [(t.requests, t.allowed, t.denied, t.invalid, t.errors, t.dry_runs, t.refused, t.executions)],
     )
     lines += ["", "## By principal", ""]

@@ -263,6 +263,14 @@ def test_a_long_period_widens_the_activity_buckets(tmp_path: Path) -> None:
     assert sum(b.invalid for b in report.activity) == 400 == report.totals.invalid
 
 
+def test_refused_counts_every_refusal_a_summary_stands_for(tmp_path: Path) -> None:
+    directory = tmp_path / "refused"
+    with JsonlAuditTrail(directory, clock=FixedClock(START, timedelta(seconds=1))) as sink:
+        sink.append("request.refused", {"count": 1, "summary": False, "code": "service.over_quota"}, principal="m")
+        sink.append("request.refused", {"count": 41, "summary": True, "code": "service.over_quota"}, principal="m")
+    assert build_report([directory], now=NOW).totals.refused == 42
+
+
 def test_the_denied_list_is_capped_with_its_count(trail: Path) -> None:
     assert main(["report", "--trail", "trail-a", "--format", "md", "--max-denied", "1", "-o", "r.md"]) == 0
     text = Path("r.md").read_text()
