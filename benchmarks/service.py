@@ -65,8 +65,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def gateway_serve(work: Path, env: dict[str, str], profile: str | None) -> Iterator[tuple[str, str]]:
-    """A ``gateway serve`` subprocess; yields its base URL and the principal's token, stops it with SIGTERM."""
+def gateway_serve(work: Path, env: dict[str, str], profile: str | None) -> Iterator[tuple[str, str, int]]:
+    """A ``gateway serve`` subprocess; yields its base URL, the principal's token and its pid, stops it with
+    SIGTERM."""
     principals = work / "principals.yaml"
     # Quotas well above the workload: the benchmark measures the service, not its rate limits.
     quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
@@ -93,7 +94,7 @@ def gateway_serve(work: Path, env: dict[str, str], profile: str | None) -> Itera
             if time.monotonic() > deadline:
                 raise SystemExit("gateway serve did not become ready")
             time.sleep(0.1)
-        yield base, token
+        yield base, token, proc.pid
     finally:
         proc.terminate()
         try:
@@ -196,6 +197,24 @@ def service_decisions(base: str, token: str) -> tuple[Callable[[], bool], Callab
         return r.status_code == 200 and r.json().get("allowed") is True
 
     return call, client.close
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds used so far by process ``pid`` (all its threads), from ``/proc/PID/stat``;
+    None where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def server_cpu_ms(pid: int, start: float | None, requests: int) -> float | None:
+    """The server's CPU milliseconds per request since ``start`` (its CPU seconds then)."""
+    end = process_cpu_s(pid)
+    if start is None or end is None or not requests:
+        return None
+    return round((end - start) * 1000 / requests, 3)
 
 
 def timed_decisions(base: str, token: str, concurrency: int, seconds: float) -> dict[str, Any]:
@@ -302,7 +321,7 @@ def main() -> int:
             return call, lambda: None
 
         try:
-            with gateway_serve(work, env, args.profile) as (base, token):
+            with gateway_serve(work, env, args.profile) as (base, token, pid):
                 svc = lambda: service_executions(base, token)  # noqa: E731
                 run_threads(min(args.warmup, args.concurrency), args.warmup, svc)
                 run_threads(min(args.warmup, args.concurrency), args.warmup, inprocess)
@@ -312,7 +331,9 @@ def main() -> int:
                     for name, make in (("service", svc), ("in-process", inprocess)):
                         blocks[name].append(run_threads(args.concurrency, args.n, make))
                         loads.append(os.getloadavg()[0])
+                cpu_before = process_cpu_s(pid)
                 decisions = timed_decisions(base, token, args.decision_concurrency, args.decision_seconds)
+                decisions["server_cpu_ms_per_request"] = server_cpu_ms(pid, cpu_before, len(decisions["latencies"]))
                 loads.append(os.getloadavg()[0])
         finally:
             gw.close()
@@ -330,7 +351,11 @@ def main() -> int:
         "concurrency": args.concurrency,
         "service": summary(blocks["service"]),
         "in-process": summary(blocks["in-process"]),
-        "decisions": {**summary([decisions]), "concurrency": args.decision_concurrency},
+        "decisions": {
+            **summary([decisions]),
+            "concurrency": args.decision_concurrency,
+            "server_cpu_ms_per_request": decisions["server_cpu_ms_per_request"],
+        },
         "leftover_containers": len(left),
     }
     svc_r, inp_r = result["service"], result["in-process"]

@@ -30,7 +30,7 @@ import re
 import socket
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -72,6 +72,8 @@ LIST_MAX_BYTES: Final = 8192
 _REDACTED_MAX: Final = 4 * LIST_MAX_ITEMS
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FLOAT_SUBTREES: Final = ("request", "decision")
+_SCALAR_TYPES: Final = frozenset({str, int, bool, type(None)})
+"""Exactly these types (not subclasses such as an ``IntEnum``) are plain JSON scalars as they are."""
 
 
 def json_path(base: str, key: str | int) -> str:
@@ -94,6 +96,8 @@ def _plain(value: Any, floats_ok: bool) -> Any:
     """Deep copy into plain JSON types; floats become decimal strings only where ``floats_ok``.
 
     Raises a bare :class:`CanonicalError`; :func:`normalise` then names the path (the fast path builds none).
+    Members and items of the plain scalar types are copied as they are, without a call each: a decision record
+    holds hundreds of them.
     """
     if value is None or isinstance(value, (str, bool, int)):
         return value
@@ -101,15 +105,15 @@ def _plain(value: Any, floats_ok: bool) -> Any:
         if floats_ok:
             return repr(value)
         raise CanonicalError
-    if isinstance(value, Mapping):
+    if isinstance(value, (list, tuple)):
+        return [item if type(item) in _SCALAR_TYPES else _plain(item, floats_ok) for item in value]
+    if isinstance(value, (dict, Mapping)):  # a dict is known without the ABC's slower check
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalError
-            out[key] = _plain(item, floats_ok)
+            out[key] = item if type(item) in _SCALAR_TYPES else _plain(item, floats_ok)
         return out
-    if isinstance(value, (list, tuple)):
-        return [_plain(item, floats_ok) for item in value]
     raise CanonicalError
 
 
@@ -178,22 +182,34 @@ _KEPT_WHOLE_STEPS: Final = ("data", "decision", "options")
 builds them, and the policy schema bounds every list in them: mounts, variables, ...)."""
 
 
-def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items: int) -> Any:
-    """Cap every list under ``value``; ``path`` holds the steps to it, turned into text only for a cut list."""
+def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items: int, fits: bool = False) -> Any:
+    """Cap every list under ``value``; ``path`` holds the steps to it, turned into text only for a cut list.
+
+    ``fits``: ``value`` is inside a list that was kept whole, whose items are within :data:`LIST_MAX_BYTES` as
+    canonical JSON; a list under it is no longer than that, so only its item count can make it too long (and
+    it is not serialised again to be sized). Only containers are walked: scalars hold no list."""
     if path == _KEPT_WHOLE_STEPS:
         return value
     if isinstance(value, dict):
         for key in list(value):
             item = value[key]
-            if isinstance(item, list) and len(item) > 0 and not key.endswith("_omitted"):
-                kept, rest = bounded(item, max_items=max_items)
-                if rest is not None:
-                    value[key] = kept
-                    value[f"{key}_omitted"] = rest
-                    erased.append(_path_text((*path, key)))
-            value[key] = _bound(value[key], (*path, key), erased, max_items)
+            if isinstance(item, list):
+                inside_whole = fits
+                if item and not key.endswith("_omitted") and not (fits and len(item) <= max_items):
+                    kept, rest = bounded(item, max_items=max_items)
+                    if rest is not None:
+                        item = value[key] = kept
+                        value[f"{key}_omitted"] = rest
+                        erased.append(_path_text((*path, key)))
+                    inside_whole = fits or rest is None
+                value[key] = _bound(item, (*path, key), erased, max_items, inside_whole)
+            elif isinstance(item, dict):
+                _bound(item, (*path, key), erased, max_items, fits)
     elif isinstance(value, list):
-        return [_bound(item, (*path, index), erased, max_items) for index, item in enumerate(value)]
+        return [
+            _bound(item, (*path, index), erased, max_items, fits) if isinstance(item, (dict, list)) else item
+            for index, item in enumerate(value)
+        ]
     return value
 
 
@@ -327,7 +343,7 @@ class GatewayIdentity:
     pid: int
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"version": self.version, "host": self.host, "pid": self.pid}
 
 
 def _current_trace() -> tuple[str, str] | None:

@@ -329,3 +329,22 @@ def test_every_list_in_a_record_is_bounded_but_the_decisions_options_are_kept_wh
     long_names = ["x" * 1000 for _ in range(32)]
     sink.append("policy.rejected", {"source": "p.yaml", "problems": long_names})
     assert len(sink.records[2]["data"]["problems"]) == 8  # 8 KiB of items at most
+
+
+def test_a_list_inside_a_list_kept_whole_is_still_cut_by_its_item_count() -> None:
+    """A list under a list that fits the byte cap is not sized again, but its item count still bounds it."""
+    from gateway.audit import MemoryAuditSink
+
+    sink = MemoryAuditSink()
+    numbers = list(range(100))
+    sink.append("policy.rejected", {"source": "p.yaml", "problems": [{"source": "x", "lines": numbers}]})
+    problem = sink.records[0]["data"]["problems"][0]
+    assert problem["lines"] == numbers[:32]
+    assert problem["lines_omitted"]["count"] == 68
+    assert "$.data.problems[0].lines" in sink.records[0]["redacted"]
+    huge = {"source": "y" * 9000, "lines": ["z" * 100 for _ in range(90)]}  # over the byte cap on its own
+    sink.append("policy.rejected", {"source": "p.yaml", "problems": [huge, huge]})
+    kept = sink.records[1]["data"]["problems"]
+    assert len(kept) == 1  # the first item is kept whatever its size ...
+    assert len(kept[0]["lines"]) < 90  # ... and the lists inside it are still sized
+    assert "$.data.problems[0].lines" in sink.records[1]["redacted"]
