@@ -156,5 +156,11 @@ def profile_reference(profile: str) -> str:
     """How records and responses name an inline profile: ``gateway@sha256:<hex>`` for the shipped one,
     ``sha256:<hex>`` for any other; ``<hex>`` is the sha256 of ``profile`` exactly as given to the engine (for
     the shipped one, :func:`gateway_profile`: the compact, key-sorted JSON of ``gateway-seccomp.json``)."""
-    digest = "sha256:" + hashlib.sha256(profile.encode("utf-8")).hexdigest()
-    return "gateway@" + digest if profile == gateway_profile() else digest
+    if profile == gateway_profile():
+        return _shipped_reference()
+    return "sha256:" + hashlib.sha256(profile.encode("utf-8")).hexdigest()
+
+
+@cache
+def _shipped_reference() -> str:
+    return "gateway@sha256:" + hashlib.sha256(gateway_profile().encode("utf-8")).hexdigest()
