@@ -3,24 +3,21 @@
     .venv/bin/python benchmarks/report.py                      # 1,000,000 records, every format
     .venv/bin/python benchmarks/report.py --records 100000 --formats html json
     .venv/bin/python benchmarks/report.py --records 100000 --per-record 15000   # CPU µs/record in process
-    .venv/bin/python benchmarks/report.py --records 100000 --seccomp-ref       # EXPERIMENT, see below
 
 The trail is built with the writer's own code: the records are what a Gateway writes (``request.received``,
-``policy.decision`` with every rule result and the real Docker run options of the default policy, inline
-seccomp profile included, ``execution.outcome``), made by ``decide()`` on a handful of request shapes and
-sealed by the trail's own pipeline and ``chain`` (``RecordPipeline`` + ``chain``, as ``benchmarks/audit.py``
-does; buffered writes, no fsync: building through fsync would take hours and measures nothing new). It is
-cached under the temporary directory (``$TMPDIR/gateway-report-bench-<records>``; ``--rebuild`` to redo it).
+``policy.decision`` with every rule result and the real Docker run options of the default policy, the seccomp
+profile named by its digest as in every decision record, ``execution.outcome``), made by ``decide()`` on a
+handful of request shapes and sealed by the trail's own pipeline and ``chain`` (``RecordPipeline`` +
+``chain``, as ``benchmarks/audit.py`` does; buffered writes, no fsync: building through fsync would take hours
+and measures nothing new). It is cached under the temporary directory
+(``$TMPDIR/gateway-report-bench-<records>-<format>``, where ``<format>`` is a digest of the record templates,
+so a change of what a Gateway records builds a new trail; ``--rebuild`` to redo it).
 
 Each report runs in a fresh interpreter (``gateway.cli.main``, what the ``gateway`` command runs, output to a
 file) that prints its own wall time and peak RSS, and the peak RSS of its largest worker process (the report
 aggregates a large trail's segments in one worker per CPU), from ``resource.getrusage``. Baseline measured in
 the same run: ``gateway audit verify`` on the same trail (every report verifies first), so the ratio
 report/verify says what the report adds to the verification it cannot skip.
-
-``--seccomp-ref`` is for experiments only: its decisions name the seccomp profile by reference
-(``seccomp=gateway@sha256:<hex>``, the form decision records are moving to) instead of inline as today's
-Gateway writes it; the trail is cached apart (``...-seccomp-ref``).
 
 Targets on this machine: HTML report under 20 s and under 200 MB peak RSS.
 """
@@ -86,38 +83,33 @@ def _outcome(kind: str, i: int) -> Outcome:
     )
 
 
-def seccomp_reference(decision: dict[str, Any]) -> dict[str, Any]:
-    """EXPERIMENT ONLY (``--seccomp-ref``): the decision with its inline seccomp profile replaced by a short
-    reference ``seccomp=gateway@sha256:<hex>``, the form decision records are moving to; not what today's
-    Gateway writes, so never the default."""
-    options = decision.get("options")
-    if not isinstance(options, dict):
-        return decision
-    opts = [
-        f"seccomp=gateway@sha256:{hashlib.sha256(o[8:].encode()).hexdigest()}" if o.startswith("seccomp={") else o
-        for o in options.get("security_opt") or []
-    ]
-    return {**decision, "options": {**options, "security_opt": opts}}
+def templates() -> list[tuple[dict[str, Any], dict[str, Any], str]]:
+    """(request, decision record, outcome kind) of each shape, as a Gateway records them."""
+    policy = load_policy(default_policy_path())
+    out = []
+    for request, kind in SHAPES:
+        parsed = parse_request(request)
+        out.append((parsed.to_dict(), decide(policy, parsed, request_id="r", decision_id="d").to_dict(), kind))
+    return out
 
 
-def build_trail(
-    directory: Path, records: int, segment_bytes: int = 64 << 20, *, seccomp_ref: bool = False
-) -> tuple[int, float]:
+def format_tag() -> str:
+    """A short digest of the record templates: names the cached trail, so a new record format builds anew."""
+    return hashlib.sha256(json.dumps(templates(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_trail(directory: Path, records: int, segment_bytes: int = 64 << 20) -> tuple[int, float]:
     """``records`` sealed records of requests in the SHAPES mix, one request every 0.2 s from START_EPOCH."""
     policy = load_policy(default_policy_path())
     ref = {"name": policy.name, "sha256": policy.sha256}
-    templates = []
-    for request, kind in SHAPES:
-        parsed = parse_request(request)
-        decision = decide(policy, parsed, request_id="r", decision_id="d").to_dict()
-        templates.append((parsed.to_dict(), seccomp_reference(decision) if seccomp_ref else decision, kind))
+    shapes = templates()
     directory.mkdir(parents=True)
     pipeline = RecordPipeline(host="bench")
 
     def lines() -> Iterator[bytes]:
         prev, seq, request_no = GENESIS_HASH, 0, 0
         while seq < records:
-            request, decision, kind = templates[request_no % len(templates)]
+            request, decision, kind = shapes[request_no % len(shapes)]
             rid = f"{request_no:032x}"
             principal = f"agent-{request_no % 7}"
             when = START_EPOCH + request_no // 5
@@ -203,23 +195,17 @@ def main() -> int:
     parser.add_argument("--rebuild", action="store_true", help="rebuild the cached trail")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the cache lives")
     parser.add_argument(
-        "--seccomp-ref",
-        action="store_true",
-        help="EXPERIMENT: decisions name the seccomp profile by reference instead of inline (not today's records)",
-    )
-    parser.add_argument(
         "--per-record", type=int, metavar="LINES", help="only the in-process CPU µs per record over LINES lines"
     )
     args = parser.parse_args()
-    suffix = "-seccomp-ref" if args.seccomp_ref else ""
-    trail = args.dir / f"gateway-report-bench-{args.records}{suffix}"
+    trail = args.dir / f"gateway-report-bench-{args.records}-{format_tag()}"
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trail {trail}")
     if args.rebuild and trail.exists():
         for path in trail.iterdir():
             path.unlink()
         trail.rmdir()
     if not trail.exists():
-        size, secs = build_trail(trail, args.records, seccomp_ref=args.seccomp_ref)
+        size, secs = build_trail(trail, args.records)
         print(json.dumps({"built": args.records, "bytes": size, "avg_record_bytes": size // args.records,
                           "build_s": round(secs, 1)}))  # fmt: skip
     else:
