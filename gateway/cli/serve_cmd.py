@@ -105,6 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when serving
     from gateway.service.app import Service, build_app  # noqa: PLC0415 - Starlette only when serving
+    from gateway.service.deadlines import http_protocol  # noqa: PLC0415 - uvicorn only when serving
 
     config = config_from_args(args)
     runner: Callable[[], Runner] = DockerRunner
@@ -116,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
             build_app(service),
             host=config.host,
             port=config.port,
+            http=http_protocol(config.header_read_s),
             lifespan="on",
             proxy_headers=False,
             server_header=False,

@@ -63,6 +63,9 @@ class ServerConfig:
     audit_dir: Path | None = None
     """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    header_read_s: float = 10.0
+    """The longest a connection may take to send a request's line and headers (from its opening, or from the
+    previous response); then it is closed (:mod:`gateway.service.deadlines`)."""
     body_read_s: float = 30.0
     """The longest the service waits for a request's whole body; then 408 (``request.timeout``), so a client
     that sends its body slowly cannot hold a connection and a request slot open."""
@@ -146,6 +149,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         policy=path("policy"),
         audit_dir=path("audit_dir"),
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        header_read_s=float(data.get("header_read_s", 10.0)),
         body_read_s=float(data.get("body_read_s", 30.0)),
         quotas=Quotas(
             max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),

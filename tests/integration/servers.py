@@ -16,6 +16,7 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.service.app import Service, build_app
 from gateway.service.config import ServerConfig
+from gateway.service.deadlines import http_protocol
 from gateway.service.principals import PrincipalsStore
 
 
@@ -32,7 +33,15 @@ def start(
     """Start the service on 127.0.0.1 (any free port); the port, the service and a stop function."""
     service = Service.from_config(config, runner=runner)
     server = uvicorn.Server(
-        uvicorn.Config(build_app(service), host="127.0.0.1", port=0, lifespan="on", log_level="warning", **uvicorn_args)
+        uvicorn.Config(
+            build_app(service),
+            host="127.0.0.1",
+            port=0,
+            http=http_protocol(config.header_read_s),  # as `gateway serve` runs it
+            lifespan="on",
+            log_level="warning",
+            **uvicorn_args,
+        )
     )
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()

@@ -147,6 +147,38 @@ def test_a_body_over_the_limit_is_refused_from_content_length_before_it_is_sent(
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("trickle", [b"", b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\n"])
+def test_a_connection_without_a_complete_request_head_is_closed_at_the_deadline(
+    serve: Callable[..., Server], trickle: bytes
+) -> None:
+    """A client that connects and sends nothing, or trickles its headers a byte at a time, is cut off after
+    header_read_s (uvicorn alone never closes such a connection: its keep-alive timer is reset by every byte
+    and not armed on a fresh connection). A complete request on a new connection is answered as usual."""
+    server = serve(header_read_s=1.0)
+    host, port = server.url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        closed = False
+        for byte in [trickle[i : i + 1] for i in range(len(trickle))] or [b""] * 40:
+            if byte:
+                try:
+                    sock.sendall(byte)
+                except OSError:
+                    closed = True
+                    break
+            sock.settimeout(0.1)
+            try:
+                if sock.recv(1024) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+        assert closed, "the server kept a connection without a complete request head"
+    assert time.monotonic() - started < 10
+    with server.client(server.tokens["alice"]) as client:
+        assert client.get("/v1/policy").status_code == 200
+
+
 def test_a_body_sent_too_slowly_is_refused_with_408_and_audited(serve: Callable[..., Server]) -> None:
     """A client that declares a body and then trickles it (or stops) cannot hold the connection and the
     request open: after body_read_s it gets 408 (before, the service waited as long as the client liked)."""
