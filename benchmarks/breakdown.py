@@ -12,7 +12,8 @@ The steps are driven with the runner's own pieces, in the runner's order (``Dock
     start      ``start``
     payload    write the framed payload to the supervisor's stdin
     wait       read the verified frames until the final one (the supervisor's and the program's start and run)
-    inspect    ``inspect_container`` (OOMKilled)
+    inspect    ``inspect_container`` (OOMKilled), only when the runner needs it: no final frame, or exit 137
+               without the supervisor's own OOM count (so ``-`` in a normal ``print(2+2)`` run)
     close      close the attach connection (the supervisor then exits)
     remove     ``remove_container(force=True)`` (the engine's AutoRemove may be doing it already)
 
@@ -104,7 +105,8 @@ def one_run(runner: DockerRunner, policy: Any, trail: JsonlAuditTrail, timer: Ti
         timer.step("wait", lambda: read_frames(sock, FrameDecoder(key), got, spec, deadline))
         if bytes(got.stdout.kept) != b"4\n":
             raise SystemExit(f"unexpected output {bytes(got.stdout.kept)!r} {got.error!r}")
-        timer.step("inspect", lambda: api.inspect_container(cid))
+        if got.final is None or (not got.oom_known and got.final["status"] == 137):  # only when the runner does
+            timer.step("inspect", lambda: api.inspect_container(cid))
         timer.step("close", lambda: _close(sockio))
     finally:
         timer.step("remove", lambda: runner._remove(cid, quiet=True))
