@@ -23,7 +23,7 @@ from gateway.errors import (
     UnsafeOptionsError,
 )
 from gateway.runner.docker.options import POOL_LABEL, DockerAssembler, guard, pool_key, profile_options, profile_part
-from gateway.runner.interface import NOTHING_RAN, OnGone, OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import NOTHING_RAN, OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 
 __all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
 
@@ -135,13 +135,7 @@ class FakeRunner:
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
         cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        try:
-            sandbox = self.prepare(spec)
-        except BaseException:
-            if on_gone is not None:
-                on_gone(None)
-            raise
-        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
+        return prepare_and_run(self, spec, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
 
     # -- the warm pool (``PoolingRunner``) -------------------------------------------------------------
 

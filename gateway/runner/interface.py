@@ -37,6 +37,7 @@ __all__ = [
     "RunSpec",
     "Runner",
     "Sandbox",
+    "prepare_and_run",
 ]
 
 STREAMS = ("stdout", "stderr")
@@ -283,6 +284,21 @@ class Runner(Protocol):
     def image_id(self, image: str) -> str | None:
         """The local id of ``image``, or ``None`` when it is not present."""
         ...
+
+
+def prepare_and_run(
+    runner: Runner, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
+    cancel: threading.Event | None = None, on_gone: OnGone | None = None,
+) -> Outcome:  # fmt: skip
+    """:meth:`Runner.execute` of every backend: ``prepare`` (which cleans up after itself when it fails; then
+    ``on_gone`` is called at once) and ``run``."""
+    try:
+        sandbox = runner.prepare(spec)
+    except BaseException:
+        if on_gone is not None:
+            on_gone(None)
+        raise
+    return runner.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
 
 
 @runtime_checkable

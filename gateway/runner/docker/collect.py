@@ -27,7 +27,7 @@ from gateway.runner.docker.supervisor import (
 )
 from gateway.runner.interface import OnOutput, Outcome, RunSpec
 
-__all__ = ["CANCEL_POLL_S", "Collected", "Stream", "outcome_of", "read_frames", "take_frame"]
+__all__ = ["CANCEL_POLL_S", "Collected", "Stream", "outcome_of", "read_frames", "read_timeout", "take_frame"]
 
 CANCEL_POLL_S = 0.2
 """How long one socket read waits at most when a cancel event is given, so that a cancel is seen promptly."""
@@ -78,6 +78,19 @@ class Collected:
     """The output callback raised this: the reading stopped and the container must be killed."""
 
 
+def read_timeout(got: Collected, deadline: float, cancel: threading.Event | None) -> float | None:
+    """How long the next read of a run's output may wait: until the deadline, and at most ``CANCEL_POLL_S``
+    when a cancel event is given; None when reading must stop (``got.cancelled`` or ``got.timed_out`` set)."""
+    if cancel is not None and cancel.is_set():
+        got.cancelled = True
+        return None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        got.timed_out = True
+        return None
+    return remaining if cancel is None else min(remaining, CANCEL_POLL_S)
+
+
 def read_frames(
     sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec, deadline: float, *,
     on_output: OnOutput | None = None, cancel: threading.Event | None = None,
@@ -92,18 +105,13 @@ def read_frames(
     stream = 0
     left = 0
     while True:
-        if cancel is not None and cancel.is_set():
-            got.cancelled = True
+        timeout = read_timeout(got, deadline, cancel)
+        if timeout is None:
             return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            got.timed_out = True
-            return True
+        sock.settimeout(timeout)
         if cancel is None:
-            sock.settimeout(remaining)
             chunk = sock.recv(_RECV)
         else:
-            sock.settimeout(min(remaining, CANCEL_POLL_S))
             try:
                 chunk = sock.recv(_RECV)
             except TimeoutError:

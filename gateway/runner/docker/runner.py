@@ -84,7 +84,7 @@ from gateway.runner.docker.supervisor import (
     new_key,
     supervisor_command,
 )
-from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -489,13 +489,7 @@ class DockerRunner:
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
         cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        try:
-            sandbox = self.prepare(spec)
-        except BaseException:
-            if on_gone is not None:
-                on_gone(None)  # nothing was left behind (prepare cleans up after itself)
-            raise
-        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
+        return prepare_and_run(self, spec, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
 
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Wait (bounded) until every background removal is done; True when none is pending."""

@@ -42,9 +42,9 @@ from gateway.errors import (
     SandboxError,
     UnsafeOptionsError,
 )
-from gateway.runner.docker.collect import CANCEL_POLL_S, Collected, outcome_of, take_frame
+from gateway.runner.docker.collect import Collected, outcome_of, read_timeout, take_frame
 from gateway.runner.docker.supervisor import FrameDecoder, ProtocolError, encode_payload, new_key
-from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 from gateway.runner.kubernetes.client import Attach, Gone, KubeClient, KubeConfig
 from gateway.runner.kubernetes.pod import (
     CONTAINER_NAME,
@@ -60,11 +60,7 @@ from gateway.runner.kubernetes.pod import (
     profile_part,
 )
 
-__all__ = ["EXPIRY_GRACE_S", "KubernetesRunner", "KubernetesSandbox", "OnGone"]
-
-OnGone = Callable[[GatewayError | None], None]
-"""``Runner.run(..., on_gone=)`` (the warm pool's interface): called once the Pod no longer exists, with None or
-with why it could not be deleted (instead of ``ContainerLeftError``)."""
+__all__ = ["EXPIRY_GRACE_S", "KubernetesRunner", "KubernetesSandbox"]
 
 EXPIRY_GRACE_S = 60
 """Seconds past a Pod's ``activeDeadlineSeconds`` (from its creation) after which any reaper deletes it."""
@@ -310,13 +306,7 @@ class KubernetesRunner:
         self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None,
         cancel: threading.Event | None = None, on_gone: OnGone | None = None,
     ) -> Outcome:  # fmt: skip
-        try:
-            sandbox = self.prepare(spec)
-        except BaseException:
-            if on_gone is not None:
-                on_gone(None)  # prepare deletes what it created
-            raise
-        return self.run(sandbox, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
+        return prepare_and_run(self, spec, payload, on_output=on_output, cancel=cancel, on_gone=on_gone)
 
     def _run(
         self, sb: KubernetesSandbox, payload: Payload, got: Collected, start: float, reason: list[str], *,
@@ -379,15 +369,11 @@ class KubernetesRunner:
     ) -> bool:  # fmt: skip
         """Read until the final frame or the end of the session. True when the Pod must be killed."""
         while True:
-            if cancel is not None and cancel.is_set():
-                got.cancelled = True
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                got.timed_out = True
+            timeout = read_timeout(got, deadline, cancel)
+            if timeout is None:
                 return True
             try:
-                message = attach.recv(min(remaining, CANCEL_POLL_S) if cancel is not None else remaining)
+                message = attach.recv(timeout)
             except TimeoutError:
                 continue  # the loop checks the cancel event and the deadline again
             if message is None:
