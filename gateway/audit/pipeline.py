@@ -39,6 +39,7 @@ from opentelemetry import trace
 from gateway import __version__
 from gateway.audit.canonical import CanonicalError, canonical_bytes, check_json, seal
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
+from gateway.canonical import SCALAR_TYPES
 
 __all__ = [
     "LIST_MAX_BYTES",
@@ -72,8 +73,6 @@ LIST_MAX_BYTES: Final = 8192
 _REDACTED_MAX: Final = 4 * LIST_MAX_ITEMS
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FLOAT_SUBTREES: Final = ("request", "decision")
-_SCALAR_TYPES: Final = frozenset({str, int, bool, type(None)})
-"""Exactly these types (not subclasses such as an ``IntEnum``) are plain JSON scalars as they are."""
 
 
 def json_path(base: str, key: str | int) -> str:
@@ -106,13 +105,13 @@ def _plain(value: Any, floats_ok: bool) -> Any:
             return repr(value)
         raise CanonicalError
     if isinstance(value, (list, tuple)):
-        return [item if type(item) in _SCALAR_TYPES else _plain(item, floats_ok) for item in value]
+        return [item if type(item) in SCALAR_TYPES else _plain(item, floats_ok) for item in value]
     if isinstance(value, (dict, Mapping)):  # a dict is known without the ABC's slower check
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalError
-            out[key] = item if type(item) in _SCALAR_TYPES else _plain(item, floats_ok)
+            out[key] = item if type(item) in SCALAR_TYPES else _plain(item, floats_ok)
         return out
     raise CanonicalError
 
