@@ -297,7 +297,8 @@ class Gateway:
         if request.principal:
             span.set_attribute("enduser.id", request.principal)
         try:
-            self._append("request.received", {"request": request.to_dict()}, **records)
+            # Not waited for: the decision's record, appended next and before anything runs, flushes both.
+            self._append("request.received", {"request": request.to_dict()}, durable=False, **records)
         except GatewayError as exc:
             return ExecutionResult(request_id, None, error=exc, audit_ok=False)
         decision = self._decide(compiled, request, request_id, span)

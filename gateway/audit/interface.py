@@ -2,8 +2,9 @@
 
 A sink stamps (ids, time, trace, gateway identity), redacts (secrets and bulky payloads), chains
 (``seq``, ``prev_hash``, ``hash``, ``hmac``) and writes each record, and returns only once the record is
-durable. Any failure to make a record durable raises :class:`gateway.errors.AuditUnavailableError`: the
-caller must then deny the request (fail closed).
+durable (unless the caller asks for ``durable=False``, see :meth:`AuditSink.append`). Any failure to make a
+record durable raises :class:`gateway.errors.AuditUnavailableError`: the caller must then deny the request
+(fail closed).
 """
 
 from __future__ import annotations
@@ -66,8 +67,14 @@ class AuditSink(Protocol):
         request_id: str | None = None,
         principal: str | None = None,
         policy: Mapping[str, str] | None = None,
+        durable: bool = True,
     ) -> AuditReceipt:
         """Stamp, redact, chain and durably write one record.
+
+        ``durable=False``: written in order but not waited for; it becomes durable with the next durable append
+        (which covers every record before it) or at close. For a record that a durable one always follows
+        before anything acts on it: a request's ``request.received``, followed by its ``policy.decision``
+        before anything runs (one flush per dry run instead of two).
 
         Raises :class:`gateway.errors.AuditUnavailableError` on any failure to make it durable.
         """

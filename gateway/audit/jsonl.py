@@ -249,6 +249,7 @@ class JsonlAuditTrail:
         request_id: str | None = None,
         principal: str | None = None,
         policy: Mapping[str, str] | None = None,
+        durable: bool = True,
     ) -> AuditReceipt:
         try:
             record = self._pipeline.build(event_type, data, request_id=request_id, principal=principal, policy=policy)
@@ -262,8 +263,8 @@ class JsonlAuditTrail:
             self._ensure_open()
             if event_type in NEW_WORK_EVENTS:
                 self._check_space(event_type)
-            sealed, segment, generation = self._append_locked(record)
-        if self.group_commit:
+            sealed, segment, generation = self._append_locked(record, durable=durable)
+        if self.group_commit and durable:
             self._await_durable(generation)
         return AuditReceipt(sealed.record["event_id"], sealed.record["seq"], sealed.hash, segment)
 
@@ -376,7 +377,7 @@ class JsonlAuditTrail:
         with self._sync:
             self._sync.notify_all()
 
-    def _append_locked(self, record: dict[str, Any]) -> tuple[SealedRecord, str, int]:
+    def _append_locked(self, record: dict[str, Any], *, durable: bool) -> tuple[SealedRecord, str, int]:
         lock_fd = self._lock_fd
         if lock_fd is None:
             raise AuditUnavailableError("the audit lock file is not open")
@@ -406,7 +407,8 @@ class JsonlAuditTrail:
                 tail = TailState(tail.index + 1, 0, tail.seq, tail.hash, tail.keyed)
                 self._tail = tail
             fd = self._write(line, tail.size)
-            if not self.group_commit:
+            synced = not self.group_commit and durable
+            if synced:  # without group commit a durable record is flushed here, with the ones before it
                 try:
                     self._io.fsync(fd)
                 except OSError as exc:
@@ -414,7 +416,7 @@ class JsonlAuditTrail:
                     raise _unavailable("fsync the audit segment", exc) from exc
             self._tail = TailState(tail.index, tail.size + len(line), tail.seq + 1, sealed.hash, self.key is not None)
             self._written_gen += 1
-            if not self.group_commit:
+            if synced:
                 self._durable_gen = self._written_gen
             return sealed, segment_name(tail.index), self._written_gen
         finally:

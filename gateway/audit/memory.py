@@ -37,6 +37,7 @@ class MemoryAuditSink:
         request_id: str | None = None,
         principal: str | None = None,
         policy: Mapping[str, str] | None = None,
+        durable: bool = True,  # memory: nothing to wait for
     ) -> AuditReceipt:
         if not self.available or self.closed:
             raise AuditUnavailableError("the in-memory audit sink is unavailable")

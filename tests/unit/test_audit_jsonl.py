@@ -348,3 +348,42 @@ def test_below_the_watermark_only_records_of_new_work_are_refused(tmp_path: Path
             assert exit_code_for(info.value) == 125
         receipt = trail.append("execution.outcome", {"exit_code": 0})  # a run in flight still records its outcome
         assert receipt.seq == 1
+
+
+class SyncLog(AuditIO):
+    """Each fsync, as the size of the file it made durable."""
+
+    def __init__(self) -> None:
+        self.synced: list[int] = []
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self.synced.append(os.fstat(fd).st_size)
+
+
+@pytest.mark.parametrize("group_commit", [False, True])
+def test_a_record_not_waited_for_is_made_durable_by_the_next_durable_one(tmp_path: Path, group_commit: bool) -> None:
+    io = SyncLog()
+    trail = JsonlAuditTrail(tmp_path, group_commit=group_commit, io=io)
+    trail.append("gateway.start", START)
+    synced_before = len(io.synced)
+    trail.append("request.received", {"request": {"code": "print(1)"}}, durable=False)
+    assert len(io.synced) == synced_before  # nothing flushed for it
+    trail.append("gateway.stop", {})
+    size = sum(p.stat().st_size for p in tmp_path.glob("trail-*.jsonl"))
+    assert io.synced[synced_before:] == [size]  # one flush, covering both records
+    trail.close()
+    assert verify_trail(tmp_path).records_checked == 3
+
+
+@pytest.mark.parametrize("group_commit", [False, True])
+def test_a_record_not_waited_for_is_made_durable_at_close_or_rotation(tmp_path: Path, group_commit: bool) -> None:
+    io = SyncLog()
+    trail = JsonlAuditTrail(tmp_path, group_commit=group_commit, io=io, segment_max_bytes=600)
+    trail.append("request.received", {"request": {"code": "x" * 300}}, durable=False)
+    first = (tmp_path / "trail-000001.jsonl").stat().st_size
+    trail.append("request.received", {"request": {"code": "y" * 300}}, durable=False)  # rotates
+    assert (tmp_path / "trail-000002.jsonl").exists()
+    assert io.synced == [first]  # the retired segment was flushed before it was closed
+    trail.close()
+    assert io.synced == [first, (tmp_path / "trail-000002.jsonl").stat().st_size]

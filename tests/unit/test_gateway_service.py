@@ -201,6 +201,29 @@ def test_decide_audits_a_dry_run_and_runs_nothing(policy: Any) -> None:
     assert sink.records[-1]["data"]["dry_run"] is True
 
 
+class FlushLog(MemoryAuditSink):
+    """Notes whether each append asked to be waited for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.durable: list[tuple[str, bool]] = []
+
+    def append(self, event_type: str, data: Any, *, durable: bool = True, **kw: Any) -> Any:
+        self.durable.append((event_type, durable))
+        return super().append(event_type, data, durable=durable, **kw)
+
+
+@pytest.mark.parametrize("run", [False, True])
+def test_only_the_received_record_is_not_waited_for_and_a_durable_one_follows_before_anything_runs(
+    policy: Any, run: bool
+) -> None:
+    sink = FlushLog()
+    gw = make_gateway(policy, sink=sink)
+    gw.execute({"code": "print(1)"}) if run else gw.decide({"code": "print(1)"})
+    expected = [("request.received", False), ("policy.decision", True)] + ([("execution.outcome", True)] * run)
+    assert sink.durable == expected
+
+
 def test_context_manager_records_start_and_stop(policy: Any) -> None:
     sink = MemoryAuditSink()
     with make_gateway(policy, sink=sink) as gw:
