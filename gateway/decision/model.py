@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -77,7 +77,7 @@ class PolicyRef:
     source: str
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"name": self.name, "sha256": self.sha256, "source": self.source}
 
 
 @dataclass(frozen=True, slots=True)
