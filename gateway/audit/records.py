@@ -270,7 +270,7 @@ def _gateway(r: FieldReader, record: Mapping[str, Any]) -> GatewayIdentityView |
     writer = record.get("gateway")
     if writer is None:
         return None
-    if not isinstance(writer, Mapping):
+    if type(writer) is not dict and not isinstance(writer, Mapping):
         raise r.error("$.gateway", f"expected an object or null, got {describe(writer)}")
     return GatewayIdentityView(
         r.text(writer, "version", "$.gateway"),
@@ -311,9 +311,12 @@ def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
 
 
 def _files(r: FieldReader, obj: Mapping[str, Any], base: str) -> tuple[FileDigestView, ...]:
+    items = r.objects(obj, "files", base)
+    if not items:  # most outcomes collect no file
+        return ()
     return tuple(
         FileDigestView(r.text(item, "name", at), r.digest(item, "sha256", at), r.integer(item, "bytes", at))
-        for at, item in r.objects(obj, "files", base)
+        for at, item in items
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.audit import EVENT_TYPES, JsonlAuditTrail, verify_trail
+from gateway.audit import EVENT_TYPES, JsonlAuditTrail, ocsf, verify_trail
 from gateway.audit.ocsf import MAPPING, OCSF_VERSION, export_ocsf, to_ocsf
 from gateway.cli import main
 from tests.ocsf_validation import OCSF_VERSION as LIBRARY_OCSF_VERSION
@@ -389,7 +389,28 @@ def test_parallel_export_writes_what_the_in_process_export_writes(tmp_path: Path
     assert part.exported == sum(1 for r in records if since <= r["timestamp"] < until)
 
 
-def test_parallel_export_stops_at_the_break(tmp_path: Path) -> None:
+def test_parallel_export_in_pieces_of_segments_writes_what_the_in_process_export_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pieces smaller than a record, of about one record, and of several: every line is exported exactly once,
+    # by the piece its first byte falls in
+    directory = tmp_path / "audit"
+    _segmented(directory, 60)
+    one = io.BytesIO()
+    export_ocsf([directory], one, workers=1)
+    for piece in (100, 700, 1500):
+        monkeypatch.setattr(ocsf, "PIECE_BYTES", piece)
+        tasks = ocsf._plan(directory, verify_trail(directory))
+        assert len(tasks) > len(list(directory.glob("trail-*.jsonl")))
+        two = io.BytesIO()
+        (report,) = export_ocsf([directory], two, workers=2)
+        assert report.exported == 60
+        assert two.getvalue() == one.getvalue(), piece
+
+
+@pytest.mark.parametrize("piece", [ocsf.PIECE_BYTES, 700])
+def test_parallel_export_stops_at_the_break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
+    monkeypatch.setattr(ocsf, "PIECE_BYTES", piece)
     directory = tmp_path / "audit"
     _segmented(directory, 60)
     segments = sorted(directory.glob("trail-*.jsonl"))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gateway
@@ -49,6 +52,28 @@ def test_all_is_pinned() -> None:
     assert sorted(gateway.__all__) == PUBLIC
     for name in gateway.__all__:
         assert hasattr(gateway, name), name
+
+
+def test_the_audit_package_lists_every_public_name_of_its_modules() -> None:
+    import gateway.audit
+
+    assert sorted(gateway.audit._LAZY) == sorted(gateway.audit.__all__)
+    for name in gateway.audit.__all__:
+        assert getattr(gateway.audit, name) is not None, name
+
+
+def test_an_audit_worker_imports_neither_the_policy_package_nor_the_gateway() -> None:
+    """Verify, report and export start one fresh interpreter per CPU: the package imports its public names'
+    modules on first use, so a worker that needs only the audit modules does not import the policy loader
+    (jsonschema), the decision engine or the Gateway (about 0.3 s of CPU each)."""
+    probe = (
+        "import sys, gateway.audit._scan, gateway.audit.ocsf; "
+        "print(sorted(m for m in sys.modules if m.startswith(('gateway.policy', 'gateway.decision', "
+        "'gateway._gateway', 'jsonschema', 'gateway.audit.jsonl'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}  # this tree's package, wherever pytest runs
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, env=env).stdout
+    assert out.strip() == "[]"
 
 
 def test_the_gateway_lives_in_the_core_not_in_service() -> None:
