@@ -49,6 +49,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO, Final
 
+from gateway._workers import start_worker
 from gateway.audit.query import QueryFilters
 from gateway.audit.records import (
     AuditRecordView,
@@ -640,7 +641,6 @@ PARALLEL_MIN_BYTES: Final = 96 << 20
 """Below this many bytes (or with one segment, or several trails) the export runs in process."""
 
 _WORKER: Final = "from gateway.audit.ocsf import worker_main; raise SystemExit(worker_main())"
-_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 
 
 PIECE_BYTES: Final = 16 << 20
@@ -767,8 +767,6 @@ def _export_parallel(
     in trail order as they complete. Workers are fresh interpreters (never a fork of a process that may run
     threads); at most two pieces per worker are exported ahead of the one being copied, so the temporary files
     stay bounded. A worker's error (a malformed record) stops the export with that error."""
-    env = dict(os.environ)  # the workers import this very package, wherever it was imported from
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     head = json.dumps({"trail": trail, "since": window.since, "until": window.until}).encode("utf-8") + b"\n"
     scratch = Path(tempfile.mkdtemp(prefix="gateway-export-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -797,9 +795,7 @@ def _export_parallel(
 
     try:
         for _ in range(workers):
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env
-            )
+            proc = start_worker(_WORKER)
             procs.append(proc)
             if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
                 raise AuditError("could not start an export worker")

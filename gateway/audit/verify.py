@@ -38,12 +38,12 @@ import json
 import os
 import selectors
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gateway._workers import start_worker
 from gateway.audit._classify import REASONS, BreakInfo, Classifier, Line
 from gateway.audit._scan import SegmentScan, decode_scan, scan_segment
 from gateway.audit.canonical import GENESIS_HASH
@@ -173,7 +173,6 @@ def _workers(segments: list[tuple[Path, int | None]], workers: int | None) -> in
     return max(1, min(workers, cpus, len(segments)))
 
 
-_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 _WORKER: Final = "from gateway.audit._scan import worker_main; raise SystemExit(worker_main())"
 
 
@@ -247,12 +246,8 @@ def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None,
         done: dict[int, SegmentScan | None] = {}
         selector = selectors.DefaultSelector()
         head = json.dumps({"key": None if key is None else key.hex()}).encode("ascii") + b"\n"
-        env = dict(os.environ)  # the workers import this very package, wherever it was imported from
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         for _ in range(workers):
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env
-            )
+            proc = start_worker(_WORKER)
             procs.append(proc)
             if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
                 return position

@@ -25,9 +25,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from gateway._workers import start_worker
 from gateway.errors import GatewayError
 from gateway.report.aggregate import Aggregate
 from gateway.report.scan import ReportFilters, SegmentTask, aggregate_segment
@@ -40,7 +40,6 @@ __all__ = ["PARALLEL_MIN_BYTES", "aggregate_tasks", "worker_main"]
 PARALLEL_MIN_BYTES: Final = 96 << 20
 """Below this many bytes of tasks (or with one task) the report aggregates in process: a worker interpreter
 costs ~0.3 s to start."""
-_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 _WORKER: Final = "from gateway.report._parallel import worker_main; raise SystemExit(worker_main())"
 
 
@@ -89,19 +88,11 @@ def aggregate_tasks(
     if progress is not None:
         progress.say(f"report: reading {len(tasks)} segments in {count} processes ...")
     shares: list[list[SegmentTask]] = [list(tasks[i::count]) for i in range(count)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for share in shares[1:]:  # the first share is this process's own
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,  # a failure is redone in process, which reports it properly
-                close_fds=True,
-                env=env,
-            )
+            # stderr discarded: a failure is redone in process, which reports it properly
+            proc = start_worker(_WORKER, stderr=subprocess.DEVNULL)
             procs.append(proc)
             job = {"filters": asdict(filters), "denied_cap": denied_cap, "tasks": [asdict(t) for t in share]}
             if proc.stdin is not None:
