@@ -104,6 +104,10 @@ needs_system_python = pytest.mark.skipif(
 )
 
 
+_IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+"""The sandbox image's environment (``docker image inspect``), which the supervisor starts with."""
+
+
 def _supervise(
     workspace: Path,
     code: str,
@@ -112,24 +116,26 @@ def _supervise(
     most: int = 256,
     *,
     timeout_s: float = 60,
-    warm: bool = False,
     env: dict[str, str] | None = None,
+    image_env: dict[str, str] | None = None,
 ) -> tuple[int, list]:
-    """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed."""
+    """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed.
+
+    The supervisor's own environment is the sandbox image's (``image_env``, default ``_IMAGE_ENV``), not this
+    test process's: a ``PYTHON*`` variable there would change how it starts the program."""
     key = new_key()
     workspace.mkdir(exist_ok=True)
     decoder = FrameDecoder(key)
     frames: list = []
     with subprocess.Popen(
-        supervisor_command(str(workspace), warm=warm),
+        supervisor_command(str(workspace)),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        env=_IMAGE_ENV if image_env is None else image_env,
     ) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None
-        if warm:
-            time.sleep(0.3)  # the program's interpreter starts before the payload exists
         proc.stdin.write(encode_payload(key, code, files, cap, most, timeout_s=timeout_s, env=env))
         proc.stdin.flush()
         while not decoder.finished:
@@ -168,33 +174,49 @@ def test_supervisor_runs_code_relays_streams_and_returns_files(tmp_path: Path) -
 
 
 _PROBE = (
-    "import os, sys\n"
+    "import os, signal, sys\n"
     "print(os.environ.get('APP_X'), os.environ.get('LANG'), __name__, sys.argv, sys.path[0])\n"
     "print(sorted(k for k in globals() if not k.startswith('__')))\n"
-    "if __name__ == '__main__':\n    raise ValueError('boom')\n"
+    "print(sys.path, sys.dont_write_bytecode)\n"
+    "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGPIPE))\n"
+    "if __name__ == '__main__':\n    open('no-such-file')\n"
 )
 
 
+def _probe(workspace: Path, env: dict[str, str], image_env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    status, frames = _supervise(workspace, _PROBE, {}, env=env, image_env=image_env)
+    stdout = b"".join(f.data for f in frames if f.kind == FRAME_STDOUT).decode()
+    stderr = b"".join(f.data for f in frames if f.kind == FRAME_STDERR).decode()
+    return status, stdout.replace(str(workspace), "W"), stderr.replace(str(workspace), "W")
+
+
 @needs_system_python
-@pytest.mark.parametrize("env", [{"APP_X": "1"}, {"APP_X": "1", "LANG": "C.UTF-8"}], ids=["late-env", "startup-env"])
-def test_a_warm_interpreter_runs_the_program_as_a_fresh_one_would(tmp_path: Path, env: dict[str, str]) -> None:
-    """The pooled variant starts ``python3`` before the payload: the program sees the same environment,
-    ``__main__``, ``sys.argv``, ``sys.path[0]``, globals, traceback and exit status as a cold start; an
-    environment the interpreter reads while starting (``LANG``) gets a fresh interpreter."""
-    outputs = []
-    for warm in (False, True):
-        status, frames = _supervise(tmp_path / str(warm), _PROBE, {}, warm=warm, env=env)
-        stdout = b"".join(f.data for f in frames if f.kind == FRAME_STDOUT).decode()
-        stderr = b"".join(f.data for f in frames if f.kind == FRAME_STDERR).decode()
-        outputs.append(
-            (status, stdout.replace(str(tmp_path / str(warm)), "W"), stderr.replace(str(tmp_path / str(warm)), "W"))
-        )
-    assert outputs[0] == outputs[1]
-    status, stdout, stderr = outputs[1]
+def test_the_forked_program_runs_as_a_fresh_interpreter_would(tmp_path: Path) -> None:
+    """The program's process is forked from the supervisor before the payload (one interpreter start per run):
+    it sees the same environment, ``__main__``, ``sys.argv``, ``sys.path`` (site-packages included), globals,
+    signal handlers, traceback and exit status as a fresh ``python3 main.py``, which is what a request setting
+    a variable the interpreter reads while starting (here ``LANG``, to the value it has anyway) gets. The
+    program's error is an ``OSError``: no handler of the supervisor's may catch what the program raises."""
+    forked = _probe(tmp_path / "forked", {"APP_X": "1"})
+    fresh = _probe(tmp_path / "fresh", {"APP_X": "1", "LANG": _IMAGE_ENV["LANG"]})
+    assert forked == fresh
+    status, stdout, stderr = forked
     assert status == 1
-    assert stdout.splitlines()[0] == f"1 {env.get('LANG', os.environ.get('LANG'))} __main__ ['W/main.py'] W"
-    assert stdout.splitlines()[1] == "['os', 'sys']"
+    lines = stdout.splitlines()
+    assert lines[0] == "1 C.UTF-8 __main__ ['W/main.py'] W"
+    assert lines[1] == "['os', 'signal', 'sys']"
+    assert lines[3].startswith("True ")  # SIGINT raises KeyboardInterrupt (the supervisor itself ignores it)
     assert stderr.startswith('Traceback (most recent call last):\n  File "W/main.py"')
+    assert stderr.endswith("FileNotFoundError: [Errno 2] No such file or directory: 'no-such-file'\n")
+
+
+@needs_system_python
+def test_an_image_environment_the_interpreter_reads_at_start_gets_a_fresh_interpreter(tmp_path: Path) -> None:
+    """The supervisor starts with ``-I`` (it ignores ``PYTHON*``), so a forked program would too: an image that
+    sets one (here ``PYTHONDONTWRITEBYTECODE``) has its program started fresh, and the setting holds."""
+    status, stdout, _ = _probe(tmp_path, {}, image_env={**_IMAGE_ENV, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert status == 1
+    assert stdout.splitlines()[2].endswith(" True")
 
 
 @needs_system_python

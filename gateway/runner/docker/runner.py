@@ -135,9 +135,6 @@ class DockerRunner:
     ``instance`` names this gateway instance on every container it creates (``INSTANCE_LABEL``), so that
     :meth:`reap` removes only its own containers and expired ones, never another instance's live sandboxes.
     Defaults to ``$GATEWAY_INSTANCE`` or a fresh id.
-
-    ``warm_interpreter``: a warm pool's containers also start the program's interpreter before the payload
-    arrives (see ``supervisor_command``); cold containers never do (nothing to overlap it with).
     """
 
     def __init__(
@@ -146,7 +143,6 @@ class DockerRunner:
         *,
         base_url: str | None = None,
         instance: str | None = None,
-        warm_interpreter: bool = True,
     ) -> None:
         self.assembler = DockerAssembler(capacity=self._engine_limits)
         """Builds and guards this backend's options; the Gateway hands it to the decision."""
@@ -154,8 +150,6 @@ class DockerRunner:
         self._owns_client = client is None
         self._base_url = base_url
         self.instance = instance or os.environ.get("GATEWAY_INSTANCE") or new_instance_id()
-        self.warm_interpreter = warm_interpreter
-        """Pooled containers start the program's interpreter ahead too (``supervisor_command(warm=True)``)."""
         self._removals = _Removals(self._destroy)
         """Removals confirmed in the background (runs given ``on_gone``)."""
 
@@ -307,7 +301,7 @@ class DockerRunner:
 
     # -- prepare ---------------------------------------------------------------------------------------
 
-    def _create_kwargs(self, options: Mapping[str, Any], *, expires_s: float, warm: bool = False) -> dict[str, Any]:
+    def _create_kwargs(self, options: Mapping[str, Any], *, expires_s: float) -> dict[str, Any]:
         options = dict(options)
         guard(options)  # also refuses the runner-owned keys added below
         # The environment is the program's alone: it travels in the payload to the program's execve, never
@@ -321,7 +315,7 @@ class DockerRunner:
             DEADLINE_LABEL: str(deadline),
         }
         options.update(
-            entrypoint=supervisor_command(WORKSPACE, warm=warm),
+            entrypoint=supervisor_command(WORKSPACE),
             command=[],
             stdin_open=True,
             stdin_once=True,
@@ -397,7 +391,7 @@ class DockerRunner:
         if run_keys:
             raise UnsafeOptionsError(f"a pooled container is made before any request; it cannot hold {run_keys}")
         spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=pull)
-        kwargs = self._create_kwargs(spec.options, expires_s=ttl_s, warm=self.warm_interpreter)
+        kwargs = self._create_kwargs(spec.options, expires_s=ttl_s)
         return self._prepare(spec, kwargs, pooled=True)
 
     def claim(self, sandbox: Any, spec: RunSpec) -> DockerSandbox | None:

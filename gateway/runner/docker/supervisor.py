@@ -8,6 +8,11 @@ content on the command line) that:
 1. is the container's PID 1 (no ``docker-init``): the kernel delivers to a namespace's init only the signals it
    handles, so the program (same uid) can neither kill nor stop it, and it ignores ``SIGINT`` (Python's
    default handler would raise); it reaps every orphan itself;
+   first thing, before any payload exists, it forks the program's process (``prefork``): a child in its own
+   session, stdin ``/dev/null``, stdout / stderr pipes, that loads ``site`` and waits on a pipe for the
+   request's environment. So a run starts one interpreter, not two (each start is tens of milliseconds in a
+   fresh gVisor sandbox, which reads the interpreter's files through its gofer), and a warm pool's container
+   has the program's process ready when the request arrives;
 2. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
    big-endian length, then a ``marshal``-encoded dict ``{"key": bytes, "code": str, "files": {relpath:
    bytes}, "files_cap": int, "files_max": int, "env": {name: value}, "timeout_s": float}``. ``marshal``, not
@@ -18,14 +23,18 @@ content on the command line) that:
    ``O_EXCL``, no ``..``), creates ``out/``;
 4. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
    cannot trace it or read its memory (the per-run key) or file descriptors through ``/proc``. The policy's
-   environment travels in the payload and is given to the program's ``execve`` only: the supervisor's own
+   environment travels in the payload and is given to the program's process only: the supervisor's own
    environment (which gVisor shows the program whatever the dumpable flag) holds nothing of the request;
-5. runs ``python3 main.py`` as a child in its own session with stdin ``/dev/null`` and stdout / stderr as
-   pipes, relaying what arrives as frames on the container's stdout. It enforces the deadline itself
-   (``timeout_s`` after the payload arrived: kill every process, exit 124) and watches its stdin, which the
-   host keeps open for the whole run: EOF there means the gateway went away (killed, or its engine
-   connection lost), so it kills every process and exits 137 at once. Either way the container ends, and
-   the engine removes it (``AutoRemove``), with no client and no reaper;
+5. starts the program: sends the forked child the environment, and the child runs ``main.py`` in its
+   ``__main__`` as ``python3 main.py`` would (the script's directory first on ``sys.path``, site-packages,
+   its own globals, tracebacks without the supervisor's frames, the interpreter's own exit). A request whose
+   environment the interpreter reads while it starts (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``,
+   ``TZ``), or an image whose environment has a ``PYTHON*`` variable, gets a fresh ``python3 main.py`` with
+   that environment instead. It relays what the program writes as frames on the container's stdout. It
+   enforces the deadline itself (``timeout_s`` after the payload arrived: kill every process, exit 124) and
+   watches its stdin, which the host keeps open for the whole run: EOF there means the gateway went away
+   (killed, or its engine connection lost), so it kills every process and exits 137 at once. Either way the
+   container ends, and the engine removes it (``AutoRemove``), with no client and no reaper;
 6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
    struck (``FRAME_META``), sends the files under ``out/`` (at most ``files_max`` of them, and ``files_cap``
    bytes counting contents and the names of every entry walked) and a final frame with the exit status (a
@@ -94,19 +103,24 @@ _KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRA
 
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and only built-in modules on the path of a run (`_signal`, `marshal`, `select`, `time`, `_sha256`;
-# `ctypes` only for the one `prctl`):
+# `_ctypes`, not `ctypes`, for the one `prctl`):
 # each imported file costs start-up time on every cold run, most under gVisor, where a fresh sandbox reads it
 # through the gofer (`signal` and `json` bring `enum`, `re`, `functools`, ...; `hmac` loads OpenSSL). Measured
 # in fresh runsc sandboxes: 100-125 ms with those imports, 51-61 ms without. Keep it small and self-contained.
+# The program's process is a fork of this interpreter (``prefork``): one interpreter start per run, not two.
 SUPERVISOR = r"""
 import os, sys, _signal as signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 W = sys.argv[1]
 PY = "/usr/bin/python3"
 STARTUP = ("LANG", "LANGUAGE", "HOME", "TZ")
-STUB = '''
-import os, sys
-def _go():
+def program():
+    # The forked child becomes the program (see ``prefork``). It waits on fd 3 for the request's environment,
+    # then runs main.py in ``__main__`` as ``python3 main.py`` would: site-packages on the path (``-S`` kept
+    # them off for the supervisor), the script's directory first, its own globals, tracebacks without the
+    # supervisor's frames, the interpreter's own exit (atexit, flushed streams, SystemExit's status).
+    import site
+    site.main()
     def rd(n):
         b = b""
         while len(b) < n:
@@ -117,17 +131,20 @@ def _go():
         return b
     data = rd(int.from_bytes(rd(4), "big"))
     os.close(3)
-    for item in data.split(b"\\0") if data else ():
+    for item in data.split(b"\0") if data else ():
         k, _, v = item.partition(b"=")
         os.environ[os.fsdecode(k)] = os.fsdecode(v)
-    path = sys.argv[1] + "/main.py"
+    path = W + "/main.py"
     sys.argv[:] = [path]
-    sys.path[0] = os.path.dirname(path)
+    if hasattr(sys, "orig_argv"):  # Python 3.10 and later
+        sys.orig_argv[:] = [PY, path]
+    sys.path.insert(0, W)
     def hook(t, v, tb, show=sys.excepthook):
         while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
             tb = tb.tb_next
         show(t, v.with_traceback(tb) if v is not None else v, tb)
     sys.excepthook = hook
+    leave = sys.exit
     import __main__
     g = __main__.__dict__
     for k in [k for k in g if k not in ("__name__", "__builtins__")]:
@@ -136,50 +153,68 @@ def _go():
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
     exec(code, g)
-_go()
-'''
-WARM = len(sys.argv) > 2 and sys.argv[2] == "warm"
-def spawn(argv, env, go=None):
+    leave()
+def plumb(out_w, err_w, null, go=None):
+    # In a child: its own session, stdin /dev/null, stdout / stderr the pipes, fd 3 the go pipe, nothing else.
+    os.setsid()
+    os.dup2(null, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    if go is not None and go != 3:
+        os.dup2(go, 3)
+    os.closerange(3 if go is None else 4, 1 << 16)
+    os.chdir(W)
+def spawn(argv, env):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     null = os.open("/dev/null", os.O_RDONLY)
     pid = os.fork()
     if pid == 0:
         try:
-            os.setsid()
-            os.dup2(null, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            if go is not None:
-                if go != 3:
-                    os.dup2(go, 3)
-                os.set_inheritable(3, True)
-            os.closerange(3 if go is None else 4, 1 << 16)
+            plumb(out_w, err_w, null)
             for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
-            os.chdir(W)
             os.execve(PY, argv, env)
         finally:
             os._exit(127)
     for fd in (out_w, err_w, null):
         os.close(fd)
     return pid, out_r, err_r
-def undumpable():
-    import ctypes
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
-        fail("prctl(PR_SET_DUMPABLE, 0) failed: errno %d" % ctypes.get_errno())
-if WARM:
-    # The program's interpreter, started first thing, before the supervisor's own imports and before any
-    # payload exists: it holds nothing of a request and waits on fd 3 for the request's environment, then
-    # runs main.py. It boots while the supervisor does. The supervisor makes itself non-dumpable (below)
+def prefork():
+    # The program's process, forked first thing, before the supervisor's own imports and before any payload
+    # exists: it holds nothing of a request. One interpreter start per run instead of two (under gVisor each
+    # start reads the interpreter's files through the gofer). The supervisor makes itself non-dumpable (below)
     # before the go message, so the program can never trace it or read its key.
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     go_r, go_w = os.pipe()
+    null = os.open("/dev/null", os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            plumb(out_w, err_w, null, go_r)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except BaseException:
+            os._exit(127)
+        return None, None
+    for fd in (out_w, err_w, null, go_r):
+        os.close(fd)
+    return (pid, out_r, err_r), go_w
+# The interpreter reads PYTHON* variables only while it starts, and the supervisor's ``-I`` ignores them: with
+# any in the image's environment the program gets an interpreter of its own (exec), as it does when the
+# request sets one.
+forked = go_w = None
+if not any(k.startswith("PYTHON") for k in os.environ):
     try:
-        warm = spawn([PY, "-c", STUB, W], dict(os.environ), go_r)
+        forked, go_w = prefork()
     except OSError:
-        warm = None
-    os.close(go_r)
-import marshal, select, time
+        pass
+    else:
+        if go_w is None:
+            # The forked child. The program runs here, outside every handler of the supervisor's (an error
+            # it raises ends it the way the interpreter ends any script).
+            program()
+import marshal, select, time, _ctypes
 try:
     from _sha256 import sha256
 except ImportError:
@@ -187,8 +222,13 @@ except ImportError:
         from _sha2 import sha256
     except ImportError:
         from hashlib import sha256
-if WARM:
-    import ctypes
+def undumpable():
+    # prctl(PR_SET_DUMPABLE, 0) through `_ctypes`, the C half of `ctypes` (the Python half's imports cost
+    # 10-30 ms more in a fresh gVisor sandbox), then PR_GET_DUMPABLE: the flag read back is the check.
+    prctl = _ctypes.dlsym(_ctypes.dlopen(None), "prctl")
+    _ctypes.call_function(prctl, (4, 0, 0, 0, 0))
+    if _ctypes.call_function(prctl, (3, 0, 0, 0, 0)) != 0:
+        fail("prctl(PR_SET_DUMPABLE, 0) did not take: the program could trace the supervisor")
 CHUNK = 65536
 def readn(fd, n):
     parts = []
@@ -272,9 +312,9 @@ try:
     env = dict(os.environ)
     env.update(req["env"])
     most = int(req["files_max"])
-    # A request whose environment the interpreter reads while it starts (locale, PYTHON*, HOME, TZ) gets a
-    # fresh interpreter, so that it starts exactly as it would cold.
-    late = WARM and warm is not None and not any(k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
+    # A request whose environment the interpreter reads while it starts (locale, PYTHON*, HOME, TZ) gets an
+    # interpreter of its own, started with that environment, exactly as it would start alone.
+    ready = forked is not None and not any(k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
     extra = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in sorted(req["env"].items()))
     del req
     undumpable()
@@ -284,21 +324,20 @@ try:
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
     OOM0 = ooms()
-    if late:
-        pid, out_r, err_r = warm
+    if ready:
+        pid, out_r, err_r = forked
         put(go_w, len(extra).to_bytes(4, "big") + extra)
         os.close(go_w)
     else:
-        if WARM:
+        if forked is not None:  # the forked process cannot serve this request: a fresh interpreter does
             os.close(go_w)
-            if warm is not None:  # the warm interpreter cannot serve this request: a fresh one does
-                try:
-                    os.killpg(warm[0], signal.SIGKILL)
-                except OSError:
-                    pass
-                os.close(warm[1])
-                os.close(warm[2])
-                os.waitpid(warm[0], 0)
+            try:
+                os.killpg(forked[0], signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(forked[1])
+            os.close(forked[2])
+            os.waitpid(forked[0], 0)
         pid, out_r, err_r = spawn([PY, W + "/main.py"], env)
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
@@ -428,14 +467,15 @@ os._exit(code)
 """
 
 
-def supervisor_command(workspace: str = "/workspace", *, warm: bool = False) -> list[str]:
+def supervisor_command(workspace: str = "/workspace") -> list[str]:
     """The container's fixed command: the supervisor and the workspace path, nothing from the caller.
 
-    ``warm``: the supervisor starts the program's interpreter before the payload arrives (a warm pool's
-    container: single use, so as safe as a cold start); it waits for the request's environment, then runs
-    ``main.py`` in its ``__main__``. A request setting a variable the interpreter reads while starting
-    (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``, ``TZ``) gets a fresh interpreter instead."""
-    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace, *(["warm"] if warm else [])]
+    The supervisor forks the program's process first thing, before any payload exists (so a warm pool's
+    container has it ready, and a cold run starts one interpreter, not two); the process waits for the
+    request's environment, then runs ``main.py`` in its ``__main__``. A request setting a variable the
+    interpreter reads while starting (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``, ``TZ``), or an
+    image whose environment has a ``PYTHON*`` one, gets a fresh ``python3 main.py`` instead."""
+    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace]
 
 
 def new_key() -> bytes:
