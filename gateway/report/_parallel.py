@@ -108,7 +108,10 @@ def aggregate_tasks(
             out = proc.stdout.read() if proc.stdout is not None else b""
             if proc.wait() != 0 or not out:
                 return _in_process(tasks, filters, denied_cap, progress)
-            part = pickle.loads(out)  # noqa: S301 - our own worker's answer over our own pipe
+            try:
+                part = pickle.loads(out)  # noqa: S301 - our own worker's answer over our own pipe
+            except Exception:  # noqa: BLE001 - e.g. a worker that imported another version of the package
+                return _in_process(tasks, filters, denied_cap, progress)
             if not isinstance(part, Aggregate):
                 return _in_process(tasks, filters, denied_cap, progress)
             total.merge(part)

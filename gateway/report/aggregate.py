@@ -226,8 +226,13 @@ class Aggregate:
         self.durations = DurationHistogram()
         self.activity = _Activity()
         self.denied_rows: list[tuple[Order, DeniedRow]] = []
-        self.rules: dict[tuple[str, str], Counter[str]] = {}
+        self.rules: dict[str, dict[str, dict[str, int]]] = {}
+        """Per policy name, per rule id (:data:`OTHER` beyond :data:`MAX_KEYS` rules in all): the number of
+        results of each status (an audit-mode failure counts as ``warn``)."""
+        self.rule_count = 0
+        """Rules in :attr:`rules`, over every policy."""
         self.rule_messages: dict[tuple[str, str], str] = {}
+        """Per ``(policy, rule)`` of :attr:`rules`, the smallest message of a result that did not pass."""
 
     # --- feeding --------------------------------------------------------------------------------------
 
@@ -292,21 +297,24 @@ class Aggregate:
         self._seen_policy(view, decision=True)
         who = self._principal(view.principal)
         policy_name = view.policy.name if view.policy is not None else "(none)"
+        rules = self.rules.get(policy_name)
+        if rules is None:
+            rules = self.rules[policy_name] = {}
         messages: dict[str, str | None] = {}  # per rule, its last result that did not pass: the examples
         for result in view.results:
-            status = result.status
-            if status in NOT_PASSED:
-                messages[result.rule] = result.message
-            key = (policy_name, result.rule)
-            counts = self.rules.get(key)
+            counts = rules.get(result.rule)
             if counts is None:
-                if len(self.rules) >= MAX_KEYS:
-                    key = (policy_name, OTHER)
-                counts = self.rules.setdefault(key, Counter())
+                counts = self._rule_counts(rules, result.rule)
+            status = result.status
+            if status not in NOT_PASSED:  # most results: a count is all they add
+                counts[status] += 1
+                continue
+            messages[result.rule] = result.message
             if status == "fail" and result.mode == "audit":
                 status = "warn"
             counts[status] += 1
-            if status not in {"pass", "skip"} and result.message:
+            if result.message:
+                key = (policy_name, result.rule if result.rule in rules else OTHER)
                 message = result.message[:300]
                 if key not in self.rule_messages or message < self.rule_messages[key]:
                     self.rule_messages[key] = message
@@ -343,6 +351,17 @@ class Aggregate:
                     ),
                 )
             )
+
+    def _rule_counts(self, rules: dict[str, dict[str, int]], rule: str) -> dict[str, int]:
+        """The status counts of a rule not yet in ``rules`` (one policy's): new, or :data:`OTHER`'s once
+        :data:`MAX_KEYS` rules are tracked."""
+        if self.rule_count >= MAX_KEYS:
+            rule = OTHER
+            if rule in rules:
+                return rules[rule]
+        self.rule_count += 1
+        counts = rules[rule] = dict.fromkeys(_RANK, 0)
+        return counts
 
     @staticmethod
     def _rule(rules: dict[str, _Rule], rule: str) -> _Rule:
@@ -418,9 +437,14 @@ class Aggregate:
                 hist.high = value if hist.high is None or value > hist.high else hist.high
         self.activity.merge(other.activity)
         self.denied_rows = sorted(self.denied_rows + other.denied_rows)[: self.denied_cap]
-        for rule_key, counts in other.rules.items():
-            into = rule_key if rule_key in self.rules or len(self.rules) < MAX_KEYS else (rule_key[0], OTHER)
-            self.rules.setdefault(into, Counter()).update(counts)
+        for policy_name, their_rules in other.rules.items():
+            rules = self.rules.setdefault(policy_name, {})
+            for rule, their_counts in their_rules.items():
+                counts = rules.get(rule)
+                if counts is None:
+                    counts = self._rule_counts(rules, rule)
+                for status, n in their_counts.items():
+                    counts[status] += n
         for rule_key, message in other.rule_messages.items():
             if rule_key not in self.rule_messages or message < self.rule_messages[rule_key]:
                 self.rule_messages[rule_key] = message
@@ -499,10 +523,14 @@ class Aggregate:
 
     def policy_report(self, name: str) -> PolicyReport:
         results = []
-        for (policy, rule), counts in sorted(self.rules.items()):
-            worst = max(counts, key=lambda s: _RANK[s])
-            total = sum(counts.values())
-            message = self.rule_messages.get((policy, rule)) or f"{rule}: {counts.get('pass', 0)} of {total} passed"
-            ordered = tuple((s, counts[s]) for s in ("pass", "fail", "warn", "error", "skip") if counts.get(s))
-            results.append(PolicyReportResult(policy, rule, worst, ordered, message))
+        for policy, rules in sorted(self.rules.items()):
+            for rule, counts in sorted(rules.items()):
+                results.append(self._policy_report_result(policy, rule, counts))
         return PolicyReport(name, tuple(results))
+
+    def _policy_report_result(self, policy: str, rule: str, counts: dict[str, int]) -> PolicyReportResult:
+        worst = max((s for s, n in counts.items() if n), key=lambda s: _RANK[s])
+        total = sum(counts.values())
+        message = self.rule_messages.get((policy, rule)) or f"{rule}: {counts['pass']} of {total} passed"
+        ordered = tuple((s, counts[s]) for s in ("pass", "fail", "warn", "error", "skip") if counts[s])
+        return PolicyReportResult(policy, rule, worst, ordered, message)

@@ -98,39 +98,95 @@ def _strings(value: Any) -> list[str]:
 
 
 def _compile(spec: Any, where: str) -> Check:
+    """One check of the catalogue as a function of the facts: the spec is read here, once, not per execution."""
     if not isinstance(spec, dict) or not isinstance(spec.get("op"), str):
         raise CatalogueError(f"{CATALOGUE_FILE.name}: {where}: a check is an object with an 'op'")
     op = spec["op"]
     key = spec.get("key")
     if op in ("all", "any"):
-        parts = [_compile(item, f"{where}.of[{i}]") for i, item in enumerate(spec.get("of") or [])]
+        parts = tuple(_compile(item, f"{where}.of[{i}]") for i, item in enumerate(spec.get("of") or []))
         if not parts:
             raise CatalogueError(f"{CATALOGUE_FILE.name}: {where}: '{op}' needs a non-empty 'of'")
-        combine = all if op == "all" else any
-        return lambda facts: combine(part(facts) for part in parts)
+        return _all(parts) if op == "all" else _any(parts)
     if not isinstance(key, str):
         raise CatalogueError(f"{CATALOGUE_FILE.name}: {where}: '{op}' needs a 'key'")
     values = spec.get("values", [])
-    if op == "absent_or_in":
-        return lambda f: f.get(key, _ABSENT) is _ABSENT or f[key] in values
-    if op == "absent_or_not_in":
-        return lambda f: f.get(key, _ABSENT) is _ABSENT or f[key] not in values
-    if op == "present_not_in":
-        return lambda f: f.get(key, _ABSENT) is not _ABSENT and f[key] not in values
-    if op == "equals":
-        want = spec.get("value")
-        return lambda f: f.get(key, _ABSENT) == want and type(f.get(key)) is type(want)
-    if op == "contains":
-        item = spec.get("value")
-        return lambda f: isinstance(f.get(key), list) and item in f[key]
-    if op == "empty":
-        return lambda f: _empty(f.get(key, _ABSENT))
-    if op == "positive":
-        return lambda f: _positive(f.get(key, _ABSENT))
+    want = spec.get("value")
+
+    def absent_or_in(f: Facts) -> bool:
+        value = f.get(key, _ABSENT)
+        return value is _ABSENT or value in values
+
+    def absent_or_not_in(f: Facts) -> bool:
+        value = f.get(key, _ABSENT)
+        return value is _ABSENT or value not in values
+
+    def present_not_in(f: Facts) -> bool:
+        value = f.get(key, _ABSENT)
+        return value is not _ABSENT and value not in values
+
+    def equals(f: Facts) -> bool:
+        value = f.get(key, _ABSENT)
+        return value == want and type(value) is type(want)
+
+    def contains(f: Facts) -> bool:
+        value = f.get(key)
+        return isinstance(value, list) and want in value
+
+    def empty(f: Facts) -> bool:
+        return _empty(f.get(key, _ABSENT))
+
+    def positive(f: Facts) -> bool:
+        return _positive(f.get(key, _ABSENT))
+
+    checks: dict[str, Check] = {
+        "absent_or_in": absent_or_in,
+        "absent_or_not_in": absent_or_not_in,
+        "present_not_in": present_not_in,
+        "equals": equals,
+        "contains": contains,
+        "empty": empty,
+        "positive": positive,
+    }
     if op == "no_item_matches":
-        pattern = re.compile(str(spec.get("pattern")))
-        return lambda f: not any(pattern.fullmatch(s) for s in _strings(f.get(key)))
-    raise CatalogueError(f"{CATALOGUE_FILE.name}: {where}: unknown op {op!r}")
+        return _no_item_matches(key, re.compile(str(spec.get("pattern"))))
+    if op not in checks:
+        raise CatalogueError(f"{CATALOGUE_FILE.name}: {where}: unknown op {op!r}")
+    return checks[op]
+
+
+def _all(parts: tuple[Check, ...]) -> Check:
+    def every(f: Facts) -> bool:
+        for part in parts:  # noqa: SIM110 - all() of a generator: a fifth more for the whole tally
+            if not part(f):
+                return False
+        return True
+
+    return every
+
+
+def _any(parts: tuple[Check, ...]) -> Check:
+    def some(f: Facts) -> bool:
+        for part in parts:  # noqa: SIM110 - as in _all
+            if part(f):
+                return True
+        return False
+
+    return some
+
+
+def _no_item_matches(key: str, pattern: re.Pattern[str]) -> Check:
+    def no_item_matches(f: Facts) -> bool:
+        value = f.get(key)
+        if isinstance(value, str):
+            return pattern.fullmatch(value) is None
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, str) and pattern.fullmatch(item) is not None:
+                    return False
+        return True
+
+    return no_item_matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,16 +206,6 @@ class Control:
     unproven_key: str | None
     unproven_values: tuple[Any, ...]
     unproven_why: str | None
-
-    def judge(self, facts: Facts) -> str:
-        """``pass``, ``fail`` or ``unproven`` for one execution (only for controls with a check)."""
-        if self.check is None:
-            return "unproven"
-        if not self.check(facts):
-            return "fail"
-        if self.unproven_key is not None and facts.get(self.unproven_key) in self.unproven_values:
-            return "unproven"
-        return "pass"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +298,8 @@ Order = tuple[str, int, int]
 
 @dataclass(slots=True)
 class _Count:
-    checked: int = 0
+    """One control's count over the executions seen (every execution is checked against every control)."""
+
     failed: int = 0
     unproven: int = 0
     offending: list[tuple[Order, str]] = field(default_factory=list)
@@ -268,37 +315,39 @@ class ControlTally:
 
     def __init__(self, catalogue: Catalogue) -> None:
         self.catalogue = catalogue
-        self._judged = [c for c in catalogue.controls if c.check is not None]
-        self._counts = {c.id: _Count() for c in self._judged}
+        self._counts = {c.id: _Count() for c in catalogue.controls if c.check is not None}
         self.executions = 0
+        self._judged = self._checks()
+
+    def _checks(self) -> list[tuple[Check, Control, _Count]]:
+        """Each control with a check: the check, the control and its count (what :meth:`add` walks)."""
+        return [(c.check, c, self._counts[c.id]) for c in self.catalogue.controls if c.check is not None]
 
     def __getstate__(self) -> dict[str, Any]:
         return {"counts": self._counts, "executions": self.executions}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.catalogue = load_catalogue()
-        self._judged = [c for c in self.catalogue.controls if c.check is not None]
         self._counts = state["counts"]
         self.executions = state["executions"]
+        self._judged = self._checks()
 
     def add(self, order: Order, request_id: str | None, facts: Facts) -> None:
+        """Judge one execution against every control with a check: it fails when the check does not hold; it
+        is unproven when the check holds but the execution ran under the control's ``unproven_when``."""
         self.executions += 1
-        for control in self._judged:
-            count = self._counts[control.id]
-            count.checked += 1
-            verdict = control.judge(facts)
-            if verdict == "fail":
+        for check, control, count in self._judged:
+            if not check(facts):
                 count.failed += 1
                 if len(count.offending) < MAX_OFFENDING:
                     count.offending.append((order, request_id or "(no request id)"))
-            elif verdict == "unproven":
+            elif control.unproven_key is not None and facts.get(control.unproven_key) in control.unproven_values:
                 count.unproven += 1
 
     def merge(self, other: ControlTally) -> None:
         self.executions += other.executions
         for cid, theirs in other._counts.items():
             mine = self._counts[cid]
-            mine.checked += theirs.checked
             mine.failed += theirs.failed
             mine.unproven += theirs.unproven
             mine.offending = sorted(mine.offending + theirs.offending)[:MAX_OFFENDING]
@@ -325,9 +374,10 @@ class ControlTally:
                 row.update(status="not_applicable", evidence=f"no execution in the period; checks: {control.evidence}")
             else:
                 count = self._counts[control.id]
+                checked = self.executions
                 offending = [rid for _order, rid in count.offending]
                 row.update(
-                    executions_checked=count.checked,
+                    executions_checked=checked,
                     executions_failed=count.failed,
                     executions_unproven=count.unproven,
                     offending_requests=offending,
@@ -336,15 +386,15 @@ class ControlTally:
                 if count.failed:
                     row.update(
                         status="violated",
-                        evidence=f"{count.failed} of {count.checked} execution(s) fail: {control.evidence}",
+                        evidence=f"{count.failed} of {checked} execution(s) fail: {control.evidence}",
                     )
                 elif count.unproven:
                     row.update(
                         status="unproven",
-                        evidence=f"{count.unproven} of {count.checked} execution(s) cannot prove it: "
+                        evidence=f"{count.unproven} of {checked} execution(s) cannot prove it: "
                         f"{control.unproven_why}; the others: {control.evidence}",
                     )
                 else:
-                    row.update(status="enforced", evidence=f"all {count.checked} execution(s): {control.evidence}")
+                    row.update(status="enforced", evidence=f"all {checked} execution(s): {control.evidence}")
             out.append(row)
         return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ from jsonschema import Draft202012Validator
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
 from gateway.errors import AuditIntegrityError
-from gateway.report import _parallel, build_report, load_catalogue, render
+from gateway.report import _parallel, aggregate, build_report, load_catalogue, render
 from gateway.report.aggregate import MAX_BUCKETS, DurationHistogram
 from gateway.report.build import ReportFilters
+from gateway.report.model import PolicyReportResult
 from gateway.resources import load_schema
 from tests.unit.report_support import START, FixedClock, decision_dict, write_scenario
 
@@ -277,6 +279,31 @@ def test_the_denied_list_is_capped_with_its_count(trail: Path) -> None:
     assert "The first 1 of 3 denied requests" in text
 
 
+def test_rules_beyond_the_cap_are_counted_together_and_none_is_lost(
+    trail: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PolicyReport summary tracks at most MAX_KEYS rules one by one; the results of the others count under
+    ``(other)`` of their policy, so every status count still adds up."""
+    full = build_report([trail], now=NOW, workers=1).policy_report
+    monkeypatch.setattr(aggregate, "MAX_KEYS", 30)
+    capped = build_report([trail], now=NOW, workers=1).policy_report
+    assert len(full.results) > 30
+
+    def per_status(results: tuple[PolicyReportResult, ...]) -> Counter[tuple[str, str]]:
+        counted: Counter[tuple[str, str]] = Counter()
+        for r in results:
+            for status, n in r.counts:
+                counted[(r.policy, status)] += n
+        return counted
+
+    assert per_status(capped.results) == per_status(full.results)
+    tracked = [r for r in capped.results if r.rule != aggregate.OTHER]
+    assert len(tracked) == 30
+    assert {r.policy for r in capped.results if r.rule == aggregate.OTHER}  # the rest, under (other)
+    by_rule = {(r.policy, r.rule): r for r in full.results}
+    assert all(r == by_rule[(r.policy, r.rule)] for r in tracked)  # the tracked ones: exactly as without the cap
+
+
 def test_a_missing_trail_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "--trail", str(tmp_path / "nope"), "--format", "json"]) == 125
     assert "no audit trail directory" in capsys.readouterr().err
@@ -360,3 +387,21 @@ def test_a_malformed_record_is_reported_alike_with_worker_processes(
         errors.append(str(caught.value))
     assert errors[0] == errors[1]
     assert "$.data.decision.allowed: expected a boolean, got string 'yes'" in errors[0]
+
+
+def test_a_worker_answer_that_does_not_load_is_redone_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's aggregate that cannot be unpickled here (say a worker that imported another version of the
+    package during an upgrade) is not an error of the report: its share is redone in process, same report."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the report never starts workers")
+    monkeypatch.chdir(tmp_path)
+    write_scenario(Path("a"), segment_max_bytes=30_000)
+    serial = build_report([Path("a")], now=NOW, workers=1).to_dict()
+
+    def unloadable(_data: bytes) -> object:
+        raise AttributeError("'_Count' object has no attribute 'checked'")
+
+    monkeypatch.setattr(_parallel.pickle, "loads", unloadable)
+    assert build_report([Path("a")], now=NOW, workers=2).to_dict() == serial
