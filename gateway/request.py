@@ -28,8 +28,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from gateway.errors import Problem, RequestError
-from gateway.policy.sizes import SizeError, parse_size
 from gateway.resources import load_schema
+from gateway.sizes import SizeError, parse_size
 from gateway.validation import problems_from_error
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import Any
 from gateway import Caller, Gateway
 from gateway.executor import Executor, ResultLike
 from gateway.policy.model import Policy
-from gateway.policy.sizes import format_size
+from gateway.sizes import format_size
 
 __all__ = [
     "DEFAULT_TOOL_PRINCIPAL",

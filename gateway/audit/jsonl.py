@@ -44,7 +44,7 @@ from gateway.audit.interface import AuditReceipt
 from gateway.audit.pipeline import RecordPipeline, SealedRecord, chain, stamper, utc_timestamp
 from gateway.audit.segments import LOCK_NAME, AuditIO, key_from_env, list_segments, resolve_directory, segment_name
 from gateway.errors import AuditError, AuditIntegrityError, AuditSpaceError, AuditUnavailableError
-from gateway.policy.sizes import SizeError, parse_size
+from gateway.sizes import SizeError, parse_size
 
 __all__ = ["DEFAULT_MIN_FREE", "NEW_WORK_EVENTS", "JsonlAuditTrail", "TailState", "min_free_bytes", "read_tail"]
 

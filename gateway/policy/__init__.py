@@ -10,7 +10,7 @@ from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.loader import canonical_sha256, load_policy, load_policy_text
 from gateway.policy.model import Policy
 from gateway.policy.policyset import PolicySet
-from gateway.policy.sizes import SizeError, format_size, parse_size
+from gateway.sizes import SizeError, format_size, parse_size
 
 __all__ = [
     "CompiledPolicy",

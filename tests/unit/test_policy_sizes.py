@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy.sizes import MAX_SIZE, SizeError, format_size, parse_size
+from gateway.sizes import MAX_SIZE, SizeError, format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from gateway.decision.rules.base import Context, Finding, Rule, fail, ok
 from gateway.policy.model import MIN_CPUS, MIN_MEMORY, RUNSC_MIN_PIDS, Limit, Policy
-from gateway.policy.sizes import format_size
+from gateway.sizes import format_size
 
 __all__ = ["RULES"]
 
