@@ -8,9 +8,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gateway._lazy import lazy_names
 from gateway.errors import (
     AuditError,
     AuditIntegrityError,
@@ -38,30 +38,18 @@ if TYPE_CHECKING:
     from gateway.request import ExecutionRequest, parse_request
     from gateway.result import ExecutionResult
 
-_LAZY: dict[str, str] = {
-    **dict.fromkeys(("Admission", "Caller", "Gateway"), "gateway._gateway"),
-    **dict.fromkeys(("Decision", "RuleResult", "evaluate"), "gateway.decision"),
-    **dict.fromkeys(("Policy", "PolicySet", "load_policy", "load_policy_text"), "gateway.policy"),
-    "PoolConfig": "gateway.policy.model",
-    **dict.fromkeys(("ExecutionRequest", "parse_request"), "gateway.request"),
-    "ExecutionResult": "gateway.result",
-}
-"""The public names whose modules are imported on first use (PEP 562), not with the package: a process that
-needs one submodule (an audit worker imports only ``gateway.audit._scan`` or ``gateway.audit.ocsf``) does not
-pay for importing the whole gateway (policy loader, jsonschema, decision engine: about 0.3 s of CPU per
-interpreter, which a verify or export starts one per CPU)."""
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gateway' has no attribute {name!r}")
-    return getattr(import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "gateway._gateway": ("Admission", "Caller", "Gateway"),
+        "gateway.decision": ("Decision", "RuleResult", "evaluate"),
+        "gateway.policy": ("Policy", "PolicySet", "load_policy", "load_policy_text"),
+        "gateway.policy.model": ("PoolConfig",),
+        "gateway.request": ("ExecutionRequest", "parse_request"),
+        "gateway.result": ("ExecutionResult",),
+    },
+    globals(),
+)  # the public names of the Gateway, the policy and the request: imported on first use (gateway/_lazy.py)
 
 __all__ = [
     "Admission",

@@ -9,8 +9,9 @@ read-only view for queries and reports. ``audit/README.md`` documents the format
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gateway._lazy import lazy_names
 
 if TYPE_CHECKING:
     from gateway.audit.canonical import GENESIS_HASH, CanonicalError, canonical_bytes
@@ -38,48 +39,37 @@ if TYPE_CHECKING:
     from gateway.audit.segments import AuditIO, key_from_env, load_key, resolve_directory
     from gateway.audit.verify import REASONS, BreakInfo, VerifyReport, verify_trail
 
-_MODULES: dict[str, tuple[str, ...]] = {
-    "gateway.audit.canonical": ("GENESIS_HASH", "CanonicalError", "canonical_bytes"),
-    "gateway.audit.interface": ("EVENT_TYPES", "SCHEMA_VERSION", "AuditReceipt", "AuditSink"),
-    "gateway.audit.jsonl": ("JsonlAuditTrail",),
-    "gateway.audit.memory": ("MemoryAuditSink",),
-    "gateway.audit.query": ("QueryFilters", "query_trail"),
-    "gateway.audit.records": (
-        "NOT_PASSED",
-        "AuditRecordView",
-        "ExecutionOutcomeView",
-        "FileDigestView",
-        "GatewayIdentityView",
-        "GenericRecordView",
-        "ImagePulledView",
-        "PolicyDecisionView",
-        "PolicyRefView",
-        "ProblemView",
-        "RequestInvalidView",
-        "RequestReceivedView",
-        "RuleResultView",
-        "view_record",
-    ),
-    "gateway.audit.repair": ("RepairReport", "repair_trail"),
-    "gateway.audit.segments": ("AuditIO", "key_from_env", "load_key", "resolve_directory"),
-    "gateway.audit.verify": ("REASONS", "BreakInfo", "VerifyReport", "verify_trail"),
-}
-_LAZY: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
-"""Public name -> its module, imported on first use (PEP 562), not with the package: a verify or export
-worker imports one submodule (``gateway.audit._scan``, ``gateway.audit.ocsf``) and should not pay for the
-writer's dependencies (the policy package, OpenTelemetry) in every interpreter it starts."""
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gateway.audit' has no attribute {name!r}")
-    return getattr(import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "gateway.audit.canonical": ("GENESIS_HASH", "CanonicalError", "canonical_bytes"),
+        "gateway.audit.interface": ("EVENT_TYPES", "SCHEMA_VERSION", "AuditReceipt", "AuditSink"),
+        "gateway.audit.jsonl": ("JsonlAuditTrail",),
+        "gateway.audit.memory": ("MemoryAuditSink",),
+        "gateway.audit.query": ("QueryFilters", "query_trail"),
+        "gateway.audit.records": (
+            "NOT_PASSED",
+            "AuditRecordView",
+            "ExecutionOutcomeView",
+            "FileDigestView",
+            "GatewayIdentityView",
+            "GenericRecordView",
+            "ImagePulledView",
+            "PolicyDecisionView",
+            "PolicyRefView",
+            "ProblemView",
+            "RequestInvalidView",
+            "RequestReceivedView",
+            "RuleResultView",
+            "view_record",
+        ),
+        "gateway.audit.repair": ("RepairReport", "repair_trail"),
+        "gateway.audit.segments": ("AuditIO", "key_from_env", "load_key", "resolve_directory"),
+        "gateway.audit.verify": ("REASONS", "BreakInfo", "VerifyReport", "verify_trail"),
+    },
+    globals(),
+)  # imported on first use (gateway/_lazy.py): a worker that needs one submodule does not import the writer's
+# dependencies (the policy package, OpenTelemetry) in every interpreter it starts
 
 __all__ = [
     "EVENT_TYPES",
