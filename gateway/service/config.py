@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from jsonschema import Draft202012Validator
 
@@ -48,6 +48,12 @@ class KubernetesSettings:
     kubeconfig: Path | None = None
     context: str | None = None
     in_cluster: bool = False
+
+
+_SECONDS: Final = (
+    "header_read_s", "body_read_s", "queue_wait_s", "stream_stall_s", "grace_s", "auth_failure_interval_s",
+)  # fmt: skip
+"""The durations of :class:`ServerConfig` (seconds, as floats) that a config file may set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,25 +155,20 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         policy=path("policy"),
         audit_dir=path("audit_dir"),
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
-        header_read_s=float(data.get("header_read_s", 10.0)),
-        body_read_s=float(data.get("body_read_s", 30.0)),
         quotas=Quotas(
             max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
             rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),
             queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
         ),
         max_concurrent_executions=data.get("max_concurrent_executions"),
-        queue_wait_s=float(data.get("queue_wait_s", 60.0)),
-        stream_stall_s=float(data.get("stream_stall_s", 30.0)),
-        grace_s=float(data.get("grace_s", 30.0)),
         pool=bool(data.get("pool", False)),
-        auth_failure_interval_s=float(data.get("auth_failure_interval_s", 60.0)),
         tls_cert=path("tls_cert"),
         tls_key=path("tls_key"),
         anchor_dir=where / anchor["directory"] if "directory" in anchor else None,
         anchor_every_records=anchor.get("every_records"),
         anchor_every_seconds=None if "every_seconds" not in anchor else float(anchor["every_seconds"]),
         backend=data.get("backend", "docker"),
+        **{key: float(data[key]) for key in _SECONDS if key in data},  # absent: the field's default
         kubernetes=KubernetesSettings(
             namespace=kube.get("namespace", "gateway-sandboxes"),
             kubeconfig=where / kube["kubeconfig"] if "kubeconfig" in kube else None,

@@ -154,52 +154,54 @@ def program():
         code = compile(f.read(), path, "exec")
     exec(code, g)
     leave()
-def plumb(out_w, err_w, null, go=None):
-    # In a child: its own session, stdin /dev/null, stdout / stderr the pipes, fd 3 the go pipe, nothing else.
-    os.setsid()
-    os.dup2(null, 0)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    if go is not None and go != 3:
-        os.dup2(go, 3)
-    os.closerange(3 if go is None else 4, 1 << 16)
-    os.chdir(W)
-def spawn(argv, env):
+def fork_child(go=None):
+    # A child in its own session: stdin /dev/null, stdout / stderr pipes to the supervisor, fd 3 the go pipe
+    # (when given), nothing else open, in the workspace. None in the child, (pid, out_r, err_r) here.
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     null = os.open("/dev/null", os.O_RDONLY)
     pid = os.fork()
     if pid == 0:
         try:
-            plumb(out_w, err_w, null)
+            os.setsid()
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            if go is not None and go != 3:
+                os.dup2(go, 3)
+            os.closerange(3 if go is None else 4, 1 << 16)
+            os.chdir(W)
+        except BaseException:
+            os._exit(127)
+        return None
+    for fd in (out_w, err_w, null):
+        os.close(fd)
+    return pid, out_r, err_r
+def spawn(argv, env):
+    child = fork_child()
+    if child is None:
+        try:
             for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
             os.execve(PY, argv, env)
         finally:
             os._exit(127)
-    for fd in (out_w, err_w, null):
-        os.close(fd)
-    return pid, out_r, err_r
+    return child
 def prefork():
     # The program's process, forked first thing, before the supervisor's own imports and before any payload
     # exists: it holds nothing of a request. One interpreter start per run instead of two (under gVisor each
     # start reads the interpreter's files through the gofer). The supervisor makes itself non-dumpable (below)
     # before the go message, so the program can never trace it or read its key.
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
     go_r, go_w = os.pipe()
-    null = os.open("/dev/null", os.O_RDONLY)
-    pid = os.fork()
-    if pid == 0:
+    child = fork_child(go_r)
+    if child is None:
         try:
-            plumb(out_w, err_w, null, go_r)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         except BaseException:
             os._exit(127)
         return None, None
-    for fd in (out_w, err_w, null, go_r):
-        os.close(fd)
-    return (pid, out_r, err_r), go_w
+    os.close(go_r)
+    return child, go_w
 # The interpreter reads PYTHON* variables only while it starts, and the supervisor's ``-I`` ignores them: with
 # any in the image's environment the program gets an interpreter of its own (exec), as it does when the
 # request sets one.
