@@ -28,6 +28,7 @@ __all__ = [
     "CapacityError",
     "ContainerLeftError",
     "ContractError",
+    "DecisionWorkerError",
     "EngineUnavailableError",
     "ForbiddenError",
     "GatewayError",
@@ -290,6 +291,14 @@ class ServiceUnreachableError(ServiceError):
     hint = "check the service's URL, that `gateway serve` is running, the TLS settings and the client's timeout"
 
 
+class DecisionWorkerError(ServiceError):
+    """The service's decision worker ended while deciding the request (``gateway serve``: dry runs are decided in
+    worker processes). The request's ``request.received`` record may be in the trail without a decision."""
+
+    code = "service.decision_failed"
+    hint = "retry: the service replaces the worker (and decides in process meanwhile); its log says why it ended"
+
+
 class OverQuotaError(ServiceError):
     """The principal is over one of its quotas (requests per minute, or its queue of waiting executions is
     full): nothing ran; HTTP 429 with ``Retry-After`` (:attr:`retry_after_s`, whole seconds)."""
@@ -464,6 +473,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (ForbiddenError, EXIT_USAGE, 403),
     (OverQuotaError, EXIT_GATEWAY_FAILURE, 429),
     (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
+    (DecisionWorkerError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),

@@ -8,6 +8,7 @@ to start when no principal holds a token: there is no unauthenticated mode.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import signal
 import sys
@@ -87,8 +88,7 @@ def _server_class(base: type[Any]) -> type[Any]:
 
 def _kubernetes_runner(config: ServerConfig) -> Callable[[], Runner]:
     """The Kubernetes runner of the configuration's ``kubernetes:`` section (it connects on first use)."""
-    from gateway.runner.kubernetes.client import KubeClient, KubeConfig  # noqa: PLC0415
-    from gateway.runner.kubernetes.runner import KubernetesRunner  # noqa: PLC0415
+    from gateway.runner.kubernetes.client import KubeConfig  # noqa: PLC0415
 
     kube = config.kubernetes
     settings = KubeConfig(
@@ -97,7 +97,15 @@ def _kubernetes_runner(config: ServerConfig) -> Callable[[], Runner]:
         context=kube.context,
         in_cluster=kube.in_cluster,
     )
-    return lambda: KubernetesRunner(KubeClient(settings))
+    return functools.partial(_kube_runner, settings)
+
+
+def _kube_runner(settings: Any) -> Runner:
+    """A Kubernetes runner on ``settings`` (module level: the decision workers receive the factory pickled)."""
+    from gateway.runner.kubernetes.client import KubeClient  # noqa: PLC0415
+    from gateway.runner.kubernetes.runner import KubernetesRunner  # noqa: PLC0415
+
+    return KubernetesRunner(KubeClient(settings))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -60,7 +60,6 @@ from gateway.errors import (
     RequestError,
     ServerConfigError,
     UnsupportedMediaTypeError,
-    http_status_for,
 )
 from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
@@ -68,6 +67,7 @@ from gateway.runner import Runner
 from gateway.runner.interface import OnOutput
 from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
 from gateway.service.config import ServerConfig
+from gateway.service.decisions import DecisionWorkers, default_decision_workers
 from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale, reload
 from gateway.service.mcp_http import McpEndpoint
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -76,6 +76,7 @@ from gateway.service.openapi import openapi_document
 from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
 from gateway.service.quotas import Admission, Refusals, default_global_bound
+from gateway.service.replies import Reply, error_reply, gateway_error_reply
 from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
 from gateway.tool import tool_definition
 
@@ -98,6 +99,7 @@ class Service:
         gateway: Gateway,
         auth_failures: AuthFailures,
         owned: tuple[Callable[[], None], ...] = (),
+        runner: Callable[[], Runner] | None = None,
     ) -> None:
         self.config = config
         self.principals = principals
@@ -118,6 +120,9 @@ class Service:
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
         self.anchors = anchor_writer(config, gateway.audit)
         """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
+        workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
+        self.decisions = DecisionWorkers(gateway, runner, workers)
+        """Where dry runs are decided (:mod:`gateway.service.decisions`)."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -156,8 +161,9 @@ class Service:
             raise
         auth = AuthFailures(sink, interval_s=config.auth_failure_interval_s)
         return cls(
-            config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close)
-        )
+            config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close),
+            runner=runner,
+        )  # fmt: skip
 
     def start(self) -> None:
         """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
@@ -177,8 +183,12 @@ class Service:
             return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
 
     def reload(self) -> bool:
-        """SIGHUP: reload the principals and policies (see :func:`gateway.service.lifecycle.reload`)."""
-        return reload(self)
+        """SIGHUP: reload the principals and policies (see :func:`gateway.service.lifecycle.reload`); the
+        decision workers get the new policies."""
+        ok = reload(self)
+        if ok:
+            self.decisions.policies_changed(self.gateway.policies)
+        return ok
 
     def close(self) -> None:
         """Cancel the runs still in flight (the grace is over) and wait for their sandboxes to be removed, write
@@ -229,26 +239,18 @@ def _json(status: int, body: dict[str, Any], request_id: str, headers: dict[str,
     return JSONResponse(body, status_code=status, headers={"X-Request-Id": request_id, **(headers or {})})
 
 
+def _respond(reply: Reply) -> JSONResponse:
+    return JSONResponse(reply.body, status_code=reply.status, headers=reply.header_map())
+
+
 def _error(
     status: int, code: str, message: str, request_id: str, *, headers: dict[str, str] | None = None, **extra: Any
 ) -> JSONResponse:
-    return _json(status, {"code": code, "message": message, "request_id": request_id, **extra}, request_id, headers)
-
-
-def _problems(exc: GatewayError) -> list[dict[str, Any]]:
-    return [{"path": p.path or "$", "message": p.message} for p in exc.problems] or [
-        {"path": "$", "message": exc.message}
-    ]
+    return _respond(error_reply(status, code, message, request_id, headers=headers, **extra))
 
 
 def _gateway_error(exc: GatewayError, request_id: str, **extra: Any) -> JSONResponse:
-    status = http_status_for(exc)
-    if isinstance(exc, RequestError):
-        extra["errors"] = _problems(exc)
-    headers = {"WWW-Authenticate": 'Bearer realm="gateway"'} if status == 401 else None
-    if isinstance(exc, OverQuotaError):
-        headers = {"Retry-After": str(exc.retry_after_s)}
-    return _error(status, exc.code, exc.message, request_id, headers=headers, **extra)
+    return _respond(gateway_error_reply(exc, request_id, **extra))
 
 
 def _denied(result: ExecutionResult, body: dict[str, Any]) -> JSONResponse:
@@ -266,15 +268,6 @@ def _execution_response(result: ExecutionResult) -> JSONResponse:
         return _gateway_error(result.error, result.request_id, **extra)
     if result.decision is not None and not result.decision.allowed:
         return _denied(result, body)
-    return _json(200, body, result.request_id)
-
-
-def _decision_response(result: ExecutionResult) -> JSONResponse:
-    if result.error is not None or result.decision is None:
-        error = result.error or GatewayError("the gateway decided nothing")
-        return _gateway_error(error, result.request_id)
-    decision = result.decision.to_dict()
-    body = {"request_id": result.request_id, "allowed": result.decision.allowed, "decision": decision}
     return _json(200, body, result.request_id)
 
 
@@ -458,11 +451,11 @@ def build_app(service: Service) -> Starlette:
             return over
         body = await read_body(request, caller, request_id)
         started = time.perf_counter()
-        result = await run_in_threadpool(gateway.decide, body, caller=caller)
-        response = _decision_response(result)
-        service.metrics.decision_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
-        count_denial(result, dry_run=True)
-        return response
+        answer = await service.decisions.decide(body, caller)
+        service.metrics.decision_seconds.labels(str(answer.status)).observe(time.perf_counter() - started)
+        if answer.violations is not None:
+            service.metrics.denied(answer.violations, dry_run=True)
+        return Response(answer.content, status_code=answer.status, headers=answer.headers, media_type=JSON_MEDIA_TYPE)
 
     async def metrics(request: Request, caller: Caller, request_id: str) -> Response:
         await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
@@ -536,10 +529,14 @@ def build_app(service: Service) -> Starlette:
         await run_in_threadpool(service.start)
         _on_sighup(service)
         try:
+            await service.decisions.start()
             async with mcp.run():
                 yield
         finally:
-            await run_in_threadpool(service.close)
+            try:
+                await service.decisions.close()
+            finally:
+                await run_in_threadpool(service.close)
 
     routes = [
         Route("/v1/executions", v1(executions), methods=["POST"]),

@@ -87,6 +87,9 @@ class ServerConfig:
     server stops writing to it (see :mod:`gateway.service.streaming`)."""
     grace_s: float = 30.0
     """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
+    decision_workers: int | None = None
+    """Worker processes deciding dry runs (``POST /v1/decisions``, :mod:`gateway.service.decisions`); 0: in the
+    service's own process; None: :func:`gateway.service.decisions.default_decision_workers`."""
     pool: bool = False
     """Keep a warm pool, sized by each policy's ``spec.pool`` (``gateway.runner.pool``)."""
     auth_failure_interval_s: float = 60.0
@@ -161,6 +164,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
             queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
         ),
         max_concurrent_executions=data.get("max_concurrent_executions"),
+        decision_workers=data.get("decision_workers"),
         pool=bool(data.get("pool", False)),
         tls_cert=path("tls_cert"),
         tls_key=path("tls_key"),

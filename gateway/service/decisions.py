@@ -1,0 +1,386 @@
+"""Dry runs (``POST /v1/decisions``) decided in worker processes, so that the service's decisions use every CPU.
+
+A dry run is Python CPU work from end to end: the intake, every rule, the assembly and its guard, two audit
+records. In one interpreter it shares one core with the HTTP stack (one GIL), so the service hands each dry run
+to one of ``decision_workers`` worker interpreters and awaits the answer while its event loop goes on serving.
+
+Each worker is started with :func:`gateway._workers.start_worker` (a fresh interpreter of this package, ``-P``)
+and receives, before any job:
+
+- the runner factory the service was built with (pickled by reference: ``gateway serve``'s Docker or
+  Kubernetes factory), whose assembler the worker's decisions use, exactly as the service's own;
+- the directory of the service's trail: the worker appends to the same trail (it takes writers from several
+  processes: the trail's file lock serialises them and each re-reads the tail another one moved), each record
+  naming the worker's own process in its ``gateway`` identity;
+- the policy set: the very :class:`~gateway.policy.Policy` objects the service loaded, compiled again there (the
+  same sha256). A reload sends the new set to every worker; a job sent after it is decided under it.
+
+A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything), decides each job with
+:meth:`Gateway.decide` in one of :data:`THREADS` threads (its trail's group commit makes one fsync cover the
+records written meanwhile, and each answer waits for its own records to be durable) and sends back the status,
+the rendered body, the headers and the violations (for the metrics): the same answer the service would have
+made itself. Frames are a 4-byte big-endian length and a pickle, over the worker's stdin and stdout: pipes that
+only the two processes hold, with this package's own code at both ends. The worker's stray prints go to stderr
+(the server's log), never into the frames.
+
+When no worker is ready (they are starting, or one died and its replacement is starting, or the runner factory
+cannot be sent: a test's closure), the service decides in process, as with ``decision_workers: 0``: a dry run is
+never refused for want of a worker. A job in flight on a worker that dies is answered 503
+``service.decision_failed`` (its ``request.received`` may be in the trail without a decision: a crash, not a
+silent loss); the worker is replaced after a back-off. Nothing of a worker outlives the service: it ends when its
+stdin closes (the service's shutdown, or the service's death) and is killed if it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Final
+
+from starlette.concurrency import run_in_threadpool
+
+from gateway import Caller, ExecutionResult, Gateway, PolicySet
+from gateway._workers import start_worker
+from gateway.errors import DecisionWorkerError
+from gateway.policy import Policy
+from gateway.service.replies import decision_reply, render_json
+
+if TYPE_CHECKING:
+    from gateway.runner import Runner
+
+__all__ = ["THREADS", "Decided", "DecisionWorkers", "decided", "default_decision_workers", "worker_main"]
+
+_log = logging.getLogger("gateway.service")
+
+THREADS: Final = 4
+"""Jobs a worker decides at once: enough for one fsync to cover several decisions, few enough that the threads
+do not take turns on the worker's GIL for nothing."""
+_HEADER: Final = struct.Struct("!I")
+_WORKER: Final = "from gateway.service.decisions import worker_main; raise SystemExit(worker_main())"
+_RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
+"""Back-off before replacing a worker that died (the last step repeats while they keep dying)."""
+_CLOSE_S: Final = 10.0
+
+
+def default_decision_workers() -> int:
+    """One per CPU, at most four: the event loop's own share of a dry run is small (about a fifth)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A dry run's answer, rendered: what the endpoint sends and counts."""
+
+    status: int
+    content: bytes
+    headers: dict[str, str]
+    violations: list[dict[str, Any]] | None
+    """The decision's violations when it denied (counted by rule in the metrics); None otherwise."""
+
+
+def decided(result: ExecutionResult) -> Decided:
+    """The answer to a dry run, as the endpoint sends it (in process or in a worker: the same bytes)."""
+    reply = decision_reply(result)
+    violations = None
+    if reply.status == 200 and not reply.body["allowed"]:
+        violations = reply.body["decision"]["violations"]
+    return Decided(reply.status, render_json(reply.body), reply.header_map(), violations)
+
+
+def _policy_documents(policies: PolicySet) -> tuple[Policy, dict[str, Policy]]:
+    return policies.default.policy, {name: c.policy for name, c in policies.by_principal.items()}
+
+
+def _frame(message: Any) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+class _Frames(asyncio.Protocol):
+    """Reads a worker's frames from its stdout and hands each message on; tells when the pipe closes."""
+
+    def __init__(self, on_message: Callable[[Any], None], on_closed: Callable[[], None]) -> None:
+        self._buffer = bytearray()
+        self._on_message = on_message
+        self._on_closed = on_closed
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            if len(self._buffer) < _HEADER.size + size:
+                return
+            payload = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
+            del self._buffer[: _HEADER.size + size]
+            self._on_message(pickle.loads(payload))  # noqa: S301 - our own worker's answer over our own pipe
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_closed()
+
+
+class _Worker:
+    """One worker process, seen from the event loop: its pipes, its jobs in flight, whether it is ready."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], on_ready: Callable[[], None], on_ended: Callable[[_Worker], None]
+    ) -> None:
+        self.proc = proc
+        self.ready = False
+        self.closed = False
+        self.jobs: dict[int, asyncio.Future[Decided]] = {}
+        self._on_ready = on_ready
+        self._on_ended = on_ended
+        self._writer: asyncio.WriteTransport | None = None
+        self._reader: asyncio.ReadTransport | None = None
+
+    async def connect(self, loop: asyncio.AbstractEventLoop, init: bytes) -> None:
+        if self.proc.stdin is None or self.proc.stdout is None:
+            raise OSError("the decision worker has no pipes")
+        self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
+        self._reader, _ = await loop.connect_read_pipe(lambda: _Frames(self._message, self._lost), self.proc.stdout)
+        self._writer.write(init)
+
+    def send(self, frame: bytes) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(frame)
+
+    def _message(self, message: Any) -> None:
+        kind = message[0]
+        if kind == "ready":
+            self.ready = True
+            self._on_ready()
+            _log.info("decision worker %d ready", self.proc.pid)
+        elif kind == "decided":
+            _, job, status, content, headers, violations = message
+            future = self.jobs.pop(job, None)
+            if future is not None and not future.done():
+                future.set_result(Decided(status, content, headers, violations))
+        elif kind == "failed":
+            _, job, text = message
+            future = self.jobs.pop(job, None)
+            if future is not None and not future.done():
+                future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {text}"))
+
+    def _lost(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.ready = False
+        for future in self.jobs.values():
+            if not future.done():
+                future.set_exception(
+                    DecisionWorkerError(f"the decision worker {self.proc.pid} ended while deciding this request")
+                )
+        self.jobs.clear()
+        if self._writer is not None:
+            self._writer.close()
+        self._on_ended(self)
+
+    def close(self) -> None:
+        """End the worker: its stdin closes, it finishes the jobs it holds and exits."""
+        if self._writer is not None:
+            self._writer.close()
+
+
+class DecisionWorkers:
+    """The service's decision workers (see the module); :meth:`decide` is what ``POST /v1/decisions`` awaits."""
+
+    def __init__(self, gateway: Gateway, runner: Callable[[], Runner] | None, count: int) -> None:
+        """``count`` workers making their runner with ``runner`` (the service's factory) and appending to the
+        gateway's trail; none when ``count`` is 0, without a factory, or when the trail is not a directory."""
+        directory = getattr(gateway.audit, "directory", None)
+        self.gateway = gateway
+        self.count = count if runner is not None and isinstance(directory, Path) else 0
+        self._runner = runner
+        self._audit_dir = directory
+        self._workers: list[_Worker] = []
+        self._jobs = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deaths = 0
+        self._closing = False
+        self._respawns: set[asyncio.Task[None]] = set()
+
+    @property
+    def ready(self) -> int:
+        """How many workers are ready to decide."""
+        return sum(1 for w in self._workers if w.ready)
+
+    def pids(self) -> list[int]:
+        """The process ids of the workers ready to decide."""
+        return [w.proc.pid for w in self._workers if w.ready]
+
+    def _init_frame(self) -> bytes | None:
+        default, by_principal = _policy_documents(self.gateway.policies)
+        try:
+            return _frame(("init", self._runner, str(self._audit_dir), default, by_principal))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            _log.warning("dry runs are decided in process: the runner factory cannot go to a worker (%s)", exc)
+            return None
+
+    async def start(self) -> None:
+        """Start the workers (the service decides in process until one is ready)."""
+        self._loop = asyncio.get_running_loop()
+        if self.count > 0 and self._init_frame() is None:
+            self.count = 0
+        for _ in range(self.count):
+            await self._spawn()
+
+    async def _spawn(self) -> None:
+        init = self._init_frame()
+        if init is None or self._closing or self._loop is None:
+            return
+        try:
+            proc = await run_in_threadpool(start_worker, _WORKER)
+        except OSError as exc:
+            _log.error("cannot start a decision worker: %s", exc)
+            self._schedule_respawn()
+            return
+        worker = _Worker(proc, self._ready, self._ended)
+        self._workers.append(worker)
+        try:
+            await worker.connect(self._loop, init)
+        except OSError as exc:
+            _log.error("cannot talk to decision worker %d: %s", proc.pid, exc)
+            worker.close()
+            proc.kill()
+
+    def _ready(self) -> None:
+        self._deaths = 0
+
+    def _ended(self, worker: _Worker) -> None:
+        with contextlib.suppress(ValueError):
+            self._workers.remove(worker)
+        with contextlib.suppress(OSError):
+            worker.proc.kill()
+        worker.proc.wait()
+        if not self._closing:
+            status = worker.proc.returncode
+            _log.error("decision worker %d ended (status %s); it will be replaced", worker.proc.pid, status)
+            self._schedule_respawn()
+
+    def _schedule_respawn(self) -> None:
+        if self._loop is None or self._closing:
+            return
+        delay = _RESPAWN_S[min(self._deaths, len(_RESPAWN_S) - 1)]
+        self._deaths += 1
+
+        async def respawn() -> None:
+            await asyncio.sleep(delay)
+            await self._spawn()
+
+        task = self._loop.create_task(respawn())
+        self._respawns.add(task)
+        task.add_done_callback(self._respawns.discard)
+
+    async def decide(self, body: bytes, caller: Caller) -> Decided:
+        """The dry run's answer, from the ready worker with the fewest jobs, else decided in process."""
+        ready = [w for w in self._workers if w.ready]
+        if not ready:
+            return decided(await run_in_threadpool(self.gateway.decide, body, caller=caller))
+        worker = min(ready, key=lambda w: len(w.jobs))
+        job = next(self._jobs)
+        future: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
+        worker.jobs[job] = future
+        worker.send(_frame(("decide", job, body, caller.principal, caller.token_id)))
+        return await future
+
+    def policies_changed(self, policies: PolicySet) -> None:
+        """A reload made ``policies`` the service's: every worker decides under them from its next job on. Any
+        thread (the reload runs in one)."""
+        if self._loop is None:
+            return
+        frame = _frame(("policies", *_policy_documents(policies)))
+
+        def broadcast() -> None:
+            for worker in self._workers:
+                worker.send(frame)
+
+        self._loop.call_soon_threadsafe(broadcast)
+
+    async def close(self) -> None:
+        """End every worker (each finishes the jobs it holds), killing one that does not end in time."""
+        self._closing = True
+        for task in list(self._respawns):
+            task.cancel()
+        workers = list(self._workers)
+        for worker in workers:
+            worker.close()
+        for worker in workers:
+            try:
+                await asyncio.wait_for(run_in_threadpool(worker.proc.wait), _CLOSE_S)
+            except TimeoutError:
+                _log.error("decision worker %d did not end; killing it", worker.proc.pid)
+                worker.proc.kill()
+                await run_in_threadpool(worker.proc.wait)
+
+
+# --- the worker process --------------------------------------------------------------------------------------
+
+
+def _read_frame(stream: IO[bytes]) -> Any:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    return pickle.loads(data)  # noqa: S301 - the service that started this process, over its own pipe
+
+
+def worker_main() -> int:
+    """A decision worker: an init frame, then jobs and policy sets until stdin closes (see the module)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's; a worker ends when its stdin closes
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print goes to the log, never into the frames
+    stdin = sys.stdin.buffer
+    init = _read_frame(stdin)
+    if init is None or init[0] != "init":
+        return 2
+    _, runner_factory, audit_dir, default, by_principal = init
+    from gateway.audit import JsonlAuditTrail  # noqa: PLC0415 - after the init, with its directory
+
+    sink = JsonlAuditTrail.from_env(audit_dir, group_commit=True)
+    runner: Runner = runner_factory()
+    gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=sink)
+    lock = threading.Lock()
+
+    def send(message: Any) -> None:
+        frame = _frame(message)
+        with lock:
+            out.write(frame)
+            out.flush()
+
+    def job(number: int, body: bytes, principal: str, token_id: str) -> None:
+        try:
+            answer = decided(gateway.decide(body, caller=Caller(principal, token_id)))
+            send(("decided", number, answer.status, answer.content, answer.headers, answer.violations))
+        except Exception as exc:  # noqa: BLE001 - answered as a failure of this job, never a dead worker
+            send(("failed", number, f"{type(exc).__name__}: {exc}"))
+
+    send(("ready", os.getpid()))
+    try:
+        with ThreadPoolExecutor(THREADS, thread_name_prefix="decide") as pool:
+            while (message := _read_frame(stdin)) is not None:
+                if message[0] == "decide":
+                    pool.submit(job, *message[1:])
+                elif message[0] == "policies":
+                    gateway.policies = PolicySet.of(message[1], message[2])
+    finally:  # no gateway.close(): the stop record is the service's, which started no worker's "gateway"
+        with contextlib.suppress(Exception):
+            runner.close()
+        sink.close()
+    return 0

@@ -1,0 +1,70 @@
+"""What the service answers, as plain data: a status, a JSON body and headers (no Starlette here).
+
+Built wherever the answer is made: the application (:mod:`gateway.service.app`) turns a :class:`Reply` into its
+HTTP response, and a decision worker (:mod:`gateway.service.decisions`) renders one itself and sends the bytes.
+Every error body is ``{"code", "message", "request_id"}`` plus the fields of its kind (``errors`` for a
+request error, ``violations`` for a denial), its status from :func:`gateway.errors.http_status_for`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway import ExecutionResult
+from gateway.errors import GatewayError, OverQuotaError, RequestError, http_status_for
+
+__all__ = ["Reply", "decision_reply", "error_reply", "gateway_error_reply", "render_json"]
+
+
+def render_json(body: Any) -> bytes:
+    """A response body as the service sends every JSON body (compact UTF-8, as Starlette's ``JSONResponse``)."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer: its status, JSON body and headers (``X-Request-Id`` added by :meth:`header_map`)."""
+
+    status: int
+    body: dict[str, Any]
+    request_id: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def header_map(self) -> dict[str, str]:
+        return {"X-Request-Id": self.request_id, **self.headers}
+
+
+def error_reply(
+    status: int, code: str, message: str, request_id: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> Reply:
+    body = {"code": code, "message": message, "request_id": request_id, **extra}
+    return Reply(status, body, request_id, headers or {})
+
+
+def _problems(exc: GatewayError) -> list[dict[str, Any]]:
+    return [{"path": p.path or "$", "message": p.message} for p in exc.problems] or [
+        {"path": "$", "message": exc.message}
+    ]
+
+
+def gateway_error_reply(exc: GatewayError, request_id: str, **extra: Any) -> Reply:
+    """The error body of ``exc`` (401 with ``WWW-Authenticate``, 429 with ``Retry-After``, 422 with ``errors``)."""
+    status = http_status_for(exc)
+    if isinstance(exc, RequestError):
+        extra["errors"] = _problems(exc)
+    headers = {"WWW-Authenticate": 'Bearer realm="gateway"'} if status == 401 else None
+    if isinstance(exc, OverQuotaError):
+        headers = {"Retry-After": str(exc.retry_after_s)}
+    return error_reply(status, exc.code, exc.message, request_id, headers=headers, **extra)
+
+
+def decision_reply(result: ExecutionResult) -> Reply:
+    """``POST /v1/decisions``: 200 with the decision whether allowed or denied, or the error that stopped it."""
+    if result.error is not None or result.decision is None:
+        error = result.error or GatewayError("the gateway decided nothing")
+        return gateway_error_reply(error, result.request_id)
+    decision = result.decision.to_dict()
+    body = {"request_id": result.request_id, "allowed": result.decision.allowed, "decision": decision}
+    return Reply(200, body, result.request_id)

@@ -1,0 +1,143 @@
+"""Dry runs decided in worker processes (``decision_workers``), against a real server on a loopback port.
+
+The answers and the records must be those of the in-process path: each principal's own policy, one trail whose
+chain stays intact while the service and its workers write to it, a reload that reaches the workers, a worker
+that dies replaced while the service keeps answering, and no worker left once the service has stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.audit import verify_trail
+from tests.integration.conftest import Server
+
+pytestmark = pytest.mark.integration
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _workers(server: Server, count: int) -> list[int]:
+    """Wait until ``count`` workers are ready; their pids."""
+    _wait(lambda: server.service.decisions.ready == count, f"{count} ready decision workers")
+    return server.service.decisions.pids()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_workers_decide_each_principals_policy_into_the_one_trail(serve: Callable[..., Server]) -> None:
+    server = serve(decision_workers=2)
+    pids = _workers(server, 2)
+    assert os.getpid() not in pids
+    request = {"code": "print(1)", "limits": {"timeout_s": 30}}
+    with server.client(server.tokens["alice"]) as alice, server.client(server.tokens["bob"]) as bob:
+        for _ in range(20):
+            allowed = alice.post("/v1/decisions", json=request)
+            assert allowed.status_code == 200
+            assert allowed.json()["allowed"] is True
+            assert allowed.json()["decision"]["policy"]["name"] == "default"
+            assert allowed.headers["content-type"] == "application/json"
+            assert allowed.headers["x-request-id"] == allowed.json()["request_id"]
+            denied = bob.post("/v1/decisions", json=request)
+            assert denied.status_code == 200
+            assert denied.json()["allowed"] is False
+            assert [v["rule"] for v in denied.json()["decision"]["violations"]] == ["limits.timeout"]
+        invalid = alice.post("/v1/decisions", json={"code": 5})
+        assert invalid.status_code == 422
+        assert invalid.json()["code"] == "request.invalid"
+        assert invalid.json()["errors"][0]["path"] == "$.code"
+    decisions = server.records("policy.decision")
+    assert len(decisions) == 40
+    assert {r["gateway"]["pid"] for r in decisions} <= set(pids)
+    assert {r["principal"]: r["policy"]["name"] for r in decisions} == {"alice": "default", "bob": "tight"}
+    for record in decisions:
+        assert record["data"]["dry_run"] is True
+        assert record["data"]["caller"]["principal"] == record["principal"]
+    (received_invalid,) = server.records("request.invalid")
+    assert received_invalid["gateway"]["pid"] in pids
+    assert len(server.records("request.received")) == 40
+    assert server.records("gateway.start")[0]["gateway"]["pid"] == os.getpid()  # the service's own, once
+    server.stop()
+    assert verify_trail(server.audit_dir).ok
+    assert [r["gateway"]["pid"] for r in server.records("gateway.stop")] == [os.getpid()]
+
+
+def test_denials_decided_by_workers_are_counted_by_rule(serve: Callable[..., Server], tmp_path: Path) -> None:
+    server = serve(decision_workers=1)
+    _workers(server, 1)
+    with server.client(server.tokens["bob"]) as bob:
+        assert bob.post("/v1/decisions", json={"code": "print(1)", "limits": {"timeout_s": 30}}).status_code == 200
+    text = server.service.metrics.render().decode()
+    assert 'gateway_denials_total{dry_run="true",rule="limits.timeout"} 1.0' in text
+
+
+def test_a_reload_reaches_the_workers(serve: Callable[..., Server], tmp_path: Path) -> None:
+    server = serve(decision_workers=2)
+    _workers(server, 2)
+    request = {"code": "print(1)", "limits": {"timeout_s": 9}}
+    with server.client(server.tokens["bob"]) as bob:
+        assert bob.post("/v1/decisions", json=request).json()["allowed"] is True  # tight: at most 10 s
+        tight = tmp_path / "tight.yaml"
+        text = tight.read_text().replace("timeout_s: {default: 5, max: 10}", "timeout_s: {default: 5, max: 8}")
+        tight.write_text(text)
+        assert server.service.reload()
+        new_sha = server.service.gateway.policies.for_principal("bob").policy.sha256
+        for _ in range(10):  # whichever worker decides
+            answer = bob.post("/v1/decisions", json=request).json()
+            assert answer["allowed"] is False
+            assert answer["decision"]["policy"]["sha256"] == new_sha
+            assert [v["rule"] for v in answer["decision"]["violations"]] == ["limits.timeout"]
+
+
+def test_a_dead_worker_is_replaced_and_the_service_keeps_answering(serve: Callable[..., Server]) -> None:
+    server = serve(decision_workers=1)
+    (pid,) = _workers(server, 1)
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: server.service.decisions.ready == 0, "the dead worker to be noticed")
+    with server.client(server.tokens["alice"]) as alice:
+        answered = alice.post("/v1/decisions", json={"code": "print(1)"})  # in process, meanwhile
+        assert answered.status_code == 200
+        assert answered.json()["allowed"] is True
+        (replacement,) = _workers(server, 1)
+        assert replacement != pid
+        again = alice.post("/v1/decisions", json={"code": "print(1)"})
+        assert again.status_code == 200
+    pids = [r["gateway"]["pid"] for r in server.records("policy.decision")]
+    assert pids == [os.getpid(), replacement]
+
+
+def test_no_worker_outlives_the_service(serve: Callable[..., Server]) -> None:
+    server = serve(decision_workers=2)
+    pids = _workers(server, 2)
+    server.stop()
+    _wait(lambda: not any(_alive(p) for p in pids), "the workers to end", timeout_s=15)
+
+
+def test_a_runner_factory_that_cannot_reach_a_worker_decides_in_process(serve: Callable[..., Server]) -> None:
+    from gateway.runner.docker.runner import DockerRunner
+
+    def runner() -> DockerRunner:  # a local function: it cannot be pickled for a worker
+        return DockerRunner()
+
+    server = serve(runner, decision_workers=2)
+    with server.client(server.tokens["alice"]) as alice:
+        assert alice.post("/v1/decisions", json={"code": "print(1)"}).status_code == 200
+    assert server.service.decisions.count == 0
+    assert [r["gateway"]["pid"] for r in server.records("policy.decision")] == [os.getpid()]

@@ -1,0 +1,110 @@
+"""The decision workers with real worker processes and the fake runner (no engine): the answer a worker renders
+is the in-process answer, and a job in flight on a worker that dies is a 503, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway import Caller, Gateway
+from gateway.audit import JsonlAuditTrail
+from gateway.errors import DecisionWorkerError, http_status_for
+from gateway.policy import load_policy
+from gateway.resources import default_policy_path
+from gateway.runner.fake import FakeRunner
+from gateway.service import decisions
+from gateway.service.decisions import DecisionWorkers, decided
+
+CALLER = Caller("alice", "gw_id_test")
+
+
+def _gateway(directory: Path) -> Gateway:
+    return Gateway(load_policy(default_policy_path()), runner=FakeRunner(), audit=JsonlAuditTrail(directory))
+
+
+async def _ready(workers: DecisionWorkers, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while workers.ready < count:
+        assert time.monotonic() < deadline, "the workers did not get ready"
+        await asyncio.sleep(0.05)
+
+
+def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
+    gateway = _gateway(tmp_path / "audit")
+
+    async def scenario() -> tuple[decisions.Decided, decisions.Decided, decisions.Decided]:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            allowed = await workers.decide(b'{"code": "print(1)"}', CALLER)
+            denied = await workers.decide(b'{"code": "print(1)", "network": "bridge"}', CALLER)
+            invalid = await workers.decide(b'{"code": 1}', CALLER)
+        finally:
+            await workers.close()
+        return allowed, denied, invalid
+
+    allowed, denied, invalid = asyncio.run(scenario())
+    local = decided(gateway.decide(b'{"code": "print(1)"}', caller=CALLER))
+    gateway.close()
+    assert allowed.status == local.status == 200
+    mine, theirs = json.loads(allowed.content), json.loads(local.content)
+    assert mine.keys() == theirs.keys()
+    assert mine["decision"]["options"].keys() == theirs["decision"]["options"].keys()
+    assert [r["rule"] for r in mine["decision"]["results"]] == [r["rule"] for r in theirs["decision"]["results"]]
+    assert allowed.headers["X-Request-Id"] == mine["request_id"]
+    assert allowed.violations is None
+    assert denied.status == 200
+    assert json.loads(denied.content)["allowed"] is False
+    assert [v["rule"] for v in denied.violations or []] == ["network.mode"]
+    assert invalid.status == 422
+    assert json.loads(invalid.content)["code"] == "request.invalid"
+
+
+_DIES_ON_FIRST_JOB = """
+import os, sys
+from gateway.service.decisions import _frame, _read_frame
+out = os.fdopen(os.dup(1), "wb")
+_read_frame(sys.stdin.buffer)
+out.write(_frame(("ready", os.getpid()))); out.flush()
+_read_frame(sys.stdin.buffer)
+os._exit(3)
+"""
+
+
+def test_a_job_in_flight_on_a_dying_worker_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decisions, "_WORKER", _DIES_ON_FIRST_JOB)
+    gateway = _gateway(tmp_path / "audit")
+
+    async def scenario() -> BaseException | None:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            try:
+                await asyncio.wait_for(workers.decide(b'{"code": "print(1)"}', CALLER), 30)
+            except DecisionWorkerError as exc:
+                return exc
+            after = await workers.decide(b'{"code": "print(1)"}', CALLER)  # in process while it is replaced
+            assert after.status == 200
+            return None
+        finally:
+            await workers.close()
+
+    error = asyncio.run(scenario())
+    gateway.close()
+    assert isinstance(error, DecisionWorkerError)
+    assert http_status_for(error) == 503
+    assert error.code == "service.decision_failed"
+
+
+def test_no_worker_without_a_trail_directory_or_a_factory(tmp_path: Path) -> None:
+    from gateway.audit import MemoryAuditSink
+
+    in_memory = Gateway(load_policy(default_policy_path()), runner=FakeRunner(), audit=MemoryAuditSink())
+    assert DecisionWorkers(in_memory, FakeRunner, 2).count == 0
+    assert DecisionWorkers(_gateway(tmp_path / "audit"), None, 2).count == 0
