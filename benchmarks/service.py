@@ -6,7 +6,10 @@ One run, same machine, same engine, same image, same policy (``policies/default.
   principals file made with ``PrincipalsStore.add``); ``--concurrency`` client threads, each with its own
   ``httpx.Client``, ``POST /v1/executions {"code": "print(2+2)"}`` with the principal's bearer token.
 - ``in-process``: the same workload, same number of threads, through one ``Gateway.from_env`` in this process.
-- ``decisions``: ``POST /v1/decisions`` at ``--decision-concurrency`` threads for ``--decision-seconds``.
+- ``decisions``: ``POST /v1/decisions`` on ``--decision-concurrency`` keep-alive connections for
+  ``--decision-seconds`` (after 2 s of warm-up), from a raw asyncio HTTP/1.1 client in this process (an HTTP
+  library would spend more CPU per request than the server does, on the same cores); the server's CPU per
+  decision counts its decision workers (its child processes).
 
 The execution phases alternate in blocks (service, in-process, service, ...; ``--blocks`` of each), so drift in
 the machine's load hits both alike. Every response is checked (200 and stdout ``4\\n`` for an execution, 200
@@ -19,15 +22,16 @@ Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/service.py [--n 48] [--concurr
 
 ``--profile FILE`` runs the server with a cProfile profiler in every thread (the event loop's and the workers'
 that decide and execute) for the whole run and writes the merged statistics to FILE; inspect them with
-``python -m pstats FILE``. Execution concurrency is bounded by the host-wide execution slots
-(``GATEWAY_SLOTS``, default two per core): at concurrency 8 on 2 cores, 4 sandboxes run at a time and the
-others wait for a slot, in both the service and the in-process case. Only loopback and the local engine are
-contacted.
+``python -m pstats FILE`` (the decision workers are other processes: not in it). Execution concurrency is
+bounded by the host-wide execution slots (``GATEWAY_SLOTS``, default two per core): at concurrency 8 on 2
+cores, 4 sandboxes run at a time and the others wait for a slot, in both the service and the in-process case.
+Only loopback and the local engine are contacted.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -189,70 +193,105 @@ def service_executions(base: str, token: str) -> tuple[Callable[[], bool], Calla
     return call, client.close
 
 
-def service_decisions(base: str, token: str) -> tuple[Callable[[], bool], Callable[[], None]]:
-    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
-
-    def call() -> bool:
-        r = client.post("/v1/decisions", json={"code": CODE})
-        return r.status_code == 200 and r.json().get("allowed") is True
-
-    return call, client.close
-
-
 def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds used so far by process ``pid`` (all its threads), from ``/proc/PID/stat``;
-    None where there is no /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
+    """User + system CPU seconds used so far by process ``pid`` (all its threads) and its children (the decision
+    workers), from ``/proc/PID/stat``; None where there is no /proc."""
+
+    def stat(path: Path) -> list[str] | None:
+        try:
+            return path.read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+
+    own = stat(Path(f"/proc/{pid}/stat"))
+    if own is None:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    ticks = int(own[11]) + int(own[12])  # utime, stime (fields 14, 15)
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        fields = stat(path)
+        if fields is not None and int(fields[1]) == pid:  # ppid (field 4)
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def server_cpu_ms(pid: int, start: float | None, requests: int) -> float | None:
-    """The server's CPU milliseconds per request since ``start`` (its CPU seconds then)."""
+    """The server's CPU milliseconds per request since ``start`` (its CPU seconds then), its workers included."""
     end = process_cpu_s(pid)
     if start is None or end is None or not requests:
         return None
     return round((end - start) * 1000 / requests, 3)
 
 
-def timed_decisions(base: str, token: str, concurrency: int, seconds: float) -> dict[str, Any]:
-    """Decisions for ``seconds`` at ``concurrency``: each thread loops until the deadline."""
+try:  # the client's own CPU is taken from the server's two cores: parse the answers the cheapest way there is
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson comes with the report extra
+    _loads = json.loads
+
+
+async def _decisions_connection(
+    port: int, request: bytes, stop_at: float, latencies: list[float], errors: list[str]
+) -> None:
+    """One keep-alive HTTP/1.1 connection posting ``request`` until ``stop_at``; each answer must be 200 with
+    ``"allowed": true``. A raw client: an HTTP library in Python would spend more CPU per request than the
+    server, on the same two cores."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head[9:12]
+            lines = head.lower().split(b"\r\n")
+            length = next(int(line.split(b":", 1)[1]) for line in lines if line.startswith(b"content-length:"))
+            body = await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t0)
+            if status != b"200" or _loads(body).get("allowed") is not True:
+                errors.append(f"HTTP {status.decode()}: {body[:200]!r}")
+    except (OSError, asyncio.IncompleteReadError, StopIteration, ValueError) as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        writer.close()
+
+
+def _client_loop() -> Callable[[Any], Any]:
+    """``asyncio.run``, on uvloop when installed (the service extra): less client CPU per request."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:  # pragma: no cover
+        return asyncio.run
+    return uvloop.run
+
+
+def timed_decisions(base: str, token: str, concurrency: int, seconds: float, pid: int) -> dict[str, Any]:
+    """Decisions for ``seconds`` on ``concurrency`` keep-alive connections (one asyncio loop in this process),
+    after a 2 s warm-up; with the server's CPU per decision (process ``pid`` and its decision workers)."""
+    port = int(base.rsplit(":", 1)[1])
+    body = json.dumps({"code": CODE}).encode()
+    request = (
+        f"POST /v1/decisions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     latencies: list[float] = []
     errors: list[str] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(concurrency + 1)
-    stop_at: list[float] = []
 
-    def worker() -> None:
-        call, close = service_decisions(base, token)
-        mine: list[float] = []
-        bad: list[str] = []
-        try:
-            barrier.wait()
-            while time.perf_counter() < stop_at[0]:
-                t0 = time.perf_counter()
-                try:
-                    if not call():
-                        bad.append("bad response")
-                except Exception as exc:  # noqa: BLE001
-                    bad.append(f"{type(exc).__name__}: {exc}")
-                mine.append(time.perf_counter() - t0)
-        finally:
-            close()
-            with lock:
-                latencies.extend(mine)
-                errors.extend(bad)
+    async def run(duration: float, lat: list[float], err: list[str]) -> None:
+        stop_at = time.perf_counter() + duration
+        await asyncio.gather(*(_decisions_connection(port, request, stop_at, lat, err) for _ in range(concurrency)))
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    stop_at.append(time.perf_counter() + seconds)
+    loop = _client_loop()
+    loop(run(2.0, [], []))  # warm-up: every decision worker has started and decided
+    server0 = process_cpu_s(pid)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    barrier.wait()
-    return _joined(threads, t0, cpu0, latencies, errors)
+    loop(run(seconds, latencies, errors))
+    wall = time.perf_counter() - t0
+    return {
+        "latencies": latencies,
+        "errors": errors,
+        "wall_s": wall,
+        "client_cpu_s": time.process_time() - cpu0,
+        "server_cpu_ms_per_request": server_cpu_ms(pid, server0, len(latencies)),
+    }
 
 
 def serve_profiled(out: str, argv: list[str]) -> int:
@@ -331,9 +370,7 @@ def main() -> int:
                     for name, make in (("service", svc), ("in-process", inprocess)):
                         blocks[name].append(run_threads(args.concurrency, args.n, make))
                         loads.append(os.getloadavg()[0])
-                cpu_before = process_cpu_s(pid)
-                decisions = timed_decisions(base, token, args.decision_concurrency, args.decision_seconds)
-                decisions["server_cpu_ms_per_request"] = server_cpu_ms(pid, cpu_before, len(decisions["latencies"]))
+                decisions = timed_decisions(base, token, args.decision_concurrency, args.decision_seconds, pid)
                 loads.append(os.getloadavg()[0])
         finally:
             gw.close()
