@@ -19,9 +19,11 @@ A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anythi
 :meth:`Gateway.decide` in one of :data:`THREADS` threads (its trail's group commit makes one fsync cover the
 records written meanwhile, and each answer waits for its own records to be durable) and sends back the status,
 the rendered body, the headers and the violations (for the metrics): the same answer the service would have
-made itself. Frames are a 4-byte big-endian length and a pickle, over the worker's stdin and stdout: pipes that
-only the two processes hold, with this package's own code at both ends. The worker's stray prints go to stderr
-(the server's log), never into the frames.
+made itself. Frames are a 4-byte big-endian length and a payload, over the worker's stdin and stdout (pipes that
+only the two processes hold). To the worker the payload is a pickle (the service's own objects: its policies,
+its runner factory); from the worker, which handles hostile request bodies, it is data only and never unpickled:
+a JSON header line (kind, job, status, headers, violations) and the rendered body. The worker's stray prints go
+to stderr (the server's log), never into the frames.
 
 When no worker is ready (they are starting, or one died and its replacement is starting, or the runner factory
 cannot be sent: a test's closure), the service decides in process, as with ``decision_workers: 0``: a dry run is
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import pickle
@@ -105,16 +108,29 @@ def _policy_documents(policies: PolicySet) -> tuple[Policy, dict[str, Policy]]:
 
 
 def _frame(message: Any) -> bytes:
+    """A frame to a worker: the message pickled."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(data)) + data
 
 
-class _Frames(asyncio.Protocol):
-    """Reads a worker's frames from its stdout and hands each message on; tells when the pipe closes."""
+def _answer_frame(header: dict[str, Any], content: bytes = b"") -> bytes:
+    """A frame from a worker: a JSON header line, then the rendered body (data only: never unpickled)."""
+    data = json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n" + content
+    return _HEADER.pack(len(data)) + data
 
-    def __init__(self, on_message: Callable[[Any], None], on_closed: Callable[[], None]) -> None:
+
+class _Frames(asyncio.Protocol):
+    """Reads a worker's frames from its stdout and hands each header and body on; tells when the pipe closes."""
+
+    def __init__(
+        self,
+        on_message: Callable[[dict[str, Any], bytes], None],
+        on_bad: Callable[[str], None],
+        on_closed: Callable[[], None],
+    ) -> None:
         self._buffer = bytearray()
         self._on_message = on_message
+        self._on_bad = on_bad
         self._on_closed = on_closed
 
     def data_received(self, data: bytes) -> None:
@@ -125,7 +141,16 @@ class _Frames(asyncio.Protocol):
                 return
             payload = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
             del self._buffer[: _HEADER.size + size]
-            self._on_message(pickle.loads(payload))  # noqa: S301 - our own worker's answer over our own pipe
+            head, _, content = payload.partition(b"\n")
+            try:
+                header = json.loads(head)
+            except ValueError as exc:
+                self._on_bad(f"a frame that is not a decision worker's answer ({exc})")
+                return
+            if not isinstance(header, dict):
+                self._on_bad("a frame whose header is not a JSON object")
+                return
+            self._on_message(header, content)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._on_closed()
@@ -150,29 +175,37 @@ class _Worker:
         if self.proc.stdin is None or self.proc.stdout is None:
             raise OSError("the decision worker has no pipes")
         self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
-        self._reader, _ = await loop.connect_read_pipe(lambda: _Frames(self._message, self._lost), self.proc.stdout)
+        self._reader, _ = await loop.connect_read_pipe(
+            lambda: _Frames(self._message, self._bad, self._lost), self.proc.stdout
+        )
         self._writer.write(init)
 
     def send(self, frame: bytes) -> None:
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(frame)
 
-    def _message(self, message: Any) -> None:
-        kind = message[0]
+    def _message(self, header: dict[str, Any], content: bytes) -> None:
+        kind = header.get("kind")
         if kind == "ready":
             self.ready = True
             self._on_ready()
             _log.info("decision worker %d ready", self.proc.pid)
-        elif kind == "decided":
-            _, job, status, content, headers, violations = message
-            future = self.jobs.pop(job, None)
-            if future is not None and not future.done():
-                future.set_result(Decided(status, content, headers, violations))
-        elif kind == "failed":
-            _, job, text = message
-            future = self.jobs.pop(job, None)
-            if future is not None and not future.done():
-                future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {text}"))
+            return
+        future = self.jobs.pop(header.get("job", 0), None)
+        if future is None or future.done():
+            return
+        if kind == "decided":
+            future.set_result(Decided(header["status"], content, header["headers"], header["violations"]))
+        else:  # "failed": Gateway.decide raised, which it never should
+            future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {header.get('error')}"))
+
+    def _bad(self, why: str) -> None:
+        """The worker broke the protocol: it is killed (its jobs in flight fail) and replaced."""
+        _log.error("decision worker %d sent %s; killing it", self.proc.pid, why)
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        if self._reader is not None:
+            self._reader.close()
 
     def _lost(self) -> None:
         if self.closed:
@@ -358,8 +391,8 @@ def worker_main() -> int:
     gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=sink)
     lock = threading.Lock()
 
-    def send(message: Any) -> None:
-        frame = _frame(message)
+    def send(header: dict[str, Any], content: bytes = b"") -> None:
+        frame = _answer_frame(header, content)
         with lock:
             out.write(frame)
             out.flush()
@@ -367,11 +400,13 @@ def worker_main() -> int:
     def job(number: int, body: bytes, principal: str, token_id: str) -> None:
         try:
             answer = decided(gateway.decide(body, caller=Caller(principal, token_id)))
-            send(("decided", number, answer.status, answer.content, answer.headers, answer.violations))
         except Exception as exc:  # noqa: BLE001 - answered as a failure of this job, never a dead worker
-            send(("failed", number, f"{type(exc).__name__}: {exc}"))
+            send({"kind": "failed", "job": number, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        header = {"kind": "decided", "job": number, "status": answer.status, "headers": answer.headers}
+        send({**header, "violations": answer.violations}, answer.content)
 
-    send(("ready", os.getpid()))
+    send({"kind": "ready", "pid": os.getpid()})
     try:
         with ThreadPoolExecutor(THREADS, thread_name_prefix="decide") as pool:
             while (message := _read_frame(stdin)) is not None:

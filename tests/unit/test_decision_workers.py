@@ -67,10 +67,10 @@ def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
 
 _DIES_ON_FIRST_JOB = """
 import os, sys
-from gateway.service.decisions import _frame, _read_frame
+from gateway.service.decisions import _answer_frame, _read_frame
 out = os.fdopen(os.dup(1), "wb")
 _read_frame(sys.stdin.buffer)
-out.write(_frame(("ready", os.getpid()))); out.flush()
+out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
 _read_frame(sys.stdin.buffer)
 os._exit(3)
 """
@@ -108,3 +108,48 @@ def test_no_worker_without_a_trail_directory_or_a_factory(tmp_path: Path) -> Non
     in_memory = Gateway(load_policy(default_policy_path()), runner=FakeRunner(), audit=MemoryAuditSink())
     assert DecisionWorkers(in_memory, FakeRunner, 2).count == 0
     assert DecisionWorkers(_gateway(tmp_path / "audit"), None, 2).count == 0
+
+
+_ANSWERS_WITH_A_PICKLE = """
+import os, pickle, struct, sys
+from gateway.service.decisions import _answer_frame, _read_frame
+out = os.fdopen(os.dup(1), "wb")
+_read_frame(sys.stdin.buffer)
+out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
+_read_frame(sys.stdin.buffer)
+
+class Exploit:
+    def __reduce__(self):
+        return (open, (sys.argv[1] if len(sys.argv) > 1 else os.environ["PLANTED"], "w"))
+
+data = pickle.dumps(("decided", 1, 200, b"{}", {}, Exploit()))
+out.write(struct.pack("!I", len(data)) + data); out.flush()
+sys.stdin.buffer.read()
+"""
+
+
+def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker handles hostile bodies: what it sends back is data. A pickle in its answer (here one that would
+    create a file when loaded) breaks the protocol: the job fails with a 503, the worker is killed, nothing runs."""
+    planted = tmp_path / "planted"
+    monkeypatch.setenv("PLANTED", str(planted))
+    monkeypatch.setattr(decisions, "_WORKER", _ANSWERS_WITH_A_PICKLE)
+    gateway = _gateway(tmp_path / "audit")
+
+    async def scenario() -> BaseException | None:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            try:
+                await asyncio.wait_for(workers.decide(b'{"code": "print(1)"}', CALLER), 30)
+            except DecisionWorkerError as exc:
+                return exc
+            return None
+        finally:
+            await workers.close()
+
+    error = asyncio.run(scenario())
+    gateway.close()
+    assert isinstance(error, DecisionWorkerError)
+    assert not planted.exists()
