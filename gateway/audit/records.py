@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
@@ -183,8 +184,6 @@ class PolicyDecisionView(AuditRecordView):
     """Rule ids of the results that denied (enforce-mode failures and errors)."""
     warnings: tuple[str, ...]
     """Rule ids of the warn results and audit-mode failures."""
-    not_passed: frozenset[str]
-    """Rule ids with a ``fail``, ``error`` or ``warn`` status in ``results``, ``violations`` or ``warnings``."""
     options: Mapping[str, Any] | None = field(compare=False, repr=False)
     """The assembled ``containers.create`` arguments as stored (environment values redacted); ``None`` when
     denied."""
@@ -200,6 +199,15 @@ class PolicyDecisionView(AuditRecordView):
     @property
     def images(self) -> frozenset[str]:
         return frozenset(i for i in (self.image, self.options_image) if i is not None)
+
+    @property
+    def not_passed(self) -> frozenset[str]:
+        """Rule ids of the results with a ``fail``, ``error`` or ``warn`` status, and of the violations and
+        warnings (results that did not pass, by their definition): what ``gateway audit query --rule`` matches.
+
+        Derived when asked (the query and the export ask, a report does not), not stored."""
+        failed = frozenset(result.rule for result in self.results if result.status in NOT_PASSED)
+        return failed.union(self.violations, self.warnings)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,6 +262,9 @@ _DATA: Final = "$.data"
 _DECISION: Final = "$.data.decision"
 _STATUSES: Final = frozenset({"pass", "fail", "warn", "error", "skip"})
 _MODES: Final = frozenset({"enforce", "audit"})
+_MODES_OR_NULL: Final = frozenset({*_MODES, None})
+_RESULT_FIELDS: Final = itemgetter(*RuleResultView._fields)
+"""A result's fields in :class:`RuleResultView`'s order, read in one call (``KeyError`` if one is missing)."""
 
 _Envelope = dict[str, Any]
 """The keyword arguments of :class:`AuditRecordView`, read from one record."""
@@ -351,30 +362,35 @@ def _request_invalid(r: FieldReader, env: _Envelope) -> RequestInvalidView:
     )
 
 
+def _well_typed(results: tuple[RuleResultView, ...]) -> bool:
+    """Whether every result read by the first pass of :func:`_rule_results` has the types of its view."""
+    for rule, status, mode, path, message in results:  # a loop, not all() of a generator: a fifth cheaper
+        if not (
+            type(rule) is str
+            and status in _STATUSES  # raises TypeError for an unhashable value
+            and mode in _MODES_OR_NULL
+            and (path is None or type(path) is str)
+            and (message is None or type(message) is str)
+        ):
+            return False
+    return True
+
+
 def _rule_results(r: FieldReader, decision: Mapping[str, Any]) -> tuple[RuleResultView, ...]:
-    # A decision holds a result per rule (~25) and a report views every decision of a trail: a first pass
-    # checks each result's types inline and builds the views positionally; at the first item it does not
-    # accept, the field-by-field reads below run instead and raise the error naming the path.
+    # A decision holds a result per rule (~25) and a report views every decision of a trail. A writer records
+    # all five fields of every result, so a first pass builds the views straight from them (``_make`` over
+    # ``_RESULT_FIELDS``: no call per field nor per view) and then checks their types; when it meets what it
+    # does not accept (a field missing, an item not an object, a wrong type), the field-by-field reads below
+    # run instead and raise the error naming the path, or accept what the first pass did not expect (a result
+    # without ``mode``, which reads as ``None``).
     items = decision.get("results")
     if type(items) is list:
-        out: list[RuleResultView] = []
-        for item in items:
-            if type(item) is not dict:
-                break
-            rule, status, mode = item.get("rule"), item.get("status"), item.get("mode")
-            path, message = item.get("path"), item.get("message")
-            if not (
-                type(rule) is str
-                and type(status) is str
-                and status in _STATUSES
-                and (mode is None or (type(mode) is str and mode in _MODES))
-                and (path is None or type(path) is str)
-                and (message is None or type(message) is str)
-            ):
-                break
-            out.append(RuleResultView(rule, status, mode, path, message))
-        else:
-            return tuple(out)
+        try:
+            results = tuple(map(RuleResultView._make, map(_RESULT_FIELDS, items)))
+            if _well_typed(results):
+                return results
+        except (KeyError, TypeError):  # a missing field, an item that is not an object, an unhashable status
+            pass
     return tuple(
         RuleResultView(
             rule=r.text(item, "rule", at),
@@ -387,22 +403,18 @@ def _rule_results(r: FieldReader, decision: Mapping[str, Any]) -> tuple[RuleResu
     )
 
 
-def _rule_statuses(r: FieldReader, decision: Mapping[str, Any], group: str) -> list[tuple[str, str]]:
-    """``(rule, status)`` of each result in ``violations`` or ``warnings`` (subsets of ``results``)."""
-    return [
-        (r.text(item, "rule", at), r.choice(item, "status", at, _STATUSES))
-        for at, item in r.objects(decision, group, _DECISION)
-    ]
+def _rule_ids(r: FieldReader, decision: Mapping[str, Any], group: str) -> tuple[str, ...]:
+    """The rule ids of ``violations`` or ``warnings`` (subsets of ``results``; their status is checked too)."""
+    rules = []
+    for at, item in r.objects(decision, group, _DECISION):
+        rules.append(r.text(item, "rule", at))
+        r.choice(item, "status", at, _STATUSES)
+    return tuple(rules)
 
 
 def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     data = env["data"]
     decision = r.mapping(data, "decision", _DATA)
-    results = _rule_results(r, decision)
-    violations = _rule_statuses(r, decision, "violations")
-    warnings = _rule_statuses(r, decision, "warnings")
-    not_passed = {result.rule for result in results if result.status in NOT_PASSED}
-    not_passed.update(rule for rule, status in violations + warnings if status in NOT_PASSED)
     options = r.mapping_or_none(decision, "options", _DECISION)
     plan = r.mapping_or_none(decision, "plan", _DECISION)
     plan_base = "$.data.decision.plan"
@@ -411,10 +423,9 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
         decision_id=r.text_or_none(decision, "decision_id", _DECISION),
         allowed=r.flag(decision, "allowed", _DECISION),
         dry_run=r.flag(data, "dry_run", _DATA, default=False),
-        results=results,
-        violations=tuple(rule for rule, _status in violations),
-        warnings=tuple(rule for rule, _status in warnings),
-        not_passed=frozenset(not_passed),
+        results=_rule_results(r, decision),
+        violations=_rule_ids(r, decision, "violations"),
+        warnings=_rule_ids(r, decision, "warnings"),
         options=options,
         options_sha256=r.digest_or_none(data, "options_sha256", _DATA),
         options_image=None if options is None else r.text_or_none(options, "image", "$.data.decision.options"),

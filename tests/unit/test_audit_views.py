@@ -176,6 +176,17 @@ def test_decision_views(records: list[dict[str, Any]]) -> None:
     assert denied.images == frozenset()
 
 
+def test_results_without_the_optional_fields_read_as_none(records: list[dict[str, Any]]) -> None:
+    record = copy.deepcopy(records[3])
+    for key in ("mode", "path", "message"):
+        del record["data"]["decision"]["results"][2][key]
+    view = view_record(record)
+    assert isinstance(view, PolicyDecisionView)
+    assert view.results[0] == RuleResultView("images.allowlist", "pass", "enforce", "$.x", "images.allowlist pass")
+    assert view.results[2] == RuleResultView("network.mode", "warn", None, None, None)
+    assert view.not_passed == {"network.mode"}
+
+
 def test_outcome_and_pull_views(records: list[dict[str, Any]]) -> None:
     pulled = view_record(records[4])
     assert isinstance(pulled, ImagePulledView)
