@@ -7,12 +7,16 @@ its ``event_type``: :class:`RequestReceivedView`, :class:`RequestInvalidView`, :
 Every view carries the envelope of :class:`AuditRecordView`; field names follow
 ``schemas/audit-record.schema.json``.
 
-A view never changes the record and never copies it: the nested objects it exposes (``data``, ``request``,
-``options``) are read-only proxies over the record's own dicts. It checks the type of every field it reads
-and raises :class:`~gateway.errors.AuditIntegrityError` naming the record's ``seq`` and the JSON path of the
-first field that is missing or of the wrong type (``audit record seq 7: $.data.decision.allowed: expected a
-boolean, got string 'yes'``), so a report never silently counts a malformed record. A view checks shapes,
-not the chain: ``gateway audit verify`` is what proves a record is the one that was written.
+A view never changes the record and never copies it: the nested objects it exposes (``record``, ``data``,
+``request``, ``options``) are read-only proxies over the record's own dicts. It checks the type of every
+field it reads and raises :class:`~gateway.errors.AuditIntegrityError` naming the record's ``seq`` and the
+JSON path of the first field that is missing or of the wrong type (``audit record seq 7:
+$.data.decision.allowed: expected a boolean, got string 'yes'``), so a report never silently counts a
+malformed record. The fields are read when the view is built, except the envelope's that say where a record
+comes from and how it is chained (``event_id``, ``prev_hash``, ``hmac``, ``redacted``, ``trace_id``,
+``span_id``, ``gateway``): a report never reads them, so they are properties, read and checked each time they
+are asked for (the export asks once per record). A view checks shapes, not the chain: ``gateway audit
+verify`` is what proves a record is the one that was written.
 """
 
 from __future__ import annotations
@@ -104,31 +108,56 @@ class ProblemView(NamedTuple):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditRecordView:
-    """The envelope every record carries; the base of every view."""
+    """The envelope every record carries; the base of every view.
+
+    Views compare (and hash) by their fields, ``hash`` included, which covers the whole record."""
 
     schema: str
     """Record format version (:data:`~gateway.audit.interface.SCHEMA_VERSION`)."""
     seq: int
     """Position in the trail, contiguous from 1."""
-    event_id: str
     event_type: str
     timestamp: str
     """When the record was chained: UTC RFC 3339 with microseconds and ``Z`` (sorts as text)."""
     request_id: str | None
     principal: str | None
     policy: PolicyRefView | None
-    redacted: tuple[str, ...]
-    """JSON paths that redaction erased or cut."""
-    trace_id: str | None
-    span_id: str | None
-    prev_hash: str
     hash: str
-    hmac: str | None
-    """Present on keyed trails only."""
+    record: Mapping[str, Any] = field(compare=False, repr=False)
+    """The whole record, read-only (a proxy over its own dict)."""
     data: Mapping[str, Any] = field(compare=False, repr=False)
     """The event's ``data``, read-only (a proxy over the record's own dict)."""
-    gateway: GatewayIdentityView | None = None
-    """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
+
+    @property
+    def event_id(self) -> str:
+        return FieldReader(self.record).text(self.record, "event_id", "$")
+
+    @property
+    def prev_hash(self) -> str:
+        return FieldReader(self.record).digest(self.record, "prev_hash", "$")
+
+    @property
+    def hmac(self) -> str | None:
+        """Present on keyed trails only."""
+        return FieldReader(self.record).digest_or_none(self.record, "hmac", "$")
+
+    @property
+    def redacted(self) -> tuple[str, ...]:
+        """JSON paths that redaction erased or cut."""
+        return FieldReader(self.record).texts(self.record, "redacted", "$", required=True)
+
+    @property
+    def trace_id(self) -> str | None:
+        return FieldReader(self.record).text_or_none(self.record, "trace_id", "$")
+
+    @property
+    def span_id(self) -> str | None:
+        return FieldReader(self.record).text_or_none(self.record, "span_id", "$")
+
+    @property
+    def gateway(self) -> GatewayIdentityView | None:
+        """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
+        return _gateway(FieldReader(self.record), self.record)
 
     @property
     def images(self) -> frozenset[str]:
@@ -304,20 +333,14 @@ def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
     return {
         "schema": schema,
         "seq": seq,
-        "event_id": r.text(record, "event_id", "$"),
         "event_type": event_type,
         "timestamp": timestamp,
         "request_id": r.text_or_none(record, "request_id", "$", required=True),
         "principal": r.text_or_none(record, "principal", "$", required=True),
         "policy": _policy(r, record),
-        "redacted": r.texts(record, "redacted", "$", required=True),
-        "trace_id": r.text_or_none(record, "trace_id", "$"),
-        "span_id": r.text_or_none(record, "span_id", "$"),
-        "prev_hash": r.digest(record, "prev_hash", "$"),
         "hash": r.digest(record, "hash", "$"),
-        "hmac": r.digest_or_none(record, "hmac", "$"),
+        "record": MappingProxyType(record),
         "data": r.mapping(record, "data", "$"),
-        "gateway": _gateway(r, record),
     }
 
 
