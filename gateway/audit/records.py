@@ -12,11 +12,12 @@ A view never changes the record and never copies it: the nested objects it expos
 field it reads and raises :class:`~gateway.errors.AuditIntegrityError` naming the record's ``seq`` and the
 JSON path of the first field that is missing or of the wrong type (``audit record seq 7:
 $.data.decision.allowed: expected a boolean, got string 'yes'``), so a report never silently counts a
-malformed record. The fields are read when the view is built, except the envelope's that say where a record
-comes from and how it is chained (``event_id``, ``prev_hash``, ``hmac``, ``redacted``, ``trace_id``,
-``span_id``, ``gateway``): a report never reads them, so they are properties, read and checked each time they
-are asked for (the export asks once per record). A view checks shapes, not the chain: ``gateway audit
-verify`` is what proves a record is the one that was written.
+malformed record. The fields are read when the view is built, except those that identify a record and say
+where it comes from and how it is chained (the envelope's ``event_id``, ``prev_hash``, ``hmac``, ``redacted``,
+``trace_id``, ``span_id`` and ``gateway``, a decision's ``decision_id`` and ``options_sha256``): a report never
+reads them, so they are properties, read and checked each time they are asked for (the export asks once per
+record). A view checks shapes, not the chain: ``gateway audit verify`` is what proves a record is the one
+that was written.
 """
 
 from __future__ import annotations
@@ -203,7 +204,6 @@ class RequestInvalidView(AuditRecordView):
 class PolicyDecisionView(AuditRecordView):
     """``policy.decision``: what the policy decided, rule by rule."""
 
-    decision_id: str | None
     allowed: bool
     dry_run: bool
     """True for ``gateway check`` (nothing was meant to run); ``False`` when the record does not say."""
@@ -216,8 +216,6 @@ class PolicyDecisionView(AuditRecordView):
     options: Mapping[str, Any] | None = field(compare=False, repr=False)
     """The assembled ``containers.create`` arguments as stored (environment values redacted); ``None`` when
     denied."""
-    options_sha256: str | None
-    """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
     options_image: str | None
     """``image`` of the stored options."""
     image: str | None
@@ -228,6 +226,15 @@ class PolicyDecisionView(AuditRecordView):
     @property
     def images(self) -> frozenset[str]:
         return frozenset(i for i in (self.image, self.options_image) if i is not None)
+
+    @property
+    def decision_id(self) -> str | None:
+        return FieldReader(self.record).text_or_none(self.data["decision"], "decision_id", _DECISION)
+
+    @property
+    def options_sha256(self) -> str | None:
+        """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
+        return FieldReader(self.record).digest_or_none(self.data, "options_sha256", _DATA)
 
     @property
     def not_passed(self) -> frozenset[str]:
@@ -300,9 +307,13 @@ _Envelope = dict[str, Any]
 
 
 def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRefView | None:
-    policy = r.mapping_or_none(record, "policy", "$", required=True)
+    policy = record.get("policy")
     if policy is None:
+        if "policy" not in record:
+            raise r.error("$.policy", "missing")
         return None
+    if type(policy) is not dict and not isinstance(policy, Mapping):
+        raise r.error("$.policy", f"expected an object or null, got {describe(policy)}")
     return PolicyRefView(r.text(policy, "name", "$.policy"), r.digest(policy, "sha256", "$.policy"))
 
 
@@ -443,14 +454,12 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     plan_base = "$.data.decision.plan"
     return PolicyDecisionView(
         **env,
-        decision_id=r.text_or_none(decision, "decision_id", _DECISION),
         allowed=r.flag(decision, "allowed", _DECISION),
         dry_run=r.flag(data, "dry_run", _DATA, default=False),
         results=_rule_results(r, decision),
         violations=_rule_ids(r, decision, "violations"),
         warnings=_rule_ids(r, decision, "warnings"),
         options=options,
-        options_sha256=r.digest_or_none(data, "options_sha256", _DATA),
         options_image=None if options is None else r.text_or_none(options, "image", "$.data.decision.options"),
         image=None if plan is None else r.text_or_none(plan, "image", plan_base),
         runtime=None if plan is None else r.text_or_none(plan, "runtime", plan_base),

@@ -420,6 +420,17 @@ def test_lazy_envelope_fields_are_read_from_the_record(records: list[dict[str, A
     with pytest.raises(TypeError):
         view.record["seq"] = 9  # type: ignore[index]
     assert not LAZY & {f.name for f in dataclasses.fields(view)}
+    assert isinstance(view, PolicyDecisionView)
+    assert (view.decision_id, view.options_sha256) == ("d-1", "e" * 64)
+    broken = copy.deepcopy(raw)
+    broken["data"]["decision"]["decision_id"] = 7
+    broken["data"]["options_sha256"] = "E" * 64
+    late = view_record(broken)  # a report never reads them: checked when read
+    assert isinstance(late, PolicyDecisionView)
+    with pytest.raises(AuditIntegrityError, match=r"seq 4: \$\.data\.decision\.decision_id: expected a string"):
+        _ = late.decision_id
+    with pytest.raises(AuditIntegrityError, match=r"seq 4: \$\.data\.options_sha256: expected 64 lowercase hex"):
+        _ = late.options_sha256
 
 
 def test_envelope_variants_a_writer_produces_are_read_alike(records: list[dict[str, Any]]) -> None:
