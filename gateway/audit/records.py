@@ -7,12 +7,17 @@ its ``event_type``: :class:`RequestReceivedView`, :class:`RequestInvalidView`, :
 Every view carries the envelope of :class:`AuditRecordView`; field names follow
 ``schemas/audit-record.schema.json``.
 
-A view never changes the record and never copies it: the nested objects it exposes (``data``, ``request``,
-``options``) are read-only proxies over the record's own dicts. It checks the type of every field it reads
-and raises :class:`~gateway.errors.AuditIntegrityError` naming the record's ``seq`` and the JSON path of the
-first field that is missing or of the wrong type (``audit record seq 7: $.data.decision.allowed: expected a
-boolean, got string 'yes'``), so a report never silently counts a malformed record. A view checks shapes,
-not the chain: ``gateway audit verify`` is what proves a record is the one that was written.
+A view never changes the record and never copies it: the nested objects it exposes (``record``, ``data``,
+``request``, ``options``) are read-only proxies over the record's own dicts. It checks the type of every
+field it reads and raises :class:`~gateway.errors.AuditIntegrityError` naming the record's ``seq`` and the
+JSON path of the first field that is missing or of the wrong type (``audit record seq 7:
+$.data.decision.allowed: expected a boolean, got string 'yes'``), so a report never silently counts a
+malformed record. The fields are read when the view is built, except those that identify a record and say
+where it comes from and how it is chained (the envelope's ``event_id``, ``prev_hash``, ``hmac``, ``redacted``,
+``trace_id``, ``span_id`` and ``gateway``, a decision's ``decision_id`` and ``options_sha256``): a report never
+reads them, so they are properties, read and checked each time they are asked for (the export asks once per
+record). A view checks shapes, not the chain: ``gateway audit verify`` is what proves a record is the one
+that was written.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
@@ -103,31 +109,56 @@ class ProblemView(NamedTuple):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditRecordView:
-    """The envelope every record carries; the base of every view."""
+    """The envelope every record carries; the base of every view.
+
+    Views compare (and hash) by their fields, ``hash`` included, which covers the whole record."""
 
     schema: str
     """Record format version (:data:`~gateway.audit.interface.SCHEMA_VERSION`)."""
     seq: int
     """Position in the trail, contiguous from 1."""
-    event_id: str
     event_type: str
     timestamp: str
     """When the record was chained: UTC RFC 3339 with microseconds and ``Z`` (sorts as text)."""
     request_id: str | None
     principal: str | None
     policy: PolicyRefView | None
-    redacted: tuple[str, ...]
-    """JSON paths that redaction erased or cut."""
-    trace_id: str | None
-    span_id: str | None
-    prev_hash: str
     hash: str
-    hmac: str | None
-    """Present on keyed trails only."""
+    record: Mapping[str, Any] = field(compare=False, repr=False)
+    """The whole record, read-only (a proxy over its own dict)."""
     data: Mapping[str, Any] = field(compare=False, repr=False)
     """The event's ``data``, read-only (a proxy over the record's own dict)."""
-    gateway: GatewayIdentityView | None = None
-    """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
+
+    @property
+    def event_id(self) -> str:
+        return FieldReader(self.record).text(self.record, "event_id", "$")
+
+    @property
+    def prev_hash(self) -> str:
+        return FieldReader(self.record).digest(self.record, "prev_hash", "$")
+
+    @property
+    def hmac(self) -> str | None:
+        """Present on keyed trails only."""
+        return FieldReader(self.record).digest_or_none(self.record, "hmac", "$")
+
+    @property
+    def redacted(self) -> tuple[str, ...]:
+        """JSON paths that redaction erased or cut."""
+        return FieldReader(self.record).texts(self.record, "redacted", "$", required=True)
+
+    @property
+    def trace_id(self) -> str | None:
+        return FieldReader(self.record).text_or_none(self.record, "trace_id", "$")
+
+    @property
+    def span_id(self) -> str | None:
+        return FieldReader(self.record).text_or_none(self.record, "span_id", "$")
+
+    @property
+    def gateway(self) -> GatewayIdentityView | None:
+        """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
+        return _gateway(FieldReader(self.record), self.record)
 
     @property
     def images(self) -> frozenset[str]:
@@ -173,7 +204,6 @@ class RequestInvalidView(AuditRecordView):
 class PolicyDecisionView(AuditRecordView):
     """``policy.decision``: what the policy decided, rule by rule."""
 
-    decision_id: str | None
     allowed: bool
     dry_run: bool
     """True for ``gateway check`` (nothing was meant to run); ``False`` when the record does not say."""
@@ -183,13 +213,9 @@ class PolicyDecisionView(AuditRecordView):
     """Rule ids of the results that denied (enforce-mode failures and errors)."""
     warnings: tuple[str, ...]
     """Rule ids of the warn results and audit-mode failures."""
-    not_passed: frozenset[str]
-    """Rule ids with a ``fail``, ``error`` or ``warn`` status in ``results``, ``violations`` or ``warnings``."""
     options: Mapping[str, Any] | None = field(compare=False, repr=False)
     """The assembled ``containers.create`` arguments as stored (environment values redacted); ``None`` when
     denied."""
-    options_sha256: str | None
-    """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
     options_image: str | None
     """``image`` of the stored options."""
     image: str | None
@@ -200,6 +226,24 @@ class PolicyDecisionView(AuditRecordView):
     @property
     def images(self) -> frozenset[str]:
         return frozenset(i for i in (self.image, self.options_image) if i is not None)
+
+    @property
+    def decision_id(self) -> str | None:
+        return FieldReader(self.record).text_or_none(self.data["decision"], "decision_id", _DECISION)
+
+    @property
+    def options_sha256(self) -> str | None:
+        """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
+        return FieldReader(self.record).digest_or_none(self.data, "options_sha256", _DATA)
+
+    @property
+    def not_passed(self) -> frozenset[str]:
+        """Rule ids of the results with a ``fail``, ``error`` or ``warn`` status, and of the violations and
+        warnings (results that did not pass, by their definition): what ``gateway audit query --rule`` matches.
+
+        Derived when asked (the query and the export ask, a report does not), not stored."""
+        failed = frozenset(result.rule for result in self.results if result.status in NOT_PASSED)
+        return failed.union(self.violations, self.warnings)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,15 +298,22 @@ _DATA: Final = "$.data"
 _DECISION: Final = "$.data.decision"
 _STATUSES: Final = frozenset({"pass", "fail", "warn", "error", "skip"})
 _MODES: Final = frozenset({"enforce", "audit"})
+_MODES_OR_NULL: Final = frozenset({*_MODES, None})
+_RESULT_FIELDS: Final = itemgetter(*RuleResultView._fields)
+"""A result's fields in :class:`RuleResultView`'s order, read in one call (``KeyError`` if one is missing)."""
 
 _Envelope = dict[str, Any]
 """The keyword arguments of :class:`AuditRecordView`, read from one record."""
 
 
 def _policy(r: FieldReader, record: Mapping[str, Any]) -> PolicyRefView | None:
-    policy = r.mapping_or_none(record, "policy", "$", required=True)
+    policy = record.get("policy")
     if policy is None:
+        if "policy" not in record:
+            raise r.error("$.policy", "missing")
         return None
+    if type(policy) is not dict and not isinstance(policy, Mapping):
+        raise r.error("$.policy", f"expected an object or null, got {describe(policy)}")
     return PolicyRefView(r.text(policy, "name", "$.policy"), r.digest(policy, "sha256", "$.policy"))
 
 
@@ -293,20 +344,14 @@ def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
     return {
         "schema": schema,
         "seq": seq,
-        "event_id": r.text(record, "event_id", "$"),
         "event_type": event_type,
         "timestamp": timestamp,
         "request_id": r.text_or_none(record, "request_id", "$", required=True),
         "principal": r.text_or_none(record, "principal", "$", required=True),
         "policy": _policy(r, record),
-        "redacted": r.texts(record, "redacted", "$", required=True),
-        "trace_id": r.text_or_none(record, "trace_id", "$"),
-        "span_id": r.text_or_none(record, "span_id", "$"),
-        "prev_hash": r.digest(record, "prev_hash", "$"),
         "hash": r.digest(record, "hash", "$"),
-        "hmac": r.digest_or_none(record, "hmac", "$"),
+        "record": MappingProxyType(record),
         "data": r.mapping(record, "data", "$"),
-        "gateway": _gateway(r, record),
     }
 
 
@@ -351,30 +396,35 @@ def _request_invalid(r: FieldReader, env: _Envelope) -> RequestInvalidView:
     )
 
 
+def _well_typed(results: tuple[RuleResultView, ...]) -> bool:
+    """Whether every result read by the first pass of :func:`_rule_results` has the types of its view."""
+    for rule, status, mode, path, message in results:  # a loop: cheaper than all() of a generator
+        if not (
+            type(rule) is str
+            and status in _STATUSES  # raises TypeError for an unhashable value
+            and mode in _MODES_OR_NULL
+            and (path is None or type(path) is str)
+            and (message is None or type(message) is str)
+        ):
+            return False
+    return True
+
+
 def _rule_results(r: FieldReader, decision: Mapping[str, Any]) -> tuple[RuleResultView, ...]:
-    # A decision holds a result per rule (~25) and a report views every decision of a trail: a first pass
-    # checks each result's types inline and builds the views positionally; at the first item it does not
-    # accept, the field-by-field reads below run instead and raise the error naming the path.
+    # A decision holds a result per rule (~25) and a report views every decision of a trail. A writer records
+    # all five fields of every result, so a first pass builds the views straight from them (``_make`` of what
+    # ``_RESULT_FIELDS`` reads, through ``map``: one read per result instead of five, and no ``__new__`` with
+    # five arguments) and then checks their types; when it meets what it does not accept (a field missing, an
+    # item not an object, a wrong type), the field-by-field reads below run instead and raise the error naming
+    # the path, or accept what the first pass did not expect (a result without ``mode`` reads as ``None``).
     items = decision.get("results")
     if type(items) is list:
-        out: list[RuleResultView] = []
-        for item in items:
-            if type(item) is not dict:
-                break
-            rule, status, mode = item.get("rule"), item.get("status"), item.get("mode")
-            path, message = item.get("path"), item.get("message")
-            if not (
-                type(rule) is str
-                and type(status) is str
-                and status in _STATUSES
-                and (mode is None or (type(mode) is str and mode in _MODES))
-                and (path is None or type(path) is str)
-                and (message is None or type(message) is str)
-            ):
-                break
-            out.append(RuleResultView(rule, status, mode, path, message))
-        else:
-            return tuple(out)
+        try:
+            results = tuple(map(RuleResultView._make, map(_RESULT_FIELDS, items)))
+            if _well_typed(results):
+                return results
+        except (KeyError, TypeError):  # a missing field, an item that is not an object, an unhashable status
+            pass
     return tuple(
         RuleResultView(
             rule=r.text(item, "rule", at),
@@ -387,36 +437,29 @@ def _rule_results(r: FieldReader, decision: Mapping[str, Any]) -> tuple[RuleResu
     )
 
 
-def _rule_statuses(r: FieldReader, decision: Mapping[str, Any], group: str) -> list[tuple[str, str]]:
-    """``(rule, status)`` of each result in ``violations`` or ``warnings`` (subsets of ``results``)."""
-    return [
-        (r.text(item, "rule", at), r.choice(item, "status", at, _STATUSES))
-        for at, item in r.objects(decision, group, _DECISION)
-    ]
+def _rule_ids(r: FieldReader, decision: Mapping[str, Any], group: str) -> tuple[str, ...]:
+    """The rule ids of ``violations`` or ``warnings`` (subsets of ``results``; their status is checked too)."""
+    rules = []
+    for at, item in r.objects(decision, group, _DECISION):
+        rules.append(r.text(item, "rule", at))
+        r.choice(item, "status", at, _STATUSES)
+    return tuple(rules)
 
 
 def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     data = env["data"]
     decision = r.mapping(data, "decision", _DATA)
-    results = _rule_results(r, decision)
-    violations = _rule_statuses(r, decision, "violations")
-    warnings = _rule_statuses(r, decision, "warnings")
-    not_passed = {result.rule for result in results if result.status in NOT_PASSED}
-    not_passed.update(rule for rule, status in violations + warnings if status in NOT_PASSED)
     options = r.mapping_or_none(decision, "options", _DECISION)
     plan = r.mapping_or_none(decision, "plan", _DECISION)
     plan_base = "$.data.decision.plan"
     return PolicyDecisionView(
         **env,
-        decision_id=r.text_or_none(decision, "decision_id", _DECISION),
         allowed=r.flag(decision, "allowed", _DECISION),
         dry_run=r.flag(data, "dry_run", _DATA, default=False),
-        results=results,
-        violations=tuple(rule for rule, _status in violations),
-        warnings=tuple(rule for rule, _status in warnings),
-        not_passed=frozenset(not_passed),
+        results=_rule_results(r, decision),
+        violations=_rule_ids(r, decision, "violations"),
+        warnings=_rule_ids(r, decision, "warnings"),
         options=options,
-        options_sha256=r.digest_or_none(data, "options_sha256", _DATA),
         options_image=None if options is None else r.text_or_none(options, "image", "$.data.decision.options"),
         image=None if plan is None else r.text_or_none(plan, "image", plan_base),
         runtime=None if plan is None else r.text_or_none(plan, "runtime", plan_base),

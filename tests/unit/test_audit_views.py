@@ -176,6 +176,17 @@ def test_decision_views(records: list[dict[str, Any]]) -> None:
     assert denied.images == frozenset()
 
 
+def test_results_without_the_optional_fields_read_as_none(records: list[dict[str, Any]]) -> None:
+    record = copy.deepcopy(records[3])
+    for key in ("mode", "path", "message"):
+        del record["data"]["decision"]["results"][2][key]
+    view = view_record(record)
+    assert isinstance(view, PolicyDecisionView)
+    assert view.results[0] == RuleResultView("images.allowlist", "pass", "enforce", "$.x", "images.allowlist pass")
+    assert view.results[2] == RuleResultView("network.mode", "warn", None, None, None)
+    assert view.not_passed == {"network.mode"}
+
+
 def test_outcome_and_pull_views(records: list[dict[str, Any]]) -> None:
     pulled = view_record(records[4])
     assert isinstance(pulled, ImagePulledView)
@@ -220,10 +231,10 @@ def test_views_of_trail_lines_equal_views_of_memory_records(tmp_path: Path) -> N
         assert type(disk) is type(mem)
         assert disk.seq == mem.seq
         assert disk.data == mem.data
-        ignore = {"event_id", "timestamp", "hash", "prev_hash"}  # stamped per sink
-        left = {f.name: getattr(disk, f.name) for f in dataclasses.fields(disk) if f.name not in ignore}
-        right = {f.name: getattr(mem, f.name) for f in dataclasses.fields(mem) if f.name not in ignore}
-        assert left == right
+        ignore = {"timestamp", "hash", "record"}  # stamped per sink
+        names = [f.name for f in dataclasses.fields(disk) if f.name not in ignore]
+        names += ["redacted", "trace_id", "span_id", "hmac", "gateway"]  # read when asked (not event_id, prev_hash)
+        assert {name: getattr(disk, name) for name in names} == {name: getattr(mem, name) for name in names}
 
 
 def test_views_are_frozen_read_only_and_copy_nothing(records: list[dict[str, Any]]) -> None:
@@ -378,18 +389,48 @@ _ENVELOPE_BAD: list[tuple[str, Any]] = [
 ]
 
 
+LAZY = {"event_id", "prev_hash", "hmac", "redacted", "trace_id", "span_id", "gateway"}
+"""Envelope fields a view reads when asked (a report never does), not when it is built."""
+
+
 @pytest.mark.parametrize(("key", "bad"), _ENVELOPE_BAD)
 def test_every_envelope_field_is_checked(records: list[dict[str, Any]], key: str, bad: Any) -> None:
-    # The envelope is read by an inline first pass and, for what it refuses, by the field-by-field reads that
-    # name the path: whichever pass runs, a malformed envelope field is an error naming that field.
+    # Most fields are checked when the view is built, the envelope's provenance fields (LAZY) when they are
+    # read: either way a malformed envelope field is never read silently, and the error names it.
     for record in records:
         broken = copy.deepcopy(record)
         if bad is _MISSING:
             del broken[key]
         else:
             broken[key] = bad
-        with pytest.raises(AuditIntegrityError, match=rf"\$\.{key}\b"):
-            view_record(broken)
+        if key in LAZY:
+            view = view_record(broken)
+            with pytest.raises(AuditIntegrityError, match=rf"\$\.{key}\b"):
+                getattr(view, key)
+        else:
+            with pytest.raises(AuditIntegrityError, match=rf"\$\.{key}\b"):
+                view_record(broken)
+
+
+def test_lazy_envelope_fields_are_read_from_the_record(records: list[dict[str, Any]]) -> None:
+    raw = records[3]
+    view = view_record(raw)
+    assert (view.event_id, view.prev_hash, view.hmac) == (raw["event_id"], raw["prev_hash"], raw["hmac"])
+    assert view.record["data"] is raw["data"]  # a proxy over the record's own dict
+    with pytest.raises(TypeError):
+        view.record["seq"] = 9  # type: ignore[index]
+    assert not LAZY & {f.name for f in dataclasses.fields(view)}
+    assert isinstance(view, PolicyDecisionView)
+    assert (view.decision_id, view.options_sha256) == ("d-1", "e" * 64)
+    broken = copy.deepcopy(raw)
+    broken["data"]["decision"]["decision_id"] = 7
+    broken["data"]["options_sha256"] = "E" * 64
+    late = view_record(broken)  # a report never reads them: checked when read
+    assert isinstance(late, PolicyDecisionView)
+    with pytest.raises(AuditIntegrityError, match=r"seq 4: \$\.data\.decision\.decision_id: expected a string"):
+        _ = late.decision_id
+    with pytest.raises(AuditIntegrityError, match=r"seq 4: \$\.data\.options_sha256: expected 64 lowercase hex"):
+        _ = late.options_sha256
 
 
 def test_envelope_variants_a_writer_produces_are_read_alike(records: list[dict[str, Any]]) -> None:
