@@ -288,7 +288,7 @@ class DecisionWorkers:
         except OSError as exc:
             _log.error("cannot talk to decision worker %d: %s", proc.pid, exc)
             worker.close()
-            proc.kill()
+            self._ended(worker)  # killed, and replaced after the back-off
 
     def _ready(self) -> None:
         self._deaths = 0
@@ -376,7 +376,10 @@ def _read_frame(stream: IO[bytes]) -> Any:
 
 def worker_main() -> int:
     """A decision worker: an init frame, then jobs and policy sets until stdin closes (see the module)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's; a worker ends when its stdin closes
+    # Ctrl-C, a stop (systemd signals the whole group) and a reload are the service's: it finishes its requests,
+    # then closes the worker's stdin, which is when a worker ends (or when the service itself is gone).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print goes to the log, never into the frames
     stdin = sys.stdin.buffer

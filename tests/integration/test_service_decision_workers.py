@@ -123,6 +123,21 @@ def test_a_dead_worker_is_replaced_and_the_service_keeps_answering(serve: Callab
     assert pids == [os.getpid(), replacement]
 
 
+def test_a_worker_outlasts_the_signals_sent_to_the_services_group(serve: Callable[..., Server]) -> None:
+    """A stop or reload signalled to the whole group (systemd, a terminal) is the service's to handle: the
+    workers go on deciding the requests in flight and end when the service closes their stdin."""
+    server = serve(decision_workers=1)
+    (pid,) = _workers(server, 1)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        os.kill(pid, sig)
+    time.sleep(0.5)
+    assert _alive(pid)
+    assert server.service.decisions.pids() == [pid]
+    with server.client(server.tokens["alice"]) as alice:
+        assert alice.post("/v1/decisions", json={"code": "print(1)"}).status_code == 200
+    assert [r["gateway"]["pid"] for r in server.records("policy.decision")] == [pid]
+
+
 def test_no_worker_outlives_the_service(serve: Callable[..., Server]) -> None:
     server = serve(decision_workers=2)
     pids = _workers(server, 2)
