@@ -39,7 +39,7 @@ from opentelemetry import trace
 from gateway import __version__
 from gateway.audit.canonical import CanonicalError, canonical_bytes, check_json, seal
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
-from gateway.canonical import SCALAR_TYPES
+from gateway.canonical import SCALAR_TYPES, audit_body_size
 
 __all__ = [
     "LIST_MAX_BYTES",
@@ -159,13 +159,15 @@ def bounded(
     The summary is ``{"count": n, "sha256": hex}``: how many items were left out and the sha256 of their
     canonical JSON array, so whoever holds the full list (the caller's own result) can prove it is the one.
     At least one item is kept whatever its size (an item is a single value the record already bounds).
+    ``items`` is plain JSON (as :func:`normalise` makes a record's data): it is sized without being checked;
+    a record holding anything else is refused when it is serialised (:func:`chain`).
     """
-    if len(items) <= max_items and len(canonical_bytes(items)) - len(items) - 1 <= max_bytes:
+    if len(items) <= max_items and audit_body_size(items) - len(items) - 1 <= max_bytes:
         return list(items), None  # the common case: the whole list fits, sized in one pass (the array minus its commas)
     kept: list[Any] = []
     used = 0
     for item in items:
-        size = len(canonical_bytes(item))
+        size = audit_body_size(item)
         if len(kept) >= max_items or (kept and used + size > max_bytes):
             break
         kept.append(item)
@@ -383,6 +385,9 @@ class RecordPipeline:
     def __post_init__(self) -> None:
         if not self.processors:
             self.processors = [normalise, redactor(self.code_max_bytes), bound_lists(), stamper(self.host)]
+        if self.processors[0] is not normalise:
+            # chain() serialises ``data`` without walking it again: normalise is what made it plain JSON.
+            raise ValueError("the first processor of a record pipeline must be normalise")
 
     def build(
         self,
@@ -418,12 +423,20 @@ class SealedRecord:
 
 
 def chain(record: Record, *, seq: int, prev_hash: str, key: bytes | None, timestamp: str | None = None) -> SealedRecord:
-    """The chaining processor: runs under the trail lock, so ``seq`` and ``timestamp`` follow write order."""
+    """The chaining processor: runs under the trail lock, so ``seq`` and ``timestamp`` follow write order.
+
+    ``record`` is what :meth:`RecordPipeline.build` returned: its ``data`` is the plain JSON copy
+    :func:`normalise` made (and the later processors kept plain), so only the other members are checked here
+    before the body is serialised; a float or a non-string key in any of them is refused (:class:`CanonicalError`).
+    """
     body_record = dict(record)
     body_record["seq"] = seq
     body_record["prev_hash"] = prev_hash
     body_record["timestamp"] = timestamp if timestamp is not None else utc_timestamp()
-    body = canonical_bytes(body_record)
+    for name, value in body_record.items():
+        if name != "data":
+            check_json(value, json_path("$", name))
+    body = canonical_bytes(body_record, checked=True)
     line, digest, mac = seal(body, key)
     full = dict(body_record)
     full["hash"] = digest
