@@ -135,7 +135,8 @@ def _gateway_main(n: int, blocks: int, target_ms: float, old_dir: Path | None) -
                 f"   load {load:.2f}"
             )
     for code, samples in cpu.items():
-        print(f"{code}: cpu median {statistics.median(samples):.3f} ms/decide, min {min(samples):.3f} ({blocks} blocks)")
+        median = statistics.median(samples)
+        print(f"{code}: cpu median {median:.3f} ms/decide, min {min(samples):.3f} ({blocks} blocks)")
     if old_dir is not None:
         ratio = statistics.median(cpu["new"]) / statistics.median(cpu["old"])
         print(f"new/old cpu (medians): {ratio:.2f}")

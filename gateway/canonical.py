@@ -74,7 +74,9 @@ def audit_body_bytes(value: Any, *, checked: bool = False) -> bytes:
     if not checked:
         check_audit_value(value)
     # No circular check: the walk above (or the caller's) already met every container of an acyclic value.
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False)
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False
+    )
     return text.encode("ascii")
 
 

@@ -189,8 +189,8 @@ def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items
     ``fits``: ``value`` is inside a list that was kept whole, whose items are within :data:`LIST_MAX_BYTES` as
     canonical JSON; a list under it is no longer than that, so only its item count can make it too long (and
     it is not serialised again to be sized). Only containers are walked: scalars hold no list."""
-    if path == _KEPT_WHOLE_STEPS:
-        return value
+    if path == _KEPT_WHOLE_STEPS or (fits and not _has_long_list(value, max_items)):
+        return value  # kept whole; or only an over-long list could be cut under a list that fits, and none is
     if isinstance(value, dict):
         for key in list(value):
             item = value[key]
@@ -212,6 +212,22 @@ def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items
             for index, item in enumerate(value)
         ]
     return value
+
+
+def _has_long_list(value: Any, max_items: int) -> bool:
+    """Whether ``value`` is or holds a list of more than ``max_items`` items (a fast walk without paths)."""
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, list):
+        if len(value) > max_items:
+            return True
+        items = value
+    else:
+        return False
+    for item in items:  # noqa: SIM110 - a loop, not any(): no generator per container
+        if type(item) not in SCALAR_TYPES and _has_long_list(item, max_items):
+            return True
+    return False
 
 
 def _path_text(steps: tuple[str | int, ...]) -> str:

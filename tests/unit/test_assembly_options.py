@@ -245,7 +245,8 @@ def test_guard_refuses_a_tampered_copy_of_the_shipped_profile(
     with pytest.raises(UnsafeOptionsError) as info:
         guard(options)
     messages = [p.message for p in info.value.problems if p.path == "$.security_opt[1]"]
-    assert messages and all(m.startswith("seccomp profile refused:") for m in messages), case
+    assert messages, case
+    assert all(m.startswith("seccomp profile refused:") for m in messages), messages
     assert any(found in m for m in messages), messages
     untouched = copy.deepcopy(safe)
     untouched["security_opt"][1] = _shipped_form(json.loads(gateway_profile()))
