@@ -383,7 +383,9 @@ class Gateway:
             return (RuleResult("admission", "error", "enforce", "$", None, None, message),)
 
     def _record_decision(self, decision: Decision, *, dry_run: bool, records: Mapping[str, Any]) -> None:
-        data = {"decision": decision.to_dict(), "options_sha256": decision.options_sha256, "dry_run": dry_run}
+        # Shared, not copied: the sink copies the record's data into plain JSON before it redacts anything.
+        decision_data = decision.to_dict(shared=True)
+        data = {"decision": decision_data, "options_sha256": decision.options_sha256, "dry_run": dry_run}
         self._append("policy.decision", data, **records)
 
     def _run(

@@ -36,6 +36,7 @@ __all__ = [
     "SCALAR_TYPES",
     "CanonicalError",
     "audit_body_bytes",
+    "audit_body_size",
     "check_audit_value",
     "options_bytes",
     "policy_fingerprint_bytes",
@@ -63,14 +64,26 @@ def options_bytes(options: Any) -> bytes:
     return json.dumps(options, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def audit_body_bytes(value: Any) -> bytes:
+def audit_body_bytes(value: Any, *, checked: bool = False) -> bytes:
     """The audit record body format: sorted keys, compact separators, ASCII, no floats.
 
     Raises :class:`CanonicalError` naming the first path that holds a float, a non-string key or a non-JSON
-    type.
+    type. ``checked``: every part of ``value`` was already checked (:func:`check_audit_value`, or copied into
+    plain JSON by the audit pipeline's ``normalise``), so it is not walked again; the bytes are the same.
     """
-    check_audit_value(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+    if not checked:
+        check_audit_value(value)
+    # No circular check: the walk above (or the caller's) already met every container of an acyclic value.
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False
+    )
+    return text.encode("ascii")
+
+
+def audit_body_size(value: Any) -> int:
+    """``len(audit_body_bytes(value, checked=True))`` for a value already checked: the same count of bytes,
+    without sorting keys (the order changes no length) and without building the bytes."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False))
 
 
 SCALAR_TYPES: frozenset[type] = frozenset({str, int, bool, type(None)})

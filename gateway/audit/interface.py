@@ -71,6 +71,10 @@ class AuditSink(Protocol):
     ) -> AuditReceipt:
         """Stamp, redact, chain and durably write one record.
 
+        ``data`` is read, never changed: a sink copies what it keeps before it redacts or bounds anything (the
+        record pipeline's ``normalise``), so a caller may hand it values it shares with others (the Gateway
+        does: a decision's own options and rule results, see ``Decision.to_dict(shared=True)``).
+
         ``durable=False``: written in order but not waited for; it becomes durable with the next durable append
         (which covers every record before it) or at close. For a record that a durable one always follows
         before anything acts on it: a request's ``request.received``, followed by its ``policy.decision``

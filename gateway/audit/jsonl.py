@@ -46,7 +46,15 @@ from gateway.audit.segments import LOCK_NAME, AuditIO, key_from_env, list_segmen
 from gateway.errors import AuditError, AuditIntegrityError, AuditSpaceError, AuditUnavailableError
 from gateway.sizes import SizeError, parse_size
 
-__all__ = ["DEFAULT_MIN_FREE", "NEW_WORK_EVENTS", "JsonlAuditTrail", "TailState", "min_free_bytes", "read_tail"]
+__all__ = [
+    "DEFAULT_MIN_FREE",
+    "NEW_WORK_EVENTS",
+    "JsonlAuditTrail",
+    "TailState",
+    "Watermark",
+    "min_free_bytes",
+    "read_tail",
+]
 
 DEFAULT_MIN_FREE: Final = "64m|1%"
 """The default free-space watermark: 64 MiB, or 1 % of the file system when that is smaller (a small disk)."""
@@ -138,33 +146,54 @@ def read_tail(directory: Path, key: bytes | None, *, check_key: bool = True) -> 
     return TailState(newest_index, newest_size, 0, GENESIS_HASH, None)
 
 
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """A free-space watermark as parsed once (see :func:`min_free_bytes`): sizes and percentages, the smallest
+    of which applies."""
+
+    sizes: tuple[int, ...]
+    """Sizes in bytes."""
+    percents: tuple[float, ...]
+    """Percentages (0 to 100) of the file system's size."""
+
+    @classmethod
+    def parse(cls, spec: str | int) -> Watermark:
+        """``spec`` as :func:`min_free_bytes` reads it; raises :class:`ValueError` with what was wrong."""
+        if isinstance(spec, int):
+            if spec < 0:
+                raise ValueError(f"the free-space watermark must be >= 0 bytes, got {spec}")
+            return cls((spec,), ())
+        sizes: list[int] = []
+        percents: list[float] = []
+        for part in spec.strip().split("|"):
+            item = part.strip()
+            if item.endswith("%"):
+                try:
+                    percent = float(item[:-1])
+                except ValueError:
+                    percent = -1.0
+                if not 0 <= percent <= 100:
+                    raise ValueError(f"{item!r} is not a percentage between 0% and 100%")
+                percents.append(percent)
+            else:
+                try:
+                    sizes.append(parse_size(item))
+                except SizeError as exc:
+                    raise ValueError(f"{item!r}: {exc}; or a percentage such as 1%") from None
+        return cls(tuple(sizes), tuple(percents))
+
+    def bytes_for(self, total: int) -> int:
+        """The watermark in bytes for a file system of ``total`` bytes."""
+        return min([*self.sizes, *(int(total * percent / 100) for percent in self.percents)])
+
+
 def min_free_bytes(spec: str | int, total: int) -> int:
     """The watermark in bytes for a file system of ``total`` bytes: ``spec`` is a size (``64m``, bytes), a
     percentage (``1%``), or several joined by ``|`` of which the smallest applies; ``0`` turns it off.
 
     Raises :class:`ValueError` with what was wrong for anything else.
     """
-    if isinstance(spec, int):
-        if spec < 0:
-            raise ValueError(f"the free-space watermark must be >= 0 bytes, got {spec}")
-        return spec
-    values = []
-    for part in spec.strip().split("|"):
-        item = part.strip()
-        if item.endswith("%"):
-            try:
-                percent = float(item[:-1])
-            except ValueError:
-                percent = -1.0
-            if not 0 <= percent <= 100:
-                raise ValueError(f"{item!r} is not a percentage between 0% and 100%")
-            values.append(int(total * percent / 100))
-        else:
-            try:
-                values.append(parse_size(item))
-            except SizeError as exc:
-                raise ValueError(f"{item!r}: {exc}; or a percentage such as 1%") from None
-    return min(values)
+    return Watermark.parse(spec).bytes_for(total)
 
 
 def _unavailable(action: str, exc: OSError) -> AuditUnavailableError:
@@ -191,11 +220,12 @@ class JsonlAuditTrail:
     ) -> None:
         if segment_max_bytes <= 0:
             raise ValueError("segment_max_bytes must be positive")
-        min_free_bytes(min_free, 1 << 40)  # a bad watermark is refused here, not at the first request
         self.min_free = min_free
         """Free-space watermark of the trail's file system (see :func:`min_free_bytes`); below it records of new
         work (:data:`NEW_WORK_EVENTS`) are refused."""
+        self._watermark = Watermark.parse(min_free)  # a bad watermark is refused here, not at the first request
         self.directory = Path(directory)
+        self._protected = (os.path.realpath(self.directory),)
         self.key = key
         self.segment_max_bytes = segment_max_bytes
         self.group_commit = group_commit
@@ -280,8 +310,13 @@ class JsonlAuditTrail:
 
     @property
     def protected_paths(self) -> tuple[str, ...]:
-        """The trail directory, resolved now: segments, lock file and quarantine all live under it."""
-        return (os.path.realpath(self.directory),)
+        """The trail directory as resolved when the trail last opened something in it (created, then every
+        lock file, segment and re-read tail): segments, lock file and quarantine all live under it."""
+        return self._protected
+
+    def _resolve_directory(self) -> None:
+        """Resolve the directory again right after an open through its path: where that open went."""
+        self._protected = (os.path.realpath(self.directory),)
 
     def __enter__(self) -> Self:
         return self
@@ -310,6 +345,7 @@ class JsonlAuditTrail:
                 self._lock_fd = self._io.open(str(self.directory / LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o640)
             except OSError as exc:
                 raise _unavailable(f"open the audit directory {self.directory}", exc) from exc
+            self._resolve_directory()
 
     def _check_space(self, event_type: str) -> None:
         """Refuse a record of new work when the trail's file system is below its watermark."""
@@ -318,7 +354,7 @@ class JsonlAuditTrail:
         except OSError as exc:
             raise _unavailable(f"check the free space of {self.directory}", exc) from exc
         free = fs.f_bavail * fs.f_frsize
-        watermark = min_free_bytes(self.min_free, fs.f_blocks * fs.f_frsize)
+        watermark = self._watermark.bytes_for(fs.f_blocks * fs.f_frsize)
         if free < watermark:
             raise AuditSpaceError(
                 f"refusing new work ({event_type}): the audit trail's file system ({self.directory}) has {free} "
@@ -330,12 +366,14 @@ class JsonlAuditTrail:
         return self.directory / segment_name(index)
 
     def _tail_is_current(self, tail: TailState) -> bool:
+        """Nobody wrote since: the open segment is still linked, has the size this instance left it at, and no
+        other process started the next one."""
         if self._fd is None or tail.index == 0:
             return False
         st = os.fstat(self._fd)
         if st.st_nlink == 0 or st.st_size != tail.size:
             return False
-        return not self._segment_path(tail.index + 1).exists()
+        return not os.path.exists(os.path.join(self.directory, segment_name(tail.index + 1)))
 
     def _sync_tail(self) -> TailState:
         tail = self._tail
@@ -348,11 +386,13 @@ class JsonlAuditTrail:
             self._fd = self._create_segment(1)
         else:
             self._fd = self._io.open(str(self._segment_path(tail.index)), os.O_WRONLY | os.O_APPEND)
+            self._resolve_directory()
         self._tail = tail
         return tail
 
     def _create_segment(self, index: int) -> int:
         fd = self._io.open(str(self._segment_path(index)), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._resolve_directory()
         self._io.fsync_dir(str(self.directory))
         return fd
 

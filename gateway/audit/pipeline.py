@@ -39,7 +39,7 @@ from opentelemetry import trace
 from gateway import __version__
 from gateway.audit.canonical import CanonicalError, canonical_bytes, check_json, seal
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
-from gateway.canonical import SCALAR_TYPES
+from gateway.canonical import SCALAR_TYPES, audit_body_size
 
 __all__ = [
     "LIST_MAX_BYTES",
@@ -88,7 +88,8 @@ def json_path(base: str, key: str | int) -> str:
 def utc_timestamp(now: datetime | None = None) -> str:
     """UTC RFC 3339 with microseconds and ``Z``: ``2024-05-01T12:00:00.123456Z``."""
     moment = now if now is not None else datetime.now(UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # The text of strftime("%Y-%m-%dT%H:%M:%S.%fZ"), built without parsing a format for every record.
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _plain(value: Any, floats_ok: bool) -> Any:
@@ -159,13 +160,15 @@ def bounded(
     The summary is ``{"count": n, "sha256": hex}``: how many items were left out and the sha256 of their
     canonical JSON array, so whoever holds the full list (the caller's own result) can prove it is the one.
     At least one item is kept whatever its size (an item is a single value the record already bounds).
+    ``items`` is plain JSON (as :func:`normalise` makes a record's data): it is sized without being checked;
+    a record holding anything else is refused when it is serialised (:func:`chain`).
     """
-    if len(items) <= max_items and len(canonical_bytes(items)) - len(items) - 1 <= max_bytes:
+    if len(items) <= max_items and audit_body_size(items) - len(items) - 1 <= max_bytes:
         return list(items), None  # the common case: the whole list fits, sized in one pass (the array minus its commas)
     kept: list[Any] = []
     used = 0
     for item in items:
-        size = len(canonical_bytes(item))
+        size = audit_body_size(item)
         if len(kept) >= max_items or (kept and used + size > max_bytes):
             break
         kept.append(item)
@@ -187,8 +190,8 @@ def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items
     ``fits``: ``value`` is inside a list that was kept whole, whose items are within :data:`LIST_MAX_BYTES` as
     canonical JSON; a list under it is no longer than that, so only its item count can make it too long (and
     it is not serialised again to be sized). Only containers are walked: scalars hold no list."""
-    if path == _KEPT_WHOLE_STEPS:
-        return value
+    if path == _KEPT_WHOLE_STEPS or (fits and not _has_long_list(value, max_items)):
+        return value  # kept whole; or only an over-long list could be cut under a list that fits, and none is
     if isinstance(value, dict):
         for key in list(value):
             item = value[key]
@@ -210,6 +213,22 @@ def _bound(value: Any, path: tuple[str | int, ...], erased: list[str], max_items
             for index, item in enumerate(value)
         ]
     return value
+
+
+def _has_long_list(value: Any, max_items: int) -> bool:
+    """Whether ``value`` is or holds a list of more than ``max_items`` items (a fast walk without paths)."""
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, list):
+        if len(value) > max_items:
+            return True
+        items = value
+    else:
+        return False
+    for item in items:  # noqa: SIM110 - a loop, not any(): no generator per container
+        if type(item) not in SCALAR_TYPES and _has_long_list(item, max_items):
+            return True
+    return False
 
 
 def _path_text(steps: tuple[str | int, ...]) -> str:
@@ -383,6 +402,9 @@ class RecordPipeline:
     def __post_init__(self) -> None:
         if not self.processors:
             self.processors = [normalise, redactor(self.code_max_bytes), bound_lists(), stamper(self.host)]
+        if self.processors[0] is not normalise:
+            # chain() serialises ``data`` without walking it again: normalise is what made it plain JSON.
+            raise ValueError("the first processor of a record pipeline must be normalise")
 
     def build(
         self,
@@ -418,12 +440,18 @@ class SealedRecord:
 
 
 def chain(record: Record, *, seq: int, prev_hash: str, key: bytes | None, timestamp: str | None = None) -> SealedRecord:
-    """The chaining processor: runs under the trail lock, so ``seq`` and ``timestamp`` follow write order."""
+    """The chaining processor: runs under the trail lock, so ``seq`` and ``timestamp`` follow write order.
+
+    ``record`` is what :meth:`RecordPipeline.build` returned: its ``data`` is the plain JSON copy
+    :func:`normalise` made (and the later processors kept plain), so only the other members are checked here
+    before the body is serialised; a float or a non-string key in any of them is refused (:class:`CanonicalError`).
+    """
     body_record = dict(record)
     body_record["seq"] = seq
     body_record["prev_hash"] = prev_hash
     body_record["timestamp"] = timestamp if timestamp is not None else utc_timestamp()
-    body = canonical_bytes(body_record)
+    check_json({name: value for name, value in body_record.items() if name != "data"})
+    body = canonical_bytes(body_record, checked=True)
     line, digest, mac = seal(body, key)
     full = dict(body_record)
     full["hash"] = digest

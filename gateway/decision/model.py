@@ -55,14 +55,16 @@ class RuleResult:
         """An error in any mode, or a failure in enforce mode."""
         return self.status == "error" or (self.status == "fail" and self.mode == "enforce")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, shared: bool = False) -> dict[str, Any]:
+        """This result as JSON data: ``got`` and ``expected`` copied, or as they are with ``shared`` (see
+        :meth:`Decision.to_dict`)."""
         return {
             "rule": self.rule,
             "status": self.status,
             "mode": self.mode,
             "path": self.path,
-            "got": copy_json(self.got),
-            "expected": copy_json(self.expected),
+            "got": self.got if shared else copy_json(self.got),
+            "expected": self.expected if shared else copy_json(self.expected),
             "message": self.message,
         }
 
@@ -141,17 +143,22 @@ class Decision:
         """Audit-mode failures (``warn``) and the shadow policy's failures (``fail`` in mode ``audit``)."""
         return tuple(r for r in self.results if r.status == "warn" or (r.status == "fail" and r.mode == "audit"))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The decision record (``schemas/decision.schema.json``)."""
+    def to_dict(self, *, shared: bool = False) -> dict[str, Any]:
+        """The decision record (``schemas/decision.schema.json``): a fresh copy the caller may change.
+
+        ``shared``: the same record holding the decision's own values (the recorded options, each result's
+        ``got`` and ``expected``, which may be the compiled policy's) instead of copies of them, for a reader
+        that changes nothing and copies what it keeps: an audit sink (``AuditSink.append``)."""
+        options = self.recorded_options
         return {
             "decision_id": self.decision_id,
             "request_id": self.request_id,
             "allowed": self.allowed,
             "policy": self.policy.to_dict(),
-            "results": [r.to_dict() for r in self.results],
-            "violations": [r.to_dict() for r in self.violations],
-            "warnings": [r.to_dict() for r in self.warnings],
-            "options": None if self.recorded_options is None else copy_json(dict(self.recorded_options)),
+            "results": [r.to_dict(shared=shared) for r in self.results],
+            "violations": [r.to_dict(shared=shared) for r in self.violations],
+            "warnings": [r.to_dict(shared=shared) for r in self.warnings],
+            "options": None if options is None else (options if shared else copy_json(dict(options))),
             "plan": self.settings.plan() if self.settings is not None and self.run is not None else None,
             "exceptions": list(self.exceptions),
             "shadow": None if self.shadow is None else self.shadow.to_dict(),

@@ -77,6 +77,22 @@ class HostMount:
     read_only: bool
 
 
+_IMMUTABLE_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _private_copy(value: Any) -> Any:
+    """A deep copy of run options: dicts, lists and scalars (all that JSON-shaped options hold) by a plain walk,
+    anything else by :func:`copy.deepcopy`."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _private_copy(item) for key, item in value.items()}
+    if kind is list:
+        return [_private_copy(item) for item in value]
+    if kind in _IMMUTABLE_SCALARS:
+        return value
+    return copy.deepcopy(value)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What a runner receives: the backend options the decision assembled and guarded, and the limits the
@@ -106,7 +122,7 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         # A private deep copy: nothing the caller keeps can change what was guarded.
-        object.__setattr__(self, "options", MappingProxyType(copy.deepcopy(dict(self.options))))
+        object.__setattr__(self, "options", MappingProxyType(_private_copy(dict(self.options))))
         problems: list[Problem] = []
         if not (self.timeout_s > 0):
             problems.append(Problem(f"timeout_s must be > 0, got {self.timeout_s!r}", "$.timeout_s"))

@@ -213,6 +213,46 @@ def _profile_allowing(name: str) -> str:
     return "seccomp=" + json.dumps(profile)
 
 
+def _shipped_form(profile: dict[str, Any]) -> str:
+    """``profile`` written exactly as the shipped one is given to the engine (compact, keys sorted)."""
+    return "seccomp=" + json.dumps(profile, separators=(",", ":"), sort_keys=True)
+
+
+def _tampered_in_place(profile: dict[str, Any]) -> None:
+    """ptrace slipped into the first allow rule: the same form and nearly the same bytes as the shipped text."""
+    rule = next(r for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args"))
+    rule["names"] = sorted([*rule["names"], "ptrace"])
+
+
+@pytest.mark.parametrize(
+    ("case", "tamper", "found"),
+    [
+        ("ptrace added to an allow rule", _tampered_in_place, "lets through ptrace"),
+        ("default action allows", lambda p: p.update(defaultAction="SCMP_ACT_ALLOW"), "does not refuse"),
+        ("kill of PID 1", lambda p: p["syscalls"].append({"names": ["kill"], "action": "SCMP_ACT_ALLOW"}), "PID 1"),
+    ],
+)
+def test_guard_refuses_a_tampered_copy_of_the_shipped_profile(
+    safe: dict[str, Any], case: str, tamper: Callable[[dict[str, Any]], None], found: str
+) -> None:
+    # The guard knows the shipped profile's exact text to be fit (checked when read) and parses every other
+    # inline profile: one written in the very same form with one rule changed is refused.
+    profile = json.loads(gateway_profile())
+    tamper(profile)
+    options = copy.deepcopy(safe)
+    options["security_opt"][1] = _shipped_form(profile)
+    assert options["security_opt"][1] != f"seccomp={gateway_profile()}", case
+    with pytest.raises(UnsafeOptionsError) as info:
+        guard(options)
+    messages = [p.message for p in info.value.problems if p.path == "$.security_opt[1]"]
+    assert messages, case
+    assert all(m.startswith("seccomp profile refused:") for m in messages), messages
+    assert any(found in m for m in messages), messages
+    untouched = copy.deepcopy(safe)
+    untouched["security_opt"][1] = _shipped_form(json.loads(gateway_profile()))
+    guard(untouched)  # the shipped profile re-serialised the same way is the same text: accepted
+
+
 @pytest.mark.parametrize(("case", "mutate", "path"), UNSAFE, ids=[u[0] for u in UNSAFE])
 def test_guard_refuses(
     safe: dict[str, Any], case: str, mutate: Callable[[dict[str, Any]], None], path: str | None

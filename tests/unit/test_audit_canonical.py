@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
@@ -19,7 +20,7 @@ from gateway.audit.canonical import (
     seal,
     split_line,
 )
-from gateway.audit.pipeline import RecordPipeline, chain
+from gateway.audit.pipeline import RecordPipeline, chain, utc_timestamp
 
 
 def test_canonical_sorts_keys_compact_ascii() -> None:
@@ -84,3 +85,18 @@ def test_extraction_finds_top_level_members_whatever_data_holds(data: dict[str, 
     body, _, _ = split_line(sealed.line)
     assert extract_seq(body) == seq
     assert extract_prev_hash(body) == prev
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 12, 1, 20, 0, 0, tzinfo=UTC),
+        datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2024, 5, 1, 14, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2))),
+        datetime(1999, 12, 31, 0, 0, 0, 1, tzinfo=timezone(timedelta(hours=-11, minutes=-30))),
+    ],
+)
+def test_record_times_are_utc_with_microseconds_and_z(moment: datetime) -> None:
+    text = utc_timestamp(moment)
+    assert text == moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert datetime.fromisoformat(text.replace("Z", "+00:00")) == moment

@@ -149,6 +149,26 @@ def test_trail_protects_the_real_path_of_its_directory(tmp_path: Path, monkeypat
     assert not_yet.protected_paths == (str(tmp_path.resolve() / "later" / "audit"),)
 
 
+def test_the_protected_path_is_where_the_trail_writes(tmp_path: Path) -> None:
+    # Resolved at each open through the path, not at each decision: a symlink re-pointed under a trail that
+    # has its segment open does not move the protection away from the segment still being written.
+    first, second, link = tmp_path / "first", tmp_path / "second", tmp_path / "link"
+    first.mkdir()
+    second.mkdir()
+    link.symlink_to(first, target_is_directory=True)
+    trail = JsonlAuditTrail(link, segment_max_bytes=4096)
+    trail.append("gateway.start", SAMPLES["gateway.start"])
+    link.unlink()
+    link.symlink_to(second, target_is_directory=True)
+    trail.append("gateway.start", SAMPLES["gateway.start"])
+    assert trail.protected_paths == (str(first.resolve()),)
+    assert len((first / "trail-000001.jsonl").read_bytes().splitlines()) == 2  # written where protected
+    while not list(second.glob("trail-*.jsonl")):  # the next segment is opened through the path
+        trail.append("gateway.start", SAMPLES["gateway.start"])
+    assert trail.protected_paths == (str(second.resolve()),)
+    trail.close()
+
+
 def test_every_event_type_validates_against_the_schema() -> None:
     sink = MemoryAuditSink(key=b"k" * 32)
     for event_type, data in SAMPLES.items():

@@ -340,3 +340,19 @@ def test_options_cannot_be_changed_through_the_decision(default_policy: Policy) 
     assert "privileged" not in (d.options or {})
     assert d.options_sha256 is not None
     assert len(d.options_sha256) == 64
+
+
+def test_the_record_is_a_copy_unless_shared(default_policy: Policy) -> None:
+    # to_dict() hands out a copy: changing it changes neither the decision nor the compiled policy behind its
+    # results' expected values. shared=True (what the Gateway hands its audit sink, which copies) is the same
+    # record holding the decision's own values.
+    decision = decide(default_policy)
+    before = json.dumps(decision.to_dict(), sort_keys=True)
+    record = decision.to_dict()
+    images = next(r for r in record["results"] if r["rule"] == "images.allowlist")
+    images["expected"][0]["tags"].append("latest")
+    record["options"]["security_opt"].append("seccomp=unconfined")
+    assert json.dumps(decision.to_dict(), sort_keys=True) == before
+    assert decision.to_dict(shared=True) == decision.to_dict()
+    shared = decision.to_dict(shared=True)
+    assert shared["options"] is decision.recorded_options

@@ -18,6 +18,7 @@ from gateway.runner.docker.seccomp import (
     NEVER,
     PROFILE_FILE,
     SOURCE,
+    checked_profile,
     derive,
     gateway_profile,
     profile_problems,
@@ -50,6 +51,16 @@ def test_profile_refuses_by_default_and_allows_none_of_the_never_list() -> None:
     allowed = {n for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for n in rule["names"]}
     assert allowed.isdisjoint(NEVER)
     assert not [r for r in profile["syscalls"] if r.get("includes", {}).get("caps")]
+
+
+def test_a_profile_is_checked_when_read() -> None:
+    # What gateway_profile() does with the shipped file: an unfit one is never handed out (the guard then
+    # trusts exactly the shipped text and parses every other inline profile).
+    assert checked_profile(SHIPPED.read_text()) == gateway_profile()
+    loose = json.loads(gateway_profile())
+    loose["syscalls"].append({"names": ["ptrace"], "action": "SCMP_ACT_ALLOW"})
+    with pytest.raises(ValueError, match="lets through ptrace"):
+        checked_profile(json.dumps(loose))
 
 
 def test_the_source_allowed_some_of_them_and_everything_else_is_kept() -> None:

@@ -13,13 +13,13 @@ profile (policy, image, runtime, limits: what a warm pool can prepare ahead of a
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.canonical import options_bytes
+from gateway.decision.model import copy_json
 from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
@@ -192,7 +192,7 @@ def recorded_options(options: Mapping[str, Any]) -> dict[str, Any]:
     (``seccomp=<JSON>``) is named by its digest (``seccomp=gateway@sha256:<hex>``, see
     :func:`~gateway.runner.docker.seccomp.profile_reference`). Everything else is unchanged, so putting the
     profile back gives the exact options again, whose canonical digest is the record's ``options_sha256``."""
-    out = copy.deepcopy(dict(options))
+    out: dict[str, Any] = copy_json(dict(options))
     opts = out.get("security_opt")
     if isinstance(opts, list):
         out["security_opt"] = [_named_profile(opt) for opt in opts]
@@ -359,7 +359,12 @@ def _short(opt: object) -> str:
 
 def _check_seccomp(where: str, value: str) -> _Issues:
     """A seccomp profile given inline must be one that refuses by default and lets none of the calls a
-    sandbox never needs through (the gateway's own profile passes; a path or anything else does not)."""
+    sandbox never needs through (the gateway's own profile passes; a path or anything else does not).
+
+    The gateway's own profile, byte for byte, was checked when it was read (``gateway_profile``); any other
+    text, a single byte changed included, is parsed and checked in full here."""
+    if value == gateway_profile():
+        return
     try:
         profile = json.loads(value)
     except ValueError:

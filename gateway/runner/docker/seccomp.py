@@ -40,6 +40,7 @@ __all__ = [
     "NEVER",
     "PROFILE_FILE",
     "SOURCE",
+    "checked_profile",
     "derive",
     "gateway_profile",
     "profile_problems",
@@ -145,11 +146,24 @@ def profile_problems(profile: Any) -> list[str]:
     return problems
 
 
+def checked_profile(text: str) -> str:
+    """``text`` (a seccomp profile's JSON) as the compact, key-sorted JSON given to the engine, once
+    :func:`profile_problems` finds nothing wrong with it; raises :class:`ValueError` listing what it found."""
+    profile = json.loads(text)
+    problems = profile_problems(profile)
+    if problems:
+        raise ValueError("the seccomp profile is not fit for a sandbox: " + "; ".join(problems))
+    return json.dumps(profile, separators=(",", ":"), sort_keys=True)
+
+
 @cache
 def gateway_profile() -> str:
-    """The shipped profile as compact JSON: the value of ``security_opt: seccomp=...``."""
-    text = resources.files(__package__).joinpath(PROFILE_FILE).read_text(encoding="utf-8")
-    return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
+    """The shipped profile as compact JSON: the value of ``security_opt: seccomp=...``.
+
+    Checked when it is read (:func:`checked_profile`): a shipped file that lets a call of :data:`NEVER`
+    through, or PID 1 be signalled, is refused here, so no decision is ever assembled with it. The options
+    guard therefore knows exactly this text to be fit and parses only other inline profiles."""
+    return checked_profile(resources.files(__package__).joinpath(PROFILE_FILE).read_text(encoding="utf-8"))
 
 
 def profile_reference(profile: str) -> str:
