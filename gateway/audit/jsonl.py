@@ -109,6 +109,30 @@ def _integrity(message: str) -> AuditUnavailableError:
     return error
 
 
+def _last_record(fd: int, size: int, name: str, key: bytes | None, check_key: bool) -> tuple[int, str, bool]:
+    """``seq``, ``hash`` and whether it is keyed, of the last record of the segment open as ``fd`` (``size``
+    bytes, not empty), checked: a torn line, a line that is not a sealed record, a wrong hash or HMAC raise."""
+    if os.pread(fd, 1, size - 1) != b"\n":
+        raise _integrity(f"{name} ends with a torn (incomplete) line")
+    line = _last_line(fd, size)
+    try:
+        body, stored_hash, stored_mac = split_line(line)
+        seq = extract_seq(body)
+        extract_prev_hash(body)
+    except LineError as exc:
+        raise _integrity(f"the last line of {name} is not a sealed record ({exc})") from None
+    if digest(body) != stored_hash:
+        raise _integrity(f"the last record of {name} (seq {seq}) does not match its hash")
+    if check_key:
+        if key is not None and stored_mac is None:
+            raise _integrity("a key is configured but the trail was written without one; start a new directory")
+        if key is None and stored_mac is not None:
+            raise _integrity("the trail is keyed (HMAC); configure its key (GATEWAY_AUDIT_KEY_FILE)")
+        if key is not None and stored_mac is not None and mac(key, body) != stored_mac:
+            raise _integrity(f"the last record of {name} (seq {seq}) fails its HMAC (wrong key?)")
+    return seq, stored_hash, stored_mac is not None
+
+
 def read_tail(directory: Path, key: bytes | None, *, check_key: bool = True) -> TailState:
     """Read and check the end of the chain: a torn or altered last record raises (the writer refuses)."""
     segments = list_segments(directory)
@@ -122,27 +146,10 @@ def read_tail(directory: Path, key: bytes | None, *, check_key: bool = True) -> 
             size = os.fstat(fd).st_size
             if size == 0:
                 continue
-            if os.pread(fd, 1, size - 1) != b"\n":
-                raise _integrity(f"{path.name} ends with a torn (incomplete) line")
-            line = _last_line(fd, size)
+            seq, stored_hash, keyed = _last_record(fd, size, path.name, key, check_key)
         finally:
             os.close(fd)
-        try:
-            body, stored_hash, stored_mac = split_line(line)
-            seq = extract_seq(body)
-            extract_prev_hash(body)
-        except LineError as exc:
-            raise _integrity(f"the last line of {path.name} is not a sealed record ({exc})") from None
-        if digest(body) != stored_hash:
-            raise _integrity(f"the last record of {path.name} (seq {seq}) does not match its hash")
-        if check_key:
-            if key is not None and stored_mac is None:
-                raise _integrity("a key is configured but the trail was written without one; start a new directory")
-            if key is None and stored_mac is not None:
-                raise _integrity("the trail is keyed (HMAC); configure its key (GATEWAY_AUDIT_KEY_FILE)")
-            if key is not None and stored_mac is not None and mac(key, body) != stored_mac:
-                raise _integrity(f"the last record of {path.name} (seq {seq}) fails its HMAC (wrong key?)")
-        return TailState(newest_index, newest_size, seq, stored_hash, stored_mac is not None)
+        return TailState(newest_index, newest_size, seq, stored_hash, keyed)
     return TailState(newest_index, newest_size, 0, GENESIS_HASH, None)
 
 
@@ -365,19 +372,26 @@ class JsonlAuditTrail:
     def _segment_path(self, index: int) -> Path:
         return self.directory / segment_name(index)
 
-    def _tail_is_current(self, tail: TailState) -> bool:
-        """Nobody wrote since: the open segment is still linked, has the size this instance left it at, and no
-        other process started the next one."""
+    def _tail_in_segment(self, tail: TailState) -> TailState | None:
+        """Where the chain ends, when it still ends in the segment this instance has open (still linked, no
+        other process started the next one): ``tail`` itself when nobody wrote since, else the record another
+        writer (a process on the same trail) appended last, checked as :func:`read_tail` checks it, read through
+        this instance's own descriptor. None otherwise: the whole tail is read again."""
         if self._fd is None or tail.index == 0:
-            return False
+            return None
         st = os.fstat(self._fd)
-        if st.st_nlink == 0 or st.st_size != tail.size:
-            return False
-        return not os.path.exists(os.path.join(self.directory, segment_name(tail.index + 1)))
+        if st.st_nlink == 0 or st.st_size < tail.size:
+            return None
+        if os.path.exists(os.path.join(self.directory, segment_name(tail.index + 1))):
+            return None
+        if st.st_size == tail.size:
+            return tail
+        seq, last_hash, keyed = _last_record(self._fd, st.st_size, segment_name(tail.index), self.key, True)
+        return TailState(tail.index, st.st_size, seq, last_hash, keyed)
 
     def _sync_tail(self) -> TailState:
-        tail = self._tail
-        if tail is not None and self._tail_is_current(tail):
+        if self._tail is not None and (tail := self._tail_in_segment(self._tail)) is not None:
+            self._tail = tail
             return tail
         self._retire_segment()
         tail = read_tail(self.directory, self.key)
@@ -385,13 +399,14 @@ class JsonlAuditTrail:
             tail = TailState(1, 0, tail.seq, tail.hash, tail.keyed)
             self._fd = self._create_segment(1)
         else:
-            self._fd = self._io.open(str(self._segment_path(tail.index)), os.O_WRONLY | os.O_APPEND)
+            # Readable too: another writer's last record is checked through it (_tail_in_segment).
+            self._fd = self._io.open(str(self._segment_path(tail.index)), os.O_RDWR | os.O_APPEND)
             self._resolve_directory()
         self._tail = tail
         return tail
 
     def _create_segment(self, index: int) -> int:
-        fd = self._io.open(str(self._segment_path(index)), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        fd = self._io.open(str(self._segment_path(index)), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
         self._resolve_directory()
         self._io.fsync_dir(str(self.directory))
         return fd

@@ -76,6 +76,53 @@ def test_two_writers_in_one_process_interleave_with_contiguous_seq(tmp_path: Pat
     assert verify_trail(tmp_path).records_checked == 12
 
 
+class TurnsIO(AuditIO):
+    """Counts fsyncs and opens."""
+
+    def __init__(self) -> None:
+        self.fsyncs = 0
+        self.opens = 0
+
+    def open(self, path: str, flags: int, mode: int = 0o640) -> int:
+        self.opens += 1
+        return super().open(path, flags, mode)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_writers_taking_turns_in_one_segment_read_only_its_last_record(tmp_path: Path) -> None:
+    """The service and its decision workers append to one trail by turns: a writer finding records of another
+    one at the end of its own open segment checks the last and goes on, without closing its segment (no fsync
+    and no re-open per turn)."""
+    io_a, io_b = TurnsIO(), TurnsIO()
+    a, b = JsonlAuditTrail(tmp_path, io=io_a), JsonlAuditTrail(tmp_path, io=io_b)
+    a.append("gateway.start", START)
+    b.append("gateway.start", START)
+    before = (io_a.fsyncs, io_a.opens, io_b.fsyncs, io_b.opens)
+    for i in range(20):
+        (a if i % 2 else b).append("request.received", {"request": {"code": "x"}}, durable=False)
+    assert (io_a.fsyncs, io_a.opens, io_b.fsyncs, io_b.opens) == before
+    a.close()
+    b.close()
+    report = verify_trail(tmp_path)
+    assert (report.ok, report.records_checked) == (True, 22)
+
+
+def test_another_writers_altered_record_is_refused_at_the_next_turn(tmp_path: Path) -> None:
+    a, b = JsonlAuditTrail(tmp_path), JsonlAuditTrail(tmp_path)
+    a.append("gateway.start", START)
+    b.append("gateway.start", START)
+    (segment,) = sorted(tmp_path.glob("trail-*.jsonl"))
+    first, last = segment.read_text().splitlines(keepends=True)
+    segment.write_text(first + last.replace("gateway.start", "gateway.stArt"))  # b's record, same size
+    with pytest.raises(AuditUnavailableError, match="does not match its hash"):
+        a.append("gateway.stop", START)
+    a.close()
+    b.close()
+
+
 def test_from_env_precedence_and_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GATEWAY_AUDIT_DIR", raising=False)
     monkeypatch.delenv("GATEWAY_AUDIT_KEY", raising=False)
