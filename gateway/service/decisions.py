@@ -68,7 +68,7 @@ __all__ = ["THREADS", "Decided", "DecisionWorkers", "decided", "default_decision
 
 _log = logging.getLogger("gateway.service")
 
-THREADS: Final = 4
+THREADS: Final = 2
 """Jobs a worker decides at once: enough for one fsync to cover several decisions, few enough that the threads
 do not take turns on the worker's GIL for nothing."""
 _HEADER: Final = struct.Struct("!I")

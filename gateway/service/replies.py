@@ -9,6 +9,7 @@ request error, ``violations`` for a denial), its status from :func:`gateway.erro
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +19,30 @@ from gateway.errors import GatewayError, OverQuotaError, RequestError, http_stat
 __all__ = ["Reply", "decision_reply", "error_reply", "gateway_error_reply", "render_json"]
 
 
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - the service extra installs it
+    _orjson = None  # type: ignore[assignment]
+
+
+def _as_json(value: Any) -> Any:
+    """What a body holds besides plain JSON values: read-only mappings (a decision's shared options)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def render_json(body: Any) -> bytes:
-    """A response body as the service sends every JSON body (compact UTF-8, as Starlette's ``JSONResponse``)."""
-    return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+    """A body as the service sends JSON (compact UTF-8, as Starlette's ``JSONResponse`` renders it), read-only
+    mappings as objects: with ``orjson`` when installed (the service extra; several times faster on a
+    decision), else, and for what it refuses (an integer beyond 64 bits), with :mod:`json`."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(body, default=_as_json)
+        except TypeError:
+            pass
+    text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_as_json)
+    return text.encode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +87,7 @@ def decision_reply(result: ExecutionResult) -> Reply:
     if result.error is not None or result.decision is None:
         error = result.error or GatewayError("the gateway decided nothing")
         return gateway_error_reply(error, result.request_id)
-    decision = result.decision.to_dict()
+    # Shared, not copied: the body is only rendered (``render_json``, which takes its read-only mappings).
+    decision = result.decision.to_dict(shared=True)
     body = {"request_id": result.request_id, "allowed": result.decision.allowed, "decision": decision}
     return Reply(200, body, result.request_id)
