@@ -8,7 +8,8 @@ Layout of a trail directory (see ``audit/README.md``)::
     quarantine/          bytes cut off by ``repair`` (:mod:`gateway.audit.repair`; evidence, never deleted)
 
 Every ``append`` runs, under a thread lock and the directory's file lock: re-read the tail if another
-process wrote since (so ``seq`` is contiguous across processes), chain, write the line with one
+process wrote since (so ``seq`` is contiguous across processes; only the last record, through the open segment,
+when the other one appended to it), chain, write the line with one
 ``O_APPEND`` write, and ``fsync`` — or, with ``group_commit``, leave the fsync to one leader thread that
 syncs every record written so far; ``append`` still returns only once its record is durable.
 
