@@ -33,6 +33,31 @@ async def _ready(workers: DecisionWorkers, count: int) -> None:
         await asyncio.sleep(0.05)
 
 
+def _first_job_error(gateway: Gateway, *, then_in_process: bool = False) -> DecisionWorkerError | None:
+    """Start one worker (``decisions._WORKER`` as the test set it), send it one job: the error that job ended
+    with, if any; ``then_in_process``: a second job must then be decided (in process, while it is replaced)."""
+
+    async def scenario() -> DecisionWorkerError | None:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            try:
+                await asyncio.wait_for(workers.decide(b'{"code": "print(1)"}', CALLER), 30)
+            except DecisionWorkerError as exc:
+                if then_in_process:
+                    assert (await workers.decide(b'{"code": "print(1)"}', CALLER)).status == 200
+                return exc
+            return None
+        finally:
+            await workers.close()
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        gateway.close()
+
+
 def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
     gateway = _gateway(tmp_path / "audit")
 
@@ -78,25 +103,7 @@ os._exit(3)
 
 def test_a_job_in_flight_on_a_dying_worker_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decisions, "_WORKER", _DIES_ON_FIRST_JOB)
-    gateway = _gateway(tmp_path / "audit")
-
-    async def scenario() -> BaseException | None:
-        workers = DecisionWorkers(gateway, FakeRunner, 1)
-        await workers.start()
-        try:
-            await _ready(workers, 1)
-            try:
-                await asyncio.wait_for(workers.decide(b'{"code": "print(1)"}', CALLER), 30)
-            except DecisionWorkerError as exc:
-                return exc
-            after = await workers.decide(b'{"code": "print(1)"}', CALLER)  # in process while it is replaced
-            assert after.status == 200
-            return None
-        finally:
-            await workers.close()
-
-    error = asyncio.run(scenario())
-    gateway.close()
+    error = _first_job_error(_gateway(tmp_path / "audit"), then_in_process=True)
     assert isinstance(error, DecisionWorkerError)
     assert http_status_for(error) == 503
     assert error.code == "service.decision_failed"
@@ -134,22 +141,6 @@ def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.
     planted = tmp_path / "planted"
     monkeypatch.setenv("PLANTED", str(planted))
     monkeypatch.setattr(decisions, "_WORKER", _ANSWERS_WITH_A_PICKLE)
-    gateway = _gateway(tmp_path / "audit")
-
-    async def scenario() -> BaseException | None:
-        workers = DecisionWorkers(gateway, FakeRunner, 1)
-        await workers.start()
-        try:
-            await _ready(workers, 1)
-            try:
-                await asyncio.wait_for(workers.decide(b'{"code": "print(1)"}', CALLER), 30)
-            except DecisionWorkerError as exc:
-                return exc
-            return None
-        finally:
-            await workers.close()
-
-    error = asyncio.run(scenario())
-    gateway.close()
+    error = _first_job_error(_gateway(tmp_path / "audit"))
     assert isinstance(error, DecisionWorkerError)
     assert not planted.exists()
