@@ -29,8 +29,10 @@ When no worker is ready (they are starting, or one died and its replacement is s
 cannot be sent: a test's closure), the service decides in process, as with ``decision_workers: 0``: a dry run is
 never refused for want of a worker. A job in flight on a worker that dies is answered 503
 ``service.decision_failed`` (its ``request.received`` may be in the trail without a decision: a crash, not a
-silent loss); the worker is replaced after a back-off. Nothing of a worker outlives the service: it ends when its
-stdin closes (the service's shutdown, or the service's death) and is killed if it does not.
+silent loss); the worker is replaced after a back-off. A worker that does not answer a job within
+30 s (``_DECIDE_S``) is treated the same way (killed, the job 503): no dry run waits forever. Nothing of a
+worker outlives the service: it ends when its stdin closes (the service's shutdown, or the service's death)
+and is killed if it does not.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ _WORKER: Final = "from gateway.service.decisions import worker_main; raise Syste
 _RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Back-off before replacing a worker that died (the last step repeats while they keep dying)."""
 _CLOSE_S: Final = 10.0
+_DECIDE_S: Final = 30.0
+"""The longest a dry run waits for its worker (a decision takes milliseconds): then 503, and the worker, stuck,
+is killed and replaced."""
 
 
 def default_decision_workers() -> int:
@@ -201,7 +206,11 @@ class _Worker:
 
     def _bad(self, why: str) -> None:
         """The worker broke the protocol: it is killed (its jobs in flight fail) and replaced."""
-        _log.error("decision worker %d sent %s; killing it", self.proc.pid, why)
+        self.stuck(f"sent {why}")
+
+    def stuck(self, why: str) -> None:
+        """Kill the worker (its jobs in flight fail; it is replaced): ``why`` goes to the log."""
+        _log.error("decision worker %d %s; killing it", self.proc.pid, why)
         with contextlib.suppress(OSError):
             self.proc.kill()
         if self._reader is not None:
@@ -328,7 +337,14 @@ class DecisionWorkers:
         future: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
         worker.jobs[job] = future
         worker.send(_frame(("decide", job, body, caller.principal, caller.token_id)))
-        return await future
+        try:
+            return await asyncio.wait_for(future, _DECIDE_S)
+        except TimeoutError:
+            worker.jobs.pop(job, None)
+            worker.stuck(f"no answer to a job within {_DECIDE_S:g} s")
+            raise DecisionWorkerError(
+                f"the decision worker {worker.proc.pid} did not answer within {_DECIDE_S:g} s"
+            ) from None
 
     def policies_changed(self, policies: PolicySet) -> None:
         """A reload made ``policies`` the service's: every worker decides under them from its next job on. Any

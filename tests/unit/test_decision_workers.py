@@ -144,3 +144,22 @@ def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.
     error = _first_job_error(_gateway(tmp_path / "audit"))
     assert isinstance(error, DecisionWorkerError)
     assert not planted.exists()
+
+
+_NEVER_ANSWERS = """
+import os, sys, time
+from gateway.service.decisions import _answer_frame, _read_frame
+out = os.fdopen(os.dup(1), "wb")
+_read_frame(sys.stdin.buffer)
+out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
+_read_frame(sys.stdin.buffer)
+time.sleep(3600)
+"""
+
+
+def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decisions, "_WORKER", _NEVER_ANSWERS)
+    monkeypatch.setattr(decisions, "_DECIDE_S", 1.0)
+    error = _first_job_error(_gateway(tmp_path / "audit"), then_in_process=True)
+    assert isinstance(error, DecisionWorkerError)
+    assert "did not answer within 1 s" in error.message
