@@ -365,12 +365,12 @@ def _files(r: FieldReader, obj: Mapping[str, Any], base: str) -> tuple[FileDiges
     )
 
 
-def _request_received(r: FieldReader, env: _Envelope) -> RequestReceivedView:
-    request = r.mapping(env["data"], "request", _DATA)
+def _request_received(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> RequestReceivedView:
+    request = r.object(data, "request", _DATA)
     base = "$.data.request"
     return RequestReceivedView(
         **env,
-        request=request,
+        request=MappingProxyType(request),
         image=r.text_or_none(request, "image", base),
         language=r.text_or_none(request, "language", base),
         runtime=r.text_or_none(request, "runtime", base),
@@ -383,8 +383,7 @@ def _request_received(r: FieldReader, env: _Envelope) -> RequestReceivedView:
     )
 
 
-def _request_invalid(r: FieldReader, env: _Envelope) -> RequestInvalidView:
-    data = env["data"]
+def _request_invalid(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> RequestInvalidView:
     return RequestInvalidView(
         **env,
         problems=tuple(
@@ -446,9 +445,8 @@ def _rule_ids(r: FieldReader, decision: Mapping[str, Any], group: str) -> tuple[
     return tuple(rules)
 
 
-def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
-    data = env["data"]
-    decision = r.mapping(data, "decision", _DATA)
+def _policy_decision(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> PolicyDecisionView:
+    decision = r.object(data, "decision", _DATA)
     options = r.mapping_or_none(decision, "options", _DECISION)
     plan = r.mapping_or_none(decision, "plan", _DECISION)
     plan_base = "$.data.decision.plan"
@@ -466,8 +464,7 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     )
 
 
-def _execution_outcome(r: FieldReader, env: _Envelope) -> ExecutionOutcomeView:
-    data = env["data"]
+def _execution_outcome(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> ExecutionOutcomeView:
     error = r.mapping_or_none(data, "error", _DATA)
     return ExecutionOutcomeView(
         **env,
@@ -487,16 +484,15 @@ def _execution_outcome(r: FieldReader, env: _Envelope) -> ExecutionOutcomeView:
     )
 
 
-def _image_pulled(r: FieldReader, env: _Envelope) -> ImagePulledView:
-    data = env["data"]
+def _image_pulled(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> ImagePulledView:
     return ImagePulledView(**env, image=r.text(data, "image", _DATA), image_id=r.text(data, "image_id", _DATA))
 
 
-def _generic(_r: FieldReader, env: _Envelope) -> GenericRecordView:
+def _generic(_r: FieldReader, env: _Envelope, _data: Mapping[str, Any]) -> GenericRecordView:
     return GenericRecordView(**env)
 
 
-_BUILDERS: Final[Mapping[str, Callable[[FieldReader, _Envelope], AuditRecordView]]] = MappingProxyType(
+_BUILDERS: Final[Mapping[str, Callable[[FieldReader, _Envelope, Mapping[str, Any]], AuditRecordView]]] = MappingProxyType(
     {
         "request.received": _request_received,
         "request.invalid": _request_invalid,
@@ -515,4 +511,5 @@ def view_record(record: Mapping[str, Any]) -> AuditRecordView:
     """
     reader = FieldReader(record)
     envelope = _envelope(reader, record)
-    return _BUILDERS.get(envelope["event_type"], _generic)(reader, envelope)
+    data = record["data"]  # checked by _envelope: the builders read the record's own dicts, the view exposes proxies
+    return _BUILDERS.get(envelope["event_type"], _generic)(reader, envelope, data)
