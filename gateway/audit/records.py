@@ -128,37 +128,39 @@ class AuditRecordView:
     """The whole record, read-only (a proxy over its own dict)."""
     data: Mapping[str, Any] = field(compare=False, repr=False)
     """The event's ``data``, read-only (a proxy over the record's own dict)."""
+    _reader: FieldReader = field(compare=False, repr=False)
+    """The reader the view was built with: its properties read through it (errors name the record's seq)."""
 
     @property
     def event_id(self) -> str:
-        return FieldReader(self.record).text(self.record, "event_id", "$")
+        return self._reader.text(self.record, "event_id", "$")
 
     @property
     def prev_hash(self) -> str:
-        return FieldReader(self.record).digest(self.record, "prev_hash", "$")
+        return self._reader.digest(self.record, "prev_hash", "$")
 
     @property
     def hmac(self) -> str | None:
         """Present on keyed trails only."""
-        return FieldReader(self.record).digest_or_none(self.record, "hmac", "$")
+        return self._reader.digest_or_none(self.record, "hmac", "$")
 
     @property
     def redacted(self) -> tuple[str, ...]:
         """JSON paths that redaction erased or cut."""
-        return FieldReader(self.record).texts(self.record, "redacted", "$", required=True)
+        return self._reader.texts(self.record, "redacted", "$", required=True)
 
     @property
     def trace_id(self) -> str | None:
-        return FieldReader(self.record).text_or_none(self.record, "trace_id", "$")
+        return self._reader.text_or_none(self.record, "trace_id", "$")
 
     @property
     def span_id(self) -> str | None:
-        return FieldReader(self.record).text_or_none(self.record, "span_id", "$")
+        return self._reader.text_or_none(self.record, "span_id", "$")
 
     @property
     def gateway(self) -> GatewayIdentityView | None:
         """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
-        return _gateway(FieldReader(self.record), self.record)
+        return _gateway(self._reader, self.record)
 
     @property
     def images(self) -> frozenset[str]:
@@ -229,12 +231,12 @@ class PolicyDecisionView(AuditRecordView):
 
     @property
     def decision_id(self) -> str | None:
-        return FieldReader(self.record).text_or_none(self.data["decision"], "decision_id", _DECISION)
+        return self._reader.text_or_none(self.data["decision"], "decision_id", _DECISION)
 
     @property
     def options_sha256(self) -> str | None:
         """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
-        return FieldReader(self.record).digest_or_none(self.data, "options_sha256", _DATA)
+        return self._reader.digest_or_none(self.data, "options_sha256", _DATA)
 
     @property
     def not_passed(self) -> frozenset[str]:
@@ -352,6 +354,7 @@ def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
         "hash": r.digest(record, "hash", "$"),
         "record": MappingProxyType(record),
         "data": r.mapping(record, "data", "$"),
+        "_reader": r,
     }
 
 
