@@ -495,7 +495,10 @@ def _generic(_r: FieldReader, env: _Envelope, _data: Mapping[str, Any]) -> Gener
     return GenericRecordView(**env)
 
 
-_BUILDERS: Final[Mapping[str, Callable[[FieldReader, _Envelope, Mapping[str, Any]], AuditRecordView]]] = MappingProxyType(
+_Builder = Callable[[FieldReader, _Envelope, Mapping[str, Any]], AuditRecordView]
+"""Builds one type's view from the reader, the envelope and the record's own ``data`` (not its proxy)."""
+
+_BUILDERS: Final[Mapping[str, _Builder]] = MappingProxyType(
     {
         "request.received": _request_received,
         "request.invalid": _request_invalid,
