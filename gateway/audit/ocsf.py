@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import gc
 import heapq
 import json
 import os
@@ -730,6 +731,9 @@ def worker_main() -> int:
         return 2
     window = QueryFilters(since=head.get("since"), until=head.get("until"))
     mapper = OcsfMapper()
+    # The worker's modules live as long as it does: frozen out of the collector's reach, the collections that
+    # the records' short-lived dicts trigger scan only those (~3 % of the export's CPU per record).
+    gc.freeze()
     for line in stdin:
         task = json.loads(line)
         try:
