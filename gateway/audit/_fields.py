@@ -59,13 +59,14 @@ class FieldReader:
     a trail, so a read costs about what ``json.loads`` spent on the field.
     """
 
-    __slots__ = ("_seq",)
+    __slots__ = ("_record",)
 
     def __init__(self, record: Mapping[str, Any]) -> None:
-        self._seq = record.get("seq")
+        self._record = record  # its seq is read for an error only: a view's properties make a reader per read
 
     def error(self, path: str, problem: str) -> AuditIntegrityError:
-        label = f"seq {self._seq}" if _is_int(self._seq) else "with no valid seq"
+        seq = self._record.get("seq")
+        label = f"seq {seq}" if _is_int(seq) else "with no valid seq"
         return AuditIntegrityError(f"audit record {label}: {path}: {problem}", hint=_HINT)
 
     def _wrong(self, obj: Mapping[str, Any], key: str, base: str, expected: str) -> AuditIntegrityError:
@@ -146,12 +147,17 @@ class FieldReader:
             return default
         raise self._wrong(obj, key, base, "a boolean")
 
-    def mapping(self, obj: Mapping[str, Any], key: str, base: str) -> Mapping[str, Any]:
-        """A read-only proxy of an object (never a copy)."""
+    def object(self, obj: Mapping[str, Any], key: str, base: str) -> Mapping[str, Any]:
+        """An object itself, for the reads that build a view (a proxy's reads cost more than a dict's); what
+        the view exposes is a :meth:`mapping`."""
         value = obj.get(key)
         if type(value) is dict or isinstance(value, Mapping):  # parsed JSON: a dict, without the ABC check
-            return MappingProxyType(value)
+            return value
         raise self._wrong(obj, key, base, "an object")
+
+    def mapping(self, obj: Mapping[str, Any], key: str, base: str) -> Mapping[str, Any]:
+        """A read-only proxy of an object (never a copy)."""
+        return MappingProxyType(self.object(obj, key, base))
 
     def mapping_or_none(
         self, obj: Mapping[str, Any], key: str, base: str, *, required: bool = False

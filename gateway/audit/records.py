@@ -128,37 +128,39 @@ class AuditRecordView:
     """The whole record, read-only (a proxy over its own dict)."""
     data: Mapping[str, Any] = field(compare=False, repr=False)
     """The event's ``data``, read-only (a proxy over the record's own dict)."""
+    _reader: FieldReader = field(compare=False, repr=False)
+    """The reader the view was built with: its properties read through it (errors name the record's seq)."""
 
     @property
     def event_id(self) -> str:
-        return FieldReader(self.record).text(self.record, "event_id", "$")
+        return self._reader.text(self.record, "event_id", "$")
 
     @property
     def prev_hash(self) -> str:
-        return FieldReader(self.record).digest(self.record, "prev_hash", "$")
+        return self._reader.digest(self.record, "prev_hash", "$")
 
     @property
     def hmac(self) -> str | None:
         """Present on keyed trails only."""
-        return FieldReader(self.record).digest_or_none(self.record, "hmac", "$")
+        return self._reader.digest_or_none(self.record, "hmac", "$")
 
     @property
     def redacted(self) -> tuple[str, ...]:
         """JSON paths that redaction erased or cut."""
-        return FieldReader(self.record).texts(self.record, "redacted", "$", required=True)
+        return self._reader.texts(self.record, "redacted", "$", required=True)
 
     @property
     def trace_id(self) -> str | None:
-        return FieldReader(self.record).text_or_none(self.record, "trace_id", "$")
+        return self._reader.text_or_none(self.record, "trace_id", "$")
 
     @property
     def span_id(self) -> str | None:
-        return FieldReader(self.record).text_or_none(self.record, "span_id", "$")
+        return self._reader.text_or_none(self.record, "span_id", "$")
 
     @property
     def gateway(self) -> GatewayIdentityView | None:
         """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
-        return _gateway(FieldReader(self.record), self.record)
+        return _gateway(self._reader, self.record)
 
     @property
     def images(self) -> frozenset[str]:
@@ -229,12 +231,12 @@ class PolicyDecisionView(AuditRecordView):
 
     @property
     def decision_id(self) -> str | None:
-        return FieldReader(self.record).text_or_none(self.data["decision"], "decision_id", _DECISION)
+        return self._reader.text_or_none(self.data["decision"], "decision_id", _DECISION)
 
     @property
     def options_sha256(self) -> str | None:
         """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
-        return FieldReader(self.record).digest_or_none(self.data, "options_sha256", _DATA)
+        return self._reader.digest_or_none(self.data, "options_sha256", _DATA)
 
     @property
     def not_passed(self) -> frozenset[str]:
@@ -352,6 +354,7 @@ def _envelope(r: FieldReader, record: Mapping[str, Any]) -> _Envelope:
         "hash": r.digest(record, "hash", "$"),
         "record": MappingProxyType(record),
         "data": r.mapping(record, "data", "$"),
+        "_reader": r,
     }
 
 
@@ -365,12 +368,12 @@ def _files(r: FieldReader, obj: Mapping[str, Any], base: str) -> tuple[FileDiges
     )
 
 
-def _request_received(r: FieldReader, env: _Envelope) -> RequestReceivedView:
-    request = r.mapping(env["data"], "request", _DATA)
+def _request_received(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> RequestReceivedView:
+    request = r.object(data, "request", _DATA)
     base = "$.data.request"
     return RequestReceivedView(
         **env,
-        request=request,
+        request=MappingProxyType(request),
         image=r.text_or_none(request, "image", base),
         language=r.text_or_none(request, "language", base),
         runtime=r.text_or_none(request, "runtime", base),
@@ -383,8 +386,7 @@ def _request_received(r: FieldReader, env: _Envelope) -> RequestReceivedView:
     )
 
 
-def _request_invalid(r: FieldReader, env: _Envelope) -> RequestInvalidView:
-    data = env["data"]
+def _request_invalid(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> RequestInvalidView:
     return RequestInvalidView(
         **env,
         problems=tuple(
@@ -446,9 +448,8 @@ def _rule_ids(r: FieldReader, decision: Mapping[str, Any], group: str) -> tuple[
     return tuple(rules)
 
 
-def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
-    data = env["data"]
-    decision = r.mapping(data, "decision", _DATA)
+def _policy_decision(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> PolicyDecisionView:
+    decision = r.object(data, "decision", _DATA)
     options = r.mapping_or_none(decision, "options", _DECISION)
     plan = r.mapping_or_none(decision, "plan", _DECISION)
     plan_base = "$.data.decision.plan"
@@ -466,8 +467,7 @@ def _policy_decision(r: FieldReader, env: _Envelope) -> PolicyDecisionView:
     )
 
 
-def _execution_outcome(r: FieldReader, env: _Envelope) -> ExecutionOutcomeView:
-    data = env["data"]
+def _execution_outcome(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> ExecutionOutcomeView:
     error = r.mapping_or_none(data, "error", _DATA)
     return ExecutionOutcomeView(
         **env,
@@ -487,16 +487,18 @@ def _execution_outcome(r: FieldReader, env: _Envelope) -> ExecutionOutcomeView:
     )
 
 
-def _image_pulled(r: FieldReader, env: _Envelope) -> ImagePulledView:
-    data = env["data"]
+def _image_pulled(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> ImagePulledView:
     return ImagePulledView(**env, image=r.text(data, "image", _DATA), image_id=r.text(data, "image_id", _DATA))
 
 
-def _generic(_r: FieldReader, env: _Envelope) -> GenericRecordView:
+def _generic(_r: FieldReader, env: _Envelope, _data: Mapping[str, Any]) -> GenericRecordView:
     return GenericRecordView(**env)
 
 
-_BUILDERS: Final[Mapping[str, Callable[[FieldReader, _Envelope], AuditRecordView]]] = MappingProxyType(
+_Builder = Callable[[FieldReader, _Envelope, Mapping[str, Any]], AuditRecordView]
+"""Builds one type's view from the reader, the envelope and the record's own ``data`` (not its proxy)."""
+
+_BUILDERS: Final[Mapping[str, _Builder]] = MappingProxyType(
     {
         "request.received": _request_received,
         "request.invalid": _request_invalid,
@@ -515,4 +517,5 @@ def view_record(record: Mapping[str, Any]) -> AuditRecordView:
     """
     reader = FieldReader(record)
     envelope = _envelope(reader, record)
-    return _BUILDERS.get(envelope["event_type"], _generic)(reader, envelope)
+    data = record["data"]  # checked by _envelope: the builders read the record's own dicts, the view exposes proxies
+    return _BUILDERS.get(envelope["event_type"], _generic)(reader, envelope, data)
