@@ -236,7 +236,7 @@ def _new_request_id() -> str:
 
 
 def _json(status: int, body: dict[str, Any], request_id: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers={"X-Request-Id": request_id, **(headers or {})})
+    return _respond(Reply(status, body, request_id, headers or {}))
 
 
 def _respond(reply: Reply) -> JSONResponse:

@@ -181,7 +181,7 @@ class _Worker:
             raise OSError("the decision worker has no pipes")
         self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
         self._reader, _ = await loop.connect_read_pipe(
-            lambda: _Frames(self._message, self._bad, self._lost), self.proc.stdout
+            lambda: _Frames(self._message, lambda why: self.kill(f"sent {why}"), self._lost), self.proc.stdout
         )
         self._writer.write(init)
 
@@ -204,12 +204,8 @@ class _Worker:
         else:  # "failed": Gateway.decide raised, which it never should
             future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {header.get('error')}"))
 
-    def _bad(self, why: str) -> None:
-        """The worker broke the protocol: it is killed (its jobs in flight fail) and replaced."""
-        self.stuck(f"sent {why}")
-
-    def stuck(self, why: str) -> None:
-        """Kill the worker (its jobs in flight fail; it is replaced): ``why`` goes to the log."""
+    def kill(self, why: str) -> None:
+        """Kill the worker, stuck or out of protocol (its jobs in flight fail; it is replaced): ``why`` is logged."""
         _log.error("decision worker %d %s; killing it", self.proc.pid, why)
         with contextlib.suppress(OSError):
             self.proc.kill()
@@ -341,7 +337,7 @@ class DecisionWorkers:
             return await asyncio.wait_for(future, _DECIDE_S)
         except TimeoutError:
             worker.jobs.pop(job, None)
-            worker.stuck(f"no answer to a job within {_DECIDE_S:g} s")
+            worker.kill(f"no answer to a job within {_DECIDE_S:g} s")
             raise DecisionWorkerError(
                 f"the decision worker {worker.proc.pid} did not answer within {_DECIDE_S:g} s"
             ) from None

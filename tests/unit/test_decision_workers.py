@@ -90,15 +90,18 @@ def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
     assert json.loads(invalid.content)["code"] == "request.invalid"
 
 
-_DIES_ON_FIRST_JOB = """
+_READY_THEN_FIRST_JOB = """
 import os, sys
 from gateway.service.decisions import _answer_frame, _read_frame
 out = os.fdopen(os.dup(1), "wb")
 _read_frame(sys.stdin.buffer)
 out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
 _read_frame(sys.stdin.buffer)
-os._exit(3)
 """
+"""A fake worker's start: it reads the init frame, says it is ready and reads its first job (what follows says
+what it does with it)."""
+
+_DIES_ON_FIRST_JOB = _READY_THEN_FIRST_JOB + "os._exit(3)\n"
 
 
 def test_a_job_in_flight_on_a_dying_worker_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,13 +120,10 @@ def test_no_worker_without_a_trail_directory_or_a_factory(tmp_path: Path) -> Non
     assert DecisionWorkers(_gateway(tmp_path / "audit"), None, 2).count == 0
 
 
-_ANSWERS_WITH_A_PICKLE = """
-import os, pickle, struct, sys
-from gateway.service.decisions import _answer_frame, _read_frame
-out = os.fdopen(os.dup(1), "wb")
-_read_frame(sys.stdin.buffer)
-out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
-_read_frame(sys.stdin.buffer)
+_ANSWERS_WITH_A_PICKLE = (
+    _READY_THEN_FIRST_JOB
+    + """
+import pickle, struct
 
 class Exploit:
     def __reduce__(self):
@@ -133,6 +133,7 @@ data = pickle.dumps(("decided", 1, 200, b"{}", {}, Exploit()))
 out.write(struct.pack("!I", len(data)) + data); out.flush()
 sys.stdin.buffer.read()
 """
+)
 
 
 def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,15 +147,7 @@ def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.
     assert not planted.exists()
 
 
-_NEVER_ANSWERS = """
-import os, sys, time
-from gateway.service.decisions import _answer_frame, _read_frame
-out = os.fdopen(os.dup(1), "wb")
-_read_frame(sys.stdin.buffer)
-out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
-_read_frame(sys.stdin.buffer)
-time.sleep(3600)
-"""
+_NEVER_ANSWERS = _READY_THEN_FIRST_JOB + "import time\ntime.sleep(3600)\n"
 
 
 def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
