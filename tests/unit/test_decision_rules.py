@@ -268,6 +268,32 @@ def test_a_backend_that_declares_its_cpus_gets_no_more_even_in_audit_mode(base_p
     assert evaluate(policy, parse_request({"code": "x", "limits": {"cpus": 2}}), assembler=unknown).allowed
 
 
+def test_an_engine_that_does_not_answer_is_asked_again_only_after_the_retry_interval() -> None:
+    from gateway.decision.settings import BackendLimits
+    from gateway.runner.docker.options import DockerAssembler
+
+    answers: list[BackendLimits] = [BackendLimits(), BackendLimits(), BackendLimits(max_cpus=2.0)]
+    asked: list[float] = []
+    now = [100.0]
+
+    def capacity() -> BackendLimits:
+        asked.append(now[0])
+        return answers[len(asked) - 1]
+
+    assembler = DockerAssembler(capacity=capacity, clock=lambda: now[0])
+    assert assembler.limits.max_cpus is None  # engine down: judged on the policy alone
+    now[0] += DockerAssembler.RETRY_S - 0.1
+    assert assembler.limits.max_cpus is None
+    assert asked == [100.0]  # every dry run in between was decided without a failed connection
+    now[0] += 0.1
+    assert assembler.limits.max_cpus is None
+    now[0] += DockerAssembler.RETRY_S
+    assert assembler.limits.max_cpus == 2.0  # the engine is back: its answer is kept
+    now[0] += 1000
+    assert assembler.limits.max_cpus == 2.0
+    assert len(asked) == 3
+
+
 def test_a_crashing_rule_is_an_error_and_a_deny_under_its_own_id(default_policy: Policy) -> None:
     # A policy object the loader could never produce (no env section) behind a valid compiled policy: each
     # env rule crashes, and each error carries the id of the rule that crashed (one a golden case can name).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -254,19 +255,33 @@ class DockerAssembler:
 
     backend = "docker"
 
-    def __init__(self, capacity: Callable[[], BackendLimits] | None = None) -> None:
+    RETRY_S = 5.0
+    """Without an answer, the engine is asked again at most this often: a dry run while the engine is down
+    must not pay for a failed connection each time (nothing runs then anyway)."""
+
+    def __init__(
+        self, capacity: Callable[[], BackendLimits] | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._capacity = capacity
+        self._clock = clock
         self._limits: BackendLimits | None = None
+        self._next_ask = float("-inf")
 
     @property
     def limits(self) -> BackendLimits:
-        """What the engine can give one container (its host's CPUs), asked once; unknown without an engine."""
-        if self._limits is None:
-            found = self._capacity() if self._capacity is not None else BackendLimits()
-            if found.max_cpus is None:
-                return found  # asked again next time: the engine may be up by then
-            self._limits = found
-        return self._limits
+        """What the engine can give one container (its host's CPUs), asked once; unknown without an engine
+        (judged on the policy alone), and asked again after :attr:`RETRY_S`: the engine may be up by then."""
+        if self._limits is not None:
+            return self._limits
+        now = self._clock()
+        if self._capacity is None or now < self._next_ask:
+            return BackendLimits()
+        found = self._capacity()
+        if found.max_cpus is None:
+            self._next_ask = now + self.RETRY_S
+            return found
+        self._limits = found
+        return found
 
     def build(self, settings: SandboxSettings, *, decision_id: str, request_id: str) -> dict[str, Any]:
         return build_options(settings, decision_id=decision_id, request_id=request_id)
