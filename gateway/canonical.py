@@ -24,6 +24,13 @@ run options          UTF-8          kept (``0.5``)  written as ``NaN``    conver
   fingerprint format; it differs only in writing NaN/Infinity as the non-JSON tokens ``NaN``/``Infinity``.
 
 Changing any of these changes digests already on record: it is a new format, not an edit.
+
+With ``orjson`` installed (the service, report and siem extras), the audit record body is written by it when
+that gives the same bytes, which is exactly when its output is pure ASCII without DEL (``json`` escapes DEL as
+``\u007f`` under ``ensure_ascii``; both escape every other character alike, and with ASCII keys both sort
+alike). Anything else (non-ASCII text, an integer beyond 64 bits, a lone surrogate, very deep nesting) is
+written by ``json``, as without orjson: one format, two encoders, the same bytes
+(``tests/unit/test_canonical_formats.py`` checks them against each other on generated values).
 """
 
 from __future__ import annotations
@@ -31,6 +38,11 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - the base install: json writes every format
+    _orjson = None  # type: ignore[assignment]
 
 __all__ = [
     "SCALAR_TYPES",
@@ -73,6 +85,9 @@ def audit_body_bytes(value: Any, *, checked: bool = False) -> bytes:
     """
     if not checked:
         check_audit_value(value)
+    fast = _ascii_orjson(value, sort_keys=True)
+    if fast is not None:
+        return fast
     # No circular check: the walk above (or the caller's) already met every container of an acyclic value.
     text = json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False
@@ -83,7 +98,23 @@ def audit_body_bytes(value: Any, *, checked: bool = False) -> bytes:
 def audit_body_size(value: Any) -> int:
     """``len(audit_body_bytes(value, checked=True))`` for a value already checked: the same count of bytes,
     without sorting keys (the order changes no length) and without building the bytes."""
+    fast = _ascii_orjson(value, sort_keys=False)
+    if fast is not None:
+        return len(fast)
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False, check_circular=False))
+
+
+def _ascii_orjson(value: Any, *, sort_keys: bool) -> bytes | None:
+    """orjson's text of a checked audit value when it is the audit body format's (see the module docstring),
+    else None (no orjson, or a value only ``json`` writes in that format)."""
+    if _orjson is not None:
+        try:
+            raw = _orjson.dumps(value, option=_orjson.OPT_SORT_KEYS if sort_keys else 0)
+        except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, a lone surrogate, deep nesting
+            return None
+        if raw.isascii() and b"\x7f" not in raw:
+            return raw
+    return None
 
 
 SCALAR_TYPES: frozenset[type] = frozenset({str, int, bool, type(None)})

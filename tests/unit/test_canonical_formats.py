@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import canonical
 from gateway.audit import canonical as audit_canonical
 from gateway.canonical import (
     CanonicalError,
     audit_body_bytes,
+    audit_body_size,
     options_bytes,
     policy_fingerprint_bytes,
     sha256_hex,
@@ -90,3 +94,40 @@ def test_policy_sha256_is_the_fingerprint_format() -> None:
 
     assert canonical_sha256(SAMPLE) == sha256_hex(policy_fingerprint_bytes(SAMPLE))
     assert canonical_sha256(SAMPLE) == hashlib.sha256(policy_fingerprint_bytes(SAMPLE)).hexdigest()
+
+
+def _json_audit_body(value: Any) -> bytes:
+    """The audit record body format as ``json`` alone writes it: the reference for the orjson path."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)  # beyond 64 bits too: only json writes those
+    | st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=8)
+    | st.sampled_from(["\x7f", "a\x7fb", "\ud800", '\x00\x1f"\\/', "é", "\u2028"]),
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.dictionaries(st.text(max_size=4) | st.sampled_from(["\x7f", "é", "a", "B", "_"]), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_JSON_VALUES)
+def test_audit_body_bytes_are_json_s_whatever_encoder_writes_them(value: Any) -> None:
+    expected = _json_audit_body(value)
+    assert audit_body_bytes(value) == expected
+    assert audit_body_size(value) == len(expected)
+
+
+def test_the_cases_orjson_writes_differently_fall_back_to_json() -> None:
+    assert audit_body_bytes({"k": "a\x7fb"}) == b'{"k":"a\\u007fb"}'  # DEL: escaped by json, not by orjson
+    assert audit_body_bytes(2**64) == b"18446744073709551616"  # beyond orjson's integers
+    assert audit_body_bytes({"b": "\ud800", "a": 1}) == b'{"a":1,"b":"\\ud800"}'  # a lone surrogate
+    deep: Any = 0
+    for _ in range(300):  # deeper than orjson nests
+        deep = [deep]
+    assert audit_body_bytes(deep) == _json_audit_body(deep)
