@@ -52,6 +52,7 @@ __all__ = [
     "ServerConfigError",
     "ServiceError",
     "ServiceUnreachableError",
+    "TooManyConnectionsError",
     "UnknownPrincipalError",
     "UnsafeOptionsError",
     "UnsupportedMediaTypeError",
@@ -299,6 +300,15 @@ class DecisionWorkerError(ServiceError):
     hint = "retry: the service replaces the worker (and decides in process meanwhile); its log says why it ended"
 
 
+class TooManyConnectionsError(ServiceError):
+    """The service holds as many client connections as it is configured for (``max_connections``): a new one is
+    answered 503 with ``Retry-After`` and closed before its request is read, so no client can use up the
+    service's file descriptors (which its audit trail and the engine connections need too)."""
+
+    code = "service.too_many_connections"
+    hint = "retry shortly; close idle connections, or raise max_connections in the server config"
+
+
 class OverQuotaError(ServiceError):
     """The principal is over one of its quotas (requests per minute, or its queue of waiting executions is
     full): nothing ran; HTTP 429 with ``Retry-After`` (:attr:`retry_after_s`, whole seconds)."""
@@ -474,6 +484,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (OverQuotaError, EXIT_GATEWAY_FAILURE, 429),
     (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
     (DecisionWorkerError, EXIT_GATEWAY_FAILURE, 503),
+    (TooManyConnectionsError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),

@@ -125,7 +125,9 @@ def _serve(args: argparse.Namespace) -> int:
             build_app(service),
             host=config.host,
             port=config.port,
-            http=http_protocol(config.header_read_s),
+            http=http_protocol(
+                config.header_read_s, max_connections=config.max_connections, on_refused=service.connection_refused
+            ),
             lifespan="on",
             proxy_headers=False,
             server_header=False,

@@ -59,7 +59,9 @@ from gateway.errors import (
     PrincipalsNotFoundError,
     RequestError,
     ServerConfigError,
+    TooManyConnectionsError,
     UnsupportedMediaTypeError,
+    http_status_for,
 )
 from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
@@ -189,6 +191,12 @@ class Service:
         if ok:
             self.decisions.policies_changed(self.gateway.policies)
         return ok
+
+    def connection_refused(self, error: TooManyConnectionsError, request_id: str) -> None:
+        """A connection over ``max_connections`` was answered 503 and closed (:mod:`gateway.service.deadlines`):
+        counted in ``/metrics`` (endpoint ``connection``) and audited, summarised (``request.refused``)."""
+        self.metrics.request("connection", http_status_for(error))
+        self.refusals.note(error, principal=None, token_id=None, request_id=request_id, path=None)
 
     def close(self) -> None:
         """Cancel the runs still in flight (the grace is over) and wait for their sandboxes to be removed, write

@@ -75,6 +75,9 @@ class ServerConfig:
     body_read_s: float = 30.0
     """The longest the service waits for a request's whole body; then 408 (``request.timeout``), so a client
     that sends its body slowly cannot hold a connection and a request slot open."""
+    max_connections: int | None = None
+    """Client connections held at once; one more is answered 503 ``service.too_many_connections`` and closed
+    (:mod:`gateway.service.deadlines`). None: :func:`gateway.service.deadlines.default_max_connections`."""
     quotas: Quotas = DEFAULT_QUOTAS
     """Default quotas: each field a principal does not set comes from here (enforced by
     :mod:`gateway.service.quotas`)."""
@@ -158,6 +161,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         policy=path("policy"),
         audit_dir=path("audit_dir"),
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        max_connections=data.get("max_connections"),
         quotas=Quotas(
             max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
             rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),

@@ -1,4 +1,5 @@
-"""A deadline for each request's head (request line and headers), which uvicorn does not have.
+"""A deadline for each request's head (request line and headers), and a bound on open connections, which
+uvicorn does not have.
 
 uvicorn bounds the idle time *between* requests (``timeout_keep_alive``), but that timer is reset by every
 byte received and is not armed at all on a fresh connection: a client that connects and sends nothing, or
@@ -10,23 +11,70 @@ and again when a response has been sent on a kept-alive connection, disarmed whe
 complete. When it fires, the connection is closed and the event logged (there is no principal to audit yet:
 the ``Authorization`` header itself may not have arrived). The body has its own deadline (``body_read_s``,
 :mod:`gateway.service.app`); a running request is never cut by this one.
+
+The same protocol bounds the connections the service holds at once (``max_connections``): uvicorn has no such
+bound (its ``limit_concurrency`` answers a plain-text 503, not the gateway's error body), so a client opening
+connections faster than the head deadline closes them could use up the file descriptors that the audit trail,
+the engine connections and the workers need. A connection beyond the bound is answered 503
+``service.too_many_connections`` with ``Retry-After`` and closed before anything of it is read, and reported to
+``on_refused`` (the service audits it, summarised: :class:`gateway.service.quotas.Refusals`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
+import uuid
+from collections.abc import Callable
 from typing import Any
 
-from gateway.errors import ServerConfigError
+from gateway.errors import ServerConfigError, TooManyConnectionsError
+from gateway.service.replies import gateway_error_reply, render_json
 
-__all__ = ["http_protocol"]
+__all__ = ["default_max_connections", "http_protocol", "too_many_connections_response"]
 
 _log = logging.getLogger("gateway.service")
 
+RETRY_AFTER_S = 1
+"""The ``Retry-After`` of a connection refused for the bound: connections come and go within seconds."""
 
-def http_protocol(header_read_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol (``uvicorn.Config(http=...)``) with a ``header_read_s`` deadline per request head."""
+
+def default_max_connections() -> int:
+    """A quarter of this process's file descriptors (its soft ``RLIMIT_NOFILE``), between 64 and 4096: the
+    other three quarters stay for the trail, the engine, the workers and the sandboxes' streams."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, soft // 4))
+
+
+def too_many_connections_response(max_connections: int) -> tuple[bytes, str]:
+    """The whole HTTP/1.1 answer to a connection beyond the bound, and its request id."""
+    request_id = uuid.uuid4().hex
+    error = TooManyConnectionsError(
+        f"the service holds its limit of {max_connections} open connections; retry in {RETRY_AFTER_S} s"
+    )
+    reply = gateway_error_reply(error, request_id)
+    body = render_json(reply.body)
+    head = (
+        f"HTTP/1.1 {reply.status} Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {RETRY_AFTER_S}\r\nx-request-id: {request_id}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body, request_id
+
+
+def http_protocol(
+    header_read_s: float,
+    *,
+    max_connections: int | None = None,
+    on_refused: Callable[[TooManyConnectionsError, str], None] | None = None,
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (``uvicorn.Config(http=...)``) with a ``header_read_s`` deadline per request head
+    and at most ``max_connections`` connections (default :func:`default_max_connections`); a refused one is
+    passed to ``on_refused`` with its request id."""
+    bound = default_max_connections() if max_connections is None else max_connections
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415 - only when serving
     except ImportError as exc:
@@ -37,10 +85,26 @@ def http_protocol(header_read_s: float) -> type[asyncio.Protocol]:
 
     class HeadDeadlineProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
+        _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(transport)  # counts this connection in self.connections (all of the server's)
+            if len(self.connections) > bound:
+                self._refuse()
+                return
             self._arm_head_deadline()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._refused:  # a refused connection's request is never read
+                super().data_received(data)
+
+        def _refuse(self) -> None:
+            self._refused = True
+            answer, request_id = too_many_connections_response(bound)
+            self.transport.write(answer)
+            self.transport.close()
+            if on_refused is not None:
+                on_refused(TooManyConnectionsError(f"over the limit of {bound} open connections"), request_id)
 
         def on_headers_complete(self) -> None:
             self._disarm_head_deadline()

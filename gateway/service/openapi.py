@@ -130,7 +130,9 @@ _ERRORS: dict[str, tuple[str, str]] = {
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
     "503": (
         "Unavailable",
-        "The engine is down, the image missing, no capacity, or the audit trail unwritable: fail closed.",
+        "The engine is down, the image missing, no capacity, or the audit trail unwritable: fail closed. Also the "
+        "answer to a connection beyond the service's max_connections (service.too_many_connections, Retry-After), "
+        "sent before its request is read.",
     ),
     "507": ("AuditLowSpace", "The trail's file system is below its free-space watermark (audit.low_space)."),
 }

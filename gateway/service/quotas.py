@@ -200,12 +200,17 @@ class Refusals:
         self.interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, str], tuple[float, int]] = {}
-        """(principal, code) -> (start of its open interval, refusals counted after the first)."""
+        self._open: dict[tuple[str | None, str], tuple[float, int]] = {}
+        """(principal, code) -> (start of its open interval, refusals counted after the first); principal None
+        for the connections refused before any request was read."""
 
-    def note(self, error: GatewayError, *, principal: str, token_id: str, request_id: str, path: str) -> None:
+    def note(
+        self, error: GatewayError, *, principal: str | None, token_id: str | None, request_id: str, path: str | None
+    ) -> None:
         """One refusal: an :class:`OverQuotaError` (429) or a body the service could not take (400, 408, 413,
-        415), for the authenticated ``principal``."""
+        415), for the authenticated ``principal``; or a connection over the service's bound (503
+        ``service.too_many_connections``), refused before any request or principal was read (``principal``,
+        ``token_id`` and ``path`` None)."""
         now = self._clock()
         key = (principal, error.code)
         summary: tuple[float, int] | None = None
@@ -224,9 +229,11 @@ class Refusals:
             data.update(quota=error.quota, retry_after_s=error.retry_after_s)
         else:
             data["message"] = error.message
-        data.update(
-            path=path, interval_ms=round(self.interval_s * 1000), caller={"principal": principal, "token_id": token_id}
-        )
+        if path is not None:
+            data["path"] = path
+        data["interval_ms"] = round(self.interval_s * 1000)
+        if principal is not None and token_id is not None:
+            data["caller"] = {"principal": principal, "token_id": token_id}
         self._write(data, principal=principal, request_id=request_id)
 
     def stop(self) -> None:
@@ -237,7 +244,7 @@ class Refusals:
             if rest:
                 self._summary(key, since, rest)
 
-    def _summary(self, key: tuple[str, str], since: float, rest: int) -> None:
+    def _summary(self, key: tuple[str | None, str], since: float, rest: int) -> None:
         principal, code = key
         since_text = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
         data = {
@@ -246,7 +253,7 @@ class Refusals:
         }  # fmt: skip
         self._write(data, principal=principal, request_id=None)
 
-    def _write(self, data: dict[str, Any], *, principal: str, request_id: str | None) -> None:
+    def _write(self, data: dict[str, Any], *, principal: str | None, request_id: str | None) -> None:
         # refused either way; the trail's own failure shows in /readyz and every request that needs it
         with contextlib.suppress(GatewayError):
             self.audit.append("request.refused", data, principal=principal, request_id=request_id)

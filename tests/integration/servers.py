@@ -37,7 +37,9 @@ def start(
             build_app(service),
             host="127.0.0.1",
             port=0,
-            http=http_protocol(config.header_read_s),  # as `gateway serve` runs it
+            http=http_protocol(
+                config.header_read_s, max_connections=config.max_connections, on_refused=service.connection_refused
+            ),  # as `gateway serve` runs it
             lifespan="on",
             log_level="warning",
             **uvicorn_args,

@@ -179,6 +179,66 @@ def test_a_connection_without_a_complete_request_head_is_closed_at_the_deadline(
         assert client.get("/v1/policy").status_code == 200
 
 
+def _read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_connection_over_max_connections_gets_503_and_is_closed_and_audited(serve: Callable[..., Server]) -> None:
+    """A client that opens connections and holds them cannot use up the service's file descriptors: beyond
+    max_connections each new one is answered 503 service.too_many_connections (the gateway's error body,
+    Retry-After) and closed before anything of it is read; the refusals are audited, summarised, and the
+    service answers again as soon as a connection is freed."""
+    server = serve(max_connections=3)
+    host, port = server.url.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+    try:
+        time.sleep(0.3)  # the server has accepted all three
+        answers = []
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=30) as extra:
+                answers.append(_read_until_closed(extra))  # answered, then closed by the server
+        for raw in answers:
+            head, _, body_bytes = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 "), raw
+            headers = {k.lower(): v for k, _, v in (line.partition(b": ") for line in head.split(b"\r\n")[1:])}
+            assert headers[b"retry-after"] == b"1"
+            assert headers[b"content-type"] == b"application/json"
+            body = json.loads(body_bytes)
+            assert body["code"] == "service.too_many_connections"
+            assert "3 open connections" in body["message"]
+            assert headers[b"x-request-id"].decode() == body["request_id"]
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the held connections are gone once the server has seen them close
+        with server.client(server.tokens["alice"]) as client:
+            try:
+                if client.get("/v1/policy").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+        assert time.monotonic() < deadline, "the service did not answer again after the connections were freed"
+        time.sleep(0.1)
+    (first,) = server.records("request.refused")  # the rest of the interval is one summary, at stop
+    assert first["principal"] is None
+    assert first["request_id"] == json.loads(answers[0].partition(b"\r\n\r\n")[2])["request_id"]
+    assert (first["data"]["code"], first["data"]["count"], first["data"]["summary"]) == (
+        "service.too_many_connections", 1, False,
+    )  # fmt: skip
+    assert "caller" not in first["data"]
+    assert "path" not in first["data"]
+    server.stop()
+    summary = server.records("request.refused")[1:]
+    assert [(r["data"]["count"], r["data"]["summary"]) for r in summary] == [(2, True)]
+    metrics = server.service.metrics.render().decode()
+    assert 'gateway_http_requests_total{endpoint="connection",status="503",status_class="5xx"} 3.0' in metrics
+
+
 def test_a_body_sent_too_slowly_is_refused_with_408_and_audited(serve: Callable[..., Server]) -> None:
     """A client that declares a body and then trickles it (or stops) cannot hold the connection and the
     request open: after body_read_s it gets 408 (before, the service waited as long as the client liked)."""

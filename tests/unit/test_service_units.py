@@ -173,3 +173,21 @@ def test_only_the_public_id_of_a_presented_token_is_kept() -> None:
     assert presented_token_id("agw_0123abcd_" + "x" * 43) == "0123abcd"
     for token in ("", "agw_0123abcd_short", "agw_0123ABCD_" + "x" * 43, "Bearer agw_0123abcd_" + "x" * 43):
         assert presented_token_id(token) is None
+
+
+def test_max_connections_is_read_and_checked_and_defaults_to_a_share_of_the_open_file_limit() -> None:
+    import resource
+
+    from gateway.service.config import load_server_config_text
+    from gateway.service.deadlines import default_max_connections
+
+    head = "apiVersion: gateway.agent-exec/v1\nkind: ServerConfig\n"
+    assert load_server_config_text(head + "max_connections: 200\n").max_connections == 200
+    assert load_server_config_text(head).max_connections is None  # the protocol then takes the default
+    for bad in ("0", "-1", "many", "1.5"):
+        with pytest.raises(ServerConfigError) as refused:
+            load_server_config_text(head + f"max_connections: {bad}\n")
+        assert [p.path for p in refused.value.problems] == ["$.max_connections"]
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert 64 <= default_max_connections() <= 4096
+    assert default_max_connections() <= max(64, soft // 4)
