@@ -59,13 +59,15 @@ class FieldReader:
     a trail, so a read costs about what ``json.loads`` spent on the field.
     """
 
-    __slots__ = ("_record",)
+    __slots__ = ("record",)
 
     def __init__(self, record: Mapping[str, Any]) -> None:
-        self._record = record  # its seq is read for an error only: a view's properties make a reader per read
+        self.record: Final = record
+        """The record read (its own dict, not a proxy): its ``seq`` names it in errors, and a view's properties
+        read their fields from it."""
 
     def error(self, path: str, problem: str) -> AuditIntegrityError:
-        seq = self._record.get("seq")
+        seq = self.record.get("seq")
         label = f"seq {seq}" if _is_int(seq) else "with no valid seq"
         return AuditIntegrityError(f"audit record {label}: {path}: {problem}", hint=_HINT)
 
@@ -198,6 +200,8 @@ class FieldReader:
     def texts(self, obj: Mapping[str, Any], key: str, base: str, *, required: bool = False) -> tuple[str, ...]:
         """The items of an array of strings; a missing key reads as no items unless ``required``."""
         items = self._array(obj, key, base, required)
+        if not items:  # most records redact nothing
+            return ()
         for index, item in enumerate(items):
             if not isinstance(item, str):
                 raise self.error(json_path(json_path(base, key), index), f"expected a string, got {describe(item)}")

@@ -1,11 +1,16 @@
 """Typed, read-only views of audit records, for query and reports.
 
 :func:`view_record` reads one parsed record (a line of the trail, or an entry of
-:attr:`MemoryAuditSink.records <gateway.audit.memory.MemoryAuditSink.records>`) into a frozen view chosen by
-its ``event_type``: :class:`RequestReceivedView`, :class:`RequestInvalidView`, :class:`PolicyDecisionView`,
+:attr:`MemoryAuditSink.records <gateway.audit.memory.MemoryAuditSink.records>`) into a read-only view chosen
+by its ``event_type``: :class:`RequestReceivedView`, :class:`RequestInvalidView`, :class:`PolicyDecisionView`,
 :class:`ExecutionOutcomeView`, :class:`ImagePulledView`, or :class:`GenericRecordView` for the other events.
 Every view carries the envelope of :class:`AuditRecordView`; field names follow
 ``schemas/audit-record.schema.json``.
+
+A view's fields are ``Final``: mypy rejects an assignment to one, and a view (slotted) takes no other
+attribute. They are not frozen at run time: a frozen dataclass sets each field through
+``object.__setattr__``, ~10 % of the instructions an export spends per record (views are built for every
+record a query, report or export reads), where a slotted class stores it directly.
 
 A view never changes the record and never copies it: the nested objects it exposes (``record``, ``data``,
 ``request``, ``options``) are read-only proxies over the record's own dicts. It checks the type of every
@@ -107,60 +112,69 @@ class ProblemView(NamedTuple):
     message: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class AuditRecordView:
     """The envelope every record carries; the base of every view.
 
-    Views compare (and hash) by their fields, ``hash`` included, which covers the whole record."""
+    Views compare (and hash) by their fields, ``hash`` included, which covers the whole record
+    (``unsafe_hash``: the fields are ``Final``, so a view's hash does not change)."""
 
-    schema: str
+    schema: Final[str]
     """Record format version (:data:`~gateway.audit.interface.SCHEMA_VERSION`)."""
-    seq: int
+    seq: Final[int]
     """Position in the trail, contiguous from 1."""
-    event_type: str
-    timestamp: str
+    event_type: Final[str]
+    timestamp: Final[str]
     """When the record was chained: UTC RFC 3339 with microseconds and ``Z`` (sorts as text)."""
-    request_id: str | None
-    principal: str | None
-    policy: PolicyRefView | None
-    hash: str
-    record: Mapping[str, Any] = field(compare=False, repr=False)
+    request_id: Final[str | None]
+    principal: Final[str | None]
+    policy: Final[PolicyRefView | None]
+    hash: Final[str]
+    record: Final[Mapping[str, Any]] = field(compare=False, repr=False)
     """The whole record, read-only (a proxy over its own dict)."""
-    data: Mapping[str, Any] = field(compare=False, repr=False)
+    data: Final[Mapping[str, Any]] = field(compare=False, repr=False)
     """The event's ``data``, read-only (a proxy over the record's own dict)."""
-    _reader: FieldReader = field(compare=False, repr=False)
-    """The reader the view was built with: its properties read through it (errors name the record's seq)."""
+    _reader: Final[FieldReader] = field(compare=False, repr=False)
+    """The reader the view was built with: its properties read the record's own dicts through it (a proxy's
+    reads cost more than a dict's; errors name the record's seq)."""
 
     @property
     def event_id(self) -> str:
-        return self._reader.text(self.record, "event_id", "$")
+        r = self._reader
+        return r.text(r.record, "event_id", "$")
 
     @property
     def prev_hash(self) -> str:
-        return self._reader.digest(self.record, "prev_hash", "$")
+        r = self._reader
+        return r.digest(r.record, "prev_hash", "$")
 
     @property
     def hmac(self) -> str | None:
         """Present on keyed trails only."""
-        return self._reader.digest_or_none(self.record, "hmac", "$")
+        r = self._reader
+        return r.digest_or_none(r.record, "hmac", "$")
 
     @property
     def redacted(self) -> tuple[str, ...]:
         """JSON paths that redaction erased or cut."""
-        return self._reader.texts(self.record, "redacted", "$", required=True)
+        r = self._reader
+        return r.texts(r.record, "redacted", "$", required=True)
 
     @property
     def trace_id(self) -> str | None:
-        return self._reader.text_or_none(self.record, "trace_id", "$")
+        r = self._reader
+        return r.text_or_none(r.record, "trace_id", "$")
 
     @property
     def span_id(self) -> str | None:
-        return self._reader.text_or_none(self.record, "span_id", "$")
+        r = self._reader
+        return r.text_or_none(r.record, "span_id", "$")
 
     @property
     def gateway(self) -> GatewayIdentityView | None:
         """The writer's identity; ``None`` when the record does not carry one (the schema requires it)."""
-        return _gateway(self._reader, self.record)
+        r = self._reader
+        return _gateway(r, r.record)
 
     @property
     def images(self) -> frozenset[str]:
@@ -168,61 +182,61 @@ class AuditRecordView:
         return frozenset()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class RequestReceivedView(AuditRecordView):
     """``request.received``: a well-formed request reached the policy engine (redacted)."""
 
-    request: Mapping[str, Any] = field(compare=False, repr=False)
+    request: Final[Mapping[str, Any]] = field(compare=False, repr=False)
     """``data.request`` as stored (after redaction), read-only."""
-    image: str | None
-    language: str | None
-    runtime: str | None
-    network: str | None
-    code_sha256: str | None
+    image: Final[str | None]
+    language: Final[str | None]
+    runtime: Final[str | None]
+    network: Final[str | None]
+    code_sha256: Final[str | None]
     """sha256 of the whole code, even when the stored code was cut."""
-    code_bytes: int | None
-    code_truncated: bool
+    code_bytes: Final[int | None]
+    code_truncated: Final[bool]
     """Whether the stored code was cut at the cap (``False`` when the record does not say)."""
-    env_names: tuple[str, ...]
+    env_names: Final[tuple[str, ...]]
     """Names of the environment variables asked for; values are never stored."""
-    files: tuple[FileDigestView, ...]
+    files: Final[tuple[FileDigestView, ...]]
 
     @property
     def images(self) -> frozenset[str]:
         return frozenset() if self.image is None else frozenset({self.image})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class RequestInvalidView(AuditRecordView):
     """``request.invalid``: a request failed validation before any policy evaluation."""
 
-    problems: tuple[ProblemView, ...]
-    raw_sha256: str
+    problems: Final[tuple[ProblemView, ...]]
+    raw_sha256: Final[str]
     """sha256 of the raw request bytes as received."""
-    raw_bytes: int
+    raw_bytes: Final[int]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class PolicyDecisionView(AuditRecordView):
     """``policy.decision``: what the policy decided, rule by rule."""
 
-    allowed: bool
-    dry_run: bool
+    allowed: Final[bool]
+    dry_run: Final[bool]
     """True for ``gateway check`` (nothing was meant to run); ``False`` when the record does not say."""
-    results: tuple[RuleResultView, ...]
+    results: Final[tuple[RuleResultView, ...]]
     """Every rule result, in the decision's order."""
-    violations: tuple[str, ...]
+    violations: Final[tuple[str, ...]]
     """Rule ids of the results that denied (enforce-mode failures and errors)."""
-    warnings: tuple[str, ...]
+    warnings: Final[tuple[str, ...]]
     """Rule ids of the warn results and audit-mode failures."""
-    options: Mapping[str, Any] | None = field(compare=False, repr=False)
+    options: Final[Mapping[str, Any] | None] = field(compare=False, repr=False)
     """The assembled ``containers.create`` arguments as stored (environment values redacted); ``None`` when
     denied."""
-    options_image: str | None
+    options_image: Final[str | None]
     """``image`` of the stored options."""
-    image: str | None
+    image: Final[str | None]
     """``image`` of the execution plan; ``None`` when denied."""
-    runtime: str | None
+    runtime: Final[str | None]
     """``runtime`` of the execution plan (``runc``, ``runsc``); ``None`` when denied or not planned."""
 
     @property
@@ -231,12 +245,14 @@ class PolicyDecisionView(AuditRecordView):
 
     @property
     def decision_id(self) -> str | None:
-        return self._reader.text_or_none(self.data["decision"], "decision_id", _DECISION)
+        r = self._reader
+        return r.text_or_none(r.record["data"]["decision"], "decision_id", _DECISION)
 
     @property
     def options_sha256(self) -> str | None:
         """sha256 of the options before redaction, in the run-options format (:mod:`gateway.canonical`)."""
-        return self._reader.digest_or_none(self.data, "options_sha256", _DATA)
+        r = self._reader
+        return r.digest_or_none(r.record["data"], "options_sha256", _DATA)
 
     @property
     def not_passed(self) -> frozenset[str]:
@@ -248,27 +264,27 @@ class PolicyDecisionView(AuditRecordView):
         return failed.union(self.violations, self.warnings)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class ExecutionOutcomeView(AuditRecordView):
     """``execution.outcome``: what happened when the sandbox ran (or why it did not)."""
 
-    exit_code: int | None
+    exit_code: Final[int | None]
     """The program's exit code; ``None`` when it never exited on its own."""
-    timed_out: bool
-    oom_killed: bool
-    output_limit_killed: bool
+    timed_out: Final[bool]
+    oom_killed: Final[bool]
+    output_limit_killed: Final[bool]
     """``False`` when the record does not say (as for the other optional kill flags)."""
-    resource_killed: bool
-    duration_ms: int
-    container_id: str | None
-    image: str | None
-    image_id: str | None
-    files: tuple[FileDigestView, ...]
+    resource_killed: Final[bool]
+    duration_ms: Final[int]
+    container_id: Final[str | None]
+    image: Final[str | None]
+    image_id: Final[str | None]
+    files: Final[tuple[FileDigestView, ...]]
     """Output files collected from ``/workspace/out``."""
-    error_code: str | None
+    error_code: Final[str | None]
     """Stable code of the gateway or engine error when the run failed for a reason other than the program."""
-    error_message: str | None
-    pool: str | None = None
+    error_message: Final[str | None]
+    pool: Final[str | None] = None
     """``hit`` / ``miss`` / ``cold``: how the run found its sandbox (warm pool); None in older records."""
 
     @property
@@ -276,19 +292,19 @@ class ExecutionOutcomeView(AuditRecordView):
         return frozenset() if self.image is None else frozenset({self.image})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class ImagePulledView(AuditRecordView):
     """``image.pulled``: an image was pulled under the policy's pull setting."""
 
-    image: str
-    image_id: str
+    image: Final[str]
+    image_id: Final[str]
 
     @property
     def images(self) -> frozenset[str]:
         return frozenset({self.image})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class GenericRecordView(AuditRecordView):
     """Any other event: the envelope, and ``data`` as stored."""
 
