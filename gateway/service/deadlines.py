@@ -27,6 +27,7 @@ import logging
 import resource
 import uuid
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from gateway.errors import ServerConfigError, TooManyConnectionsError
@@ -49,20 +50,17 @@ def default_max_connections() -> int:
     return max(64, min(4096, soft // 4))
 
 
-def too_many_connections_response(max_connections: int) -> tuple[bytes, str]:
-    """The whole HTTP/1.1 answer to a connection beyond the bound, and its request id."""
-    request_id = uuid.uuid4().hex
-    error = TooManyConnectionsError(
-        f"the service holds its limit of {max_connections} open connections; retry in {RETRY_AFTER_S} s"
-    )
+def too_many_connections_response(error: TooManyConnectionsError, request_id: str) -> bytes:
+    """The whole HTTP/1.1 answer to a connection beyond the bound: ``error``'s body, ``Retry-After``, closed."""
     reply = gateway_error_reply(error, request_id)
     body = render_json(reply.body)
-    head = (
-        f"HTTP/1.1 {reply.status} Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nretry-after: {RETRY_AFTER_S}\r\nx-request-id: {request_id}\r\n"
-        "connection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body, request_id
+    headers = {
+        "Content-Type": "application/json", "Content-Length": str(len(body)), **reply.header_map(),
+        "Retry-After": str(RETRY_AFTER_S), "Connection": "close",
+    }  # fmt: skip
+    head = f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return (head + "\r\n").encode("ascii") + body
 
 
 def http_protocol(
@@ -100,11 +98,14 @@ def http_protocol(
 
         def _refuse(self) -> None:
             self._refused = True
-            answer, request_id = too_many_connections_response(bound)
-            self.transport.write(answer)
+            request_id = uuid.uuid4().hex
+            error = TooManyConnectionsError(
+                f"the service holds its limit of {bound} open connections; retry in {RETRY_AFTER_S} s"
+            )
+            self.transport.write(too_many_connections_response(error, request_id))
             self.transport.close()
             if on_refused is not None:
-                on_refused(TooManyConnectionsError(f"over the limit of {bound} open connections"), request_id)
+                on_refused(error, request_id)
 
         def on_headers_complete(self) -> None:
             self._disarm_head_deadline()
