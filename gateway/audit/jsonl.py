@@ -306,6 +306,18 @@ class JsonlAuditTrail:
             self._await_durable(generation)
         return AuditReceipt(sealed.record["event_id"], sealed.record["seq"], sealed.hash, segment)
 
+    def sync(self) -> None:
+        """Make every record this instance has written durable: one fsync covers them all.
+
+        For a writer that batches: it appends each record with ``durable=False``, then calls ``sync`` once
+        before it acts on (or answers for) any of them. Raises :class:`AuditUnavailableError` when the records
+        cannot be made durable (the trail then refuses further appends, as after any failed fsync)."""
+        with self._lock:
+            if self._failed is not None:
+                raise AuditUnavailableError(f"the audit trail failed earlier and refuses appends: {self._failed}")
+            generation = self._written_gen
+        self._await_durable(generation)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -501,7 +513,8 @@ class JsonlAuditTrail:
             except OSError as trunc_exc:
                 self._fail(f"write failed and could not be rolled back: {trunc_exc.strerror}")
             self._tail = None  # re-read the tail next time
-            self._close_fd("_fd")
+            with contextlib.suppress(AuditUnavailableError):  # a failed fsync fails the trail (sync raises then)
+                self._retire_segment()  # what this instance wrote before, not waited for, is made durable
             raise _unavailable("write the audit record", exc) from exc
         return fd
 

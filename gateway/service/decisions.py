@@ -15,14 +15,16 @@ and receives, before any job:
 - the policy set: the very :class:`~gateway.policy.Policy` objects the service loaded, compiled again there (the
   same sha256). A reload sends the new set to every worker; a job sent after it is decided under it.
 
-A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything), decides each job with
-:meth:`Gateway.decide` in one of :data:`THREADS` threads (its trail's group commit makes one fsync cover the
-records written meanwhile, and each answer waits for its own records to be durable) and sends back the status,
-the rendered body, the headers and the violations (for the metrics): the same answer the service would have
-made itself. Frames are a 4-byte big-endian length and a payload, over the worker's stdin and stdout (pipes that
-only the two processes hold). To the worker the payload is a pickle (the service's own objects: its policies,
-its runner factory); from the worker, which handles hostile request bodies, it is data only and never unpickled:
-a JSON header line (kind, job, status, headers, violations) and the rendered body. The worker's stray prints go
+A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything) and decides its jobs in
+batches, in one thread (:func:`decide_batch`): it takes every job that has arrived (at most :data:`BATCH`),
+decides each with :meth:`Gateway.decide` writing its records without waiting for them, makes them all durable
+with one fsync, and only then answers each job of the batch (when that fsync fails, every job of it is a 503:
+fail closed). It sends back the status, the rendered body, the headers and the violations (for the metrics):
+the same answer the service would have made itself. Frames are a 4-byte big-endian length and a payload, over
+the worker's stdin and stdout (pipes that only the two processes hold). To the worker the payload is a pickle
+(the service's own objects: its policies, its runner factory); from the worker, which handles hostile request
+bodies, it is data only and never unpickled: a JSON header line (kind, job, status, headers, violations) and
+the rendered body. The worker's stray prints go
 to stderr (the server's log), never into the frames.
 
 When no worker is ready (they are starting, or one died and its replacement is starting, or the runner factory
@@ -44,35 +46,34 @@ import json
 import logging
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.concurrency import run_in_threadpool
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway._workers import start_worker
-from gateway.errors import DecisionWorkerError
+from gateway.errors import AuditUnavailableError, DecisionWorkerError
 from gateway.policy import Policy
 from gateway.service.replies import decision_reply, render_json
 
 if TYPE_CHECKING:
+    from gateway.audit import AuditReceipt, JsonlAuditTrail
     from gateway.runner import Runner
 
-__all__ = ["THREADS", "Decided", "DecisionWorkers", "decided", "default_decision_workers", "worker_main"]
+__all__ = ["BATCH", "Decided", "DecisionWorkers", "decided", "default_decision_workers", "worker_main"]
 
 _log = logging.getLogger("gateway.service")
 
-THREADS: Final = 2
-"""Jobs a worker decides at once: enough for one fsync to cover several decisions, few enough that the threads
-do not take turns on the worker's GIL for nothing."""
+BATCH: Final = 16
+"""The most jobs a worker decides before it makes their records durable (one fsync) and answers them."""
 _HEADER: Final = struct.Struct("!I")
 _WORKER: Final = "from gateway.service.decisions import worker_main; raise SystemExit(worker_main())"
 _RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -375,15 +376,107 @@ class DecisionWorkers:
 # --- the worker process --------------------------------------------------------------------------------------
 
 
-def _read_frame(stream: IO[bytes]) -> Any:
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        return None
-    (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        return None
-    return pickle.loads(data)  # noqa: S301 - the service that started this process, over its own pipe
+class _Jobs:
+    """The service's frames, read from the worker's stdin in batches: :meth:`batch` waits for one whole frame,
+    then takes every other whole frame that has already arrived (at most :data:`BATCH`), so that one fsync
+    covers the records of every job in the batch."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+        self._eof = False
+
+    def _read(self) -> None:
+        data = os.read(self._fd, 1 << 16)
+        if not data:
+            self._eof = True
+        self._buffer += data
+
+    def _whole(self) -> int:
+        """How many bytes of the buffer hold whole frames, counting at most BATCH frames."""
+        at = count = 0
+        while count < BATCH and len(self._buffer) >= at + _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer, at)
+            if len(self._buffer) < at + _HEADER.size + size:
+                break
+            at += _HEADER.size + size
+            count += 1
+        return at
+
+    def batch(self) -> list[Any] | None:
+        """The next messages (unpickled), or None once stdin is closed and every whole frame was taken."""
+        while not self._whole():
+            if self._eof:
+                return None
+            self._read()
+        while not self._eof and select.select([self._fd], [], [], 0)[0]:
+            self._read()
+        end = self._whole()
+        view, messages, at = memoryview(self._buffer), [], 0
+        while at < end:
+            (size,) = _HEADER.unpack_from(view, at)
+            # The service that started this process, over its own pipe.
+            messages.append(pickle.loads(view[at + _HEADER.size : at + _HEADER.size + size]))  # noqa: S301
+            at += _HEADER.size + size
+        view.release()
+        del self._buffer[:end]
+        return messages
+
+
+class _Unwaited:
+    """The worker's trail as its Gateway sees it: every record written in order, none waited for. The worker
+    makes a batch's records durable with one :meth:`JsonlAuditTrail.sync` before it answers any job of it (a
+    dry run acts on nothing but its answer), and answers 503 for all of them when that fails."""
+
+    def __init__(self, trail: JsonlAuditTrail) -> None:
+        self.trail = trail
+
+    def append(self, event_type: str, data: Any, *, durable: bool = True, **kw: Any) -> AuditReceipt:
+        return self.trail.append(event_type, data, durable=False, **kw)
+
+    def close(self) -> None:
+        self.trail.close()
+
+    @property
+    def protected_paths(self) -> tuple[str, ...]:
+        return self.trail.protected_paths
+
+
+def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any]) -> bytes:
+    """The answer frames to one batch of messages from the service, in order: each job decided by ``gateway``
+    (whose sink writes without waiting, :class:`_Unwaited`), a policy set applied from the next job on; then
+    one :meth:`~JsonlAuditTrail.sync` of ``trail`` before any job is answered. When that fails, every decided
+    job of the batch is answered as a dry run whose record could not be made durable (503, fail closed)."""
+    done: list[tuple[int, ExecutionResult | str]] = []
+    for message in messages:
+        if message[0] == "decide":
+            number, body, principal, token_id = message[1:]
+            try:
+                done.append((number, gateway.decide(body, caller=Caller(principal, token_id))))
+            except Exception as exc:  # noqa: BLE001 - answered as a failure of this job, never a dead worker
+                done.append((number, f"{type(exc).__name__}: {exc}"))
+        elif message[0] == "policies":
+            gateway.policies = PolicySet.of(message[1], message[2])
+    if not done:
+        return b""
+    try:
+        trail.sync()
+    except AuditUnavailableError as exc:  # nothing of the batch is known durable: no job of it is answered 200
+        done = [(n, r if isinstance(r, str) else _unrecorded(r, exc)) for n, r in done]
+    return b"".join(_answer(number, result) for number, result in done)
+
+
+def _unrecorded(result: ExecutionResult, exc: AuditUnavailableError) -> ExecutionResult:
+    """The result of a dry run whose records could not be made durable: the Gateway's own for that case."""
+    return ExecutionResult(result.request_id, result.decision, error=exc, audit_ok=False)
+
+
+def _answer(number: int, result: ExecutionResult | str) -> bytes:
+    if isinstance(result, str):
+        return _answer_frame({"kind": "failed", "job": number, "error": result})
+    answer = decided(result)
+    header = {"kind": "decided", "job": number, "status": answer.status, "headers": answer.headers}
+    return _answer_frame({**header, "violations": answer.violations}, answer.content)
 
 
 def worker_main() -> int:
@@ -394,43 +487,27 @@ def worker_main() -> int:
         signal.signal(sig, signal.SIG_IGN)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print goes to the log, never into the frames
-    stdin = sys.stdin.buffer
-    init = _read_frame(stdin)
-    if init is None or init[0] != "init":
+    frames = _Jobs(sys.stdin.fileno())
+    batch = frames.batch()
+    if not batch or batch[0][0] != "init":
         return 2
-    _, runner_factory, audit_dir, default, by_principal = init
+    _, runner_factory, audit_dir, default, by_principal = batch[0]
     from gateway.audit import JsonlAuditTrail  # noqa: PLC0415 - after the init, with its directory
 
-    sink = JsonlAuditTrail.from_env(audit_dir, group_commit=True)
+    trail = JsonlAuditTrail.from_env(audit_dir)
     runner: Runner = runner_factory()
-    gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=sink)
-    lock = threading.Lock()
-
-    def send(header: dict[str, Any], content: bytes = b"") -> None:
-        frame = _answer_frame(header, content)
-        with lock:
-            out.write(frame)
-            out.flush()
-
-    def job(number: int, body: bytes, principal: str, token_id: str) -> None:
-        try:
-            answer = decided(gateway.decide(body, caller=Caller(principal, token_id)))
-        except Exception as exc:  # noqa: BLE001 - answered as a failure of this job, never a dead worker
-            send({"kind": "failed", "job": number, "error": f"{type(exc).__name__}: {exc}"})
-            return
-        header = {"kind": "decided", "job": number, "status": answer.status, "headers": answer.headers}
-        send({**header, "violations": answer.violations}, answer.content)
-
-    send({"kind": "ready", "pid": os.getpid()})
+    gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=_Unwaited(trail))
+    out.write(_answer_frame({"kind": "ready", "pid": os.getpid()}))
+    out.flush()
+    batch = batch[1:]  # jobs that came with the init
     try:
-        with ThreadPoolExecutor(THREADS, thread_name_prefix="decide") as pool:
-            while (message := _read_frame(stdin)) is not None:
-                if message[0] == "decide":
-                    pool.submit(job, *message[1:])
-                elif message[0] == "policies":
-                    gateway.policies = PolicySet.of(message[1], message[2])
+        while batch is not None:
+            if answers := decide_batch(gateway, trail, batch):
+                out.write(answers)
+                out.flush()
+            batch = frames.batch()
     finally:  # no gateway.close(): the stop record is the service's, which started no worker's "gateway"
         with contextlib.suppress(Exception):
             runner.close()
-        sink.close()
+        trail.close()
     return 0

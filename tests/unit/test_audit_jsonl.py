@@ -434,3 +434,61 @@ def test_a_record_not_waited_for_is_made_durable_at_close_or_rotation(tmp_path: 
     assert io.synced == [first]  # the retired segment was flushed before it was closed
     trail.close()
     assert io.synced == [first, (tmp_path / "trail-000002.jsonl").stat().st_size]
+
+
+class UnwaitedIO(FailingIO):
+    """Counts fsyncs; fails ``call`` once armed (it starts disarmed)."""
+
+    def __init__(self, call: str, err: int = errno.EIO) -> None:
+        super().__init__(call, err)
+        self.armed = False
+        self.fsyncs = 0
+
+    def fsync(self, fd: int) -> None:
+        self._maybe_fail("fsync")
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_sync_makes_every_unwaited_record_durable_with_one_fsync(tmp_path: Path) -> None:
+    io = UnwaitedIO("none")
+    trail = JsonlAuditTrail(tmp_path, io=io)
+    for _ in range(5):
+        trail.append("gateway.start", START, durable=False)
+    assert io.fsyncs == 0
+    trail.sync()
+    assert io.fsyncs == 1
+    trail.sync()  # nothing new written: nothing to flush
+    assert io.fsyncs == 1
+    trail.close()
+    assert verify_trail(tmp_path).records_checked == 5
+
+
+def test_sync_that_cannot_flush_raises_and_the_trail_refuses_appends(tmp_path: Path) -> None:
+    io = UnwaitedIO("fsync")
+    trail = JsonlAuditTrail(tmp_path, io=io)
+    trail.append("gateway.start", START, durable=False)
+    io.armed = True
+    with pytest.raises(AuditUnavailableError, match="cannot fsync the audit segment"):
+        trail.sync()
+    io.armed = False
+    with pytest.raises(AuditUnavailableError, match="refuses appends"):
+        trail.append("gateway.start", START)
+    with pytest.raises(AuditUnavailableError, match="refuses appends"):
+        trail.sync()
+
+
+def test_a_failed_write_makes_the_unwaited_records_before_it_durable(tmp_path: Path) -> None:
+    """A write that fails closes the segment: what this instance wrote before it without waiting is flushed
+    first, never marked durable unflushed (a later sync would otherwise vouch for it)."""
+    io = UnwaitedIO("write", errno.ENOSPC)
+    trail = JsonlAuditTrail(tmp_path, io=io)
+    trail.append("gateway.start", START, durable=False)
+    io.armed = True
+    with pytest.raises(AuditUnavailableError, match="write the audit record"):
+        trail.append("gateway.start", START, durable=False)
+    assert io.fsyncs == 1
+    io.armed = False
+    trail.sync()
+    trail.close()
+    assert verify_trail(tmp_path).records_checked == 1

@@ -4,15 +4,21 @@ is the in-process answer, and a job in flight on a worker that dies is a 503, ne
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import json
+import os
+import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway import Caller, Gateway
-from gateway.audit import JsonlAuditTrail
-from gateway.errors import DecisionWorkerError, http_status_for
+from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.audit.segments import AuditIO
+from gateway.errors import AuditUnavailableError, DecisionWorkerError, http_status_for
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner
@@ -92,11 +98,11 @@ def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
 
 _READY_THEN_FIRST_JOB = """
 import os, sys
-from gateway.service.decisions import _answer_frame, _read_frame
-out = os.fdopen(os.dup(1), "wb")
-_read_frame(sys.stdin.buffer)
+from gateway.service.decisions import _answer_frame, _Jobs
+out, jobs = os.fdopen(os.dup(1), "wb"), _Jobs(0)
+jobs.batch()
 out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
-_read_frame(sys.stdin.buffer)
+jobs.batch()
 """
 """A fake worker's start: it reads the init frame, says it is ready and reads its first job (what follows says
 what it does with it)."""
@@ -156,3 +162,100 @@ def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path, monk
     error = _first_job_error(_gateway(tmp_path / "audit"), then_in_process=True)
     assert isinstance(error, DecisionWorkerError)
     assert "did not answer within 1 s" in error.message
+
+
+class _CountingIO(AuditIO):
+    def __init__(self, *, fail_fsync: bool = False) -> None:
+        self.fsyncs = 0
+        self.fail_fsync = fail_fsync
+
+    def fsync(self, fd: int) -> None:
+        if self.fail_fsync:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def _answers(frames: bytes) -> list[tuple[dict[str, Any], bytes]]:
+    """The answer frames a worker wrote, as (header, body)."""
+    answers, at = [], 0
+    while at < len(frames):
+        (size,) = struct.unpack_from("!I", frames, at)
+        head, _, body = frames[at + 4 : at + 4 + size].partition(b"\n")
+        answers.append((json.loads(head), body))
+        at += 4 + size
+    return answers
+
+
+def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, JsonlAuditTrail]:
+    trail = JsonlAuditTrail(directory, io=io)
+    policy = load_policy(default_policy_path())
+    return Gateway(policy, runner=FakeRunner(), audit=decisions._Unwaited(trail)), trail
+
+
+def _job(number: int, body: bytes) -> tuple[str, int, bytes, str, str]:
+    return ("decide", number, body, CALLER.principal, CALLER.token_id)
+
+
+def test_a_batch_is_answered_in_order_after_one_fsync_covering_its_records(tmp_path: Path) -> None:
+    io = _CountingIO()
+    gateway, trail = _batch_gateway(tmp_path, io)
+    batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": "print(1)", "network": "bridge"}'), _job(3, b"{")]
+    answers = _answers(decisions.decide_batch(gateway, trail, batch))
+    assert io.fsyncs == 1
+    assert [(h["job"], h["status"]) for h, _ in answers] == [(1, 200), (2, 200), (3, 422)]
+    assert [json.loads(body).get("allowed") for _, body in answers[:2]] == [True, False]
+    assert answers[1][0]["violations"][0]["rule"] == "network.mode"
+    trail.close()
+    lines = [line for path in sorted(tmp_path.glob("trail-*.jsonl")) for line in path.read_text().splitlines()]
+    records = [json.loads(line) for line in lines]
+    assert [r["event_type"] for r in records] == [
+        *("request.received", "policy.decision") * 2, "request.invalid",
+    ]  # fmt: skip
+    assert verify_trail(tmp_path).ok
+
+
+def test_a_batch_whose_records_cannot_be_made_durable_is_refused_whole(tmp_path: Path) -> None:
+    """Fail closed: no job of a batch is answered with its decision unless the batch's records are durable."""
+    gateway, trail = _batch_gateway(tmp_path, _CountingIO(fail_fsync=True))
+    batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": 1}')]
+    answers = _answers(decisions.decide_batch(gateway, trail, batch))
+    assert [(h["job"], h["status"]) for h, _ in answers] == [(1, 503), (2, 503)]
+    assert {json.loads(body)["code"] for _, body in answers} == {"audit.unavailable"}
+    with pytest.raises(AuditUnavailableError):  # the trail failed: it refuses everything after, its close too
+        trail.close()
+
+
+def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) -> None:
+    gateway, trail = _batch_gateway(tmp_path, _CountingIO())
+    tight = load_policy(default_policy_path())
+    allowed = gateway.policies.default.policy
+    bad = b'{"code": "print(1)", "limits": {"timeout_s": 25}}'
+    tight = dataclasses.replace(tight, name="tight")
+    batch = [_job(1, bad), ("policies", tight, {}), _job(2, bad)]
+    answers = _answers(decisions.decide_batch(gateway, trail, batch))
+    names = [json.loads(body)["decision"]["policy"]["name"] for _, body in answers]
+    assert names == [allowed.name, "tight"]
+    trail.close()
+
+
+def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        frames = [decisions._frame(("decide", n, b"{}", "a", "t")) for n in range(1, 4)]
+        os.write(write_fd, b"".join(frames) + frames[0][:7])  # three whole frames and the start of a fourth
+        jobs = decisions._Jobs(read_fd)
+        assert [m[1] for m in jobs.batch() or []] == [1, 2, 3]
+        os.write(write_fd, frames[0][7:])
+        assert [m[1] for m in jobs.batch() or []] == [1]
+        many = b"".join(decisions._frame(("decide", n, b"{}", "a", "t")) for n in range(decisions.BATCH + 2))
+        os.write(write_fd, many)
+        assert len(jobs.batch() or []) == decisions.BATCH
+        assert len(jobs.batch() or []) == 2
+        os.close(write_fd)
+        write_fd = -1
+        assert jobs.batch() is None
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
