@@ -24,8 +24,7 @@ the same answer the service would have made itself. Frames are a 4-byte big-endi
 the worker's stdin and stdout (pipes that only the two processes hold). To the worker the payload is a pickle
 (the service's own objects: its policies, its runner factory); from the worker, which handles hostile request
 bodies, it is data only and never unpickled: a JSON header line (kind, job, status, headers, violations) and
-the rendered body. The worker's stray prints go
-to stderr (the server's log), never into the frames.
+the rendered body. The worker's stray prints go to stderr (the server's log), never into the frames.
 
 When no worker is ready (they are starting, or one died and its replacement is starting, or the runner factory
 cannot be sent: a test's closure), the service decides in process, as with ``decision_workers: 0``: a dry run is
