@@ -18,9 +18,10 @@ and receives, before any job:
 A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything) and decides its jobs in
 batches, in one thread (:func:`decide_batch`): it takes every job that has arrived (at most :data:`BATCH`),
 decides each with :meth:`Gateway.decide` writing its records without waiting for them, makes them all durable
-with one fsync, and only then answers each job of the batch (when that fsync fails, every job of it is a 503:
-fail closed). It sends back the status, the rendered body, the headers and the violations (for the metrics):
-the same answer the service would have made itself. Frames are a 4-byte big-endian length and a payload, over
+with one fsync, and only then answers each job of the batch (sooner for the jobs decided in the first
+:data:`BATCH_S`, when the batch takes longer; when an fsync fails, every job it covered is a 503: fail closed).
+It sends back the status, the rendered body, the headers and the violations (for the metrics): the same answer
+the service would have made itself. Frames are a 4-byte big-endian length and a payload, over
 the worker's stdin and stdout (pipes that only the two processes hold). To the worker the payload is a pickle
 (the service's own objects: its policies, its runner factory); from the worker, which handles hostile request
 bodies, it is data only and never unpickled: a JSON header line (kind, job, status, headers, violations) and
@@ -50,6 +51,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +69,14 @@ if TYPE_CHECKING:
     from gateway.audit import AuditReceipt, JsonlAuditTrail
     from gateway.runner import Runner
 
-__all__ = ["BATCH", "Decided", "DecisionWorkers", "decided", "default_decision_workers", "worker_main"]
+__all__ = ["BATCH", "BATCH_S", "Decided", "DecisionWorkers", "decided", "default_decision_workers", "worker_main"]
 
 _log = logging.getLogger("gateway.service")
 
 BATCH: Final = 16
 """The most jobs a worker decides before it makes their records durable (one fsync) and answers them."""
+BATCH_S: Final = 0.005
+"""The longest the jobs of a batch are decided before those decided so far are made durable and answered."""
 _HEADER: Final = struct.Struct("!I")
 _WORKER: Final = "from gateway.service.decisions import worker_main; raise SystemExit(worker_main())"
 _RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -441,13 +445,16 @@ class _Unwaited:
         return self.trail.protected_paths
 
 
-def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any]) -> bytes:
-    """The answer frames to one batch of messages from the service, in order: each job decided by ``gateway``
-    (whose sink writes without waiting, :class:`_Unwaited`), a policy set applied from the next job on; then
-    one :meth:`~JsonlAuditTrail.sync` of ``trail`` before any job is answered. When that fails, every decided
-    job of the batch is answered as a dry run whose record could not be made durable (503, fail closed)."""
+def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], send: Callable[[bytes], None]) -> None:
+    """Decide one batch of messages from the service, in order, and ``send`` the answer frames: each job decided
+    by ``gateway`` (whose sink writes without waiting, :class:`_Unwaited`), a policy set applied from the next
+    job on. The jobs decided so far are answered, after one :meth:`~JsonlAuditTrail.sync` of ``trail``, at the
+    end of the batch or as soon as they have taken :data:`BATCH_S`: a slow job (a hostile body) holds back the
+    answers to the jobs decided before it by at most that. When a sync fails, every job it covered is answered
+    as a dry run whose record could not be made durable (503, fail closed)."""
     done: list[tuple[int, ExecutionResult | str]] = []
-    for message in messages:
+    started = time.monotonic()
+    for position, message in enumerate(messages, start=1):
         if message[0] == "decide":
             number, body, principal, token_id = message[1:]
             try:
@@ -456,11 +463,16 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any]) 
                 done.append((number, f"{type(exc).__name__}: {exc}"))
         elif message[0] == "policies":
             gateway.policies = PolicySet.of(message[1], message[2])
-    if not done:
-        return b""
+        if done and (position == len(messages) or time.monotonic() - started >= BATCH_S):
+            send(_answers(trail, done))
+            done, started = [], time.monotonic()
+
+
+def _answers(trail: JsonlAuditTrail, done: list[tuple[int, ExecutionResult | str]]) -> bytes:
+    """The answer frames of decided jobs, once their records are durable (one sync), else 503 for each."""
     try:
         trail.sync()
-    except AuditUnavailableError as exc:  # nothing of the batch is known durable: no job of it is answered 200
+    except AuditUnavailableError as exc:  # nothing of these is known durable: none of them is answered 200
         done = [(n, r if isinstance(r, str) else _unrecorded(r, exc)) for n, r in done]
     return b"".join(_answer(number, result) for number, result in done)
 
@@ -498,12 +510,15 @@ def worker_main() -> int:
     gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=_Unwaited(trail))
     out.write(_answer_frame({"kind": "ready", "pid": os.getpid()}))
     out.flush()
+
+    def send(frames: bytes) -> None:
+        out.write(frames)
+        out.flush()
+
     batch = batch[1:]  # jobs that came with the init
     try:
         while batch is not None:
-            if answers := decide_batch(gateway, trail, batch):
-                out.write(answers)
-                out.flush()
+            decide_batch(gateway, trail, batch, send)
             batch = frames.batch()
     finally:  # no gateway.close(): the stop record is the service's, which started no worker's "gateway"
         with contextlib.suppress(Exception):

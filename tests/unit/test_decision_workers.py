@@ -197,11 +197,17 @@ def _job(number: int, body: bytes) -> tuple[str, int, bytes, str, str]:
     return ("decide", number, body, CALLER.principal, CALLER.token_id)
 
 
-def test_a_batch_is_answered_in_order_after_one_fsync_covering_its_records(tmp_path: Path) -> None:
+def test_a_batch_is_answered_in_order_after_one_fsync_covering_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decisions, "BATCH_S", 3600.0)  # however slow this machine is: one batch, one answer write
     io = _CountingIO()
     gateway, trail = _batch_gateway(tmp_path, io)
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": "print(1)", "network": "bridge"}'), _job(3, b"{")]
-    answers = _answers(decisions.decide_batch(gateway, trail, batch))
+    sent: list[bytes] = []
+    decisions.decide_batch(gateway, trail, batch, sent.append)
+    assert len(sent) == 1
+    answers = _answers(sent[0])
     assert io.fsyncs == 1
     assert [(h["job"], h["status"]) for h, _ in answers] == [(1, 200), (2, 200), (3, 422)]
     assert [json.loads(body).get("allowed") for _, body in answers[:2]] == [True, False]
@@ -219,7 +225,9 @@ def test_a_batch_whose_records_cannot_be_made_durable_is_refused_whole(tmp_path:
     """Fail closed: no job of a batch is answered with its decision unless the batch's records are durable."""
     gateway, trail = _batch_gateway(tmp_path, _CountingIO(fail_fsync=True))
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": 1}')]
-    answers = _answers(decisions.decide_batch(gateway, trail, batch))
+    sent: list[bytes] = []
+    decisions.decide_batch(gateway, trail, batch, sent.append)
+    answers = _answers(b"".join(sent))
     assert [(h["job"], h["status"]) for h, _ in answers] == [(1, 503), (2, 503)]
     assert {json.loads(body)["code"] for _, body in answers} == {"audit.unavailable"}
     with pytest.raises(AuditUnavailableError):  # the trail failed: it refuses everything after, its close too
@@ -233,9 +241,30 @@ def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) ->
     bad = b'{"code": "print(1)", "limits": {"timeout_s": 25}}'
     tight = dataclasses.replace(tight, name="tight")
     batch = [_job(1, bad), ("policies", tight, {}), _job(2, bad)]
-    answers = _answers(decisions.decide_batch(gateway, trail, batch))
+    sent: list[bytes] = []
+    decisions.decide_batch(gateway, trail, batch, sent.append)
+    answers = _answers(b"".join(sent))
     names = [json.loads(body)["decision"]["policy"]["name"] for _, body in answers]
     assert names == [allowed.name, "tight"]
+    trail.close()
+
+
+def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow job (a hostile body) holds back the answers of the jobs decided before it by at most BATCH_S:
+    with no time at all, each job is made durable and answered before the next is decided."""
+    monkeypatch.setattr(decisions, "BATCH_S", 0.0)
+    io = _CountingIO()
+    gateway, trail = _batch_gateway(tmp_path, io)
+    sent: list[bytes] = []
+
+    def send(frames: bytes) -> None:
+        sent.append(frames)
+        assert io.fsyncs == len(sent)  # each answer only after its own records' fsync
+
+    decisions.decide_batch(gateway, trail, [_job(n, b'{"code": "print(1)"}') for n in (1, 2, 3)], send)
+    assert [[h["job"] for h, _ in _answers(frames)] for frames in sent] == [[1], [2], [3]]
     trail.close()
 
 
