@@ -9,7 +9,9 @@ One run, same machine, same engine, same image, same policy (``policies/default.
 - ``decisions``: ``POST /v1/decisions`` on ``--decision-concurrency`` keep-alive connections for
   ``--decision-seconds`` (after 2 s of warm-up), from a raw asyncio HTTP/1.1 client in this process (an HTTP
   library would spend more CPU per request than the server does, on the same cores); the server's CPU per
-  decision counts its decision workers (its child processes).
+  decision counts its decision workers (its child processes). Baseline in the same run, just before and just
+  after: the CPU of one ``Gateway.decide`` of the same dry run in this process (``inprocess_decide_cpu_ms``),
+  and the ratio of the two (``server_cpu_over_inprocess``), which follows the code and not the VM's speed.
 
 The execution phases alternate in blocks (service, in-process, service, ...; ``--blocks`` of each), so drift in
 the machine's load hits both alike. Every response is checked (200 and stdout ``4\\n`` for an execution, 200
@@ -294,6 +296,20 @@ def timed_decisions(base: str, token: str, concurrency: int, seconds: float, pid
     }
 
 
+def inprocess_decide_cpu_ms(gw: Gateway, seconds: float = 2.0) -> float:
+    """CPU ms of one ``Gateway.decide`` of the benchmark's dry run in this process (one thread, a trail with an
+    fsync per dry run): the same run's baseline for the service's CPU per decision, since this VM's speed drifts
+    by up to 1.6 times within minutes (its neighbours) and a fixed CPU probe does not follow that drift."""
+    body = {"code": CODE}
+    for _ in range(50):  # warm-up
+        gw.decide(body)
+    count, started, stop_at = 0, time.thread_time(), time.perf_counter() + seconds
+    while time.perf_counter() < stop_at:
+        gw.decide(body)
+        count += 1
+    return (time.thread_time() - started) / count * 1000
+
+
 def serve_profiled(out: str, argv: list[str]) -> int:
     """``gateway serve`` with a cProfile profiler in every thread (the event loop's and each worker's, where
     the decisions and executions run); the merged statistics are written to ``out`` when it stops."""
@@ -370,7 +386,9 @@ def main() -> int:
                     for name, make in (("service", svc), ("in-process", inprocess)):
                         blocks[name].append(run_threads(args.concurrency, args.n, make))
                         loads.append(os.getloadavg()[0])
+                baseline = [inprocess_decide_cpu_ms(gw)]
                 decisions = timed_decisions(base, token, args.decision_concurrency, args.decision_seconds, pid)
+                baseline.append(inprocess_decide_cpu_ms(gw))
                 loads.append(os.getloadavg()[0])
         finally:
             gw.close()
@@ -392,6 +410,7 @@ def main() -> int:
             **summary([decisions]),
             "concurrency": args.decision_concurrency,
             "server_cpu_ms_per_request": decisions["server_cpu_ms_per_request"],
+            "inprocess_decide_cpu_ms": [round(x, 3) for x in baseline],
         },
         "leftover_containers": len(left),
     }
@@ -401,6 +420,9 @@ def main() -> int:
         "p50": round(svc_r["p50_ms"] / inp_r["p50_ms"] - 1, 4),
         "p95": round(svc_r["p95_ms"] / inp_r["p95_ms"] - 1, 4),
     }
+    server_cpu = result["decisions"]["server_cpu_ms_per_request"]
+    if server_cpu is not None:  # the service's CPU per dry run in units of the same run's in-process decide
+        result["decisions"]["server_cpu_over_inprocess"] = round(server_cpu / statistics.mean(baseline), 3)
     errors = svc_r["errors"] + inp_r["errors"] + result["decisions"]["errors"]
     result["targets"] = {
         "overhead_under_10pct": result["overhead"]["throughput"] < 0.10,
