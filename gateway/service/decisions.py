@@ -27,6 +27,15 @@ the worker's stdin and stdout (pipes that only the two processes hold). To the w
 bodies, it is data only and never unpickled: a JSON header line (kind, job, status, headers, violations) and
 the rendered body. The worker's stray prints go to stderr (the server's log), never into the frames.
 
+Each principal has a share of the workers (:class:`_Share`): its dry runs go to them only while the CPU they are
+expected to cost, from what its recent ones cost on a worker (each answer says), fits in :data:`SHARE_MS` (at
+least one at a time); the others wait their turn in the service, first come, first served. A principal whose
+dry runs are dear (a body the request schema checks entry by entry: 300 ms of a worker) so has one on the
+workers at a time and cannot fill their queues ahead of other principals' dry runs, which a worker takes in the
+order they come; cheap ones go out many at a time, so batches stay full. The request quotas count requests, not
+their cost: this is what keeps one principal's dry runs from holding back everyone else's. A dry run that finds
+no room within 30 s is answered 503 ``service.decision_failed``.
+
 When no worker is ready (they are starting, or one died and its replacement is starting, or the runner factory
 cannot be sent: a test's closure), the service decides in process, as with ``decision_workers: 0``: a dry run is
 never refused for want of a worker. A job in flight on a worker that dies is answered 503
@@ -40,6 +49,7 @@ and is killed if it does not.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -69,7 +79,16 @@ if TYPE_CHECKING:
     from gateway.audit import AuditReceipt, JsonlAuditTrail
     from gateway.runner import Runner
 
-__all__ = ["BATCH", "BATCH_S", "Decided", "DecisionWorkers", "decided", "default_decision_workers", "worker_main"]
+__all__ = [
+    "BATCH",
+    "BATCH_S",
+    "SHARE_MS",
+    "Decided",
+    "DecisionWorkers",
+    "decided",
+    "default_decision_workers",
+    "worker_main",
+]
 
 _log = logging.getLogger("gateway.service")
 
@@ -81,6 +100,13 @@ _HEADER: Final = struct.Struct("!I")
 _WORKER: Final = "from gateway.service.decisions import worker_main; raise SystemExit(worker_main())"
 _RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Back-off before replacing a worker that died (the last step repeats while they keep dying)."""
+SHARE_MS: Final = 30.0
+"""A principal's dry runs on the workers at once: as many as fit in this much of the workers' CPU, estimated from
+what its recent dry runs cost (at least one). Cheap dry runs (~1.5 ms) go out 20 at a time; a principal whose
+dry runs cost 300 ms each (a hostile body) has one on the workers and its others wait their turn, so that it
+cannot fill the workers' queues ahead of everyone else's dry runs."""
+_FIRST_COST_MS: Final = 5.0
+"""The cost expected of a principal's dry run until one of its dry runs has been timed."""
 _CLOSE_S: Final = 10.0
 _DECIDE_S: Final = 30.0
 """The longest a dry run waits for its worker (a decision takes milliseconds): then 503, and the worker, stuck,
@@ -101,6 +127,8 @@ class Decided:
     headers: dict[str, str]
     violations: list[dict[str, Any]] | None
     """The decision's violations when it denied (counted by rule in the metrics); None otherwise."""
+    cpu_ms: float | None = None
+    """The worker's CPU time for this dry run (what its principal's next ones are expected to cost)."""
 
 
 def decided(result: ExecutionResult) -> Decided:
@@ -174,7 +202,8 @@ class _Worker:
         self.proc = proc
         self.ready = False
         self.closed = False
-        self.jobs: dict[int, asyncio.Future[Decided]] = {}
+        self.jobs: dict[int, tuple[asyncio.Future[Decided], float]] = {}
+        """Jobs in flight: each one's future and the CPU ms it is expected to cost."""
         self._on_ready = on_ready
         self._on_ended = on_ended
         self._writer: asyncio.WriteTransport | None = None
@@ -200,11 +229,13 @@ class _Worker:
             self._on_ready()
             _log.info("decision worker %d ready", self.proc.pid)
             return
-        future = self.jobs.pop(header.get("job", 0), None)
+        future, _cost = self.jobs.pop(header.get("job", 0), (None, 0.0))
         if future is None or future.done():
             return
         if kind == "decided":
-            future.set_result(Decided(header["status"], content, header["headers"], header["violations"]))
+            cpu = header.get("cpu_ms")
+            cpu_ms = float(cpu) if isinstance(cpu, (int, float)) and 0 <= cpu < 1e9 else None
+            future.set_result(Decided(header["status"], content, header["headers"], header["violations"], cpu_ms))
         else:  # "failed": Gateway.decide raised, which it never should
             future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {header.get('error')}"))
 
@@ -221,7 +252,7 @@ class _Worker:
             return
         self.closed = True
         self.ready = False
-        for future in self.jobs.values():
+        for future, _cost in self.jobs.values():
             if not future.done():
                 future.set_exception(
                     DecisionWorkerError(f"the decision worker {self.proc.pid} ended while deciding this request")
@@ -231,10 +262,66 @@ class _Worker:
             self._writer.close()
         self._on_ended(self)
 
+    @property
+    def load_ms(self) -> float:
+        """The CPU ms its jobs in flight are expected to cost."""
+        return sum(cost for _future, cost in self.jobs.values())
+
     def close(self) -> None:
         """End the worker: its stdin closes, it finishes the jobs it holds and exits."""
         if self._writer is not None:
             self._writer.close()
+
+
+class _Share:
+    """One principal's share of the decision workers: the CPU ms its dry runs in flight are expected to cost,
+    against :data:`SHARE_MS`, and its dry runs waiting for room, first come, first served."""
+
+    def __init__(self) -> None:
+        self.cost_ms = _FIRST_COST_MS
+        """What one of its dry runs is expected to cost: the last one when it cost more, else a slow average."""
+        self.in_flight_ms = 0.0
+        self.in_flight = 0
+        self._waiting: collections.deque[asyncio.Future[float]] = collections.deque()
+
+    def _fits(self) -> bool:
+        return self.in_flight == 0 or self.in_flight_ms + self.cost_ms <= SHARE_MS
+
+    def _grant(self) -> float:
+        cost = self.cost_ms
+        self.in_flight_ms += cost
+        self.in_flight += 1
+        return cost
+
+    async def take(self) -> float:
+        """Wait for room, then count one dry run in flight; returns the cost it was counted at."""
+        if not self._waiting and self._fits():
+            return self._grant()
+        turn: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        try:
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # granted as it was abandoned: the room goes back
+                self.give_back(turn.result())
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(turn)
+            raise
+
+    def give_back(self, cost: float) -> None:
+        """One dry run left the workers: the next ones waiting get its room."""
+        self.in_flight -= 1
+        self.in_flight_ms = self.in_flight_ms - cost if self.in_flight else 0.0
+        while self._waiting and self._fits():
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(self._grant())
+
+    def learn(self, cpu_ms: float) -> None:
+        """A dry run of this principal took ``cpu_ms`` on a worker: a dearer one counts at once, a cheaper one
+        slowly, so that one cheap dry run does not open the share of a principal that sends dear ones."""
+        self.cost_ms = cpu_ms if cpu_ms > self.cost_ms else 0.9 * self.cost_ms + 0.1 * cpu_ms
 
 
 class DecisionWorkers:
@@ -254,6 +341,7 @@ class DecisionWorkers:
         self._deaths = 0
         self._closing = False
         self._respawns: set[asyncio.Task[None]] = set()
+        self._shares: dict[str, _Share] = {}  # one per principal that asked for a dry run: bounded by the file
 
     @property
     def ready(self) -> int:
@@ -328,14 +416,34 @@ class DecisionWorkers:
         task.add_done_callback(self._respawns.discard)
 
     async def decide(self, body: bytes, caller: Caller) -> Decided:
-        """The dry run's answer, from the ready worker with the fewest jobs, else decided in process."""
+        """The dry run's answer, from the ready worker with the least work in flight, else decided in process.
+        It waits first while its principal's share of the workers is taken (:data:`SHARE_MS`)."""
+        share = self._shares.get(caller.principal)
+        if share is None:
+            share = self._shares[caller.principal] = _Share()
+        try:
+            cost = await asyncio.wait_for(share.take(), _DECIDE_S)
+        except TimeoutError:
+            raise DecisionWorkerError(
+                f"the dry runs of principal {caller.principal!r} already on the decision workers did not leave "
+                f"room for this one within {_DECIDE_S:g} s"
+            ) from None
+        try:
+            answer = await self._on_worker(body, caller, cost)
+        finally:
+            share.give_back(cost)
+        if answer.cpu_ms is not None:
+            share.learn(answer.cpu_ms)
+        return answer
+
+    async def _on_worker(self, body: bytes, caller: Caller, cost: float) -> Decided:
         ready = [w for w in self._workers if w.ready]
         if not ready:
             return decided(await run_in_threadpool(self.gateway.decide, body, caller=caller))
-        worker = min(ready, key=lambda w: len(w.jobs))
+        worker = min(ready, key=lambda w: w.load_ms)
         job = next(self._jobs)
         future: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
-        worker.jobs[job] = future
+        worker.jobs[job] = (future, cost)
         worker.send(_frame(("decide", job, body, caller.principal, caller.token_id)))
         try:
             return await asyncio.wait_for(future, _DECIDE_S)
@@ -345,6 +453,8 @@ class DecisionWorkers:
             raise DecisionWorkerError(
                 f"the decision worker {worker.proc.pid} did not answer within {_DECIDE_S:g} s"
             ) from None
+        finally:
+            worker.jobs.pop(job, None)  # answered, failed or abandoned by its client: no longer in flight
 
     def policies_changed(self, policies: PolicySet) -> None:
         """A reload made ``policies`` the service's: every worker decides under them from its next job on. Any
@@ -452,15 +562,17 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
     end of the batch or as soon as they have taken :data:`BATCH_S`: a slow job (a hostile body) holds back the
     answers to the jobs decided before it by at most that. When a sync fails, every job it covered is answered
     as a dry run whose record could not be made durable (503, fail closed)."""
-    done: list[tuple[int, ExecutionResult | str]] = []
+    done: list[tuple[int, ExecutionResult | str, float]] = []
     started = time.monotonic()
     for position, message in enumerate(messages, start=1):
         if message[0] == "decide":
             number, body, principal, token_id = message[1:]
+            cpu = time.thread_time()
             try:
-                done.append((number, gateway.decide(body, caller=Caller(principal, token_id))))
+                result: ExecutionResult | str = gateway.decide(body, caller=Caller(principal, token_id))
             except Exception as exc:  # noqa: BLE001 - answered as a failure of this job, never a dead worker
-                done.append((number, f"{type(exc).__name__}: {exc}"))
+                result = f"{type(exc).__name__}: {exc}"
+            done.append((number, result, (time.thread_time() - cpu) * 1000))
         elif message[0] == "policies":
             gateway.policies = PolicySet.of(message[1], message[2])
         if done and (position == len(messages) or time.monotonic() - started >= BATCH_S):
@@ -468,13 +580,13 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
             done, started = [], time.monotonic()
 
 
-def _answers(trail: JsonlAuditTrail, done: list[tuple[int, ExecutionResult | str]]) -> bytes:
+def _answers(trail: JsonlAuditTrail, done: list[tuple[int, ExecutionResult | str, float]]) -> bytes:
     """The answer frames of decided jobs, once their records are durable (one sync), else 503 for each."""
     try:
         trail.sync()
     except AuditUnavailableError as exc:  # nothing of these is known durable: none of them is answered 200
-        done = [(n, r if isinstance(r, str) else _unrecorded(r, exc)) for n, r in done]
-    return b"".join(_answer(number, result) for number, result in done)
+        done = [(n, r if isinstance(r, str) else _unrecorded(r, exc), cpu) for n, r, cpu in done]
+    return b"".join(_answer(*job) for job in done)
 
 
 def _unrecorded(result: ExecutionResult, exc: AuditUnavailableError) -> ExecutionResult:
@@ -482,12 +594,12 @@ def _unrecorded(result: ExecutionResult, exc: AuditUnavailableError) -> Executio
     return ExecutionResult(result.request_id, result.decision, error=exc, audit_ok=False)
 
 
-def _answer(number: int, result: ExecutionResult | str) -> bytes:
+def _answer(number: int, result: ExecutionResult | str, cpu_ms: float) -> bytes:
     if isinstance(result, str):
         return _answer_frame({"kind": "failed", "job": number, "error": result})
     answer = decided(result)
     header = {"kind": "decided", "job": number, "status": answer.status, "headers": answer.headers}
-    return _answer_frame({**header, "violations": answer.violations}, answer.content)
+    return _answer_frame({**header, "violations": answer.violations, "cpu_ms": round(cpu_ms, 3)}, answer.content)
 
 
 def worker_main() -> int:

@@ -288,3 +288,86 @@ def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> Non
         os.close(read_fd)
         if write_fd >= 0:
             os.close(write_fd)
+
+
+def test_a_share_counts_dry_runs_in_flight_against_their_expected_cost() -> None:
+    async def scenario() -> None:
+        share = decisions._Share()
+        share.learn(decisions.SHARE_MS / 2)  # each dry run expected to cost half the share
+        first, second = await share.take(), await share.take()
+        third = asyncio.ensure_future(share.take())
+        fourth = asyncio.ensure_future(share.take())
+        await asyncio.sleep(0)
+        assert not third.done()  # no room: it waits
+        assert share.in_flight == 2
+        fourth.cancel()  # a client that gave up while waiting takes no room
+        with pytest.raises(asyncio.CancelledError):
+            await fourth
+        share.give_back(first)
+        assert await third == decisions.SHARE_MS / 2  # first come, first served
+        assert share.in_flight == 2
+        share.give_back(second)
+        share.give_back(third.result())
+        assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
+        share.learn(10 * decisions.SHARE_MS)  # one dear dry run counts at once...
+        assert share.cost_ms == 10 * decisions.SHARE_MS
+        assert await share.take() == 10 * decisions.SHARE_MS  # ...and still gets one on the workers
+        share.learn(1.0)  # one cheap one does not open the share again
+        assert share.cost_ms > decisions.SHARE_MS
+
+    asyncio.run(scenario())
+
+
+def test_a_dry_run_granted_as_its_client_leaves_gives_its_room_back() -> None:
+    async def scenario() -> None:
+        share = decisions._Share()
+        share.learn(decisions.SHARE_MS)
+        held = await share.take()
+        waiting = asyncio.ensure_future(share.take())
+        await asyncio.sleep(0)
+        share.give_back(held)  # granted to the waiter...
+        waiting.cancel()  # ...which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
+
+    asyncio.run(scenario())
+
+
+HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in range(20000)}}).encode()
+"""A body the request schema refuses only after checking each of its 20,000 entries: ~300 ms of a worker."""
+
+
+def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(tmp_path: Path) -> None:
+    """One worker; a principal whose dry runs each cost a worker hundreds of ms sends five at once, then another
+    principal sends one cheap dry run: it is answered before most of the dear ones (first come, first served on
+    the worker, it was answered last)."""
+    gateway = _gateway(tmp_path / "audit")
+    heavy, light = Caller("heavy", "gw_id_h"), Caller("light", "gw_id_l")
+
+    async def scenario() -> list[str]:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            assert (await workers.decide(HEAVY, heavy)).status == 422  # timed: its principal's cost is known
+            order: list[str] = []
+
+            async def one(name: str, body: bytes, caller: Caller) -> None:
+                answer = await workers.decide(body, caller)
+                assert answer.status == (422 if caller is heavy else 200)
+                order.append(name)
+
+            tasks = [asyncio.ensure_future(one(f"heavy{n}", HEAVY, heavy)) for n in range(5)]
+            await asyncio.sleep(0.05)
+            tasks.append(asyncio.ensure_future(one("light", b'{"code": "print(1)"}', light)))
+            await asyncio.gather(*tasks)
+            return order
+        finally:
+            await workers.close()
+
+    try:
+        order = asyncio.run(scenario())
+    finally:
+        gateway.close()
+    assert order.index("light") <= 2, order
