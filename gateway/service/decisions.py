@@ -100,11 +100,12 @@ _HEADER: Final = struct.Struct("!I")
 _WORKER: Final = "from gateway.service.decisions import worker_main; raise SystemExit(worker_main())"
 _RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Back-off before replacing a worker that died (the last step repeats while they keep dying)."""
-SHARE_MS: Final = 30.0
+SHARE_MS: Final = 60.0
 """A principal's dry runs on the workers at once: as many as fit in this much of the workers' CPU, estimated from
-what its recent dry runs cost (at least one). Cheap dry runs (~1.5 ms) go out 20 at a time; a principal whose
-dry runs cost 300 ms each (a hostile body) has one on the workers and its others wait their turn, so that it
-cannot fill the workers' queues ahead of everyone else's dry runs."""
+what its recent dry runs cost (at least one). Cheap dry runs (1.5-2.5 ms) go out 24 or more at a time, more
+than a client's 16 connections (30 ms cost one such client ~5 % of its decisions/s); a principal whose dry runs
+cost 300 ms each (a hostile body) has one on the workers and its others wait their turn, so that it cannot fill
+the workers' queues ahead of everyone else's dry runs."""
 _FIRST_COST_MS: Final = 5.0
 """The cost expected of a principal's dry run until one of its dry runs has been timed."""
 _CLOSE_S: Final = 10.0
@@ -279,7 +280,7 @@ class _Share:
 
     def __init__(self) -> None:
         self.cost_ms = _FIRST_COST_MS
-        """What one of its dry runs is expected to cost: the last one when it cost more, else a slow average."""
+        """What one of its dry runs is expected to cost (:meth:`learn`)."""
         self.in_flight_ms = 0.0
         self.in_flight = 0
         self._waiting: collections.deque[asyncio.Future[float]] = collections.deque()
@@ -319,9 +320,10 @@ class _Share:
                 turn.set_result(self._grant())
 
     def learn(self, cpu_ms: float) -> None:
-        """A dry run of this principal took ``cpu_ms`` on a worker: a dearer one counts at once, a cheaper one
-        slowly, so that one cheap dry run does not open the share of a principal that sends dear ones."""
-        self.cost_ms = cpu_ms if cpu_ms > self.cost_ms else 0.9 * self.cost_ms + 0.1 * cpu_ms
+        """A dry run of this principal took ``cpu_ms`` on a worker: a moving average (a fifth of it the last
+        one), so that one dear dry run (300 ms) closes the share to one at a time, a few cheap ones do not open
+        it again, and the odd slow one of a cheap principal (a collection, a new segment) changes little."""
+        self.cost_ms = 0.8 * self.cost_ms + 0.2 * cpu_ms
 
 
 class DecisionWorkers:
