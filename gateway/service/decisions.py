@@ -29,10 +29,11 @@ the rendered body. The worker's stray prints go to stderr (the server's log), ne
 
 Each principal has a share of the workers (:class:`_Share`): its dry runs go to them only while the CPU they are
 expected to cost, from what its recent ones cost on a worker (each answer says), fits in :data:`SHARE_MS` (at
-least one at a time); the others wait their turn in the service, first come, first served. A principal whose
-dry runs are dear (a body the request schema checks entry by entry: 300 ms of a worker) so has one on the
-workers at a time and cannot fill their queues ahead of other principals' dry runs, which a worker takes in the
-order they come; cheap ones go out many at a time, so batches stay full. The request quotas count requests, not
+least one at a time; a dry run holds its room until it leaves the worker, even when its client has gone); the
+others wait their turn in the service, first come, first served. A principal whose dry runs are dear (a body the
+request schema checks entry by entry: 300 ms of a worker) so has one on the workers at a time and cannot fill
+their queues ahead of other principals' dry runs, which a worker takes in the order they come; cheap ones go
+out many at a time, so batches stay full. The request quotas count requests, not
 their cost: this is what keeps one principal's dry runs from holding back everyone else's. A dry run that finds
 no room within 30 s is answered 503 ``service.decision_failed``.
 
@@ -128,8 +129,16 @@ class Decided:
     headers: dict[str, str]
     violations: list[dict[str, Any]] | None
     """The decision's violations when it denied (counted by rule in the metrics); None otherwise."""
-    cpu_ms: float | None = None
-    """The worker's CPU time for this dry run (what its principal's next ones are expected to cost)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A dry run on a worker: what awaits its answer, and the share of its principal it holds until it leaves
+    the worker (answered, or with the worker), even when its client has gone."""
+
+    future: asyncio.Future[Decided]
+    share: _Share
+    cost: float
 
 
 def decided(result: ExecutionResult) -> Decided:
@@ -203,8 +212,8 @@ class _Worker:
         self.proc = proc
         self.ready = False
         self.closed = False
-        self.jobs: dict[int, tuple[asyncio.Future[Decided], float]] = {}
-        """Jobs in flight: each one's future and the CPU ms it is expected to cost."""
+        self.jobs: dict[int, _Job] = {}
+        """Jobs in flight, by number."""
         self._on_ready = on_ready
         self._on_ended = on_ended
         self._writer: asyncio.WriteTransport | None = None
@@ -230,15 +239,25 @@ class _Worker:
             self._on_ready()
             _log.info("decision worker %d ready", self.proc.pid)
             return
-        future, _cost = self.jobs.pop(header.get("job", 0), (None, 0.0))
-        if future is None or future.done():
+        job = self._finish(header.get("job", 0))
+        if job is None:
+            return
+        cpu = header.get("cpu_ms")
+        if isinstance(cpu, (int, float)) and 0 <= cpu < 1e9:
+            job.share.learn(float(cpu))
+        if job.future.done():  # its client has gone
             return
         if kind == "decided":
-            cpu = header.get("cpu_ms")
-            cpu_ms = float(cpu) if isinstance(cpu, (int, float)) and 0 <= cpu < 1e9 else None
-            future.set_result(Decided(header["status"], content, header["headers"], header["violations"], cpu_ms))
+            job.future.set_result(Decided(header["status"], content, header["headers"], header["violations"]))
         else:  # "failed": Gateway.decide raised, which it never should
-            future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {header.get('error')}"))
+            job.future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {header.get('error')}"))
+
+    def _finish(self, number: Any) -> _Job | None:
+        """The job leaves the worker: its principal's share gets its room back."""
+        job = self.jobs.pop(number, None)
+        if job is not None:
+            job.share.give_back(job.cost)
+        return job
 
     def kill(self, why: str) -> None:
         """Kill the worker, stuck or out of protocol (its jobs in flight fail; it is replaced): ``why`` is logged."""
@@ -253,12 +272,12 @@ class _Worker:
             return
         self.closed = True
         self.ready = False
-        for future, _cost in self.jobs.values():
-            if not future.done():
-                future.set_exception(
+        for number in list(self.jobs):
+            job = self._finish(number)
+            if job is not None and not job.future.done():
+                job.future.set_exception(
                     DecisionWorkerError(f"the decision worker {self.proc.pid} ended while deciding this request")
                 )
-        self.jobs.clear()
         if self._writer is not None:
             self._writer.close()
         self._on_ended(self)
@@ -266,7 +285,7 @@ class _Worker:
     @property
     def load_ms(self) -> float:
         """The CPU ms its jobs in flight are expected to cost."""
-        return sum(cost for _future, cost in self.jobs.values())
+        return sum(job.cost for job in self.jobs.values())
 
     def close(self) -> None:
         """End the worker: its stdin closes, it finishes the jobs it holds and exits."""
@@ -430,33 +449,24 @@ class DecisionWorkers:
                 f"the dry runs of principal {caller.principal!r} already on the decision workers did not leave "
                 f"room for this one within {_DECIDE_S:g} s"
             ) from None
-        try:
-            answer = await self._on_worker(body, caller, cost)
-        finally:
-            share.give_back(cost)
-        if answer.cpu_ms is not None:
-            share.learn(answer.cpu_ms)
-        return answer
-
-    async def _on_worker(self, body: bytes, caller: Caller, cost: float) -> Decided:
         ready = [w for w in self._workers if w.ready]
         if not ready:
-            return decided(await run_in_threadpool(self.gateway.decide, body, caller=caller))
+            try:
+                return decided(await run_in_threadpool(self.gateway.decide, body, caller=caller))
+            finally:
+                share.give_back(cost)
         worker = min(ready, key=lambda w: w.load_ms)
-        job = next(self._jobs)
+        number = next(self._jobs)
         future: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
-        worker.jobs[job] = (future, cost)
-        worker.send(_frame(("decide", job, body, caller.principal, caller.token_id)))
+        worker.jobs[number] = _Job(future, share, cost)  # it gives the share back when it leaves the worker
+        worker.send(_frame(("decide", number, body, caller.principal, caller.token_id)))
         try:
             return await asyncio.wait_for(future, _DECIDE_S)
         except TimeoutError:
-            worker.jobs.pop(job, None)
-            worker.kill(f"no answer to a job within {_DECIDE_S:g} s")
+            worker.kill(f"no answer to a job within {_DECIDE_S:g} s")  # its jobs, this one too, leave with it
             raise DecisionWorkerError(
                 f"the decision worker {worker.proc.pid} did not answer within {_DECIDE_S:g} s"
             ) from None
-        finally:
-            worker.jobs.pop(job, None)  # answered, failed or abandoned by its client: no longer in flight
 
     def policies_changed(self, policies: PolicySet) -> None:
         """A reload made ``policies`` the service's: every worker decides under them from its next job on. Any

@@ -378,3 +378,37 @@ def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(tmp_p
     finally:
         gateway.close()
     assert order.index("light") <= 2, order
+
+
+def test_a_dry_run_abandoned_by_its_client_holds_its_share_until_it_leaves_the_worker(tmp_path: Path) -> None:
+    """A client that leaves does not free its principal's share while the worker still decides its dry run:
+    else sending dear bodies and hanging up would get round the share."""
+    gateway = _gateway(tmp_path / "audit")
+
+    async def scenario() -> None:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            (worker,) = workers._workers
+            task = asyncio.ensure_future(workers.decide(HEAVY, CALLER))
+            while not worker.jobs:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            share = workers._shares[CALLER.principal]
+            assert share.in_flight == 1  # still on the worker
+            deadline = time.monotonic() + 60
+            while share.in_flight:
+                assert time.monotonic() < deadline, "the abandoned dry run never left the worker"
+                await asyncio.sleep(0.01)
+            assert not worker.jobs
+            assert share.cost_ms > 10 * decisions._FIRST_COST_MS  # its cost was learnt all the same
+        finally:
+            await workers.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gateway.close()
