@@ -1,0 +1,99 @@
+"""Dry runs of two principals on one ``gateway serve``: one sends dear bodies, the other cheap ones.
+
+One principal (``--hostile-threads`` client threads, 8 by default, rate quota lifted) sends ``POST
+/v1/decisions`` bodies that the request schema refuses (422) only after checking each of their 20,000 ``env``
+entries: each costs a decision worker about 300 ms of CPU. After 2 s, a second principal sends ``print(1)`` dry
+runs one at a time for ``--seconds`` and the script reports their latency (p50, p95, max) and how many dry runs
+each principal made. What it shows: whether one principal's dear dry runs hold back another's (the decision
+workers' shares, ``gateway.service.decisions.SHARE_MS``). Only loopback is contacted.
+
+Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/fairness.py [--hostile-threads 8] [--seconds 10] [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service import gateway_serve  # the benchmark's own server helper, next to this file
+
+from gateway.resources import policies_dir
+from gateway.service.principals import PrincipalsStore, Quotas
+
+HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in range(20000)}}).encode()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hostile-threads", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--json", action="store_true", help="print the result as JSON only")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gw-bench-fairness-") as tmp:
+        work = Path(tmp)
+        quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
+        policy = str(policies_dir() / "default.yaml")
+        victim = PrincipalsStore(work / "principals.yaml").add("victim", policy=policy, role="agent", quotas=quotas)
+        with gateway_serve(work, dict(os.environ), None) as (base, hostile, _pid):  # adds the "bench" principal
+            stop = threading.Event()
+            hostile_done: list[int] = []
+            errors: list[str] = []
+
+            def flood() -> None:
+                done = 0
+                headers = {"Authorization": f"Bearer {hostile}", "Content-Type": "application/json"}
+                with httpx.Client(timeout=120) as client:
+                    while not stop.is_set():
+                        if client.post(f"{base}/v1/decisions", content=HEAVY, headers=headers).status_code == 422:
+                            done += 1
+                hostile_done.append(done)
+
+            threads = [threading.Thread(target=flood) for _ in range(args.hostile_threads)]
+            for thread in threads:
+                thread.start()
+            time.sleep(2.0)
+            latencies: list[float] = []
+            with httpx.Client(timeout=120) as client:
+                stop_at = time.monotonic() + args.seconds
+                while time.monotonic() < stop_at:
+                    started = time.perf_counter()
+                    answer = client.post(
+                        f"{base}/v1/decisions", json={"code": "print(1)"}, headers={"Authorization": f"Bearer {victim}"}
+                    )
+                    latencies.append((time.perf_counter() - started) * 1000)
+                    if answer.status_code != 200 or answer.json().get("allowed") is not True:
+                        errors.append(f"{answer.status_code} {answer.text[:200]}")
+            stop.set()
+            for thread in threads:
+                thread.join()
+    latencies.sort()
+    result: dict[str, Any] = {
+        "hostile_threads": args.hostile_threads,
+        "victim": {
+            "requests": len(latencies),
+            "p50_ms": round(statistics.median(latencies), 1),
+            "p95_ms": round(latencies[int(len(latencies) * 0.95)], 1),
+            "max_ms": round(latencies[-1], 1),
+            "errors": len(errors),
+            "error_samples": errors[:3],
+        },
+        "hostile_dry_runs": sum(hostile_done),
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(result, indent=2 if args.json else None))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
