@@ -18,8 +18,8 @@ and receives, before any job:
 A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything) and decides its jobs in
 batches, in one thread (:func:`decide_batch`): it takes every job that has arrived (at most :data:`BATCH`),
 decides each with :meth:`Gateway.decide` writing its records without waiting for them, makes them all durable
-with one fsync, and only then answers each job of the batch (sooner for the jobs decided in the first
-:data:`BATCH_S`, when the batch takes longer; when an fsync fails, every job it covered is a 503: fail closed).
+with one fsync, and only then answers each job of the batch (sooner, before a job expected to hold them past
+:data:`BATCH_S`; when an fsync fails, every job it covered is a 503: fail closed).
 It sends back the status, the rendered body, the headers and the violations (for the metrics): the same answer
 the service would have made itself. Frames are a 4-byte big-endian length and a payload, over
 the worker's stdin and stdout (pipes that only the two processes hold). To the worker the payload is a pickle
@@ -96,7 +96,8 @@ _log = logging.getLogger("gateway.service")
 BATCH: Final = 16
 """The most jobs a worker decides before it makes their records durable (one fsync) and answers them."""
 BATCH_S: Final = 0.005
-"""The longest the jobs of a batch are decided before those decided so far are made durable and answered."""
+"""The longest the answers decided in a batch wait for the jobs after them: a job expected to take them past it
+is decided only once they are durable and sent."""
 _HEADER: Final = struct.Struct("!I")
 _WORKER: Final = "from gateway.service.decisions import worker_main; raise SystemExit(worker_main())"
 _RESPAWN_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -459,7 +460,7 @@ class DecisionWorkers:
         number = next(self._jobs)
         future: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
         worker.jobs[number] = _Job(future, share, cost)  # it gives the share back when it leaves the worker
-        worker.send(_frame(("decide", number, body, caller.principal, caller.token_id)))
+        worker.send(_frame(("decide", number, body, caller.principal, caller.token_id, cost)))
         try:
             return await asyncio.wait_for(future, _DECIDE_S)
         except TimeoutError:
@@ -571,14 +572,18 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
     """Decide one batch of messages from the service, in order, and ``send`` the answer frames: each job decided
     by ``gateway`` (whose sink writes without waiting, :class:`_Unwaited`), a policy set applied from the next
     job on. The jobs decided so far are answered, after one :meth:`~JsonlAuditTrail.sync` of ``trail``, at the
-    end of the batch or as soon as they have taken :data:`BATCH_S`: a slow job (a hostile body) holds back the
-    answers to the jobs decided before it by at most that. When a sync fails, every job it covered is answered
-    as a dry run whose record could not be made durable (503, fail closed)."""
+    end of the batch, or before a job whose expected cost (the service's estimate for its principal, in the
+    job) would take them past :data:`BATCH_S`: a dear job (a hostile body) never holds back the answers decided
+    before it. When a sync fails, every job it covered is answered as a dry run whose record could not be made
+    durable (503, fail closed)."""
     done: list[tuple[int, ExecutionResult | str, float]] = []
     started = time.monotonic()
-    for position, message in enumerate(messages, start=1):
+    for message in messages:
         if message[0] == "decide":
-            number, body, principal, token_id = message[1:]
+            number, body, principal, token_id, expected_ms = message[1:]
+            if done and time.monotonic() - started + expected_ms / 1000 >= BATCH_S:
+                send(_answers(trail, done))
+                done, started = [], time.monotonic()
             cpu = time.thread_time()
             try:
                 result: ExecutionResult | str = gateway.decide(body, caller=Caller(principal, token_id))
@@ -587,9 +592,8 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
             done.append((number, result, (time.thread_time() - cpu) * 1000))
         elif message[0] == "policies":
             gateway.policies = PolicySet.of(message[1], message[2])
-        if done and (position == len(messages) or time.monotonic() - started >= BATCH_S):
-            send(_answers(trail, done))
-            done, started = [], time.monotonic()
+    if done:
+        send(_answers(trail, done))
 
 
 def _answers(trail: JsonlAuditTrail, done: list[tuple[int, ExecutionResult | str, float]]) -> bytes:

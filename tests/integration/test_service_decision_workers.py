@@ -7,8 +7,10 @@ that dies replaced while the service keeps answering, and no worker left once th
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from gateway.audit import verify_trail
+from gateway.resources import policies_dir
+from gateway.service.principals import PrincipalsStore, Quotas
 from tests.integration.conftest import Server
 
 pytestmark = pytest.mark.integration
@@ -156,3 +160,52 @@ def test_a_runner_factory_that_cannot_reach_a_worker_decides_in_process(serve: C
         assert alice.post("/v1/decisions", json={"code": "print(1)"}).status_code == 200
     assert server.service.decisions.count == 0
     assert [r["gateway"]["pid"] for r in server.records("policy.decision")] == [os.getpid()]
+
+
+HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in range(20000)}}).encode()
+"""A body the request schema refuses only after checking each of its 20,000 entries: ~300 ms of a worker."""
+
+
+def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(
+    serve: Callable[..., Server], tmp_path: Path
+) -> None:
+    """mallory floods the one worker with dear dry runs from four connections; victim's cheap ones each wait for
+    at most the one of mallory's on the worker, not for all four of her connections' (first come, first served,
+    mallory answered about four per victim dry run). Ordering, not time: counted in mallory's answers."""
+    path = tmp_path / "share-principals.yaml"
+    store = PrincipalsStore(path)
+    lifted = Quotas(max_concurrent=8, rpm=1_000_000, queue=32)  # the rate quota is not what is tested
+    tokens = {
+        name: store.add(name, policy=str(policies_dir() / "default.yaml"), quotas=lifted)
+        for name in ("mallory", "victim")
+    }
+    server = serve(principals=path, decision_workers=1, max_body_bytes=4 << 20)
+    _workers(server, 1)
+    answered: list[int] = []
+    unexpected: list[int] = []
+    stop = threading.Event()
+
+    def flood() -> None:
+        with server.client(tokens["mallory"]) as client:
+            while not stop.is_set():
+                response = client.post("/v1/decisions", content=HEAVY, headers={"Content-Type": "application/json"})
+                (answered if response.status_code == 422 else unexpected).append(response.status_code)
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        _wait(lambda: len(answered) >= 3, "mallory's dry runs to be answered (their cost learnt)")
+        before = len(answered)
+        with server.client(tokens["victim"]) as victim:
+            for _ in range(3):
+                response = victim.post("/v1/decisions", json={"code": "print(1)"})
+                assert response.status_code == 200
+                assert response.json()["allowed"] is True
+        during = len(answered) - before
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert not unexpected
+    assert during <= 5, f"mallory had {during} dry runs answered while victim made 3"

@@ -193,8 +193,8 @@ def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, JsonlAuditTra
     return Gateway(policy, runner=FakeRunner(), audit=decisions._Unwaited(trail)), trail
 
 
-def _job(number: int, body: bytes) -> tuple[str, int, bytes, str, str]:
-    return ("decide", number, body, CALLER.principal, CALLER.token_id)
+def _job(number: int, body: bytes, expected_ms: float = 1.0) -> tuple[str, int, bytes, str, str, float]:
+    return ("decide", number, body, CALLER.principal, CALLER.token_id, expected_ms)
 
 
 def test_a_batch_is_answered_in_order_after_one_fsync_covering_its_records(
@@ -252,8 +252,8 @@ def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) ->
 def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A slow job (a hostile body) holds back the answers of the jobs decided before it by at most BATCH_S:
-    with no time at all, each job is made durable and answered before the next is decided."""
+    """With no time at all for a batch (BATCH_S 0), each job is made durable and answered before the next one
+    is decided."""
     monkeypatch.setattr(decisions, "BATCH_S", 0.0)
     io = _CountingIO()
     gateway, trail = _batch_gateway(tmp_path, io)
@@ -268,16 +268,31 @@ def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
     trail.close()
 
 
+def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_dear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose principal's dry runs cost more than BATCH_S (the service's estimate, in the job) is decided
+    only once the answers before it are durable and sent: a hostile body never holds back another's answer."""
+    monkeypatch.setattr(decisions, "BATCH_S", 0.5)
+    gateway, trail = _batch_gateway(tmp_path, _CountingIO())
+    sent: list[bytes] = []
+    cheap = b'{"code": "print(1)"}'
+    batch = [_job(1, cheap, 0.0), _job(2, cheap, 1000.0), _job(3, cheap, 0.0)]
+    decisions.decide_batch(gateway, trail, batch, sent.append)
+    assert [[h["job"] for h, _ in _answers(frames)] for frames in sent] == [[1], [2, 3]]
+    trail.close()
+
+
 def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> None:
     read_fd, write_fd = os.pipe()
     try:
-        frames = [decisions._frame(("decide", n, b"{}", "a", "t")) for n in range(1, 4)]
+        frames = [decisions._frame(("decide", n, b"{}", "a", "t", 1.0)) for n in range(1, 4)]
         os.write(write_fd, b"".join(frames) + frames[0][:7])  # three whole frames and the start of a fourth
         jobs = decisions._Jobs(read_fd)
         assert [m[1] for m in jobs.batch() or []] == [1, 2, 3]
         os.write(write_fd, frames[0][7:])
         assert [m[1] for m in jobs.batch() or []] == [1]
-        many = b"".join(decisions._frame(("decide", n, b"{}", "a", "t")) for n in range(decisions.BATCH + 2))
+        many = b"".join(decisions._frame(("decide", n, b"{}", "a", "t", 1.0)) for n in range(decisions.BATCH + 2))
         os.write(write_fd, many)
         assert len(jobs.batch() or []) == decisions.BATCH
         assert len(jobs.batch() or []) == 2
