@@ -1,13 +1,15 @@
-"""Dry runs of two principals on one ``gateway serve``: one sends dear bodies, the other cheap ones.
+"""Dry runs of several principals on one ``gateway serve``: hostile ones send dear bodies, a victim cheap ones.
 
-One principal (``--hostile-threads`` client threads, 8 by default, rate quota lifted) sends ``POST
-/v1/decisions`` bodies that the request schema refuses (422) only after checking each of their 20,000 ``env``
-entries: each costs a decision worker about 300 ms of CPU. After 2 s, a second principal sends ``print(1)`` dry
-runs one at a time for ``--seconds`` and the script reports their latency (p50, p95, max) and how many dry runs
-each principal made. What it shows: whether one principal's dear dry runs hold back another's (the decision
-workers' shares, ``gateway.service.decisions.SHARE_MS``). Only loopback is contacted.
+``--hostile-principals`` principals (1 by default; ``--hostile-threads`` client threads in all, 8 by default,
+dealt among them; rate quotas lifted) send ``POST /v1/decisions`` bodies that the request schema refuses (422)
+only after checking each of their 20,000 ``env`` entries: each costs a decision worker about 300 ms of CPU.
+After 2 s, a victim principal sends ``print(1)`` dry runs one at a time for ``--seconds`` and the script
+reports their latency (p50, p95, max) and how many dry runs the hostile side made. What it shows: whether
+dear dry runs of one principal, or of several together, hold back another's (the decision workers' shares and
+dispatcher, ``gateway.service.decisions``). Only loopback is contacted.
 
-Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/fairness.py [--hostile-threads 8] [--seconds 10] [--json]``
+Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/fairness.py [--hostile-principals 1] [--hostile-threads 8]
+[--seconds 10] [--json]``
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in rang
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hostile-principals", type=int, default=1)
     ap.add_argument("--hostile-threads", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
@@ -44,22 +47,27 @@ def main() -> int:
         work = Path(tmp)
         quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
         policy = str(policies_dir() / "default.yaml")
-        victim = PrincipalsStore(work / "principals.yaml").add("victim", policy=policy, role="agent", quotas=quotas)
-        with gateway_serve(work, dict(os.environ), None) as (base, hostile, _pid):  # adds the "bench" principal
+        store = PrincipalsStore(work / "principals.yaml")
+        victim = store.add("victim", policy=policy, role="agent", quotas=quotas)
+        others = [store.add(f"hostile{n}", policy=policy, quotas=quotas) for n in range(1, args.hostile_principals)]
+        with gateway_serve(work, dict(os.environ), None) as (base, bench, _pid):  # adds the "bench" principal
+            hostile = [bench, *others]
             stop = threading.Event()
             hostile_done: list[int] = []
             errors: list[str] = []
 
-            def flood() -> None:
+            def flood(token: str) -> None:
                 done = 0
-                headers = {"Authorization": f"Bearer {hostile}", "Content-Type": "application/json"}
+                headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
                 with httpx.Client(timeout=120) as client:
                     while not stop.is_set():
                         if client.post(f"{base}/v1/decisions", content=HEAVY, headers=headers).status_code == 422:
                             done += 1
                 hostile_done.append(done)
 
-            threads = [threading.Thread(target=flood) for _ in range(args.hostile_threads)]
+            threads = [
+                threading.Thread(target=flood, args=(hostile[n % len(hostile)],)) for n in range(args.hostile_threads)
+            ]
             for thread in threads:
                 thread.start()
             time.sleep(2.0)
@@ -79,6 +87,7 @@ def main() -> int:
                 thread.join()
     latencies.sort()
     result: dict[str, Any] = {
+        "hostile_principals": args.hostile_principals,
         "hostile_threads": args.hostile_threads,
         "victim": {
             "requests": len(latencies),

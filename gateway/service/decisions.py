@@ -29,13 +29,17 @@ the rendered body. The worker's stray prints go to stderr (the server's log), ne
 
 Each principal has a share of the workers (:class:`_Share`): its dry runs go to them only while the CPU they are
 expected to cost, from what its recent ones cost on a worker (each answer says), fits in :data:`SHARE_MS` (at
-least one at a time; a dry run holds its room until it leaves the worker, even when its client has gone); the
-others wait their turn in the service, first come, first served. A principal whose dry runs are dear (a body the
-request schema checks entry by entry: 300 ms of a worker) so has one on the workers at a time and cannot fill
-their queues ahead of other principals' dry runs, which a worker takes in the order they come; cheap ones go
-out many at a time, so batches stay full. The request quotas count requests, not
-their cost: this is what keeps one principal's dry runs from holding back everyone else's. A dry run that finds
-no room within 30 s is answered 503 ``service.decision_failed``.
+least one at a time; a dry run holds its room until it leaves the worker, even when its client has gone). A
+worker takes a dry run only when it is idle or when what it holds and the dry run are expected to cost at most
+:data:`WORKER_MS`: a dear dry run (a body the request schema checks entry by entry: 300 ms of a worker) goes
+only to an idle worker. Everything else waits in the service, where :meth:`DecisionWorkers._dispatch` sends,
+each time a worker can take one, the first waiting dry run of the principal that used the workers least lately
+(its use halves every :data:`USED_HALF_LIFE_S`). So a principal's dear dry runs, or those of several principals
+together, never queue on a worker ahead of another principal's: a cheap dry run waits at most for the dear ones
+the workers hold (one each) to finish, not for every principal's; cheap ones go out many at a time, so batches
+stay full. The request quotas count requests, not their cost: this is what keeps some principals' dry runs
+from holding back everyone else's. A dry run that is not sent within 30 s is answered 503
+``service.decision_failed``.
 
 When no worker is ready (they are starting, or one died and its replacement is starting, or the runner factory
 cannot be sent: a test's closure), the service decides in process, as with ``decision_workers: 0``: a dry run is
@@ -55,6 +59,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import pickle
 import select
@@ -108,6 +113,13 @@ what its recent dry runs cost (at least one). Cheap dry runs (1.5-2.5 ms) go out
 than a client's 16 connections (30 ms cost one such client ~5 % of its decisions/s); a principal whose dry runs
 cost 300 ms each (a hostile body) has one on the workers and its others wait their turn, so that it cannot fill
 the workers' queues ahead of everyone else's dry runs."""
+WORKER_MS: Final = 30.0
+"""A worker takes a dry run when it is idle, or when the dry runs it holds and this one are expected to cost at
+most this much of its CPU: cheap dry runs (1.5-2.5 ms) go out a dozen or more to a worker, enough for its batches,
+and a dear one (a hostile body) only to an idle worker. What no worker takes waits in the service."""
+USED_HALF_LIFE_S: Final = 1.0
+"""How fast a principal's use of the workers is forgotten: the dispatcher sends first the dry run of the principal
+that used them least lately."""
 _FIRST_COST_MS: Final = 5.0
 """The cost expected of a principal's dry run until one of its dry runs has been timed."""
 _CLOSE_S: Final = 10.0
@@ -138,6 +150,18 @@ class _Job:
     the worker (answered, or with the worker), even when its client has gone."""
 
     future: asyncio.Future[Decided]
+    share: _Share
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """Where the dispatcher sent a dry run: to ``worker`` as job ``number`` (whose answer ``answer`` awaits), or
+    in process (``worker`` None), holding ``cost`` of its principal's ``share``."""
+
+    worker: _Worker | None
+    number: int
+    answer: asyncio.Future[Decided]
     share: _Share
     cost: float
 
@@ -208,7 +232,11 @@ class _Worker:
     """One worker process, seen from the event loop: its pipes, its jobs in flight, whether it is ready."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], on_ready: Callable[[], None], on_ended: Callable[[_Worker], None]
+        self,
+        proc: subprocess.Popen[bytes],
+        on_ready: Callable[[], None],
+        on_ended: Callable[[_Worker], None],
+        on_free: Callable[[], None],
     ) -> None:
         self.proc = proc
         self.ready = False
@@ -217,6 +245,7 @@ class _Worker:
         """Jobs in flight, by number."""
         self._on_ready = on_ready
         self._on_ended = on_ended
+        self._on_free = on_free
         self._writer: asyncio.WriteTransport | None = None
         self._reader: asyncio.ReadTransport | None = None
 
@@ -239,13 +268,15 @@ class _Worker:
             self.ready = True
             self._on_ready()
             _log.info("decision worker %d ready", self.proc.pid)
+            self._on_free()
             return
         job = self._finish(header.get("job", 0))
         if job is None:
             return
         cpu = header.get("cpu_ms")
         if isinstance(cpu, (int, float)) and 0 <= cpu < 1e9:
-            job.share.learn(float(cpu))
+            job.share.learn(float(cpu), job.cost, time.monotonic())
+        self._on_free()
         if job.future.done():  # its client has gone
             return
         if kind == "decided":
@@ -259,6 +290,10 @@ class _Worker:
         if job is not None:
             job.share.give_back(job.cost)
         return job
+
+    def withdraw(self, number: int) -> None:
+        """A job whose frame was never sent (its request left first) leaves the worker."""
+        self._finish(number)
 
     def kill(self, why: str) -> None:
         """Kill the worker, stuck or out of protocol (its jobs in flight fail; it is replaced): ``why`` is logged."""
@@ -282,11 +317,16 @@ class _Worker:
         if self._writer is not None:
             self._writer.close()
         self._on_ended(self)
+        self._on_free()
 
     @property
     def load_ms(self) -> float:
         """The CPU ms its jobs in flight are expected to cost."""
         return sum(job.cost for job in self.jobs.values())
+
+    def takes(self, cost: float) -> bool:
+        """Whether it takes a dry run expected to cost ``cost`` now (:data:`WORKER_MS`)."""
+        return not self.jobs or self.load_ms + cost <= WORKER_MS
 
     def close(self) -> None:
         """End the worker: its stdin closes, it finishes the jobs it holds and exits."""
@@ -295,54 +335,51 @@ class _Worker:
 
 
 class _Share:
-    """One principal's share of the decision workers: the CPU ms its dry runs in flight are expected to cost,
-    against :data:`SHARE_MS`, and its dry runs waiting for room, first come, first served."""
+    """One principal's account with the decision workers: what one of its dry runs is expected to cost, what it
+    has in flight against :data:`SHARE_MS`, how much of the workers it used lately (what the dispatcher orders
+    principals by) and its dry runs waiting to be sent, first come, first served."""
 
     def __init__(self) -> None:
         self.cost_ms = _FIRST_COST_MS
         """What one of its dry runs is expected to cost (:meth:`learn`)."""
         self.in_flight_ms = 0.0
         self.in_flight = 0
-        self._waiting: collections.deque[asyncio.Future[float]] = collections.deque()
+        self.waiting: collections.deque[asyncio.Future[_Sent]] = collections.deque()
+        """Its dry runs waiting to be sent: each learns where it went."""
+        self._used_ms = 0.0
+        self._used_at = time.monotonic()
 
-    def _fits(self) -> bool:
+    def fits(self) -> bool:
+        """Whether one more of its dry runs fits its share (at least one always does)."""
         return self.in_flight == 0 or self.in_flight_ms + self.cost_ms <= SHARE_MS
 
-    def _grant(self) -> float:
+    def used_ms(self, now: float) -> float:
+        """The worker CPU its dry runs used lately (sent ones counted at their expected cost until answered),
+        halving every :data:`USED_HALF_LIFE_S`."""
+        return self._used_ms * math.pow(0.5, max(0.0, now - self._used_at) / USED_HALF_LIFE_S)
+
+    def _use(self, ms: float, now: float) -> None:
+        self._used_ms, self._used_at = max(0.0, self.used_ms(now) + ms), now
+
+    def grant(self, now: float) -> float:
+        """Count one of its dry runs in flight; returns the cost it holds until it leaves (:meth:`give_back`)."""
         cost = self.cost_ms
         self.in_flight_ms += cost
         self.in_flight += 1
+        self._use(cost, now)
         return cost
 
-    async def take(self) -> float:
-        """Wait for room, then count one dry run in flight; returns the cost it was counted at."""
-        if not self._waiting and self._fits():
-            return self._grant()
-        turn: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
-        try:
-            return await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():  # granted as it was abandoned: the room goes back
-                self.give_back(turn.result())
-            else:
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(turn)
-            raise
-
     def give_back(self, cost: float) -> None:
-        """One dry run left the workers: the next ones waiting get its room."""
+        """One of its dry runs left the workers (or was decided in process)."""
         self.in_flight -= 1
         self.in_flight_ms = self.in_flight_ms - cost if self.in_flight else 0.0
-        while self._waiting and self._fits():
-            turn = self._waiting.popleft()
-            if not turn.done():
-                turn.set_result(self._grant())
 
-    def learn(self, cpu_ms: float) -> None:
-        """A dry run of this principal took ``cpu_ms`` on a worker: a moving average (a fifth of it the last
-        one), so that one dear dry run (300 ms) closes the share to one at a time, a few cheap ones do not open
-        it again, and the odd slow one of a cheap principal (a collection, a new segment) changes little."""
+    def learn(self, cpu_ms: float, cost: float, now: float) -> None:
+        """A dry run counted at ``cost`` took ``cpu_ms`` on a worker: its use is corrected, and the expected
+        cost is a moving average (a fifth of it the last one), so that one dear dry run (300 ms) closes the
+        share to one at a time, a few cheap ones do not open it again, and the odd slow one of a cheap principal
+        (a collection, a new segment) changes little."""
+        self._use(cpu_ms - cost, now)
         self.cost_ms = 0.8 * self.cost_ms + 0.2 * cpu_ms
 
 
@@ -400,7 +437,7 @@ class DecisionWorkers:
             _log.error("cannot start a decision worker: %s", exc)
             self._schedule_respawn()
             return
-        worker = _Worker(proc, self._ready, self._ended)
+        worker = _Worker(proc, self._ready, self._ended, self._dispatch)
         self._workers.append(worker)
         try:
             await worker.connect(self._loop, init)
@@ -438,36 +475,83 @@ class DecisionWorkers:
         task.add_done_callback(self._respawns.discard)
 
     async def decide(self, body: bytes, caller: Caller) -> Decided:
-        """The dry run's answer, from the ready worker with the least work in flight, else decided in process.
-        It waits first while its principal's share of the workers is taken (:data:`SHARE_MS`)."""
+        """The dry run's answer, from a worker, else decided in process. It waits in the service until it is
+        sent (:meth:`_dispatch`): while its principal's share is full, or no worker takes it, or dry runs of
+        principals that used the workers less lately wait too."""
         share = self._shares.get(caller.principal)
         if share is None:
             share = self._shares[caller.principal] = _Share()
+        turn: asyncio.Future[_Sent] = asyncio.get_running_loop().create_future()
+        share.waiting.append(turn)
+        self._dispatch()
         try:
-            cost = await asyncio.wait_for(share.take(), _DECIDE_S)
-        except TimeoutError:
+            await asyncio.wait((turn,), timeout=_DECIDE_S)  # never cancels turn: what was sent is known
+        except asyncio.CancelledError:
+            self._abandon(turn)
+            raise
+        if not turn.done():
+            self._abandon(turn)
             raise DecisionWorkerError(
-                f"the dry runs of principal {caller.principal!r} already on the decision workers did not leave "
-                f"room for this one within {_DECIDE_S:g} s"
-            ) from None
-        ready = [w for w in self._workers if w.ready]
-        if not ready:
+                f"the decision workers did not take this dry run of principal {caller.principal!r} within "
+                f"{_DECIDE_S:g} s (its share, or every worker, held by the dry runs before it)"
+            )
+        sent = turn.result()
+        if sent.worker is None:
             try:
                 return decided(await run_in_threadpool(self.gateway.decide, body, caller=caller))
             finally:
-                share.give_back(cost)
-        worker = min(ready, key=lambda w: w.load_ms)
-        number = next(self._jobs)
-        future: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
-        worker.jobs[number] = _Job(future, share, cost)  # it gives the share back when it leaves the worker
-        worker.send(_frame(("decide", number, body, caller.principal, caller.token_id, cost)))
+                self._withdraw(sent)
+        sent.worker.send(_frame(("decide", sent.number, body, caller.principal, caller.token_id, sent.cost)))
         try:
-            return await asyncio.wait_for(future, _DECIDE_S)
+            return await asyncio.wait_for(sent.answer, _DECIDE_S)
         except TimeoutError:
-            worker.kill(f"no answer to a job within {_DECIDE_S:g} s")  # its jobs, this one too, leave with it
+            sent.worker.kill(f"no answer to a job within {_DECIDE_S:g} s")  # its jobs, this one too, leave with it
             raise DecisionWorkerError(
-                f"the decision worker {worker.proc.pid} did not answer within {_DECIDE_S:g} s"
+                f"the decision worker {sent.worker.proc.pid} did not answer within {_DECIDE_S:g} s"
             ) from None
+
+    def _dispatch(self) -> None:
+        """Send the waiting dry runs that can go: each time the first waiting one of the principal that used the
+        workers least lately (of those whose share has room), to the worker with the least work expected, if
+        that worker takes it (:meth:`_Worker.takes`); else none goes until a dry run leaves a worker. With no
+        worker ready, in process (bounded by the shares alone). A dry run is on its worker from here on (its
+        frame goes out when its request resumes): the next ones see the worker's load with it."""
+        now = time.monotonic()
+        while True:
+            candidates = []
+            for share in self._shares.values():
+                while share.waiting and share.waiting[0].done():  # abandoned while it waited
+                    share.waiting.popleft()
+                if share.waiting and share.fits():
+                    candidates.append(share)
+            if not candidates:
+                return
+            share = min(candidates, key=lambda s: s.used_ms(now))
+            ready = [w for w in self._workers if w.ready]
+            worker = min(ready, key=lambda w: w.load_ms) if ready else None
+            if worker is not None and not worker.takes(share.cost_ms):
+                return
+            cost = share.grant(now)
+            answer: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
+            number = next(self._jobs)
+            if worker is not None:
+                worker.jobs[number] = _Job(answer, share, cost)  # it gives the share back when it leaves the worker
+            share.waiting.popleft().set_result(_Sent(worker, number, answer, share, cost))
+
+    def _abandon(self, turn: asyncio.Future[_Sent]) -> None:
+        """A dry run whose request left while it waited: the dispatcher skips it, or, sent already, it leaves."""
+        if turn.done():
+            self._withdraw(turn.result())
+        else:
+            turn.cancel()
+
+    def _withdraw(self, sent: _Sent) -> None:
+        """A dry run decided in process, or abandoned before its frame went to its worker: its room goes back."""
+        if sent.worker is None:
+            sent.share.give_back(sent.cost)
+        else:
+            sent.worker.withdraw(sent.number)
+        self._dispatch()
 
     def policies_changed(self, policies: PolicySet) -> None:
         """A reload made ``policies`` the service's: every worker decides under them from its next job on. Any

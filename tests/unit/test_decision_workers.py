@@ -306,53 +306,62 @@ def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> Non
 
 
 def test_a_share_counts_dry_runs_in_flight_against_their_expected_cost() -> None:
+    share = decisions._Share()
+    share.cost_ms = decisions.SHARE_MS / 2  # each dry run expected to cost half the share
+    first, second = share.grant(0.0), share.grant(0.0)
+    assert not share.fits()  # no room: a third waits
+    share.give_back(first)
+    assert share.fits()
+    share.give_back(second)
+    assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
+    share.learn(10 * decisions.SHARE_MS, share.cost_ms, 0.0)  # one dear dry run closes the share to one at a time...
+    assert share.cost_ms > decisions.SHARE_MS
+    assert share.fits()  # ...which still gets one on the workers
+    held = share.grant(0.0)
+    assert not share.fits()
+    for _ in range(3):
+        share.learn(1.0, 1.0, 0.0)  # a few cheap ones do not open it again
+    assert share.cost_ms > decisions.SHARE_MS
+    share.give_back(held)
+    assert share.fits()
+
+
+def test_a_share_counts_what_it_used_lately_at_the_cost_sent_then_at_the_cost_measured() -> None:
+    share = decisions._Share()
+    share.cost_ms = 10.0
+    cost = share.grant(100.0)
+    assert share.used_ms(100.0) == 10.0  # sent: counted at its expected cost
+    share.learn(30.0, cost, 100.0)  # it took 30 ms
+    assert share.used_ms(100.0) == 30.0
+    assert share.used_ms(100.0 + decisions.USED_HALF_LIFE_S) == 15.0  # forgotten by half every half-life
+    share.learn(0.0, 1000.0, 100.0)  # never below nothing
+    assert share.used_ms(100.0) == 0.0
+
+
+def test_a_dry_run_sent_as_its_client_leaves_gives_its_room_back(tmp_path: Path) -> None:
+    gateway = _gateway(tmp_path / "audit")
+
     async def scenario() -> None:
-        share = decisions._Share()
-        share.cost_ms = decisions.SHARE_MS / 2  # each dry run expected to cost half the share
-        first, second = await share.take(), await share.take()
-        third = asyncio.ensure_future(share.take())
-        fourth = asyncio.ensure_future(share.take())
-        await asyncio.sleep(0)
-        assert not third.done()  # no room: it waits
-        assert share.in_flight == 2
-        fourth.cancel()  # a client that gave up while waiting takes no room
-        with pytest.raises(asyncio.CancelledError):
-            await fourth
-        share.give_back(first)
-        assert await third == decisions.SHARE_MS / 2  # first come, first served
-        assert share.in_flight == 2
-        share.give_back(second)
-        share.give_back(third.result())
-        assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
-        share.learn(10 * decisions.SHARE_MS)  # one dear dry run closes the share to one at a time...
-        assert share.cost_ms > decisions.SHARE_MS
-        held = await share.take()  # ...which still gets one on the workers
-        waiting = asyncio.ensure_future(share.take())
-        await asyncio.sleep(0)
-        assert not waiting.done()
-        for _ in range(3):
-            share.learn(1.0)  # a few cheap ones do not open it again
-        assert share.cost_ms > decisions.SHARE_MS
-        share.give_back(held)
-        share.give_back(await waiting)
-
-    asyncio.run(scenario())
-
-
-def test_a_dry_run_granted_as_its_client_leaves_gives_its_room_back() -> None:
-    async def scenario() -> None:
-        share = decisions._Share()
+        workers = DecisionWorkers(gateway, None, 0)  # no worker: dry runs are sent to be decided in process
+        share = workers._shares[CALLER.principal] = decisions._Share()
         share.cost_ms = decisions.SHARE_MS
-        held = await share.take()
-        waiting = asyncio.ensure_future(share.take())
+        held = share.grant(time.monotonic())  # the share is full
+        waiting = asyncio.ensure_future(workers.decide(b'{"code": "print(1)"}', CALLER))
         await asyncio.sleep(0)
-        share.give_back(held)  # granted to the waiter...
-        waiting.cancel()  # ...which is cancelled before it runs
+        assert len(share.waiting) == 1
+        share.give_back(held)
+        workers._dispatch()  # sent...
+        assert not share.waiting
+        assert share.in_flight == 1
+        waiting.cancel()  # ...and cancelled before it runs
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        gateway.close()
 
 
 HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in range(20000)}}).encode()
@@ -393,6 +402,44 @@ def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(tmp_p
     finally:
         gateway.close()
     assert order.index("light") <= 2, order
+
+
+def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones(tmp_path: Path) -> None:
+    """One worker; three principals whose dry runs each cost it hundreds of ms send two each at once (their
+    shares let one each on the worker), then another principal sends one cheap dry run: it is answered right
+    after the dear one the worker holds, not after one of each of the three (they wait in the service, and the
+    next dry run sent is the one of the principal that used the workers least lately)."""
+    gateway = _gateway(tmp_path / "audit")
+    heavies = [Caller(f"heavy{n}", f"gw_id_h{n}") for n in range(3)]
+    light = Caller("light", "gw_id_l")
+
+    async def scenario() -> list[str]:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            for heavy in heavies:  # timed: each principal's cost is known
+                assert (await workers.decide(HEAVY, heavy)).status == 422
+            order: list[str] = []
+
+            async def one(name: str, body: bytes, caller: Caller) -> None:
+                answer = await workers.decide(body, caller)
+                assert answer.status == (200 if caller is light else 422)
+                order.append(name)
+
+            tasks = [asyncio.ensure_future(one(f"{h.principal}.{n}", HEAVY, h)) for n in range(2) for h in heavies]
+            await asyncio.sleep(0.05)
+            tasks.append(asyncio.ensure_future(one("light", b'{"code": "print(1)"}', light)))
+            await asyncio.gather(*tasks)
+            return order
+        finally:
+            await workers.close()
+
+    try:
+        order = asyncio.run(scenario())
+    finally:
+        gateway.close()
+    assert order.index("light") <= 1, order
 
 
 def test_a_dry_run_abandoned_by_its_client_holds_its_share_until_it_leaves_the_worker(tmp_path: Path) -> None:
