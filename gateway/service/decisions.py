@@ -484,11 +484,12 @@ class DecisionWorkers:
         turn: asyncio.Future[_Sent] = asyncio.get_running_loop().create_future()
         share.waiting.append(turn)
         self._dispatch()
-        try:
-            await asyncio.wait((turn,), timeout=_DECIDE_S)  # never cancels turn: what was sent is known
-        except asyncio.CancelledError:
-            self._abandon(turn)
-            raise
+        if not turn.done():  # it waits: the workers or its share are full, or others wait before it
+            try:
+                await asyncio.wait((turn,), timeout=_DECIDE_S)  # never cancels turn: what was sent is known
+            except asyncio.CancelledError:
+                self._abandon(turn)
+                raise
         if not turn.done():
             self._abandon(turn)
             raise DecisionWorkerError(
