@@ -166,36 +166,41 @@ HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in rang
 """A body the request schema refuses only after checking each of its 20,000 entries: ~300 ms of a worker."""
 
 
-def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(
-    serve: Callable[..., Server], tmp_path: Path
+@pytest.mark.parametrize("hostile", [["mallory"], ["mallory", "trudy", "eve"]], ids=["one", "three-together"])
+def test_principals_sending_dear_dry_runs_do_not_hold_back_another_ones(
+    serve: Callable[..., Server], tmp_path: Path, hostile: list[str]
 ) -> None:
-    """mallory floods the one worker with dear dry runs from four connections; victim's cheap ones each wait for
-    at most the one of mallory's on the worker, not for all four of her connections' (first come, first served,
-    mallory answered about four per victim dry run). Ordering, not time: counted in mallory's answers."""
+    """The hostile principals flood the one worker with dear dry runs from four connections in all; victim's cheap
+    ones each wait for at most the dear one on the worker, not for every hostile connection's or principal's
+    (first come, first served on the worker: about four answered per victim dry run). Ordering, not time:
+    counted in the hostile answers."""
     path = tmp_path / "share-principals.yaml"
     store = PrincipalsStore(path)
     lifted = Quotas(max_concurrent=8, rpm=1_000_000, queue=32)  # the rate quota is not what is tested
     tokens = {
         name: store.add(name, policy=str(policies_dir() / "default.yaml"), quotas=lifted)
-        for name in ("mallory", "victim")
+        for name in [*hostile, "victim"]
     }
     server = serve(principals=path, decision_workers=1, max_body_bytes=4 << 20)
     _workers(server, 1)
-    answered: list[int] = []
+    answered: list[str] = []
     unexpected: list[int] = []
     stop = threading.Event()
 
-    def flood() -> None:
-        with server.client(tokens["mallory"]) as client:
+    def flood(name: str) -> None:
+        with server.client(tokens[name]) as client:
             while not stop.is_set():
                 response = client.post("/v1/decisions", content=HEAVY, headers={"Content-Type": "application/json"})
-                (answered if response.status_code == 422 else unexpected).append(response.status_code)
+                if response.status_code == 422:
+                    answered.append(name)
+                else:
+                    unexpected.append(response.status_code)
 
-    threads = [threading.Thread(target=flood) for _ in range(4)]
+    threads = [threading.Thread(target=flood, args=(hostile[n % len(hostile)],)) for n in range(4)]
     for thread in threads:
         thread.start()
     try:
-        _wait(lambda: len(answered) >= 3, "mallory's dry runs to be answered (their cost learnt)")
+        _wait(lambda: all(answered.count(n) >= 2 for n in hostile), "each hostile principal's cost to be learnt")
         before = len(answered)
         with server.client(tokens["victim"]) as victim:
             for _ in range(3):
@@ -208,4 +213,4 @@ def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(
         for thread in threads:
             thread.join(timeout=120)
     assert not unexpected
-    assert during <= 5, f"mallory had {during} dry runs answered while victim made 3"
+    assert during <= 5, f"the hostile principals had {during} dry runs answered while victim made 3"
