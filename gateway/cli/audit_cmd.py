@@ -38,6 +38,12 @@ def _directory_arguments(p: argparse.ArgumentParser) -> None:
         "directory", nargs="?", metavar="DIR", help=f"trail directory, the same as --audit-dir {_DIR_DEFAULT}"
     )
     p.add_argument("--audit-dir", metavar="DIR", help=f"trail directory {_DIR_DEFAULT}")
+    p.add_argument(
+        "--trail",
+        action="append",
+        metavar="DIR",
+        help="the same as --audit-dir, as `report`, `audit export` and `audit anchor` spell it (one trail here)",
+    )
 
 
 class UsageError(Exception):
@@ -45,11 +51,18 @@ class UsageError(Exception):
 
 
 def _directory(args: argparse.Namespace) -> Path:
-    """The trail directory the command line names; raises :class:`UsageError` when it names two."""
-    positional, flag = args.directory, args.audit_dir
-    if positional is not None and flag is not None and Path(positional) != Path(flag):
-        raise UsageError(f"give the trail directory once: DIR {positional!r} and --audit-dir {flag!r} differ")
-    return resolve_directory(flag if flag is not None else positional)
+    """The trail directory the command line names (DIR, --audit-dir or --trail); raises :class:`UsageError` when
+    it names two."""
+    spelled = [("DIR", args.directory), ("--audit-dir", args.audit_dir)]
+    spelled += [("--trail", value) for value in args.trail or ()]
+    named = [(spelling, value) for spelling, value in spelled if value is not None]
+    if len({Path(value) for _spelling, value in named}) > 1:
+        given = " and ".join(f"{spelling} {value!r}" for spelling, value in named)
+        raise UsageError(
+            f"give the trail directory once: {given} differ (`audit {args.audit_command}` works on one trail; "
+            "run it once per trail)"
+        )
+    return resolve_directory(named[0][1] if named else None)
 
 
 def _usage_errors(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -190,6 +190,29 @@ def test_audit_dir_twice_with_different_values_is_a_usage_error(
     assert run(capsys, "audit", "verify", str(trail), "--audit-dir", str(trail))[0] == 0
 
 
+@pytest.mark.parametrize("command", ["verify", "query", "repair"])
+def test_the_audit_commands_on_one_trail_take_the_trail_flag_of_report_export_and_anchor(
+    command: str, trail: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gateway audit anchor --trail DIR -o A` then `gateway audit verify --trail DIR --anchor A` works; before,
+    `--trail` was an unrecognised argument of verify, query and repair (exit 2)."""
+    rc, _out, err = run(capsys, "audit", command, "--trail", str(trail))
+    assert rc == 0, err
+
+
+def test_the_trail_flag_names_one_trail_for_the_commands_on_one_trail(
+    trail: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _out, err = run(capsys, "audit", "verify", "--trail", str(trail), "--trail", str(tmp_path / "other"))
+    assert rc == 2
+    assert "give the trail directory once" in err
+    assert "one trail" in err  # and says why: verify, query and repair work on one trail
+    rc, _out, err = run(capsys, "audit", "verify", "--trail", str(trail), "--audit-dir", str(tmp_path / "other"))
+    assert rc == 2
+    assert "give the trail directory once" in err
+    assert run(capsys, "audit", "verify", "--trail", str(trail), str(trail))[0] == 0
+
+
 def test_audit_dir_defaults_to_the_environment(
     trail: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
