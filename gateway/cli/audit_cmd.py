@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gateway.audit.anchor import anchor_from_report, check_anchor, load_anchor, trail_id, write_anchor
-from gateway.audit.query import QueryFilters, parse_time, query_trail
+from gateway.audit.query import QueryFilters, query_trail
 from gateway.audit.repair import repair_trail
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
 from gateway.audit.verify import VerifyReport, verify_trail
+from gateway.cli.arguments import time_argument
 from gateway.cli.export_cmd import add_export
 from gateway.errors import EXIT_USAGE
 
@@ -132,8 +133,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "dry-run for `gateway check`) or as JSON lines.",
     )
     _directory_arguments(query)
-    query.add_argument("--since", metavar="TIME", help="RFC 3339 time, inclusive")
-    query.add_argument("--until", metavar="TIME", help="RFC 3339 time, exclusive")
+    query.add_argument("--since", type=time_argument, metavar="TIME", help="RFC 3339 time, inclusive")
+    query.add_argument("--until", type=time_argument, metavar="TIME", help="RFC 3339 time, exclusive")
     query.add_argument("--principal")
     query.add_argument("--decision", choices=("allow", "deny"))
     query.add_argument("--rule", metavar="ID", help="decisions in which this rule did not pass")
@@ -276,8 +277,8 @@ def _print_row(out: TextIO, values: list[str], last: str) -> None:
 
 def _query(args: argparse.Namespace) -> int:
     filters = QueryFilters(
-        since=None if args.since is None else parse_time(args.since),
-        until=None if args.until is None else parse_time(args.until),
+        since=args.since,
+        until=args.until,
         principal=args.principal,
         decision=args.decision,
         rule=args.rule,

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from gateway.audit.ocsf import ExportReport, export_ocsf
-from gateway.audit.query import parse_time
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
+from gateway.cli.arguments import time_argument
 
 __all__ = ["add_export"]
 
@@ -43,8 +43,8 @@ def add_export(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="trail directory, repeatable: several are merged by time (default: $GATEWAY_AUDIT_DIR, then ./audit)",
     )
-    p.add_argument("--since", metavar="TIME", help="RFC 3339 time, inclusive")
-    p.add_argument("--until", metavar="TIME", help="RFC 3339 time, exclusive")
+    p.add_argument("--since", type=time_argument, metavar="TIME", help="RFC 3339 time, inclusive")
+    p.add_argument("--until", type=time_argument, metavar="TIME", help="RFC 3339 time, exclusive")
     p.add_argument("--key-file", metavar="F", help="HMAC key file (default: $GATEWAY_AUDIT_KEY_FILE)")
     p.add_argument("-o", "--output", metavar="FILE", default="-", help="output file, or - for stdout (default)")
     p.set_defaults(func=_export)
@@ -99,8 +99,8 @@ def broken_line(report: ExportReport) -> str | None:
 def _export(args: argparse.Namespace) -> int:
     trails = [Path(t) for t in args.trail] if args.trail else [resolve_directory(None)]
     key = load_key(args.key_file) if args.key_file else key_from_env()
-    since = None if args.since is None else parse_time(args.since)
-    until = None if args.until is None else parse_time(args.until)
+    since = args.since
+    until = args.until
     progress = _progress()
     try:
         with _output(args.output) as out:

@@ -19,7 +19,8 @@ from typing import Any, TextIO
 import yaml
 
 from gateway.audit import resolve_directory
-from gateway.audit.query import parse_time, query_trail
+from gateway.audit.query import query_trail
+from gateway.cli.arguments import time_argument
 from gateway.decision import evaluate
 from gateway.errors import AuditIntegrityError, RequestError
 from gateway.policy import Policy, compile_policy, load_policy
@@ -172,7 +173,7 @@ def _impact(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy_file)
     compiled = compile_policy(policy)
     directory = resolve_directory(args.audit_dir)
-    since = None if args.since is None else parse_time(args.since)
+    since = args.since
     records = query_trail(directory, since=since, event_types={"request.received", "policy.decision"})
     received: list[Mapping[str, Any]] = []
     recorded: dict[str, bool] = {}
@@ -277,7 +278,9 @@ def register(policy_sub: argparse._SubParsersAction[Any]) -> None:
         "impact", help="replay the requests on the audit trail under a candidate policy: who would be denied, why"
     )
     impact.add_argument("policy_file", metavar="NEW.yaml")
-    impact.add_argument("--since", metavar="T", help="only requests recorded at or after T (RFC 3339 or a date)")
+    impact.add_argument(
+        "--since", type=time_argument, metavar="T", help="only requests recorded at or after T (RFC 3339 or a date)"
+    )
     impact.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
     impact.add_argument("--json", action="store_true", help="print the report as JSON")
     impact.set_defaults(func=_impact)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.audit.anchor import load_anchor
-from gateway.audit.query import parse_time
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
+from gateway.cli.arguments import time_argument
 from gateway.report import FORMATS, Progress, ReportFilters, build_report, render
 from gateway.report.aggregate import DENIED_CAP
 
@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="trail directory, repeatable: each is verified and they are merged by time "
         "(default: $GATEWAY_AUDIT_DIR, then ./audit)",
     )
-    p.add_argument("--since", metavar="TIME", help="RFC 3339 time, inclusive")
-    p.add_argument("--until", metavar="TIME", help="RFC 3339 time, exclusive")
+    p.add_argument("--since", type=time_argument, metavar="TIME", help="RFC 3339 time, inclusive")
+    p.add_argument("--until", type=time_argument, metavar="TIME", help="RFC 3339 time, exclusive")
     p.add_argument("--principal", help="only this principal's records")
     p.add_argument("--policy", metavar="NAME", help="only records made under the policy named NAME")
     p.add_argument(
@@ -94,8 +94,8 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     key = load_key(args.key_file) if args.key_file else key_from_env()
     filters = ReportFilters(
-        since=None if args.since is None else parse_time(args.since),
-        until=None if args.until is None else parse_time(args.until),
+        since=args.since,
+        until=args.until,
         principal=args.principal,
         policy=args.policy,
     )

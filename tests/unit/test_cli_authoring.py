@@ -213,6 +213,30 @@ def test_the_trail_flag_names_one_trail_for_the_commands_on_one_trail(
     assert run(capsys, "audit", "verify", "--trail", str(trail), str(trail))[0] == 0
 
 
+_TIMED = {
+    "query": ["audit", "query"],
+    "export": ["audit", "export", "--format", "ocsf", "-o", "-", "--trail"],
+    "report": ["report", "--format", "json", "-o", "-", "--trail"],
+    "impact": ["policy", "impact", str(policies_dir() / "default.yaml"), "--audit-dir"],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "flag"),
+    [(name, flag) for name in _TIMED for flag in ("--since", "--until") if (name, flag) != ("impact", "--until")],
+)
+def test_a_time_that_is_not_one_is_a_usage_error_naming_its_flag(
+    name: str, flag: str, trail: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a bad --since was a gateway failure (exit 125) whose message did not name the flag."""
+    command = _TIMED[name]
+    rc, out, err = run(capsys, *command, str(trail), flag, "last tuesday")
+    assert (rc, out) == (2, "")
+    assert f"argument {flag}: not an RFC 3339 time: 'last tuesday'" in err
+    rc, _out, err = run(capsys, *command, str(trail), flag, "2026-12-01")  # a date is a time
+    assert rc in (0, 1), err  # 1: impact reports a change of decision
+
+
 def test_audit_dir_defaults_to_the_environment(
     trail: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
