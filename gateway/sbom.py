@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import re
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway._files import whole_file
 from gateway.errors import ContractError, GatewayError
 
 if TYPE_CHECKING:
@@ -133,13 +133,8 @@ def record_image_sbom(image_id: str, document: str, state_dir: Path | None = Non
         raise ContractError(f"the SBOM to record for {image_id} describes another image")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sbom-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(document)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        with whole_file(path, sync=True) as f:
+            f.write(document.encode("utf-8"))
     except OSError as exc:
         raise SbomError(
             f"cannot record the SBOM of {image_id} in {path.parent}: {exc}",

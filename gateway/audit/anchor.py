@@ -20,13 +20,11 @@ anchor is caught like a forged record.
 
 from __future__ import annotations
 
-import contextlib
 import hmac as _hmac
 import json
 import logging
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from gateway._files import whole_file
 from gateway.audit.canonical import LineError, extract_seq, mac, split_line
 from gateway.audit.jsonl import read_tail
 from gateway.audit.pipeline import utc_timestamp
@@ -140,20 +139,11 @@ def anchor_from_report(
 
 
 def write_anchor(anchor: Anchor, path: str | Path) -> Path:
-    """Write ``anchor`` to ``path`` atomically (a temporary file in the same directory, fsynced, renamed)."""
+    """Write ``anchor`` to ``path`` whole and durably (:func:`gateway._files.whole_file`); an :class:`OSError`
+    names ``path``."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".anchor-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(anchor.to_bytes())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with whole_file(target, sync=True) as fh:
+        fh.write(anchor.to_bytes())
     return target
 
 

@@ -62,6 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GatewayError as exc:
         print(exc.diagnostics(), file=sys.stderr)
         return exit_code_for(exc)
+    except OSError as exc:  # what the machine refused (an output file that cannot be written, a full disk)
+        where = f": {exc.filename}" if exc.filename else ""
+        error = GatewayError(f"{exc.strerror or exc}{where}")
+        print(error.diagnostics(), file=sys.stderr)
+        return exit_code_for(error)
     except KeyboardInterrupt:
         return 130
     return rc

@@ -9,15 +9,12 @@ is 1. The mapping is :mod:`gateway.audit.ocsf` (``docs/ocsf.md``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from gateway._files import output_file
 from gateway.audit.ocsf import ExportReport, export_ocsf
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
 from gateway.cli.arguments import time_argument
@@ -50,31 +47,6 @@ def add_export(commands: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_export)
 
 
-@contextlib.contextmanager
-def _output(target: str) -> Iterator[BinaryIO]:
-    """stdout; a device or FIFO as it is; else a file written under a temporary name and renamed into place
-    when the export ends (a reader never sees half an export under the final name; one that raised leaves
-    nothing)."""
-    if target == "-":
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
-        return
-    path = Path(target)
-    if path.exists() and not path.is_file():  # /dev/null, a FIFO, a terminal: write to it as it is
-        with path.open("wb", buffering=1 << 20) as fh:
-            yield fh
-        return
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-            yield fh
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _progress() -> Any:
     """A progress printer for stderr when a person is watching it; ``None`` when stderr is not a terminal."""
     if not sys.stderr.isatty():
@@ -103,7 +75,7 @@ def _export(args: argparse.Namespace) -> int:
     until = args.until
     progress = _progress()
     try:
-        with _output(args.output) as out:
+        with output_file(args.output, mode=0o600) as out:  # the trail's own records: not for every reader
             reports = export_ocsf(trails, out, since=since, until=until, key=key, on_progress=progress)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         return 0

@@ -8,12 +8,11 @@ line says ``BROKEN: ...``, the same line is the first on stderr, and the exit st
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from gateway._files import output_file
 from gateway.audit.anchor import load_anchor
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
 from gateway.cli.arguments import time_argument
@@ -71,23 +70,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=_report)
 
 
-def _write(path: str, text: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".report-", dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _report(args: argparse.Namespace) -> int:
     if args.max_denied < 0:
         print("gateway report: error: --max-denied must be >= 0", file=sys.stderr)
@@ -111,5 +93,6 @@ def _report(args: argparse.Namespace) -> int:
     broken = report.broken_lines()
     for line in broken:
         print(line, file=sys.stderr)
-    _write(args.output, render(report, args.format))
+    with output_file(args.output) as out:  # a report is for filing: readable by all, as any document
+        out.write(render(report, args.format).encode("utf-8"))
     return EXIT_BROKEN if broken else 0

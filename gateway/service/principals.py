@@ -31,7 +31,6 @@ import hmac
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -43,6 +42,7 @@ from typing import Any, Literal, TypeVar, cast
 import yaml
 from jsonschema import Draft202012Validator
 
+from gateway._files import whole_file
 from gateway.errors import (
     PrincipalExistsError,
     PrincipalsError,
@@ -519,32 +519,15 @@ class PrincipalsStore:
     def _write(self, principals: Principals) -> None:
         text = principals.render()
         load_principals_text(text, source=str(self.path))  # never replace a good file with one that does not load
-        directory = self.path.parent
         try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{self.path.name}.", suffix=".tmp")  # mode 0600
+            with whole_file(self.path, sync=True, mode=0o600) as fh:
+                fh.write(text.encode("utf-8"))
         except OSError as exc:
-            raise PrincipalsError(f"cannot write in {directory}: {exc.strerror or exc}") from exc
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            if exc.filename == str(self.path.parent):  # the rename is done, its durability is not
+                raise PrincipalsError(
+                    f"{self.path} was replaced but its directory could not be synced: {exc.strerror or exc}"
+                ) from exc
             raise PrincipalsError(f"cannot write {self.path}: {exc.strerror or exc}; it is unchanged") from exc
-        try:  # make the rename itself durable
-            dir_fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            raise PrincipalsError(
-                f"{self.path} was replaced but its directory could not be synced: {exc.strerror or exc}"
-            ) from exc
 
 
 def _replace_tokens(principal: Principal, tokens: tuple[TokenRecord, ...]) -> Principal:

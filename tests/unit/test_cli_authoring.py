@@ -237,6 +237,26 @@ def test_a_time_that_is_not_one_is_a_usage_error_naming_its_flag(
     assert rc in (0, 1), err  # 1: impact reports a change of decision
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "--format", "html", "--trail"],
+        ["audit", "export", "--format", "ocsf", "--trail"],
+        ["audit", "anchor", "--trail"],
+    ],
+    ids=["report", "export", "anchor"],
+)
+def test_an_output_file_that_cannot_be_written_is_an_error_naming_it(
+    command: list[str], trail: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, each of these ended in a Python traceback naming a temporary file."""
+    target = tmp_path / "no-such-directory" / "out"
+    rc, out, err = run(capsys, *command, str(trail), "-o", str(target))
+    assert (rc, out) == (125, "")
+    assert err.startswith(f"error[gateway.error]: No such file or directory: {target}")
+    assert not target.parent.exists()
+
+
 def test_audit_dir_defaults_to_the_environment(
     trail: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
