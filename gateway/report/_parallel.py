@@ -99,11 +99,20 @@ def aggregate_tasks(
                 proc.stdin.write(json.dumps(job).encode("utf-8") + b"\n")
                 proc.stdin.close()
         total = Aggregate(denied_cap=denied_cap)
+        own, done = sum(task.lines for task in shares[0]), [0]
+
+        def on_record(n: int) -> None:  # the shares are alike: this one's progress stands for the others'
+            done[0] += n
+            if progress is not None:
+                progress.tick(done[0], done[0], own, others=count - 1)
+
         try:
             for task in shares[0]:
-                total.merge(aggregate_segment(task, filters, denied_cap))
+                total.merge(aggregate_segment(task, filters, denied_cap, on_record))
         except GatewayError:
             return _in_process(tasks, filters, denied_cap, progress)  # raises at the first bad record in order
+        if progress is not None:
+            progress.say(f"report: {own:,} records read here, waiting for {count - 1} worker process(es) ...")
         for proc in procs:
             out = proc.stdout.read() if proc.stdout is not None else b""
             if proc.wait() != 0 or not out:

@@ -44,13 +44,18 @@ class Progress:
             self.stream.flush()
             self._shown = True
 
-    def tick(self, records: int, done: int, total: int) -> None:
+    def tick(self, records: int, done: int, total: int, *, others: int = 0) -> None:
+        """``records`` read so far, ``done`` of ``total`` (a percentage when ``total``); ``others``: worker
+        processes read the rest of the trail alongside this one."""
         now = time.monotonic()
         if not self.enabled or now - self._last < 0.5:
             return
         self._last = now
         share = f" ({100 * done // total}%)" if total else ""
-        self.say(f"report: {records:,} records read{share}")
+        if others:
+            self.say(f"report: {records:,} records read here{share}, {others} worker process(es) reading the rest")
+        else:
+            self.say(f"report: {records:,} records read{share}")
 
     def done(self) -> None:
         if self.enabled and self._shown:

@@ -4,8 +4,10 @@ PolicyReport schema, filters. The trails are written by a real Gateway through t
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -20,7 +22,7 @@ from gateway.cli import main
 from gateway.errors import AuditIntegrityError
 from gateway.report import _parallel, aggregate, build_report, load_catalogue, render
 from gateway.report.aggregate import MAX_BUCKETS, DurationHistogram
-from gateway.report.build import ReportFilters
+from gateway.report.build import Progress, ReportFilters
 from gateway.report.model import PolicyReportResult
 from gateway.resources import load_schema
 from tests.unit.report_support import START, FixedClock, decision_dict, write_scenario
@@ -338,6 +340,30 @@ def test_worker_processes_give_the_same_report(tmp_path: Path, monkeypatch: pyte
     assert [d["time"] for d in serial["denied"]["shown"]] == sorted(d["time"] for d in serial["denied"]["shown"])
     assert serial["denied"]["total"] == 6
     assert len(serial["denied"]["shown"]) == 4
+
+
+def test_a_report_read_by_worker_processes_shows_its_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a report read in several processes said nothing between "reading N segments" and its end (20 s
+    for a million records); now this process's share of the records, read so far, with the workers named."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the report never starts workers")
+    trail = JsonlAuditTrail(tmp_path / "big", clock=FixedClock(START), host="report-test", segment_max_bytes=3 << 20)
+    for n in range(15_000):
+        trail.append("gateway.start", {"policy_source": f"p{n}"}, durable=False)
+    trail.sync()
+    trail.close()
+    segments = sorted((tmp_path / "big").glob("trail-*.jsonl"))
+    assert len(segments) >= 2
+    assert all(len(p.read_bytes().splitlines()) > 4096 for p in segments[:-1])  # progress is told every 4096
+    shown = io.StringIO()
+    build_report([tmp_path / "big"], now=NOW, workers=2, progress=Progress(shown, enabled=True))
+    lines = shown.getvalue().split("\r\x1b[K")
+    assert any(
+        re.fullmatch(r"report: [\d,]+ records read here \(\d+%\), 1 worker process\(es\) reading the rest", x)
+        for x in lines
+    ), lines
+    assert re.fullmatch(r"report: [\d,]+ records read here, waiting for 1 worker process\(es\) \.\.\.", lines[-2])
+    assert lines[-1] == ""  # cleared at the end
 
 
 def test_each_image_names_the_sbom_recorded_for_exactly_its_id(trail: Path, monkeypatch: pytest.MonkeyPatch) -> None:
