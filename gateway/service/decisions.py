@@ -120,8 +120,10 @@ and a dear one (a hostile body) only to an idle worker. What no worker takes wai
 USED_HALF_LIFE_S: Final = 1.0
 """How fast a principal's use of the workers is forgotten: the dispatcher sends first the dry run of the principal
 that used them least lately."""
-_FIRST_COST_MS: Final = 5.0
-"""The cost expected of a principal's dry run until one of its dry runs has been timed."""
+_FIRST_COST_MS: Final = WORKER_MS
+"""The cost expected of a principal's dry runs until one has been timed (its first answer then sets it): dear
+enough to need a worker of its own, so that principals new to the service cannot put many dear dry runs on the
+workers before their cost is known; a cheap principal is held back for one answer."""
 _CLOSE_S: Final = 10.0
 _DECIDE_S: Final = 30.0
 """The longest a dry run waits for its worker (a decision takes milliseconds): then 503, and the worker, stuck,
@@ -342,6 +344,8 @@ class _Share:
     def __init__(self) -> None:
         self.cost_ms = _FIRST_COST_MS
         """What one of its dry runs is expected to cost (:meth:`learn`)."""
+        self.timed = False
+        """Whether one of its dry runs has been timed (before, :data:`_FIRST_COST_MS` is a guess)."""
         self.in_flight_ms = 0.0
         self.in_flight = 0
         self.waiting: collections.deque[asyncio.Future[_Sent]] = collections.deque()
@@ -376,11 +380,12 @@ class _Share:
 
     def learn(self, cpu_ms: float, cost: float, now: float) -> None:
         """A dry run counted at ``cost`` took ``cpu_ms`` on a worker: its use is corrected, and the expected
-        cost is a moving average (a fifth of it the last one), so that one dear dry run (300 ms) closes the
-        share to one at a time, a few cheap ones do not open it again, and the odd slow one of a cheap principal
-        (a collection, a new segment) changes little."""
+        cost is the first one timed, then a moving average (a fifth of it the last one), so that one dear dry
+        run (300 ms) closes the share to one at a time, a few cheap ones do not open it again, and the odd slow
+        one of a cheap principal (a collection, a new segment) changes little."""
         self._use(cpu_ms - cost, now)
-        self.cost_ms = 0.8 * self.cost_ms + 0.2 * cpu_ms
+        self.cost_ms = 0.8 * self.cost_ms + 0.2 * cpu_ms if self.timed else cpu_ms
+        self.timed = True
 
 
 class DecisionWorkers:

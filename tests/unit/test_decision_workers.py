@@ -326,6 +326,15 @@ def test_a_share_counts_dry_runs_in_flight_against_their_expected_cost() -> None
     assert share.fits()
 
 
+def test_a_principals_first_dry_runs_are_expected_dear_until_one_is_timed() -> None:
+    share = decisions._Share()
+    assert share.cost_ms == decisions.WORKER_MS  # a worker of its own: new principals cannot fill the workers
+    share.learn(1.5, share.grant(0.0), 0.0)
+    assert share.cost_ms == 1.5  # the first timing replaces the guess: a cheap principal is held back once
+    share.learn(101.5, 1.5, 0.0)
+    assert share.cost_ms == 0.8 * 1.5 + 0.2 * 101.5  # then a moving average
+
+
 def test_a_share_counts_what_it_used_lately_at_the_cost_sent_then_at_the_cost_measured() -> None:
     share = decisions._Share()
     share.cost_ms = 10.0
@@ -466,7 +475,8 @@ def test_a_dry_run_abandoned_by_its_client_holds_its_share_until_it_leaves_the_w
                 assert time.monotonic() < deadline, "the abandoned dry run never left the worker"
                 await asyncio.sleep(0.01)
             assert not worker.jobs
-            assert share.cost_ms > 10 * decisions._FIRST_COST_MS  # its cost was learnt all the same
+            assert share.timed  # its cost was learnt all the same
+            assert share.cost_ms > 3 * decisions.WORKER_MS
         finally:
             await workers.close()
 
