@@ -231,6 +231,14 @@ class Gateway:
         """Decide without running anything (``gateway check``). The decision is audited as a dry run."""
         return self._handle(request, run=False, caller=caller)
 
+    def intake(self, request: RawRequest, *, caller: Caller | None = None) -> ExecutionResult | None:
+        """Check a request as :meth:`execute` does first, and nothing more: ``None`` when it is valid (nothing
+        is recorded; execute it), else the result of the invalid request, audited as ``request.invalid``. The
+        service checks an execution's body this way in a decision worker, so that its own process parses only
+        valid requests, whose size the request schema bounds."""
+        checked = self._intake(request, uuid.uuid4().hex, caller)
+        return checked if isinstance(checked, ExecutionResult) else None
+
     def execute(
         self, request: RawRequest, *, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
         caller: Caller | None = None,

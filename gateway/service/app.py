@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -36,7 +35,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from starlette.applications import Starlette
@@ -78,9 +77,11 @@ from gateway.service.openapi import openapi_document
 from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
 from gateway.service.quotas import Admission, Refusals, default_global_bound
-from gateway.service.replies import Reply, error_reply, gateway_error_reply
+from gateway.service.replies import Reply, check_json_body, error_reply, gateway_error_reply
 from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
 from gateway.tool import tool_definition
+
+T = TypeVar("T")
 
 __all__ = ["Service", "build_app"]
 
@@ -295,7 +296,7 @@ def _media_type(header: str | None) -> tuple[str, dict[str, str]]:
     return kind.strip().lower(), parsed
 
 
-async def _read_json_body(request: Request, limit: int, deadline_s: float) -> bytes:
+async def _read_json_body(request: Request, limit: int, deadline_s: float, *, check_json: bool = True) -> bytes:
     """The body, checked for media type, size, arrival within ``deadline_s`` and JSON; the Gateway's intake
     validates it."""
     kind, params = _media_type(request.headers.get("content-type"))
@@ -322,10 +323,8 @@ async def _read_json_body(request: Request, limit: int, deadline_s: float) -> by
         raise BodyTimeoutError(
             f"the body did not arrive within {deadline_s:g} s ({len(body)} bytes received)"
         ) from None
-    try:
-        json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise MalformedRequestError(f"the body is not JSON: {exc}") from exc
+    if check_json:
+        check_json_body(bytes(body))
     return bytes(body)
 
 
@@ -378,15 +377,30 @@ def build_app(service: Service) -> Starlette:
             )
             raise
 
-    async def read_body(request: Request, caller: Caller, request_id: str) -> bytes:
-        """The JSON body; one it cannot take (400, 408, 413, 415) is refused and audited as ``request.refused``."""
+    def body_refused(exc: RequestError, request: Request, caller: Caller, request_id: str) -> None:
+        """A body the service cannot take (400, 408, 413, 415), audited as ``request.refused``."""
+        service.refusals.note(
+            exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
+        )
+
+    async def read_body(request: Request, caller: Caller, request_id: str, *, check_json: bool = True) -> bytes:
+        """The JSON body; one it cannot take is refused (:func:`body_refused`). ``check_json=False``: whether it
+        is JSON is left to a decision worker (:func:`checked`)."""
         try:
-            return await _read_json_body(request, service.config.max_body_bytes, service.config.body_read_s)
+            return await _read_json_body(
+                request, service.config.max_body_bytes, service.config.body_read_s, check_json=check_json
+            )
         except RequestError as exc:
-            service.refusals.note(
-                exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id,
-                path=request.url.path,
-            )  # fmt: skip
+            body_refused(exc, request, caller, request_id)
+            raise
+
+    async def checked(job: Awaitable[T], request: Request, caller: Caller, request_id: str) -> T:
+        """A decision worker's job on a body read with ``check_json=False``: a body it finds not JSON is refused
+        (400, :func:`body_refused`), as :func:`read_body` would have."""
+        try:
+            return await job
+        except MalformedRequestError as exc:
+            body_refused(exc, request, caller, request_id)
             raise
 
     mcp = McpEndpoint(
@@ -426,8 +440,15 @@ def build_app(service: Service) -> Starlette:
         quotas = quotas_of(caller)
         if (over := admit(request, caller, request_id, quotas)) is not None:
             return over
-        body = await read_body(request, caller, request_id)
+        body = await read_body(request, caller, request_id, check_json=False)
         metrics, started = service.metrics, time.perf_counter()
+        # Parsed and checked in a decision worker: this process parses only valid requests (bounded by the schema).
+        invalid = await checked(service.decisions.intake(body, caller), request, caller, request_id)
+        if invalid is not None:
+            metrics.execution_seconds.labels(str(invalid.status)).observe(time.perf_counter() - started)
+            return Response(
+                invalid.content, status_code=invalid.status, headers=invalid.headers, media_type=JSON_MEDIA_TYPE
+            )
         admitted = service.admission.execution(caller.principal, quotas)
         try:
             await admitted.__aenter__()  # a slot of the principal and of the service, or 429
@@ -457,9 +478,9 @@ def build_app(service: Service) -> Starlette:
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
         if (over := admit(request, caller, request_id, quotas_of(caller))) is not None:
             return over
-        body = await read_body(request, caller, request_id)
+        body = await read_body(request, caller, request_id, check_json=False)  # a worker parses it
         started = time.perf_counter()
-        answer = await service.decisions.decide(body, caller)
+        answer = await checked(service.decisions.decide(body, caller), request, caller, request_id)
         service.metrics.decision_seconds.labels(str(answer.status)).observe(time.perf_counter() - started)
         if answer.violations is not None:
             service.metrics.denied(answer.violations, dry_run=True)

@@ -1,8 +1,15 @@
-"""Dry runs (``POST /v1/decisions``) decided in worker processes, so that the service's decisions use every CPU.
+"""Dry runs (``POST /v1/decisions``) decided, and executions' bodies checked, in worker processes: the service's
+decisions use every CPU, and its own process never parses a body it has not seen to be a valid request.
 
 A dry run is Python CPU work from end to end: the intake, every rule, the assembly and its guard, two audit
 records. In one interpreter it shares one core with the HTTP stack (one GIL), so the service hands each dry run
 to one of ``decision_workers`` worker interpreters and awaits the answer while its event loop goes on serving.
+An execution's body goes to a worker first too (an ``intake`` job, :meth:`Gateway.intake`): the worker parses it,
+answers 400 for a body that is not JSON and records and answers an invalid request, and the service runs only a
+request the worker found valid, whose size the request schema bounds. Every principal shares the service's event
+loop; a body that is cheap to send and dear to parse (3.9 MB of empty JSON arrays: ~470 ms) so costs a worker,
+against its principal's share, not every principal's loop. Jobs of both kinds check that the body is JSON first
+(:func:`~gateway.service.replies.check_json_body`), the check the service used to make in its event loop.
 
 Each worker is started with :func:`gateway._workers.start_worker` (a fresh interpreter of this package, ``-P``)
 and receives, before any job:
@@ -17,9 +24,9 @@ and receives, before any job:
 
 A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything) and decides its jobs in
 batches, in one thread (:func:`decide_batch`): it takes every job that has arrived (at most :data:`BATCH`),
-decides each with :meth:`Gateway.decide` writing its records without waiting for them, makes them all durable
-with one fsync, and only then answers each job of the batch (sooner, before a job expected to hold them past
-:data:`BATCH_S`; when an fsync fails, every job it covered is a 503: fail closed).
+does each (:meth:`Gateway.decide`, or :meth:`Gateway.intake`) writing its records without waiting for them, makes
+them all durable with one fsync, and only then answers each job of the batch (sooner, before a job expected to
+hold them past :data:`BATCH_S`; when an fsync fails, every job it covered is a 503: fail closed).
 It sends back the status, the rendered body, the headers and the violations (for the metrics): the same answer
 the service would have made itself. Frames are a 4-byte big-endian length and a payload, over
 the worker's stdin and stdout (pipes that only the two processes hold). To the worker the payload is a pickle
@@ -77,9 +84,9 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway._workers import start_worker
-from gateway.errors import AuditUnavailableError, DecisionWorkerError
+from gateway.errors import AuditUnavailableError, DecisionWorkerError, MalformedRequestError
 from gateway.policy import Policy
-from gateway.service.replies import decision_reply, render_json
+from gateway.service.replies import check_json_body, decision_reply, render_json
 
 if TYPE_CHECKING:
     from gateway.audit import AuditReceipt, JsonlAuditTrail
@@ -120,10 +127,10 @@ and a dear one (a hostile body) only to an idle worker. What no worker takes wai
 USED_HALF_LIFE_S: Final = 1.0
 """How fast a principal's use of the workers is forgotten: the dispatcher sends first the dry run of the principal
 that used them least lately."""
-_FIRST_COST_MS: Final = WORKER_MS
-"""The cost expected of a principal's dry runs until one has been timed (its first answer then sets it): dear
-enough to need a worker of its own, so that principals new to the service cannot put many dear dry runs on the
-workers before their cost is known; a cheap principal is held back for one answer."""
+_FIRST_COST_MS: Final = SHARE_MS
+"""The cost expected of a principal's jobs until one has been timed (its first answer then sets it): its whole
+share, on an idle worker, so that a principal new to the service has one job on the workers until its cost is
+known (a dear one cannot take every worker first); a cheap principal is held back for one answer."""
 _CLOSE_S: Final = 10.0
 _DECIDE_S: Final = 30.0
 """The longest a dry run waits for its worker (a decision takes milliseconds): then 503, and the worker, stuck,
@@ -151,7 +158,7 @@ class _Job:
     """A dry run on a worker: what awaits its answer, and the share of its principal it holds until it leaves
     the worker (answered, or with the worker), even when its client has gone."""
 
-    future: asyncio.Future[Decided]
+    future: asyncio.Future[Decided | None]
     share: _Share
     cost: float
 
@@ -163,7 +170,7 @@ class _Sent:
 
     worker: _Worker | None
     number: int
-    answer: asyncio.Future[Decided]
+    answer: asyncio.Future[Decided | None]
     share: _Share
     cost: float
 
@@ -283,6 +290,10 @@ class _Worker:
             return
         if kind == "decided":
             job.future.set_result(Decided(header["status"], content, header["headers"], header["violations"]))
+        elif kind == "valid":  # an intake: the request is valid, nothing was recorded
+            job.future.set_result(None)
+        elif kind == "malformed":
+            job.future.set_exception(MalformedRequestError(str(header.get("message"))))
         else:  # "failed": Gateway.decide raised, which it never should
             job.future.set_exception(RuntimeError(f"decision worker {self.proc.pid}: {header.get('error')}"))
 
@@ -480,9 +491,25 @@ class DecisionWorkers:
         task.add_done_callback(self._respawns.discard)
 
     async def decide(self, body: bytes, caller: Caller) -> Decided:
-        """The dry run's answer, from a worker, else decided in process. It waits in the service until it is
-        sent (:meth:`_dispatch`): while its principal's share is full, or no worker takes it, or dry runs of
-        principals that used the workers less lately wait too."""
+        """The dry run's answer, from a worker, else decided in process (:meth:`_job`). Raises
+        :class:`MalformedRequestError` for a body that is not JSON."""
+        answer = await self._job("decide", body, caller)
+        if answer is None:  # pragma: no cover - a worker answers "valid" only to an intake
+            raise DecisionWorkerError("a decision worker answered a dry run as an intake")
+        return answer
+
+    async def intake(self, body: bytes, caller: Caller) -> Decided | None:
+        """An execution's body checked as its intake does (:meth:`Gateway.intake`), in a worker: ``None`` when
+        the request is valid (execute it), else the answer to the invalid request, recorded by the worker. Raises
+        :class:`MalformedRequestError` for a body that is not JSON. The service's own process so parses only
+        valid requests, whose size the request schema bounds: a body that is cheap to send and dear to parse
+        costs a worker, against its principal's share, not the event loop every principal shares."""
+        return await self._job("intake", body, caller)
+
+    async def _job(self, kind: str, body: bytes, caller: Caller) -> Decided | None:
+        """A job for the workers (``decide`` or ``intake``). It waits in the service until it is sent
+        (:meth:`_dispatch`): while its principal's share is full, or no worker takes it, or jobs of principals
+        that used the workers less lately wait too."""
         share = self._shares.get(caller.principal)
         if share is None:
             share = self._shares[caller.principal] = _Share()
@@ -498,16 +525,16 @@ class DecisionWorkers:
         if not turn.done():
             self._abandon(turn)
             raise DecisionWorkerError(
-                f"the decision workers did not take this dry run of principal {caller.principal!r} within "
-                f"{_DECIDE_S:g} s (its share, or every worker, held by the dry runs before it)"
+                f"the decision workers did not take this request of principal {caller.principal!r} within "
+                f"{_DECIDE_S:g} s (its share, or every worker, held by the requests before it)"
             )
         sent = turn.result()
         if sent.worker is None:
             try:
-                return decided(await run_in_threadpool(self.gateway.decide, body, caller=caller))
+                return await run_in_threadpool(_in_process, self.gateway, kind, body, caller)
             finally:
                 self._withdraw(sent)
-        sent.worker.send(_frame(("decide", sent.number, body, caller.principal, caller.token_id, sent.cost)))
+        sent.worker.send(_frame((kind, sent.number, body, caller.principal, caller.token_id, sent.cost)))
         try:
             return await asyncio.wait_for(sent.answer, _DECIDE_S)
         except TimeoutError:
@@ -538,7 +565,7 @@ class DecisionWorkers:
             if worker is not None and not worker.takes(share.cost_ms):
                 return
             cost = share.grant(now)
-            answer: asyncio.Future[Decided] = asyncio.get_running_loop().create_future()
+            answer: asyncio.Future[Decided | None] = asyncio.get_running_loop().create_future()
             number = next(self._jobs)
             if worker is not None:
                 worker.jobs[number] = _Job(answer, share, cost)  # it gives the share back when it leaves the worker
@@ -658,6 +685,30 @@ class _Unwaited:
         return self.trail.protected_paths
 
 
+class _Malformed(str):
+    """A job's body that is not JSON: the message of its 400 ``request.malformed``."""
+
+
+def _run_job(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> ExecutionResult | _Malformed | None:
+    """One job: the body checked as JSON (the check the service's event loop does not make), then decided
+    (``decide``) or checked as an execution's intake (``intake``: ``None`` when valid)."""
+    try:
+        check_json_body(body)
+    except MalformedRequestError as exc:
+        return _Malformed(exc.message)
+    if kind == "decide":
+        return gateway.decide(body, caller=caller)
+    return gateway.intake(body, caller=caller)
+
+
+def _in_process(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> Decided | None:
+    """A job decided in this process (no worker ready, or ``decision_workers: 0``), answered as a worker would."""
+    result = _run_job(gateway, kind, body, caller)
+    if isinstance(result, _Malformed):
+        raise MalformedRequestError(str(result))
+    return None if result is None else decided(result)
+
+
 def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], send: Callable[[bytes], None]) -> None:
     """Decide one batch of messages from the service, in order, and ``send`` the answer frames: each job decided
     by ``gateway`` (whose sink writes without waiting, :class:`_Unwaited`), a policy set applied from the next
@@ -666,19 +717,19 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
     job) would take them past :data:`BATCH_S`: a dear job (a hostile body) never holds back the answers decided
     before it. When a sync fails, every job it covered is answered as a dry run whose record could not be made
     durable (503, fail closed)."""
-    done: list[tuple[int, ExecutionResult | str, float]] = []
+    done: list[tuple[int, _Answer, float]] = []
     started = time.monotonic()
     for message in messages:
-        if message[0] == "decide":
-            number, body, principal, token_id, expected_ms = message[1:]
+        if message[0] in ("decide", "intake"):
+            kind, number, body, principal, token_id, expected_ms = message
             if done and time.monotonic() - started + expected_ms / 1000 >= BATCH_S:
                 send(_answers(trail, done))
                 done, started = [], time.monotonic()
             cpu = time.thread_time()
             try:
-                result: ExecutionResult | str = gateway.decide(body, caller=Caller(principal, token_id))
+                result: _Answer = _run_job(gateway, kind, body, Caller(principal, token_id))
             except Exception as exc:  # noqa: BLE001 - answered as a failure of this job, never a dead worker
-                result = f"{type(exc).__name__}: {exc}"
+                result = _Failed(f"{type(exc).__name__}: {exc}")
             done.append((number, result, (time.thread_time() - cpu) * 1000))
         elif message[0] == "policies":
             gateway.policies = PolicySet.of(message[1], message[2])
@@ -686,12 +737,21 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
         send(_answers(trail, done))
 
 
-def _answers(trail: JsonlAuditTrail, done: list[tuple[int, ExecutionResult | str, float]]) -> bytes:
-    """The answer frames of decided jobs, once their records are durable (one sync), else 503 for each."""
+class _Failed(str):
+    """A job whose Gateway call raised (which it never should): the error's text."""
+
+
+_Answer = ExecutionResult | _Malformed | _Failed | None
+"""What a job comes to: a result to answer, a body that is not JSON, a failure, or a valid intake."""
+
+
+def _answers(trail: JsonlAuditTrail, done: list[tuple[int, _Answer, float]]) -> bytes:
+    """The answer frames of the jobs done, once their records are durable (one sync), else 503 for each result
+    (a malformed body or a valid intake recorded nothing)."""
     try:
         trail.sync()
     except AuditUnavailableError as exc:  # nothing of these is known durable: none of them is answered 200
-        done = [(n, r if isinstance(r, str) else _unrecorded(r, exc), cpu) for n, r, cpu in done]
+        done = [(n, _unrecorded(r, exc) if isinstance(r, ExecutionResult) else r, cpu) for n, r, cpu in done]
     return b"".join(_answer(*job) for job in done)
 
 
@@ -700,12 +760,17 @@ def _unrecorded(result: ExecutionResult, exc: AuditUnavailableError) -> Executio
     return ExecutionResult(result.request_id, result.decision, error=exc, audit_ok=False)
 
 
-def _answer(number: int, result: ExecutionResult | str, cpu_ms: float) -> bytes:
-    if isinstance(result, str):
-        return _answer_frame({"kind": "failed", "job": number, "error": result})
+def _answer(number: int, result: _Answer, cpu_ms: float) -> bytes:
+    cpu = round(cpu_ms, 3)
+    if isinstance(result, _Malformed):
+        return _answer_frame({"kind": "malformed", "job": number, "message": str(result), "cpu_ms": cpu})
+    if isinstance(result, _Failed):
+        return _answer_frame({"kind": "failed", "job": number, "error": str(result)})
+    if result is None:
+        return _answer_frame({"kind": "valid", "job": number, "cpu_ms": cpu})
     answer = decided(result)
     header = {"kind": "decided", "job": number, "status": answer.status, "headers": answer.headers}
-    return _answer_frame({**header, "violations": answer.violations, "cpu_ms": round(cpu_ms, 3)}, answer.content)
+    return _answer_frame({**header, "violations": answer.violations, "cpu_ms": cpu}, answer.content)
 
 
 def worker_main() -> int:

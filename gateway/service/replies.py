@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import ExecutionResult
-from gateway.errors import GatewayError, OverQuotaError, RequestError, http_status_for
+from gateway.errors import GatewayError, MalformedRequestError, OverQuotaError, RequestError, http_status_for
 
-__all__ = ["Reply", "decision_reply", "error_reply", "gateway_error_reply", "render_json"]
+__all__ = ["Reply", "check_json_body", "decision_reply", "error_reply", "gateway_error_reply", "render_json"]
 
 
 try:
@@ -56,6 +56,14 @@ class Reply:
 
     def header_map(self) -> dict[str, str]:
         return {"X-Request-Id": self.request_id, **self.headers}
+
+
+def check_json_body(body: bytes) -> None:
+    """Raise :class:`MalformedRequestError` (400 ``request.malformed``) for a body that is not JSON."""
+    try:
+        json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MalformedRequestError(f"the body is not JSON: {exc}") from exc
 
 
 def error_reply(

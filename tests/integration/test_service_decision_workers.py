@@ -142,6 +142,46 @@ def test_a_worker_outlasts_the_signals_sent_to_the_services_group(serve: Callabl
     assert [r["gateway"]["pid"] for r in server.records("policy.decision")] == [pid]
 
 
+DEAR_TO_PARSE = ('{"code": "print(1)", "x": [' + ",".join(["[]"] * 200_000) + "]}").encode()
+"""Cheap to send, dear to parse (200,000 JSON arrays, 600 KB; 1.3 million in 3.9 MB took ~470 ms): the request
+schema refuses it (``$.x`` is not a field) only once it is parsed."""
+
+
+@pytest.mark.parametrize("path", ["/v1/executions", "/v1/decisions"])
+def test_a_body_is_parsed_by_a_decision_worker_never_by_the_service_s_event_loop(
+    serve: Callable[..., Server], path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every principal shares the service's event loop: a body dear to parse must cost a worker (against its
+    principal's share), not the loop. Before, the loop parsed every body to check it was JSON, and an execution
+    parsed it again in its thread; the execution's request.invalid record named the service's own process."""
+    from gateway.service import app as app_module
+
+    parsed_here: list[int] = []
+    real = app_module.check_json_body
+
+    def watched(body: bytes) -> None:
+        parsed_here.append(len(body))
+        real(body)
+
+    monkeypatch.setattr(app_module, "check_json_body", watched)
+    server = serve(decision_workers=1, max_body_bytes=4 << 20)
+    (pid,) = _workers(server, 1)
+    headers = {"Content-Type": "application/json"}
+    with server.client(server.tokens["alice"]) as alice:
+        refused = alice.post(path, content=DEAR_TO_PARSE, headers=headers)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["errors"][0]["path"] == "$.x"
+        malformed = alice.post(path, content=b'{"code": ', headers=headers)
+        assert malformed.status_code == 400
+        assert malformed.json()["code"] == "request.malformed"
+        assert malformed.json()["message"].startswith("the body is not JSON: ")
+    assert not parsed_here  # the service's process checked no body
+    (invalid,) = server.records("request.invalid")
+    assert invalid["gateway"]["pid"] == pid  # the worker parsed it and recorded it
+    _wait(lambda: len(server.records("request.refused")) >= 1, "the malformed body's refusal record")
+    assert server.records("request.refused")[0]["data"]["code"] == "request.malformed"
+
+
 def test_no_worker_outlives_the_service(serve: Callable[..., Server]) -> None:
     server = serve(decision_workers=2)
     pids = _workers(server, 2)
