@@ -323,9 +323,10 @@ async def _read_json_body(request: Request, limit: int, deadline_s: float, *, ch
         raise BodyTimeoutError(
             f"the body did not arrive within {deadline_s:g} s ({len(body)} bytes received)"
         ) from None
+    data = bytes(body)
     if check_json:
-        check_json_body(bytes(body))
-    return bytes(body)
+        check_json_body(data)
+    return data
 
 
 # --- the application ---------------------------------------------------------------------------------------

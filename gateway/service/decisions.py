@@ -155,8 +155,8 @@ class Decided:
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """A dry run on a worker: what awaits its answer, and the share of its principal it holds until it leaves
-    the worker (answered, or with the worker), even when its client has gone."""
+    """A job sent (to a worker, or in process): what awaits its answer, and the share of its principal it holds
+    until it leaves the worker (answered, or with the worker), even when its client has gone."""
 
     future: asyncio.Future[Decided | None]
     share: _Share
@@ -165,14 +165,11 @@ class _Job:
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    """Where the dispatcher sent a dry run: to ``worker`` as job ``number`` (whose answer ``answer`` awaits), or
-    in process (``worker`` None), holding ``cost`` of its principal's ``share``."""
+    """Where the dispatcher sent a job: to ``worker`` as job ``number``, or in process (``worker`` None)."""
 
     worker: _Worker | None
     number: int
-    answer: asyncio.Future[Decided | None]
-    share: _Share
-    cost: float
+    job: _Job
 
 
 def decided(result: ExecutionResult) -> Decided:
@@ -534,9 +531,9 @@ class DecisionWorkers:
                 return await run_in_threadpool(_in_process, self.gateway, kind, body, caller)
             finally:
                 self._withdraw(sent)
-        sent.worker.send(_frame((kind, sent.number, body, caller.principal, caller.token_id, sent.cost)))
+        sent.worker.send(_frame((kind, sent.number, body, caller.principal, caller.token_id, sent.job.cost)))
         try:
-            return await asyncio.wait_for(sent.answer, _DECIDE_S)
+            return await asyncio.wait_for(sent.job.future, _DECIDE_S)
         except TimeoutError:
             sent.worker.kill(f"no answer to a job within {_DECIDE_S:g} s")  # its jobs, this one too, leave with it
             raise DecisionWorkerError(
@@ -565,11 +562,11 @@ class DecisionWorkers:
             if worker is not None and not worker.takes(share.cost_ms):
                 return
             cost = share.grant(now)
-            answer: asyncio.Future[Decided | None] = asyncio.get_running_loop().create_future()
+            job = _Job(asyncio.get_running_loop().create_future(), share, cost)
             number = next(self._jobs)
             if worker is not None:
-                worker.jobs[number] = _Job(answer, share, cost)  # it gives the share back when it leaves the worker
-            share.waiting.popleft().set_result(_Sent(worker, number, answer, share, cost))
+                worker.jobs[number] = job  # it gives the share back when it leaves the worker
+            share.waiting.popleft().set_result(_Sent(worker, number, job))
 
     def _abandon(self, turn: asyncio.Future[_Sent]) -> None:
         """A dry run whose request left while it waited: the dispatcher skips it, or, sent already, it leaves."""
@@ -581,7 +578,7 @@ class DecisionWorkers:
     def _withdraw(self, sent: _Sent) -> None:
         """A dry run decided in process, or abandoned before its frame went to its worker: its room goes back."""
         if sent.worker is None:
-            sent.share.give_back(sent.cost)
+            sent.job.share.give_back(sent.job.cost)
         else:
             sent.worker.withdraw(sent.number)
         self._dispatch()

@@ -381,49 +381,10 @@ HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in rang
 """A body the request schema refuses only after checking each of its 20,000 entries: ~300 ms of a worker."""
 
 
-def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(tmp_path: Path) -> None:
-    """One worker; a principal whose dry runs each cost a worker hundreds of ms sends five at once, then another
-    principal sends one cheap dry run: it is answered before most of the dear ones (first come, first served on
-    the worker, it was answered last)."""
+def _answer_order(tmp_path: Path, heavies: list[Caller], dear_each: int) -> list[str]:
+    """One worker: each principal of ``heavies`` has a dear dry run timed (its cost is known), then sends
+    ``dear_each`` at once, then another principal sends one cheap dry run: the order they were answered in."""
     gateway = _gateway(tmp_path / "audit")
-    heavy, light = Caller("heavy", "gw_id_h"), Caller("light", "gw_id_l")
-
-    async def scenario() -> list[str]:
-        workers = DecisionWorkers(gateway, FakeRunner, 1)
-        await workers.start()
-        try:
-            await _ready(workers, 1)
-            for _ in range(2):  # timed: its principal's cost is known
-                assert (await workers.decide(HEAVY, heavy)).status == 422
-            order: list[str] = []
-
-            async def one(name: str, body: bytes, caller: Caller) -> None:
-                answer = await workers.decide(body, caller)
-                assert answer.status == (422 if caller is heavy else 200)
-                order.append(name)
-
-            tasks = [asyncio.ensure_future(one(f"heavy{n}", HEAVY, heavy)) for n in range(5)]
-            await asyncio.sleep(0.05)
-            tasks.append(asyncio.ensure_future(one("light", b'{"code": "print(1)"}', light)))
-            await asyncio.gather(*tasks)
-            return order
-        finally:
-            await workers.close()
-
-    try:
-        order = asyncio.run(scenario())
-    finally:
-        gateway.close()
-    assert order.index("light") <= 2, order
-
-
-def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones(tmp_path: Path) -> None:
-    """One worker; three principals whose dry runs each cost it hundreds of ms send two each at once (their
-    shares let one each on the worker), then another principal sends one cheap dry run: it is answered right
-    after the dear one the worker holds, not after one of each of the three (they wait in the service, and the
-    next dry run sent is the one of the principal that used the workers least lately)."""
-    gateway = _gateway(tmp_path / "audit")
-    heavies = [Caller(f"heavy{n}", f"gw_id_h{n}") for n in range(3)]
     light = Caller("light", "gw_id_l")
 
     async def scenario() -> list[str]:
@@ -431,7 +392,7 @@ def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones
         await workers.start()
         try:
             await _ready(workers, 1)
-            for heavy in heavies:  # timed: each principal's cost is known
+            for heavy in heavies:
                 assert (await workers.decide(HEAVY, heavy)).status == 422
             order: list[str] = []
 
@@ -440,7 +401,9 @@ def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones
                 assert answer.status == (200 if caller is light else 422)
                 order.append(name)
 
-            tasks = [asyncio.ensure_future(one(f"{h.principal}.{n}", HEAVY, h)) for n in range(2) for h in heavies]
+            tasks = [
+                asyncio.ensure_future(one(f"{h.principal}.{n}", HEAVY, h)) for n in range(dear_each) for h in heavies
+            ]
             await asyncio.sleep(0.05)
             tasks.append(asyncio.ensure_future(one("light", b'{"code": "print(1)"}', light)))
             await asyncio.gather(*tasks)
@@ -449,9 +412,25 @@ def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones
             await workers.close()
 
     try:
-        order = asyncio.run(scenario())
+        return asyncio.run(scenario())
     finally:
         gateway.close()
+
+
+def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(tmp_path: Path) -> None:
+    """One worker; a principal whose dry runs each cost a worker hundreds of ms sends five at once, then another
+    principal sends one cheap dry run: it is answered before most of the dear ones (first come, first served on
+    the worker, it was answered last)."""
+    order = _answer_order(tmp_path, [Caller("heavy", "gw_id_h")], 5)
+    assert order.index("light") <= 2, order
+
+
+def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones(tmp_path: Path) -> None:
+    """One worker; three principals whose dry runs each cost it hundreds of ms send two each at once (their
+    shares let one each on the worker), then another principal sends one cheap dry run: it is answered right
+    after the dear one the worker holds, not after one of each of the three (they wait in the service, and the
+    next dry run sent is the one of the principal that used the workers least lately)."""
+    order = _answer_order(tmp_path, [Caller(f"heavy{n}", f"gw_id_h{n}") for n in range(3)], 2)
     assert order.index("light") <= 1, order
 
 
