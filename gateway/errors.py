@@ -293,8 +293,9 @@ class ServiceUnreachableError(ServiceError):
 
 
 class DecisionWorkerError(ServiceError):
-    """The service's decision worker ended while deciding the request (``gateway serve``: dry runs are decided in
-    worker processes). The request's ``request.received`` record may be in the trail without a decision."""
+    """The service's decision worker ended while deciding the request, or did not answer it in time (``gateway
+    serve``: dry runs are decided in worker processes). The records the worker had built for its batch went with
+    it; the service records the refusal (``request.refused``)."""
 
     code = "service.decision_failed"
     hint = "retry: the service replaces the worker (and decides in process meanwhile); its log says why it ended"

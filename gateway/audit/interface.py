@@ -68,8 +68,8 @@ class AuditSink(Protocol):
         principal: str | None = None,
         policy: Mapping[str, str] | None = None,
         durable: bool = True,
-    ) -> AuditReceipt:
-        """Stamp, redact, chain and durably write one record.
+    ) -> AuditReceipt | None:
+        """Stamp, redact, chain and durably write one record; the receipt says where it went.
 
         ``data`` is read, never changed: a sink copies what it keeps before it redacts or bounds anything (the
         record pipeline's ``normalise``), so a caller may hand it values it shares with others (the Gateway
@@ -78,7 +78,10 @@ class AuditSink(Protocol):
         ``durable=False``: written in order but not waited for; it becomes durable with the next durable append
         (which covers every record before it) or at close. For a record that a durable one always follows
         before anything acts on it: a request's ``request.received``, followed by its ``policy.decision``
-        before anything runs (one flush per dry run instead of two).
+        before anything runs (one flush per dry run instead of two). A sink may also write such a record later,
+        with others, and return ``None``: a decision worker's (``gateway.service.decisions``), which builds each
+        record when it is appended (a record that cannot be built raises here) and writes and flushes its
+        batch's records together before it answers any of its dry runs.
 
         Raises :class:`gateway.errors.AuditUnavailableError` on any failure to make it durable.
         """

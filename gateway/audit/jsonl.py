@@ -7,11 +7,13 @@ Layout of a trail directory (see ``audit/README.md``)::
     .lock                flock(2): writers exclusive, verifiers shared
     quarantine/          bytes cut off by ``repair`` (:mod:`gateway.audit.repair`; evidence, never deleted)
 
-Every ``append`` runs, under a thread lock and the directory's file lock: re-read the tail if another
-process wrote since (so ``seq`` is contiguous across processes; only the last record, through the open segment,
-when the other one appended to it), chain, write the line with one
+Every ``append`` builds its record (the record pipeline), then runs, under a thread lock and the directory's
+file lock: re-read the tail if another process wrote since (so ``seq`` is contiguous across processes; only the
+last record, through the open segment, when the other one appended to it), chain, write the line with one
 ``O_APPEND`` write, and ``fsync`` — or, with ``group_commit``, leave the fsync to one leader thread that
-syncs every record written so far; ``append`` still returns only once its record is durable.
+syncs every record written so far; ``append`` still returns only once its record is durable. A writer with
+several records at once (a decision worker's batch) builds each (``build``) and appends them together
+(``append_built``): one hold of the locks and one look at the tail for them all.
 
 Fail closed: any failure (directory missing or read-only, disk full, lock failure, fsync error, broken
 tail) raises :class:`~gateway.errors.AuditUnavailableError`. A failed write is rolled back with
@@ -25,7 +27,7 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,7 +44,7 @@ from gateway.audit.canonical import (
     split_line,
 )
 from gateway.audit.interface import AuditReceipt
-from gateway.audit.pipeline import RecordPipeline, SealedRecord, chain, stamper, utc_timestamp
+from gateway.audit.pipeline import Record, RecordPipeline, SealedRecord, chain, stamper, utc_timestamp
 from gateway.audit.segments import LOCK_NAME, AuditIO, key_from_env, list_segments, resolve_directory, segment_name
 from gateway.errors import AuditError, AuditIntegrityError, AuditSpaceError, AuditUnavailableError
 from gateway.sizes import SizeError, parse_size
@@ -289,22 +291,49 @@ class JsonlAuditTrail:
         policy: Mapping[str, str] | None = None,
         durable: bool = True,
     ) -> AuditReceipt:
+        record = self.build(event_type, data, request_id=request_id, principal=principal, policy=policy)
+        (receipt,) = self.append_built([record], durable=durable)
+        return receipt
+
+    def build(
+        self,
+        event_type: str,
+        data: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        principal: str | None = None,
+        policy: Mapping[str, str] | None = None,
+    ) -> Record:
+        """The record one :meth:`append` would write, before it is chained: stamped, its data copied into plain
+        JSON, redacted and bounded (the record pipeline). For a writer that appends several records in one
+        :meth:`append_built`. Raises :class:`AuditUnavailableError` when the record cannot be built."""
         try:
-            record = self._pipeline.build(event_type, data, request_id=request_id, principal=principal, policy=policy)
+            return self._pipeline.build(event_type, data, request_id=request_id, principal=principal, policy=policy)
         except (CanonicalError, KeyError, TypeError) as exc:
             raise AuditUnavailableError(f"cannot build the {event_type!r} audit record: {exc}") from exc
+
+    def append_built(self, records: Sequence[Record], *, durable: bool = True) -> list[AuditReceipt]:
+        """Chain and write records made by :meth:`build`, in order, under one hold of the trail's locks: one
+        look at the tail (another process may have moved it) and one free-space check for them all, so a
+        writer that decides many requests takes turns on a shared trail once per batch, not once per record.
+        ``durable`` as for :meth:`append` (one fsync covers them all). Below the free-space watermark, no record
+        is written when any of them starts new work (:data:`NEW_WORK_EVENTS`). When a write fails, the records
+        before it are in the trail (not yet durable: :meth:`sync`, or the next durable append, flushes them)."""
+        if not records:
+            return []
         with self._lock:
             if self._closed:
                 raise AuditUnavailableError("the audit trail is closed")
             if self._failed is not None:
                 raise AuditUnavailableError(f"the audit trail failed earlier and refuses appends: {self._failed}")
             self._ensure_open()
-            if event_type in NEW_WORK_EVENTS:
-                self._check_space(event_type)
-            sealed, segment, generation = self._append_locked(record, durable=durable)
+            new_work = next((r["event_type"] for r in records if r["event_type"] in NEW_WORK_EVENTS), None)
+            if new_work is not None:
+                self._check_space(new_work)
+            written, generation = self._append_locked(records, durable=durable)
         if self.group_commit and durable:
             self._await_durable(generation)
-        return AuditReceipt(sealed.record["event_id"], sealed.record["seq"], sealed.hash, segment)
+        return [AuditReceipt(s.record["event_id"], s.record["seq"], s.hash, name) for s, name in written]
 
     def sync(self) -> None:
         """Make every record this instance has written durable: one fsync covers them all.
@@ -445,7 +474,7 @@ class JsonlAuditTrail:
         with self._sync:
             self._sync.notify_all()
 
-    def _append_locked(self, record: dict[str, Any], *, durable: bool) -> tuple[SealedRecord, str, int]:
+    def _append_locked(self, records: Sequence[Record], *, durable: bool) -> tuple[list[tuple[SealedRecord, str]], int]:
         lock_fd = self._lock_fd
         if lock_fd is None:
             raise AuditUnavailableError("the audit lock file is not open")
@@ -455,43 +484,51 @@ class JsonlAuditTrail:
             raise _unavailable("lock the audit trail", exc) from exc
         try:
             try:
-                tail = self._sync_tail()
+                self._sync_tail()
             except AuditError:
                 raise
             except OSError as exc:
                 raise _unavailable(f"open the audit trail in {self.directory}", exc) from exc
-            try:
-                stamp = None if self._clock is None else utc_timestamp(self._clock())
-                sealed = chain(record, seq=tail.seq + 1, prev_hash=tail.hash, key=self.key, timestamp=stamp)
-            except CanonicalError as exc:
-                raise AuditUnavailableError(f"cannot serialise the audit record: {exc}") from exc
-            line = sealed.line
-            if tail.size > 0 and tail.size + len(line) > self.segment_max_bytes:
-                self._retire_segment()
-                try:
-                    self._fd = self._create_segment(tail.index + 1)
-                except OSError as exc:
-                    raise _unavailable("create a new audit segment", exc) from exc
-                tail = TailState(tail.index + 1, 0, tail.seq, tail.hash, tail.keyed)
-                self._tail = tail
-            fd = self._write(line, tail.size)
-            synced = not self.group_commit and durable
-            if synced:  # without group commit a durable record is flushed here, with the ones before it
+            written = [self._write_record(record) for record in records]
+            fd = self._fd
+            if not self.group_commit and durable and fd is not None:  # without group commit: flushed here
                 try:
                     self._io.fsync(fd)
                 except OSError as exc:
                     self._fail(f"fsync failed: {exc.strerror}")
                     raise _unavailable("fsync the audit segment", exc) from exc
-            self._tail = TailState(tail.index, tail.size + len(line), tail.seq + 1, sealed.hash, self.key is not None)
-            self._written_gen += 1
-            if synced:
                 self._durable_gen = self._written_gen
-            return sealed, segment_name(tail.index), self._written_gen
+            return written, self._written_gen
         finally:
             try:
                 self._io.flock(lock_fd, fcntl.LOCK_UN)
             except OSError:
                 self._fail("cannot release the audit lock")
+
+    def _write_record(self, record: Record) -> tuple[SealedRecord, str]:
+        """Chain one record to the tail (``self._tail``, current under the file lock) and write it, starting the
+        next segment first when it would not fit in this one."""
+        tail = self._tail
+        if tail is None:
+            raise AuditUnavailableError("the audit trail's tail is unknown")
+        try:
+            stamp = None if self._clock is None else utc_timestamp(self._clock())
+            sealed = chain(record, seq=tail.seq + 1, prev_hash=tail.hash, key=self.key, timestamp=stamp)
+        except CanonicalError as exc:
+            raise AuditUnavailableError(f"cannot serialise the audit record: {exc}") from exc
+        line = sealed.line
+        if tail.size > 0 and tail.size + len(line) > self.segment_max_bytes:
+            self._retire_segment()
+            try:
+                self._fd = self._create_segment(tail.index + 1)
+            except OSError as exc:
+                raise _unavailable("create a new audit segment", exc) from exc
+            tail = TailState(tail.index + 1, 0, tail.seq, tail.hash, tail.keyed)
+            self._tail = tail
+        self._write(line, tail.size)
+        self._tail = TailState(tail.index, tail.size + len(line), tail.seq + 1, sealed.hash, self.key is not None)
+        self._written_gen += 1
+        return sealed, segment_name(tail.index)
 
     def _write_all(self, fd: int, line: bytes) -> None:
         view = memoryview(line)

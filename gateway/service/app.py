@@ -51,6 +51,7 @@ from gateway.errors import (
     AuthenticationError,
     BodyTimeoutError,
     BodyTooLargeError,
+    DecisionWorkerError,
     GatewayError,
     MalformedRequestError,
     OverQuotaError,
@@ -397,11 +398,15 @@ def build_app(service: Service) -> Starlette:
 
     async def checked(job: Awaitable[T], request: Request, caller: Caller, request_id: str) -> T:
         """A decision worker's job on a body read with ``check_json=False``: a body it finds not JSON is refused
-        (400, :func:`body_refused`), as :func:`read_body` would have."""
+        (400, :func:`body_refused`), as :func:`read_body` would have. A job its worker did not answer (it ended,
+        or was killed for taking too long: the records it built for its batch went with it) is a 503, recorded
+        the same way (``request.refused``, code ``service.decision_failed``)."""
         try:
             return await job
-        except MalformedRequestError as exc:
-            body_refused(exc, request, caller, request_id)
+        except (MalformedRequestError, DecisionWorkerError) as exc:
+            service.refusals.note(
+                exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
+            )
             raise
 
     mcp = McpEndpoint(

@@ -24,9 +24,11 @@ and receives, before any job:
 
 A worker builds a :class:`~gateway.Gateway` without a pool (it never runs anything) and decides its jobs in
 batches, in one thread (:func:`decide_batch`): it takes every job that has arrived (at most :data:`BATCH`),
-does each (:meth:`Gateway.decide`, or :meth:`Gateway.intake`) writing its records without waiting for them, makes
-them all durable with one fsync, and only then answers each job of the batch (sooner, before a job expected to
-hold them past :data:`BATCH_S`; when an fsync fails, every job it covered is a 503: fail closed).
+does each (:meth:`Gateway.decide`, or :meth:`Gateway.intake`), its records built but not yet written, then writes
+them all in one hold of the trail's lock, makes them durable with one fsync, and only then answers each job of
+the batch (sooner, before a job expected to hold them past :data:`BATCH_S`; when the write or the fsync fails,
+every job of the batch is a 503: fail closed). Two workers so take turns on the trail once per batch, not once
+per record (each turn re-reads the tail the other moved).
 It sends back the status, the rendered body, the headers and the violations (for the metrics): the same answer
 the service would have made itself. Frames are a 4-byte big-endian length and a payload, over
 the worker's stdin and stdout (pipes that only the two processes hold). To the worker the payload is a pickle
@@ -89,7 +91,7 @@ from gateway.policy import Policy
 from gateway.service.replies import check_json_body, decision_reply, render_json
 
 if TYPE_CHECKING:
-    from gateway.audit import AuditReceipt, JsonlAuditTrail
+    from gateway.audit import JsonlAuditTrail
     from gateway.runner import Runner
 
 __all__ = [
@@ -663,16 +665,26 @@ class _Jobs:
         return messages
 
 
-class _Unwaited:
-    """The worker's trail as its Gateway sees it: every record written in order, none waited for. The worker
-    makes a batch's records durable with one :meth:`JsonlAuditTrail.sync` before it answers any job of it (a
-    dry run acts on nothing but its answer), and answers 503 for all of them when that fails."""
+class _Batched:
+    """The worker's trail as its Gateway sees it: each record built when the Gateway appends it (a record that
+    cannot be built fails its job at once), and written with the rest of its batch by :meth:`write`: in order,
+    under one hold of the trail's lock (the other writers of the trail wait for it once per batch, not once
+    per record), then made durable with one fsync, before any job of the batch is answered (a dry run acts on
+    nothing but its answer)."""
 
     def __init__(self, trail: JsonlAuditTrail) -> None:
         self.trail = trail
+        self._records: list[dict[str, Any]] = []
 
-    def append(self, event_type: str, data: Any, *, durable: bool = True, **kw: Any) -> AuditReceipt:
-        return self.trail.append(event_type, data, durable=False, **kw)
+    def append(self, event_type: str, data: Any, *, durable: bool = True, **kw: Any) -> None:
+        self._records.append(self.trail.build(event_type, data, **kw))
+
+    def write(self) -> None:
+        """Write the records appended since the last call and make them durable; raises
+        :class:`AuditUnavailableError` when they cannot all be (their jobs are then answered 503)."""
+        records, self._records = self._records, []
+        self.trail.append_built(records, durable=False)
+        self.trail.sync()
 
     def close(self) -> None:
         self.trail.close()
@@ -706,21 +718,21 @@ def _in_process(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> Dec
     return None if result is None else decided(result)
 
 
-def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], send: Callable[[bytes], None]) -> None:
+def decide_batch(gateway: Gateway, records: _Batched, messages: list[Any], send: Callable[[bytes], None]) -> None:
     """Decide one batch of messages from the service, in order, and ``send`` the answer frames: each job decided
-    by ``gateway`` (whose sink writes without waiting, :class:`_Unwaited`), a policy set applied from the next
-    job on. The jobs decided so far are answered, after one :meth:`~JsonlAuditTrail.sync` of ``trail``, at the
-    end of the batch, or before a job whose expected cost (the service's estimate for its principal, in the
-    job) would take them past :data:`BATCH_S`: a dear job (a hostile body) never holds back the answers decided
-    before it. When a sync fails, every job it covered is answered as a dry run whose record could not be made
-    durable (503, fail closed)."""
+    by ``gateway``, whose sink is ``records``, a policy set applied from the next job on. The jobs decided so far
+    are answered, once their records are written and durable (:meth:`_Batched.write`), at the end of the batch,
+    or before a job whose expected cost (the service's estimate for its principal, in the job) would take them
+    past :data:`BATCH_S`: a dear job (a hostile body) never holds back the answers decided before it. When the
+    write fails, every job it covered is answered as a dry run whose record could not be made durable (503,
+    fail closed)."""
     done: list[tuple[int, _Answer, float]] = []
     started = time.monotonic()
     for message in messages:
         if message[0] in ("decide", "intake"):
             kind, number, body, principal, token_id, expected_ms = message
             if done and time.monotonic() - started + expected_ms / 1000 >= BATCH_S:
-                send(_answers(trail, done))
+                send(_answers(records, done))
                 done, started = [], time.monotonic()
             cpu = time.thread_time()
             try:
@@ -731,7 +743,7 @@ def decide_batch(gateway: Gateway, trail: JsonlAuditTrail, messages: list[Any], 
         elif message[0] == "policies":
             gateway.policies = PolicySet.of(message[1], message[2])
     if done:
-        send(_answers(trail, done))
+        send(_answers(records, done))
 
 
 class _Failed(str):
@@ -742,11 +754,11 @@ _Answer = ExecutionResult | _Malformed | _Failed | None
 """What a job comes to: a result to answer, a body that is not JSON, a failure, or a valid intake."""
 
 
-def _answers(trail: JsonlAuditTrail, done: list[tuple[int, _Answer, float]]) -> bytes:
-    """The answer frames of the jobs done, once their records are durable (one sync), else 503 for each result
+def _answers(records: _Batched, done: list[tuple[int, _Answer, float]]) -> bytes:
+    """The answer frames of the jobs done, once their records are written and durable, else 503 for each result
     (a malformed body or a valid intake recorded nothing)."""
     try:
-        trail.sync()
+        records.write()
     except AuditUnavailableError as exc:  # nothing of these is known durable: none of them is answered 200
         done = [(n, _unrecorded(r, exc) if isinstance(r, ExecutionResult) else r, cpu) for n, r, cpu in done]
     return b"".join(_answer(*job) for job in done)
@@ -787,7 +799,8 @@ def worker_main() -> int:
 
     trail = JsonlAuditTrail.from_env(audit_dir)
     runner: Runner = runner_factory()
-    gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=_Unwaited(trail))
+    records = _Batched(trail)
+    gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=records)
     out.write(_answer_frame({"kind": "ready", "pid": os.getpid()}))
     out.flush()
 
@@ -798,7 +811,7 @@ def worker_main() -> int:
     batch = batch[1:]  # jobs that came with the init
     try:
         while batch is not None:
-            decide_batch(gateway, trail, batch, send)
+            decide_batch(gateway, records, batch, send)
             batch = frames.batch()
     finally:  # no gateway.close(): the stop record is the service's, which started no worker's "gateway"
         with contextlib.suppress(Exception):

@@ -207,8 +207,9 @@ class Refusals:
     def note(
         self, error: GatewayError, *, principal: str | None, token_id: str | None, request_id: str, path: str | None
     ) -> None:
-        """One refusal: an :class:`OverQuotaError` (429) or a body the service could not take (400, 408, 413,
-        415), for the authenticated ``principal``; or a connection over the service's bound (503
+        """One refusal: an :class:`OverQuotaError` (429), a body the service could not take (400, 408, 413,
+        415) or a job its decision worker did not answer (503 ``service.decision_failed``), for the authenticated
+        ``principal``; or a connection over the service's bound (503
         ``service.too_many_connections``), refused before any request or principal was read (``principal``,
         ``token_id`` and ``path`` None)."""
         now = self._clock()

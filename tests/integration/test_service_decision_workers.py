@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +126,31 @@ def test_a_dead_worker_is_replaced_and_the_service_keeps_answering(serve: Callab
         assert again.status_code == 200
     pids = [r["gateway"]["pid"] for r in server.records("policy.decision")]
     assert pids == [os.getpid(), replacement]
+
+
+def test_a_dry_run_whose_worker_dies_under_it_is_a_503_and_is_audited(serve: Callable[..., Server]) -> None:
+    """A worker that ends while it holds a dry run (a body that crashes it, the OOM killer) takes the records it
+    built for its batch with it: the service answers 503 and records the refusal itself (``request.refused``,
+    summarised per principal and code like every refusal), so the trail shows the request."""
+    server = serve(decision_workers=1)
+    (pid,) = _workers(server, 1)
+    os.kill(pid, signal.SIGSTOP)  # the job reaches the worker's pipe and stays there
+    answers: list[Any] = []
+    with server.client(server.tokens["alice"]) as alice:
+        sender = threading.Thread(target=lambda: answers.append(alice.post("/v1/decisions", json={"code": "1"})))
+        sender.start()
+        _wait(lambda: any(w.jobs for w in server.service.decisions._workers), "the job in flight on the worker")
+        os.kill(pid, signal.SIGKILL)
+        sender.join(60)
+    (answer,) = answers
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "service.decision_failed"
+    (refused,) = server.records("request.refused")
+    assert refused["request_id"] == answer.json()["request_id"]
+    assert refused["principal"] == "alice"
+    assert refused["data"]["code"] == "service.decision_failed"
+    assert refused["data"]["path"] == "/v1/decisions"
+    assert server.records("policy.decision") == []
 
 
 def test_a_worker_outlasts_the_signals_sent_to_the_services_group(serve: Callable[..., Server]) -> None:

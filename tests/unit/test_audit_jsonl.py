@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import json
 import os
@@ -108,6 +109,61 @@ def test_writers_taking_turns_in_one_segment_read_only_its_last_record(tmp_path:
     b.close()
     report = verify_trail(tmp_path)
     assert (report.ok, report.records_checked) == (True, 22)
+
+
+class LockCountingIO(AuditIO):
+    """Counts the file lock taken."""
+
+    def __init__(self) -> None:
+        self.locks = 0
+
+    def flock(self, fd: int, operation: int) -> None:
+        self.locks += operation == fcntl.LOCK_EX
+        super().flock(fd, operation)
+
+
+def test_records_appended_together_take_one_turn_on_the_trail(tmp_path: Path) -> None:
+    """A decision worker's batch: the records built one by one, then chained and written in order in one hold
+    of the file lock, between another writer's records, across a segment boundary."""
+    io = LockCountingIO()
+    a, b = JsonlAuditTrail(tmp_path, io=io, segment_max_bytes=3000), JsonlAuditTrail(tmp_path)
+    b.append("gateway.start", START)
+    for turn in range(3):
+        built = [a.build("request.received", {"request": {"code": f"{turn}-{i}"}}, request_id=f"{turn}-{i}")
+                 for i in range(4)]  # fmt: skip
+        assert not any(r["request_id"] == f"{turn}-0" for r in lines(tmp_path))  # built, not yet written
+        receipts = a.append_built(built, durable=False)
+        assert [r.seq for r in receipts] == list(range(2 + 5 * turn, 6 + 5 * turn))
+        b.append("gateway.stop", START)
+    assert io.locks == 3
+    a.close()
+    b.close()
+    records = lines(tmp_path)
+    assert [r["request_id"] for r in records[1:5]] == [f"0-{i}" for i in range(4)]
+    assert len(list(tmp_path.glob("trail-*.jsonl"))) > 1
+    report = verify_trail(tmp_path)
+    assert (report.ok, report.records_checked) == (True, 16)
+    assert a.append_built([]) == []
+
+
+def test_below_the_watermark_records_appended_together_with_new_work_are_all_refused(tmp_path: Path) -> None:
+    from gateway.errors import AuditSpaceError
+
+    fs = os.statvfs(tmp_path)
+    with JsonlAuditTrail(tmp_path / "t", min_free=fs.f_blocks * fs.f_frsize) as trail:
+        built = [trail.build("execution.outcome", {"exit_code": 0}), trail.build("policy.decision", {})]
+        with pytest.raises(AuditSpaceError):
+            trail.append_built(built)
+        assert lines(tmp_path / "t") == []
+        (receipt,) = trail.append_built(built[:1])
+        assert receipt.seq == 1
+
+
+def test_a_record_that_cannot_be_built_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    refused = pytest.raises(AuditUnavailableError, match=r"cannot build the 'gateway\.start' audit record")
+    with JsonlAuditTrail(tmp_path) as trail, refused:
+        trail.build("gateway.start", {"ratio": 0.5})  # floats are not part of the record format
+    assert lines(tmp_path) == []
 
 
 def test_another_writers_altered_record_is_refused_at_the_next_turn(tmp_path: Path) -> None:

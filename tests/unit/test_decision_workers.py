@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import struct
@@ -167,7 +168,12 @@ def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path, monk
 class _CountingIO(AuditIO):
     def __init__(self, *, fail_fsync: bool = False) -> None:
         self.fsyncs = 0
+        self.locks = 0
         self.fail_fsync = fail_fsync
+
+    def flock(self, fd: int, operation: int) -> None:
+        self.locks += operation == fcntl.LOCK_EX
+        super().flock(fd, operation)
 
     def fsync(self, fd: int) -> None:
         if self.fail_fsync:
@@ -187,35 +193,37 @@ def _answers(frames: bytes) -> list[tuple[dict[str, Any], bytes]]:
     return answers
 
 
-def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, JsonlAuditTrail]:
-    trail = JsonlAuditTrail(directory, io=io)
+def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, decisions._Batched]:
+    records = decisions._Batched(JsonlAuditTrail(directory, io=io))
     policy = load_policy(default_policy_path())
-    return Gateway(policy, runner=FakeRunner(), audit=decisions._Unwaited(trail)), trail
+    return Gateway(policy, runner=FakeRunner(), audit=records), records
 
 
 def _job(number: int, body: bytes, expected_ms: float = 1.0) -> tuple[str, int, bytes, str, str, float]:
     return ("decide", number, body, CALLER.principal, CALLER.token_id, expected_ms)
 
 
-def test_a_batch_is_answered_in_order_after_one_fsync_covering_its_records(
+def test_a_batch_is_answered_in_order_after_one_write_and_one_fsync_covering_its_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A batch's records go to the trail in one turn (one hold of its lock: the other writers wait once per
+    batch), then one fsync, then the answers."""
     monkeypatch.setattr(decisions, "BATCH_S", 3600.0)  # however slow this machine is: one batch, one answer write
     io = _CountingIO()
-    gateway, trail = _batch_gateway(tmp_path, io)
+    gateway, sink = _batch_gateway(tmp_path, io)
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": "print(1)", "network": "bridge"}'), _job(3, b"{")]
     sent: list[bytes] = []
-    decisions.decide_batch(gateway, trail, batch, sent.append)
+    decisions.decide_batch(gateway, sink, batch, sent.append)
     assert len(sent) == 1
     answers = _answers(sent[0])
-    assert io.fsyncs == 1
+    assert (io.locks, io.fsyncs) == (1, 1)
     assert [(h["job"], h["kind"], h.get("status")) for h, _ in answers] == [
         (1, "decided", 200), (2, "decided", 200), (3, "malformed", None),
     ]  # fmt: skip
     assert answers[2][0]["message"].startswith("the body is not JSON: ")  # the service answers it 400, audited
     assert [json.loads(body).get("allowed") for _, body in answers[:2]] == [True, False]
     assert answers[1][0]["violations"][0]["rule"] == "network.mode"
-    trail.close()
+    sink.close()
     lines = [line for path in sorted(tmp_path.glob("trail-*.jsonl")) for line in path.read_text().splitlines()]
     records = [json.loads(line) for line in lines]
     assert [r["event_type"] for r in records] == ["request.received", "policy.decision"] * 2
@@ -224,30 +232,30 @@ def test_a_batch_is_answered_in_order_after_one_fsync_covering_its_records(
 
 def test_a_batch_whose_records_cannot_be_made_durable_is_refused_whole(tmp_path: Path) -> None:
     """Fail closed: no job of a batch is answered with its decision unless the batch's records are durable."""
-    gateway, trail = _batch_gateway(tmp_path, _CountingIO(fail_fsync=True))
+    gateway, sink = _batch_gateway(tmp_path, _CountingIO(fail_fsync=True))
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": 1}')]
     sent: list[bytes] = []
-    decisions.decide_batch(gateway, trail, batch, sent.append)
+    decisions.decide_batch(gateway, sink, batch, sent.append)
     answers = _answers(b"".join(sent))
     assert [(h["job"], h["status"]) for h, _ in answers] == [(1, 503), (2, 503)]
     assert {json.loads(body)["code"] for _, body in answers} == {"audit.unavailable"}
     with pytest.raises(AuditUnavailableError):  # the trail failed: it refuses everything after, its close too
-        trail.close()
+        sink.close()
 
 
 def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) -> None:
-    gateway, trail = _batch_gateway(tmp_path, _CountingIO())
+    gateway, sink = _batch_gateway(tmp_path, _CountingIO())
     tight = load_policy(default_policy_path())
     allowed = gateway.policies.default.policy
     bad = b'{"code": "print(1)", "limits": {"timeout_s": 25}}'
     tight = dataclasses.replace(tight, name="tight")
     batch = [_job(1, bad), ("policies", tight, {}), _job(2, bad)]
     sent: list[bytes] = []
-    decisions.decide_batch(gateway, trail, batch, sent.append)
+    decisions.decide_batch(gateway, sink, batch, sent.append)
     answers = _answers(b"".join(sent))
     names = [json.loads(body)["decision"]["policy"]["name"] for _, body in answers]
     assert names == [allowed.name, "tight"]
-    trail.close()
+    sink.close()
 
 
 def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
@@ -257,16 +265,16 @@ def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
     is decided."""
     monkeypatch.setattr(decisions, "BATCH_S", 0.0)
     io = _CountingIO()
-    gateway, trail = _batch_gateway(tmp_path, io)
+    gateway, sink = _batch_gateway(tmp_path, io)
     sent: list[bytes] = []
 
     def send(frames: bytes) -> None:
         sent.append(frames)
         assert io.fsyncs == len(sent)  # each answer only after its own records' fsync
 
-    decisions.decide_batch(gateway, trail, [_job(n, b'{"code": "print(1)"}') for n in (1, 2, 3)], send)
+    decisions.decide_batch(gateway, sink, [_job(n, b'{"code": "print(1)"}') for n in (1, 2, 3)], send)
     assert [[h["job"] for h, _ in _answers(frames)] for frames in sent] == [[1], [2], [3]]
-    trail.close()
+    sink.close()
 
 
 def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_dear(
@@ -275,13 +283,13 @@ def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_dear(
     """A job whose principal's dry runs cost more than BATCH_S (the service's estimate, in the job) is decided
     only once the answers before it are durable and sent: a hostile body never holds back another's answer."""
     monkeypatch.setattr(decisions, "BATCH_S", 0.5)
-    gateway, trail = _batch_gateway(tmp_path, _CountingIO())
+    gateway, sink = _batch_gateway(tmp_path, _CountingIO())
     sent: list[bytes] = []
     cheap = b'{"code": "print(1)"}'
     batch = [_job(1, cheap, 0.0), _job(2, cheap, 1000.0), _job(3, cheap, 0.0)]
-    decisions.decide_batch(gateway, trail, batch, sent.append)
+    decisions.decide_batch(gateway, sink, batch, sent.append)
     assert [[h["job"] for h, _ in _answers(frames)] for frames in sent] == [[1], [2, 3]]
-    trail.close()
+    sink.close()
 
 
 def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> None:
