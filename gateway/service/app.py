@@ -409,10 +409,18 @@ def build_app(service: Service) -> Starlette:
             )
             raise
 
+    async def mcp_body(request: Request, caller: Caller) -> bytes:
+        """An MCP message's body: read with the /v1 bounds, then checked by a decision worker (JSON, at most
+        MESSAGE_MAX_VALUES values) before the SDK parses it in this event loop."""
+        request_id = _new_request_id()
+        body = await read_body(request, caller, request_id, check_json=False)
+        await checked(service.decisions.message(body, caller), request, caller, request_id)
+        return body
+
     mcp = McpEndpoint(
         gateway,
         authenticate=authenticate,
-        read_body=lambda request, caller: read_body(request, caller, _new_request_id()),
+        read_body=mcp_body,
         error=lambda exc: _gateway_error(exc, _new_request_id()),
         admit=mcp_admission,
     )

@@ -1,5 +1,6 @@
-"""Dry runs (``POST /v1/decisions``) decided, and executions' bodies checked, in worker processes: the service's
-decisions use every CPU, and its own process never parses a body it has not seen to be a valid request.
+"""Dry runs (``POST /v1/decisions``) decided, and executions' and MCP messages' bodies checked, in worker processes:
+the service's decisions use every CPU, and its own process never parses a body it has not seen to be a valid
+request (or, for ``/mcp``, JSON of a bounded number of values).
 
 A dry run is Python CPU work from end to end: the intake, every rule, the assembly and its guard, two audit
 records. In one interpreter it shares one core with the HTTP stack (one GIL), so the service hands each dry run
@@ -8,7 +9,9 @@ An execution's body goes to a worker first too (an ``intake`` job, :meth:`Gatewa
 answers 400 for a body that is not JSON and records and answers an invalid request, and the service runs only a
 request the worker found valid, whose size the request schema bounds. Every principal shares the service's event
 loop; a body that is cheap to send and dear to parse (3.9 MB of empty JSON arrays: ~470 ms) so costs a worker,
-against its principal's share, not every principal's loop. Jobs of both kinds check that the body is JSON first
+against its principal's share, not every principal's loop. A body for ``/mcp``, which the MCP SDK parses in the
+event loop, is checked by a worker first too (a ``message`` job): JSON of at most
+:data:`~gateway.service.replies.MESSAGE_MAX_VALUES` values. Jobs of every kind check that the body is JSON first
 (:func:`~gateway.service.replies.check_json_body`), the check the service used to make in its event loop.
 
 Each worker is started with :func:`gateway._workers.start_worker` (a fresh interpreter of this package, ``-P``)
@@ -88,7 +91,7 @@ from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway._workers import start_worker
 from gateway.errors import AuditUnavailableError, DecisionWorkerError, MalformedRequestError
 from gateway.policy import Policy
-from gateway.service.replies import check_json_body, decision_reply, render_json
+from gateway.service.replies import MESSAGE_MAX_VALUES, check_json_body, decision_reply, render_json
 
 if TYPE_CHECKING:
     from gateway.audit import JsonlAuditTrail
@@ -505,8 +508,16 @@ class DecisionWorkers:
         costs a worker, against its principal's share, not the event loop every principal shares."""
         return await self._job("intake", body, caller)
 
+    async def message(self, body: bytes, caller: Caller) -> None:
+        """An MCP message's body checked in a worker before the MCP SDK parses it in the event loop: JSON of at
+        most :data:`~gateway.service.replies.MESSAGE_MAX_VALUES` values, else :class:`MalformedRequestError`.
+        The SDK so parses only bodies of bounded cost; a body dear to parse costs a worker, against its
+        principal's share."""
+        if await self._job("message", body, caller) is not None:  # pragma: no cover - answered "valid" or 400
+            raise DecisionWorkerError("a decision worker answered an MCP message's check with a decision")
+
     async def _job(self, kind: str, body: bytes, caller: Caller) -> Decided | None:
-        """A job for the workers (``decide`` or ``intake``). It waits in the service until it is sent
+        """A job for the workers (``decide``, ``intake`` or ``message``). It waits in the service until it is sent
         (:meth:`_dispatch`): while its principal's share is full, or no worker takes it, or jobs of principals
         that used the workers less lately wait too."""
         share = self._shares.get(caller.principal)
@@ -700,14 +711,17 @@ class _Malformed(str):
 
 def _run_job(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> ExecutionResult | _Malformed | None:
     """One job: the body checked as JSON (the check the service's event loop does not make), then decided
-    (``decide``) or checked as an execution's intake (``intake``: ``None`` when valid)."""
+    (``decide``), checked as an execution's intake (``intake``: ``None`` when valid), or, an MCP message
+    (``message``), checked to hold at most :data:`MESSAGE_MAX_VALUES` values (``None`` when it does)."""
     try:
-        check_json_body(body)
+        check_json_body(body, max_values=MESSAGE_MAX_VALUES if kind == "message" else None)
     except MalformedRequestError as exc:
         return _Malformed(exc.message)
     if kind == "decide":
         return gateway.decide(body, caller=caller)
-    return gateway.intake(body, caller=caller)
+    if kind == "intake":
+        return gateway.intake(body, caller=caller)
+    return None
 
 
 def _in_process(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> Decided | None:
@@ -729,7 +743,7 @@ def decide_batch(gateway: Gateway, records: _Batched, messages: list[Any], send:
     done: list[tuple[int, _Answer, float]] = []
     started = time.monotonic()
     for message in messages:
-        if message[0] in ("decide", "intake"):
+        if message[0] in ("decide", "intake", "message"):
             kind, number, body, principal, token_id, expected_ms = message
             if done and time.monotonic() - started + expected_ms / 1000 >= BATCH_S:
                 send(_answers(records, done))

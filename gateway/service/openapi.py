@@ -164,9 +164,12 @@ def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
         "The Model Context Protocol's streamable HTTP transport (stateless: no "
         "session; every request carries the bearer token). JSON-RPC messages of the MCP specification in, "
         "answers as application/json or text/event-stream; the tool is execute_python, run as the token's "
-        "principal under its policy. Unauthenticated requests get the 401 error body; what the MCP layer "
-        "refuses is answered by the MCP SDK (JSON-RPC errors, 4xx). POST only: GET (a server-to-client stream) "
-        "and DELETE (session termination) have nothing to offer without sessions and get 405 with Allow: POST."
+        "principal under its policy. Unauthenticated requests get the 401 error body; a body the gateway "
+        "cannot take gets its error body before the MCP layer sees it (the /v1 bounds, and at most 4096 JSON "
+        "values, checked by a decision worker: 400 request.malformed; 503 when no worker answered); a tool call "
+        "over the principal's quotas is a tool error; what the MCP layer refuses is answered by the MCP SDK "
+        "(JSON-RPC errors, 4xx). POST only: GET (a server-to-client stream) and DELETE (session termination) "
+        "have nothing to offer without sessions and get 405 with Allow: POST."
     )
     ok = {
         "description": "An MCP answer (JSON-RPC).",
@@ -178,7 +181,7 @@ def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
             "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
             "description": described,
             "security": auth,
-            "responses": {"200": ok, "401": _error("Unauthenticated"), "405": _error("MethodNotAllowed")},
+            "responses": _responses(ok, "400", "401", "405", "408", "413", "415", "503"),
         }
     }
 

@@ -11,12 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gateway import ExecutionResult
 from gateway.errors import GatewayError, MalformedRequestError, OverQuotaError, RequestError, http_status_for
 
-__all__ = ["Reply", "check_json_body", "decision_reply", "error_reply", "gateway_error_reply", "render_json"]
+__all__ = [
+    "MESSAGE_MAX_VALUES",
+    "Reply",
+    "check_json_body",
+    "decision_reply",
+    "error_reply",
+    "gateway_error_reply",
+    "render_json",
+]
 
 
 try:
@@ -58,12 +66,38 @@ class Reply:
         return {"X-Request-Id": self.request_id, **self.headers}
 
 
-def check_json_body(body: bytes) -> None:
-    """Raise :class:`MalformedRequestError` (400 ``request.malformed``) for a body that is not JSON."""
+MESSAGE_MAX_VALUES: Final = 4096
+"""The most JSON values (objects, arrays, members and elements, each counted) an MCP message's body may hold:
+an ``initialize`` or a ``tools/call`` holds a few dozen (the code is one string). More is refused before the MCP
+SDK parses the body in the event loop that every principal shares."""
+
+
+def check_json_body(body: bytes, *, max_values: int | None = None) -> None:
+    """Raise :class:`MalformedRequestError` (400 ``request.malformed``) for a body that is not JSON, or that
+    holds more than ``max_values`` JSON values when given."""
     try:
-        json.loads(body.decode("utf-8"))
+        value = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedRequestError(f"the body is not JSON: {exc}") from exc
+    if max_values is not None and _more_values_than(value, max_values):
+        raise MalformedRequestError(
+            f"the body holds more than {max_values} JSON values; an MCP message holds a few dozen"
+        )
+
+
+def _more_values_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON holds more than ``limit`` values, looking at no more than ``limit`` + 1 of them."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if count + len(item) > limit:
+                return True
+            stack.extend(item)
+    return count > limit
 
 
 def error_reply(

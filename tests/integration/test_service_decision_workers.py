@@ -208,6 +208,44 @@ def test_a_body_is_parsed_by_a_decision_worker_never_by_the_service_s_event_loop
     assert server.records("request.refused")[0]["data"]["code"] == "request.malformed"
 
 
+def test_an_mcp_body_dear_to_parse_is_refused_by_a_worker_before_the_sdk_parses_it(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/mcp hands its body to the MCP SDK, which parses it in the service's event loop. Before, the loop also
+    checked it was JSON itself, whatever its cost: 200,000 empty arrays in a JSON-RPC message's params stalled
+    every principal's requests. Now a worker checks it (JSON, at most MESSAGE_MAX_VALUES values) first."""
+    from gateway.service import app as app_module
+    from gateway.service.replies import MESSAGE_MAX_VALUES
+
+    parsed_here: list[int] = []
+    real = app_module.check_json_body
+
+    def watched(body: bytes, **kw: Any) -> None:
+        parsed_here.append(len(body))
+        real(body, **kw)
+
+    monkeypatch.setattr(app_module, "check_json_body", watched)
+    server = serve(decision_workers=1, max_body_bytes=4 << 20)
+    _workers(server, 1)
+    dear = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": [' + b",".join([b"[]"] * 200_000)
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    with server.client(server.tokens["alice"]) as alice:
+        refused = alice.post("/mcp", content=dear + b"]}}", headers=headers)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["code"] == "request.malformed"
+        assert f"more than {MESSAGE_MAX_VALUES} JSON values" in refused.json()["message"]
+        listed = alice.post(
+            "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}, headers=headers
+        )
+    assert listed.status_code == 200, listed.text
+    assert "execute_python" in listed.text  # a message of a few values goes on to the SDK
+    assert not parsed_here  # the service's process checked no body
+    (refusal,) = server.records("request.refused")
+    assert (refusal["principal"], refusal["data"]["code"], refusal["data"]["path"]) == (
+        "alice", "request.malformed", "/mcp",
+    )  # fmt: skip
+
+
 def test_no_worker_outlives_the_service(serve: Callable[..., Server]) -> None:
     server = serve(decision_workers=2)
     pids = _workers(server, 2)
