@@ -91,12 +91,10 @@ def _more_values_than(value: Any, limit: int) -> bool:
     while stack:
         item = stack.pop()
         count += 1
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            if count + len(item) > limit:
+        if isinstance(item, (dict, list)):
+            if count + len(item) > limit:  # before its members are looked at: a hostile body stops here
                 return True
-            stack.extend(item)
+            stack.extend(item.values() if isinstance(item, dict) else item)
     return count > limit
 
 
