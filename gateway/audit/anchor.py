@@ -126,13 +126,18 @@ def anchor_from_report(
     directory: str | Path, report: VerifyReport, *, key: bytes | None, now: datetime | None = None
 ) -> Anchor:
     """The anchor of the head ``report`` verified up to (refused when the chain is broken: an anchor vouches
-    for an intact chain only)."""
+    for an intact chain only; and for an empty trail, which every trail reaches: it would vouch for nothing)."""
     if not report.ok:
         brk = report.first_break
         where = f" at seq {brk.seq} ({brk.reason})" if brk is not None else ""
         raise AuditError(
             f"the trail in {directory} is broken{where}: refusing to anchor it",
             hint="run `gateway audit verify` to locate the break and `gateway audit repair` to seal it",
+        )
+    if report.last_seq == 0:
+        raise AuditError(
+            f"the trail in {directory} holds no records: an anchor of it would vouch for nothing",
+            hint="name the directory the gateway writes its trail to (--trail DIR, or GATEWAY_AUDIT_DIR)",
         )
     ident = trail_id(directory) or ""
     return Anchor(ident, report.last_seq, report.last_hash, utc_timestamp(now)).signed(key)

@@ -225,8 +225,9 @@ def _anchor(args: argparse.Namespace) -> int:
     if len(directories) > 1 and output is not None and not output.is_dir():
         raise UsageError(f"{len(directories)} trails give {len(directories)} anchors: -o must be a directory")
     key = _key(args)
-    for directory in directories:
-        anchor = anchor_from_report(directory, verify_trail(directory, key=key), key=key)
+    # Every trail verified and anchored before anything is written: one that cannot be leaves no partial set.
+    anchors = [(d, anchor_from_report(d, verify_trail(d, key=key), key=key)) for d in directories]
+    for directory, anchor in anchors:
         if output is None:
             sys.stdout.write(anchor.to_bytes().decode("ascii"))
             continue

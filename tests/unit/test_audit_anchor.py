@@ -158,6 +158,24 @@ def test_a_broken_trail_is_not_anchored(trail: Path, capsys: pytest.CaptureFixtu
     assert "refusing to anchor" in capsys.readouterr().err
 
 
+def test_an_empty_trail_is_not_anchored_and_no_anchor_is_written(
+    trail: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An anchor of an empty trail vouches for nothing (every trail reaches it): anchoring a directory without
+    records, a wrong path most likely, is an error naming it, and nothing is written, not even the other
+    trails' anchors of the same command."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "anchors"
+    out.mkdir()
+    assert main(["audit", "anchor", "--trail", str(trail), "--trail", str(empty), "-o", str(out)]) == 125
+    err = capsys.readouterr().err
+    assert f"the trail in {empty} holds no records" in err
+    assert list(out.iterdir()) == []
+    assert main(["audit", "anchor", "--trail", str(empty)]) == 125
+    assert capsys.readouterr().out == ""
+
+
 def test_a_malformed_anchor_file_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"kind": "gateway.audit-anchor/v1", "trail": "t", "seq": -1, "hash": "x", "time": "now"}')
