@@ -379,34 +379,33 @@ def build_app(service: Service) -> Starlette:
             )
             raise
 
-    def body_refused(exc: RequestError, request: Request, caller: Caller, request_id: str) -> None:
-        """A body the service cannot take (400, 408, 413, 415), audited as ``request.refused``."""
+    def note_refused(exc: GatewayError, request: Request, caller: Caller, request_id: str) -> None:
+        """A request the service refuses before any work (a body it cannot take: 400, 408, 413, 415; over a quota:
+        429; a job its decision worker did not answer: 503), audited as ``request.refused``."""
         service.refusals.note(
             exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
         )
 
     async def read_body(request: Request, caller: Caller, request_id: str, *, check_json: bool = True) -> bytes:
-        """The JSON body; one it cannot take is refused (:func:`body_refused`). ``check_json=False``: whether it
+        """The JSON body; one it cannot take is refused (:func:`note_refused`). ``check_json=False``: whether it
         is JSON is left to a decision worker (:func:`checked`)."""
         try:
             return await _read_json_body(
                 request, service.config.max_body_bytes, service.config.body_read_s, check_json=check_json
             )
         except RequestError as exc:
-            body_refused(exc, request, caller, request_id)
+            note_refused(exc, request, caller, request_id)
             raise
 
     async def checked(job: Awaitable[T], request: Request, caller: Caller, request_id: str) -> T:
         """A decision worker's job on a body read with ``check_json=False``: a body it finds not JSON is refused
-        (400, :func:`body_refused`), as :func:`read_body` would have. A job its worker did not answer (it ended,
+        (400, :func:`note_refused`), as :func:`read_body` would have. A job its worker did not answer (it ended,
         or was killed for taking too long: the records it built for its batch went with it) is a 503, recorded
         the same way (``request.refused``, code ``service.decision_failed``)."""
         try:
             return await job
         except (MalformedRequestError, DecisionWorkerError) as exc:
-            service.refusals.note(
-                exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
-            )
+            note_refused(exc, request, caller, request_id)
             raise
 
     async def mcp_body(request: Request, caller: Caller) -> bytes:
@@ -522,9 +521,7 @@ def build_app(service: Service) -> Starlette:
         return None
 
     def refused(exc: OverQuotaError, request: Request, caller: Caller, request_id: str) -> Response:
-        service.refusals.note(
-            exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
-        )
+        note_refused(exc, request, caller, request_id)
         return _gateway_error(exc, request_id, quota=exc.quota, retry_after_s=exc.retry_after_s)
 
     async def policy(request: Request, caller: Caller, request_id: str) -> Response:

@@ -173,23 +173,29 @@ DEAR_TO_PARSE = ('{"code": "print(1)", "x": [' + ",".join(["[]"] * 200_000) + "]
 schema refuses it (``$.x`` is not a field) only once it is parsed."""
 
 
+@pytest.fixture
+def parsed_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the bodies the service's own process checks as JSON (none, with decision workers)."""
+    from gateway.service import app as app_module
+
+    sizes: list[int] = []
+    real = app_module.check_json_body
+
+    def watched(body: bytes, **kw: Any) -> None:
+        sizes.append(len(body))
+        real(body, **kw)
+
+    monkeypatch.setattr(app_module, "check_json_body", watched)
+    return sizes
+
+
 @pytest.mark.parametrize("path", ["/v1/executions", "/v1/decisions"])
 def test_a_body_is_parsed_by_a_decision_worker_never_by_the_service_s_event_loop(
-    serve: Callable[..., Server], path: str, monkeypatch: pytest.MonkeyPatch
+    serve: Callable[..., Server], path: str, parsed_here: list[int]
 ) -> None:
     """Every principal shares the service's event loop: a body dear to parse must cost a worker (against its
     principal's share), not the loop. Before, the loop parsed every body to check it was JSON, and an execution
     parsed it again in its thread; the execution's request.invalid record named the service's own process."""
-    from gateway.service import app as app_module
-
-    parsed_here: list[int] = []
-    real = app_module.check_json_body
-
-    def watched(body: bytes) -> None:
-        parsed_here.append(len(body))
-        real(body)
-
-    monkeypatch.setattr(app_module, "check_json_body", watched)
     server = serve(decision_workers=1, max_body_bytes=4 << 20)
     (pid,) = _workers(server, 1)
     headers = {"Content-Type": "application/json"}
@@ -209,22 +215,13 @@ def test_a_body_is_parsed_by_a_decision_worker_never_by_the_service_s_event_loop
 
 
 def test_an_mcp_body_dear_to_parse_is_refused_by_a_worker_before_the_sdk_parses_it(
-    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+    serve: Callable[..., Server], parsed_here: list[int]
 ) -> None:
     """/mcp hands its body to the MCP SDK, which parses it in the service's event loop. Before, the loop also
     checked it was JSON itself, whatever its cost: 200,000 empty arrays in a JSON-RPC message's params stalled
     every principal's requests. Now a worker checks it (JSON, at most MESSAGE_MAX_VALUES values) first."""
-    from gateway.service import app as app_module
     from gateway.service.replies import MESSAGE_MAX_VALUES
 
-    parsed_here: list[int] = []
-    real = app_module.check_json_body
-
-    def watched(body: bytes, **kw: Any) -> None:
-        parsed_here.append(len(body))
-        real(body, **kw)
-
-    monkeypatch.setattr(app_module, "check_json_body", watched)
     server = serve(decision_workers=1, max_body_bytes=4 << 20)
     _workers(server, 1)
     dear = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": [' + b",".join([b"[]"] * 200_000)
