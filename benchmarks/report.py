@@ -227,8 +227,6 @@ def main() -> int:
         result["records_per_s"] = round(args.records / result["seconds"]) if result["seconds"] else None
         result["cpu_us_per_record"] = round(result["cpu_s"] / args.records * 1e6, 1)
         print(json.dumps(result))
-    # --- OCSF export: the lead wires `gateway audit export --format ocsf` here once the siem branch is merged:
-    # result = run_child(["audit", "export", "--format", "ocsf", "--trail", str(trail), "-o", str(out / "x.ocsf")])
     verify = run_child(["audit", "verify", str(trail)])
     verify.update(what="audit verify (baseline)")
     print(json.dumps(verify))
