@@ -513,8 +513,7 @@ class DecisionWorkers:
         most :data:`~gateway.service.replies.MESSAGE_MAX_VALUES` values, else :class:`MalformedRequestError`.
         The SDK so parses only bodies of bounded cost; a body dear to parse costs a worker, against its
         principal's share."""
-        if await self._job("message", body, caller) is not None:  # pragma: no cover - answered "valid" or 400
-            raise DecisionWorkerError("a decision worker answered an MCP message's check with a decision")
+        await self._job("message", body, caller)  # answered "valid" (None), else it raised
 
     async def _job(self, kind: str, body: bytes, caller: Caller) -> Decided | None:
         """A job for the workers (``decide``, ``intake`` or ``message``). It waits in the service until it is sent
