@@ -147,14 +147,17 @@ def _responses(ok: dict[str, Any], *statuses: str) -> dict[str, Any]:
 
 _EVENT_STREAM = "text/event-stream"
 _EXECUTION_EVENTS: dict[str, Any] = {
-    "description": "With `Accept: text/event-stream`: server-sent events as the program writes. `event: stdout` "
-    "and `event: stderr`, each with `data:` a JSON string (the chunk decoded as UTF-8, invalid bytes replaced; "
-    "joined, they equal the result's stdout and stderr), then one `event: result` whose data is the body the "
-    "JSON response would have had (the result object, or the error body of a run that failed once started). "
-    "The stream starts at the first chunk or the result: what is refused before the run (401, 403, 408, 413, 415, "
-    "422) is the JSON error response. A stream has no X-Request-Id header (the result carries request_id). "
-    "A client that disconnects cancels its run (gateway.cancelled).",
-    "schema": {"type": "string"},
+    # The description sits in the schema: an OpenAPI 3.1 Media Type Object has no description of its own.
+    "schema": {
+        "type": "string",
+        "description": "With `Accept: text/event-stream`: server-sent events as the program writes. `event: stdout` "
+        "and `event: stderr`, each with `data:` a JSON string (the chunk decoded as UTF-8, invalid bytes replaced; "
+        "joined, they equal the result's stdout and stderr), then one `event: result` whose data is the body the "
+        "JSON response would have had (the result object, or the error body of a run that failed once started). "
+        "The stream starts at the first chunk or the result: what is refused before the run (401, 403, 408, 413, 415, "
+        "422) is the JSON error response. A stream has no X-Request-Id header (the result carries request_id). "
+        "A client that disconnects cancels its run (gateway.cancelled).",
+    }
 }
 
 

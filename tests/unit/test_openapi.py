@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from gateway.resources import load_schema
 from gateway.service.openapi import COMPONENTS, openapi_document
@@ -88,7 +89,7 @@ def test_every_route_is_documented_with_its_errors_and_security() -> None:
         assert {"400", "403", "413", "415", "422", "503"} <= set(document["paths"][path]["post"]["responses"])
     executed = document["paths"]["/v1/executions"]["post"]["responses"]["200"]["content"]
     assert set(executed) == {"application/json", "text/event-stream"}  # the result, or its live stream
-    assert "event: result" in executed["text/event-stream"]["description"]
+    assert "event: result" in executed["text/event-stream"]["schema"]["description"]
     assert set(document["paths"]["/mcp"]) == {"post"}  # stateless: GET and DELETE get 405
     assert "streamable HTTP transport" in document["paths"]["/mcp"]["post"]["description"]
     unauthenticated = document["components"]["responses"]["Unauthenticated"]
@@ -96,6 +97,16 @@ def test_every_route_is_documented_with_its_errors_and_security() -> None:
     bearer = document["components"]["securitySchemes"]["bearer"]
     assert (bearer["type"], bearer["scheme"]) == ("http", "bearer")
     json.dumps(document)
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    """What openapi-spec-validator finds (every error, with its place), so that tools that read the document
+    (client generators, schemathesis, documentation viewers) can rely on it."""
+    errors = [
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in OpenAPIV31SpecValidator(openapi_document()).iter_errors()
+    ]
+    assert errors == []
 
 
 class _NoService:
