@@ -6,11 +6,10 @@ pinned by ``tests/unit/test_public_api.py``.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING
 
 from gateway._lazy import lazy_names
+from gateway._version import __version__
 from gateway.errors import (
     AuditError,
     AuditIntegrityError,

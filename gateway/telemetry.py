@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
-from gateway import __version__
+from gateway._version import __version__
 
 if TYPE_CHECKING:
     from gateway.decision import Decision

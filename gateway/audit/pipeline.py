@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from opentelemetry import trace
 
-from gateway import __version__
+from gateway._version import __version__
 from gateway.audit.canonical import CanonicalError, canonical_bytes, check_json, seal
 from gateway.audit.interface import EVENT_TYPES, SCHEMA_VERSION
 from gateway.canonical import SCALAR_TYPES, audit_body_size
