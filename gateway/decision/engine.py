@@ -26,7 +26,7 @@ from gateway.errors import UnsafeOptionsError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
-from gateway.runner.interface import HostMount, RunSpec
+from gateway.runspec import HostMount, RunSpec
 
 __all__ = ["Assembler", "evaluate"]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from gateway.canonical import options_bytes
 from gateway.decision.settings import SandboxSettings
 from gateway.policy.model import Mode
-from gateway.runner.interface import RunSpec
+from gateway.runspec import RunSpec
 
 __all__ = ["DENYING", "Decision", "PolicyRef", "RuleResult", "ShadowVerdict", "Status", "copy_json"]
 
