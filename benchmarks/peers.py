@@ -17,7 +17,7 @@ each under runc and, whenever the engine has ``runsc`` registered, under runsc (
 are installed by this script into their own virtualenvs (``--peers-dir``, default
 ``~/.cache/agent-gateway/peers/<name>``; idempotent) and each is driven by a small worker process in its venv
 (``benchmarks/peer_worker.py``, one request per line over a pipe; the time is taken on this side). What each
-peer needed to run here is in the worker's docstrings and ``benchmarks/README.md``.
+peer needed to run here is in the worker's docstrings and ``benchmarks/log/2026-12-01-peers.md``.
 
 Measured: latency (p50/p95 of ``--n`` interleaved rounds), throughput at concurrency 1, 4 and 8 (requests/s
 over ``--throughput-requests`` x concurrency requests; the peers get one worker per lane), and a burst of
