@@ -46,9 +46,10 @@ from gateway.decision import evaluate
 from gateway.policy import compile_policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
-from gateway.runner.docker.collect import Collected, read_frames
+from gateway.runner.docker.collect import read_frames
 from gateway.runner.docker.runner import DockerRunner, _close, _create_args, _raw_socket
-from gateway.runner.docker.supervisor import FrameDecoder, encode_payload, new_key
+from gateway.runner.frames import Collected, FrameDecoder
+from gateway.runner.supervisor import encode_payload, new_key
 
 CODE = "print(2+2)"
 STEPS = ("decide", "audit", "image", "create", "attach", "start", "payload", "wait", "inspect", "close", "remove")

@@ -1,10 +1,11 @@
 """A/B of the in-sandbox supervisor: another version's against this one, cold ``Gateway.execute`` runs interleaved.
 
-The other version is a ``supervisor.py`` file (e.g. ``git show REV:gateway/runner/docker/supervisor.py >
-/tmp/old_supervisor.py``) whose frame protocol is this one's: its ``encode_payload`` and ``supervisor_command``
-are swapped into the Docker runner for every other run, everything else is the same Gateway, engine and process.
-Per version: the end-to-end p50 and the p50 of the runner's three stages (``prepare``: create, attach, start;
-``run``: payload to final frame, where the supervisor's start-up is; ``remove``).
+The other version is a ``supervisor.py`` file (e.g. ``git show REV:gateway/runner/supervisor.py >
+/tmp/old_supervisor.py``; ``gateway/runner/docker/supervisor.py`` before issue 27) whose frame protocol is this
+one's: its ``encode_payload`` and ``supervisor_command`` are swapped into the Docker runner for every other run,
+everything else is the same Gateway, engine and process. Per version: the end-to-end p50 and the p50 of the
+runner's three stages (``prepare``: create, attach, start; ``run``: payload to final frame, where the
+supervisor's start-up is; ``remove``).
 
 Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/supervisor_ab.py --old /tmp/old_supervisor.py [--runtime
 runsc] [--n 10]``
@@ -27,7 +28,7 @@ from cases import CODE, EXPECTED, policy_for
 
 import gateway.runner.docker.runner as docker_runner
 from gateway import Gateway
-from gateway.runner.docker import supervisor as current
+from gateway.runner import supervisor as current
 
 
 def load(path: Path) -> Any:

@@ -1,4 +1,5 @@
-"""Both ends of the hand-over protocol between the runner and the in-container supervisor.
+"""The in-sandbox supervisor, the same for every backend: the fixed program a sandbox runs as its command, the
+payload the host hands it, and the workspace it runs the program in.
 
 Why a supervisor: the program's code must reach the container without shell quoting, and the runner must be
 able to tell the program's output and exit status from anything the program could forge. So the container's
@@ -41,65 +42,26 @@ content on the command line) that:
    signal ``n`` is ``128 + n``), waits (at most 10 s) for the host to close its stdin, and exits with that
    status.
 
-Every frame is ``type (1 byte) | length (4 bytes, big-endian) | data | mac (16 bytes)`` where ``mac`` is the
-first 16 bytes of HMAC-SHA256 under the per-run key over ``sequence (8 bytes) | type | length | data``. The key
-travels only in the payload; a program that writes to the container's stdout some other way (for instance
-through ``/proc/1/fd/1``) cannot produce a valid frame, and the host stops at the first frame that fails
-verification.
+What it sends are authenticated frames: their format, and the host's end that verifies them, are in
+``gateway.runner.frames``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import marshal
 import secrets
 import struct
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
-__all__ = [
-    "FRAME_ERROR",
-    "FRAME_EXIT",
-    "FRAME_FILE_DATA",
-    "FRAME_FILE_NAME",
-    "FRAME_META",
-    "FRAME_STDERR",
-    "FRAME_STDOUT",
-    "MAGIC",
-    "MAX_FRAME",
-    "SUPERVISOR",
-    "Frame",
-    "FrameDecoder",
-    "ProtocolError",
-    "encode_payload",
-    "new_key",
-    "supervisor_command",
-]
+__all__ = ["MAGIC", "SUPERVISOR", "WORKSPACE", "encode_payload", "new_key", "supervisor_command"]
 
+WORKSPACE = "/workspace"
+"""The sandbox's working directory, a tmpfs of its own: the supervisor writes the program and its files there
+and returns what the program leaves under ``out/``. Every backend mounts it and starts the supervisor in it."""
 MAGIC = b"GWP1"
-FRAME_STDOUT = b"o"
-FRAME_STDERR = b"e"
-FRAME_FILE_NAME = b"n"
-FRAME_FILE_DATA = b"f"
-FRAME_META = b"m"
-"""Sent once after the program ended, before its files: JSON ``{"oom_killed": bool, "oom_known": bool}``, from
-the kernel's own ``oom_kill`` counter of the container's memory cgroup (the engine only knows it once the
-container exited, and by then AutoRemove may have taken the container away). ``oom_known``: the counter could
-be read before and after the run, so the host need not ask the engine."""
-FRAME_EXIT = b"x"
-"""Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
-FRAME_ERROR = b"!"
-"""Last frame when the supervisor could not start the program: JSON ``{"error": str}``."""
-MAX_FRAME = 1 << 20
-"""Largest frame data the host accepts; the supervisor sends at most 64 KiB per frame."""
-MAC_BYTES = 16
 PAYLOAD_MARSHAL_VERSION = 4
 """The payload's body is ``marshal`` data of this version (Python 3.4 and later read it; only dicts, str, bytes,
 int and float are in it)."""
-_HEADER = struct.Struct(">cI")
-_SEQ = struct.Struct(">Q")
-_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
 
 # The supervisor runs inside the sandbox image with `python3 -I -S`: only the standard library, no site
 # packages, and only built-in modules on the path of a run (`_signal`, `marshal`, `select`, `time`, `_sha256`;
@@ -469,7 +431,7 @@ os._exit(code)
 """
 
 
-def supervisor_command(workspace: str = "/workspace") -> list[str]:
+def supervisor_command(workspace: str = WORKSPACE) -> list[str]:
     """The container's fixed command: the supervisor and the workspace path, nothing from the caller.
 
     The supervisor forks the program's process first thing, before any payload exists (so a warm pool's
@@ -512,66 +474,3 @@ def encode_payload(
         PAYLOAD_MARSHAL_VERSION,
     )
     return MAGIC + struct.pack(">I", len(body)) + body
-
-
-class ProtocolError(Exception):
-    """The supervisor's stream is malformed or failed verification."""
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    kind: bytes
-    data: bytes
-
-
-def _mac(key: bytes, seq: int, head: bytes, data: bytes) -> bytes:
-    return hmac.new(key, _SEQ.pack(seq) + head + data, hashlib.sha256).digest()[:MAC_BYTES]
-
-
-def encode_frame(key: bytes, seq: int, kind: bytes, data: bytes) -> bytes:
-    """One frame as the supervisor writes it (used by tests to build streams)."""
-    head = _HEADER.pack(kind, len(data))
-    return head + data + _mac(key, seq, head, data)
-
-
-class FrameDecoder:
-    """Incremental decoder of the supervisor's frames, holding at most one frame of unread bytes.
-
-    ``feed`` takes whatever bytes arrived and yields every complete, verified frame. Anything malformed,
-    unknown, oversized or with a bad MAC raises ``ProtocolError``: the stream is not trusted past that point.
-    """
-
-    def __init__(self, key: bytes) -> None:
-        self._key = key
-        self._buf = bytearray()
-        self._seq = 0
-        self.finished = False
-        """A final frame (exit or error) was decoded; anything after it is a protocol error."""
-
-    @property
-    def pending(self) -> int:
-        return len(self._buf)
-
-    def feed(self, chunk: bytes) -> Iterator[Frame]:
-        self._buf += chunk
-        while len(self._buf) >= _HEADER.size:
-            if self.finished:
-                raise ProtocolError("data after the final frame")
-            kind, length = _HEADER.unpack_from(self._buf)
-            if kind not in _KNOWN:
-                raise ProtocolError(f"unknown frame type {kind!r}")
-            if length > MAX_FRAME:
-                raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-            end = _HEADER.size + length + MAC_BYTES
-            if len(self._buf) < end:
-                return
-            head = bytes(self._buf[: _HEADER.size])
-            data = bytes(self._buf[_HEADER.size : _HEADER.size + length])
-            mac = bytes(self._buf[_HEADER.size + length : end])
-            if not hmac.compare_digest(mac, _mac(self._key, self._seq, head, data)):
-                raise ProtocolError(f"frame {self._seq} failed verification")
-            del self._buf[:end]
-            self._seq += 1
-            if kind in (FRAME_EXIT, FRAME_ERROR):
-                self.finished = True
-            yield Frame(kind, data)

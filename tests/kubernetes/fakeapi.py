@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.runner.docker.supervisor import (
+from gateway.runner.frames import (
     FRAME_ERROR,
     FRAME_EXIT,
     FRAME_FILE_DATA,
@@ -53,9 +53,9 @@ from gateway.runner.docker.supervisor import (
     FRAME_META,
     FRAME_STDERR,
     FRAME_STDOUT,
-    MAGIC,
     encode_frame,
 )
+from gateway.runner.supervisor import MAGIC
 
 Action = tuple[Any, ...]
 """One step of a fake program: ("out", bytes), ("err", bytes), ("file", name, bytes), ("meta", oom: bool),

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.runner.docker.collect import Collected, outcome_of, take_frame
-from gateway.runner.docker.supervisor import FrameDecoder, encode_payload, new_key
+from gateway.runner.frames import Collected, FrameDecoder, outcome_of, take_frame
 from gateway.runner.interface import Outcome, RunSpec
+from gateway.runner.supervisor import encode_payload, new_key
 
 STDIN_FIFO = "/tmp/.gateway-stdin"
 _PREFIX = (

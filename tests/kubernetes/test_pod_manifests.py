@@ -24,9 +24,9 @@ from gateway.errors import UnsafeOptionsError
 from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
-from gateway.runner.docker.supervisor import SUPERVISOR
 from gateway.runner.kubernetes.manifests import KUBERNETES_VERSION, ROLE_RULES, cluster_manifests, dump_all
 from gateway.runner.kubernetes.pod import POD_COMMAND, KubernetesAssembler, guard, pod_digest
+from gateway.runner.supervisor import SUPERVISOR
 from tests.kubernetes.conftest import all_pods, shipped_policy_files
 
 VERSION = f"{KUBERNETES_VERSION}.0"

@@ -16,21 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runner.docker.supervisor import (
+from gateway.runner.frames import (
     FRAME_EXIT,
     FRAME_FILE_DATA,
     FRAME_FILE_NAME,
     FRAME_STDERR,
     FRAME_STDOUT,
-    MAGIC,
     MAX_FRAME,
     FrameDecoder,
     ProtocolError,
     encode_frame,
-    encode_payload,
-    new_key,
-    supervisor_command,
 )
+from gateway.runner.supervisor import MAGIC, encode_payload, new_key, supervisor_command
 
 
 def test_payload_is_length_prefixed_marshal_data_without_shell_quoting() -> None:

@@ -319,7 +319,7 @@ class _StuckAPI:
 def test_a_container_left_after_a_complete_run_keeps_the_programs_report(monkeypatch: pytest.MonkeyPatch) -> None:
     import gateway.runner.docker.runner as runner_module
     from gateway.errors import ContainerLeftError
-    from gateway.runner.docker.supervisor import FRAME_EXIT, FRAME_META, FRAME_STDOUT, encode_frame
+    from gateway.runner.frames import FRAME_EXIT, FRAME_META, FRAME_STDOUT, encode_frame
 
     key = b"k" * 32
     monkeypatch.setattr(runner_module, "new_key", lambda: key)
@@ -339,8 +339,7 @@ def test_a_container_left_after_a_complete_run_keeps_the_programs_report(monkeyp
 
 
 def test_the_supervisors_oom_report_counts_when_the_engine_no_longer_knows() -> None:
-    from gateway.runner.docker.collect import Collected, outcome_of, take_frame
-    from gateway.runner.docker.supervisor import FRAME_EXIT, FRAME_META
+    from gateway.runner.frames import FRAME_EXIT, FRAME_META, Collected, outcome_of, take_frame
 
     got = Collected()
     spec = RunSpec(OPTIONS, timeout_s=5, output_bytes=100)
@@ -352,8 +351,7 @@ def test_the_supervisors_oom_report_counts_when_the_engine_no_longer_knows() -> 
 
 def test_the_host_refuses_more_output_files_or_name_bytes_than_the_caps() -> None:
     """An honest supervisor stops at both caps; a stream with more names is tampering (item 5)."""
-    from gateway.runner.docker.collect import Collected, take_frame
-    from gateway.runner.docker.supervisor import FRAME_FILE_NAME, ProtocolError
+    from gateway.runner.frames import FRAME_FILE_NAME, Collected, ProtocolError, take_frame
 
     spec = RunSpec(OPTIONS, timeout_s=1, output_bytes=1, output_files_bytes=1 << 20, output_files=2)
     got = Collected()

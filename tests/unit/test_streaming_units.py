@@ -18,9 +18,9 @@ from gateway.errors import CancelledRunError, OutputCallbackError, exit_code_for
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.result import ExecutionResult
-from gateway.runner.docker.collect import CANCEL_POLL_S, Collected, read_frames, take_frame
-from gateway.runner.docker.supervisor import FRAME_STDERR, FRAME_STDOUT, FrameDecoder
+from gateway.runner.docker.collect import read_frames
 from gateway.runner.fake import FakeRunner, make_outcome
+from gateway.runner.frames import CANCEL_POLL_S, FRAME_STDERR, FRAME_STDOUT, Collected, FrameDecoder, take_frame
 from gateway.runner.interface import RunSpec
 
 SPEC = RunSpec({"image": "img"}, timeout_s=5, output_bytes=10)

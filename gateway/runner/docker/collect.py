@@ -1,94 +1,22 @@
-"""Collecting one run's output: Docker's multiplexed attach stream, the supervisor's verified frames inside
-it, the per-stream caps, and what the engine's final state says about how the run ended.
+"""Reading one run's output from Docker's multiplexed attach stream: the supervisor's frames on stdout go to
+the frame decoder and ``take_frame`` (``gateway.runner.frames``), anything on stderr is kept as diagnostics.
 
-Everything here is a pure function of the bytes read and the engine's inspect data, so it is unit-tested
-without an engine; :class:`~gateway.runner.docker.runner.DockerRunner` drives it.
+:class:`~gateway.runner.docker.runner.DockerRunner` drives it; it is unit-tested without an engine.
 """
 
 from __future__ import annotations
 
-import json
 import threading
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.runner.docker.supervisor import (
-    FRAME_ERROR,
-    FRAME_EXIT,
-    FRAME_FILE_DATA,
-    FRAME_FILE_NAME,
-    FRAME_META,
-    FRAME_STDERR,
-    FRAME_STDOUT,
-    FrameDecoder,
-    ProtocolError,
-)
-from gateway.runner.interface import OnOutput, Outcome, RunSpec
+from gateway.runner.frames import Collected, FrameDecoder, read_timeout, take_frame
+from gateway.runner.interface import OnOutput, RunSpec
 
-__all__ = ["CANCEL_POLL_S", "Collected", "Stream", "outcome_of", "read_frames", "read_timeout", "take_frame"]
-
-CANCEL_POLL_S = 0.2
-"""How long one socket read waits at most when a cancel event is given, so that a cancel is seen promptly."""
+__all__ = ["read_frames"]
 
 _RECV = 1 << 16
 _DIAG_BYTES = 4096
 _MUX_HEADER = 8
-
-
-@dataclass
-class Stream:
-    """One output stream: what is kept (at most the cap) and how much the program produced."""
-
-    kept: bytearray = field(default_factory=bytearray)
-    seen: int = 0
-    truncated: bool = False
-
-    def take(self, data: bytes, cap: int) -> tuple[bool, bytes]:
-        """Keep what fits under ``cap``. Returns (True once the program has produced more than that, the
-        bytes kept from ``data``: what an output callback may see)."""
-        self.seen += len(data)
-        kept = data[: max(cap - len(self.kept), 0)]
-        self.kept += kept
-        if self.seen > cap:
-            self.truncated = True
-        return self.truncated, kept
-
-
-@dataclass
-class Collected:
-    stdout: Stream = field(default_factory=Stream)
-    stderr: Stream = field(default_factory=Stream)
-    files: dict[str, bytearray] = field(default_factory=dict)
-    files_bytes: int = 0
-    current_file: str | None = None
-    final: dict[str, Any] | None = None
-    error: str | None = None
-    diagnostics: bytearray = field(default_factory=bytearray)
-    timed_out: bool = False
-    output_limit_killed: bool = False
-    oom_reported: bool = False
-    """The supervisor saw the memory cgroup's OOM killer strike during the run (``FRAME_META``)."""
-    oom_known: bool = False
-    """The supervisor could read the memory cgroup's OOM counter (``FRAME_META``): its report is the answer."""
-    cancelled: bool = False
-    """The caller's cancel event was set: the reading stopped and the container must be killed."""
-    callback_error: Exception | None = None
-    """The output callback raised this: the reading stopped and the container must be killed."""
-
-
-def read_timeout(got: Collected, deadline: float, cancel: threading.Event | None) -> float | None:
-    """How long the next read of a run's output may wait: until the deadline, and at most ``CANCEL_POLL_S``
-    when a cancel event is given; None when reading must stop (``got.cancelled`` or ``got.timed_out`` set)."""
-    if cancel is not None and cancel.is_set():
-        got.cancelled = True
-        return None
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        got.timed_out = True
-        return None
-    return remaining if cancel is None else min(remaining, CANCEL_POLL_S)
 
 
 def read_frames(
@@ -141,111 +69,3 @@ def read_frames(
                         return False
             elif len(got.diagnostics) < _DIAG_BYTES:
                 got.diagnostics += part[: _DIAG_BYTES - len(got.diagnostics)]
-
-
-def take_frame(kind: bytes, data: bytes, got: Collected, spec: RunSpec, on_output: OnOutput | None = None) -> bool:
-    """Account for one verified frame. Returns True when the container must be killed: an output cap was
-    crossed, or ``on_output`` raised (``got.callback_error``).
-
-    ``on_output`` is called with the part of a stdout/stderr chunk that is kept under the cap, before the cap
-    check ends the run: the streamed bytes of a stream are exactly the outcome's bytes of it, and nothing is
-    streamed past the cap. A callback that raises stops the run like a flood does (the caller kills and removes
-    the container); it is not called again."""
-    if kind in (FRAME_STDOUT, FRAME_STDERR):
-        name = "stdout" if kind == FRAME_STDOUT else "stderr"
-        stream = got.stdout if kind == FRAME_STDOUT else got.stderr
-        truncated, kept = stream.take(data, spec.output_bytes)
-        if truncated:
-            got.output_limit_killed = True
-        if kept and on_output is not None:
-            try:
-                on_output(name, kept)
-            except Exception as exc:  # noqa: BLE001 - the caller's failure ends the run, contained and reported
-                got.callback_error = exc
-                return True
-        if truncated:
-            return True
-    elif kind == FRAME_FILE_NAME:
-        # An honest supervisor stops at both caps (it charges each name's bytes, as here): more is tampering.
-        if len(got.files) >= spec.output_files:
-            raise ProtocolError(f"more output files than the cap of {spec.output_files}")
-        got.files_bytes += len(data)
-        if got.files_bytes > spec.output_files_bytes:
-            raise ProtocolError("output files (names and contents) exceed their cap")
-        name = data.decode("utf-8", "replace")
-        if not name or name.startswith("/") or ".." in name.split("/") or name in got.files:
-            raise ProtocolError(f"bad output file name {name!r}")
-        got.files[name] = bytearray()
-        got.current_file = name
-    elif kind == FRAME_FILE_DATA:
-        if got.current_file is None:
-            raise ProtocolError("file data before a file name")
-        got.files_bytes += len(data)
-        if got.files_bytes > spec.output_files_bytes:
-            raise ProtocolError("output files (names and contents) exceed their cap")
-        got.files[got.current_file] += data
-    elif kind == FRAME_META:
-        try:
-            meta = json.loads(data)
-        except ValueError as exc:
-            raise ProtocolError("malformed meta frame") from exc
-        got.oom_reported = isinstance(meta, dict) and meta.get("oom_killed") is True
-        got.oom_known = isinstance(meta, dict) and meta.get("oom_known") is True
-    elif kind == FRAME_EXIT:
-        final = json.loads(data)
-        if not isinstance(final, dict) or not isinstance(final.get("status"), int):
-            raise ProtocolError("malformed exit frame")
-        got.final = final
-    elif kind == FRAME_ERROR:
-        try:
-            got.error = str(json.loads(data).get("error"))
-        except (ValueError, AttributeError):
-            got.error = data.decode("utf-8", "replace")
-    return False
-
-
-def outcome_of(
-    got: Collected, state: Mapping[str, Any], duration_ms: int, *, runtime: str, container_id: str | None,
-    image_id: str | None, pulled: bool,
-) -> Outcome:  # fmt: skip
-    engine_oom = bool(state.get("OOMKilled")) or got.oom_reported
-    oom = False
-    resource_killed = False
-    exit_code: int | None
-    files_truncated = False
-    if got.timed_out or got.output_limit_killed:
-        exit_code = None
-    elif got.final is not None:
-        exit_code = int(got.final["status"])
-        files_truncated = bool(got.final.get("files_truncated"))
-        oom = engine_oom and exit_code == 137
-    elif engine_oom:
-        exit_code, oom = 137, True
-    elif runtime == "runsc":
-        # gVisor counts its own threads against the pids limit: a sandbox killed for a resource limit
-        # exits without a word from the supervisor. That is not the program's own exit.
-        exit_code, resource_killed = None, True
-    else:
-        # The supervisor never reported: it was killed (by the program, which runs as the same uid) or
-        # could not even be started. Whatever the container's own status says, it is not the program's
-        # exit code, so none is reported.
-        exit_code, resource_killed = None, True
-    return Outcome(
-        exit_code=exit_code,
-        stdout=bytes(got.stdout.kept),
-        stderr=bytes(got.stderr.kept),
-        stdout_truncated=got.stdout.truncated,
-        stderr_truncated=got.stderr.truncated,
-        stdout_bytes=got.stdout.seen,
-        stderr_bytes=got.stderr.seen,
-        timed_out=got.timed_out,
-        oom_killed=oom,
-        output_limit_killed=got.output_limit_killed,
-        resource_killed=resource_killed,
-        duration_ms=duration_ms,
-        container_id=container_id,
-        image_id=image_id,
-        files={name: bytes(content) for name, content in got.files.items()},
-        files_truncated=files_truncated or (got.final is None and bool(got.files)),
-        pulled=pulled,
-    )

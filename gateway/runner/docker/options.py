@@ -26,6 +26,7 @@ from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
 from gateway.runner.docker.seccomp import gateway_profile, profile_problems, profile_reference
+from gateway.runner.supervisor import WORKSPACE
 
 __all__ = [
     "ASSEMBLED_OPTION_KEYS",
@@ -43,7 +44,6 @@ __all__ = [
     "RUN_LABELS",
     "RUN_OPTION_KEYS",
     "SANDBOX_HOSTNAME",
-    "WORKSPACE",
     "DockerAssembler",
     "build_options",
     "guard",
@@ -66,8 +66,6 @@ DEADLINE_LABEL = "io.agent-gateway.deadline"
 """Unix time (seconds) after which the container is expired whoever created it: any reaper may remove it."""
 POOL_LABEL = "io.agent-gateway.pool"
 """On a warm pool's container: the digest of the profile options it was created with (:func:`pool_key`)."""
-WORKSPACE = "/workspace"
-"""Where the program, its files and ``out/`` live inside a sandbox (a size-capped tmpfs)."""
 SANDBOX_HOSTNAME = "sandbox"
 _TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
 _TMPFS_REQUIRED_FLAGS = ("noexec", "nosuid", "nodev")

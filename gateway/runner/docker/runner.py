@@ -57,7 +57,7 @@ from gateway.errors import (
     UnsafeOptionsError,
 )
 from gateway.policy.images import parse_image_ref
-from gateway.runner.docker.collect import Collected, outcome_of, read_frames
+from gateway.runner.docker.collect import read_frames
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.docker.mounts import Staging, reap_staging
 from gateway.runner.docker.options import (
@@ -70,21 +70,15 @@ from gateway.runner.docker.options import (
     POOL_LABEL,
     RUN_LABELS,
     RUN_OPTION_KEYS,
-    WORKSPACE,
     DockerAssembler,
     guard,
     pool_key,
     profile_options,
     profile_part,
 )
-from gateway.runner.docker.supervisor import (
-    FrameDecoder,
-    ProtocolError,
-    encode_payload,
-    new_key,
-    supervisor_command,
-)
+from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
+from gateway.runner.supervisor import encode_payload, new_key, supervisor_command
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -315,7 +309,7 @@ class DockerRunner:
             DEADLINE_LABEL: str(deadline),
         }
         options.update(
-            entrypoint=supervisor_command(WORKSPACE),
+            entrypoint=supervisor_command(),
             command=[],
             stdin_open=True,
             stdin_once=True,

@@ -35,7 +35,7 @@ from typing import Any
 from gateway.canonical import options_bytes
 from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
 from gateway.errors import Problem, UnsafeOptionsError
-from gateway.runner.docker.supervisor import SUPERVISOR
+from gateway.runner.supervisor import SUPERVISOR, WORKSPACE
 
 __all__ = [
     "ANNOTATION_POLICY",
@@ -52,7 +52,6 @@ __all__ = [
     "POOL_LABEL",
     "REQUEST_LABEL",
     "START_MARGIN_S",
-    "WORKSPACE",
     "KubernetesAssembler",
     "build_pod",
     "guard",
@@ -80,16 +79,15 @@ ANNOTATION_PIDS = "agent-gateway.io/pids-limit"
 """The policy's pids limit, for the operator: a Pod has no pids field; the kubelet's ``podPidsLimit`` bounds it."""
 DEFAULT_NAMESPACE = "gateway-sandboxes"
 CONTAINER_NAME = "sandbox"
-WORKSPACE = "/workspace"
 SANDBOX_HOSTNAME = "sandbox"
 GVISOR_RUNTIME_CLASS = "gvisor"
 """The RuntimeClass a ``runsc`` profile names (``gateway kubernetes manifests`` defines it, handler ``runsc``)."""
 START_MARGIN_S = 60
 """Seconds ``activeDeadlineSeconds`` allows beyond the run's own deadline: scheduling, start, hand-over."""
 POD_COMMAND = ("/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR.strip("\n"), WORKSPACE)
-"""The container's fixed command: the Docker backend's supervisor, the same program. Its leading newline is dropped:
-podman's ``kube play`` (layer 3 of the tests) re-serialises the manifest through a YAML library that cannot read
-back a block scalar starting with one."""
+"""The container's fixed command: the supervisor every backend runs (``gateway.runner.supervisor``). Its leading
+newline is dropped: podman's ``kube play`` (layer 3 of the tests) re-serialises the manifest through a YAML
+library that cannot read back a block scalar starting with one."""
 OPTION_KEYS = frozenset({"image", "namespace", "environment", "pod", "pod_sha256"})
 """The only keys of a Kubernetes decision's options."""
 _VOLUMES = (("tmp", "/tmp"), ("workspace", WORKSPACE))  # noqa: S108 - container paths

@@ -42,8 +42,7 @@ from gateway.errors import (
     SandboxError,
     UnsafeOptionsError,
 )
-from gateway.runner.docker.collect import Collected, outcome_of, read_timeout, take_frame
-from gateway.runner.docker.supervisor import FrameDecoder, ProtocolError, encode_payload, new_key
+from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of, read_timeout, take_frame
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 from gateway.runner.kubernetes.client import Attach, Gone, KubeClient, KubeConfig
 from gateway.runner.kubernetes.pod import (
@@ -59,6 +58,7 @@ from gateway.runner.kubernetes.pod import (
     pooled_pod,
     profile_part,
 )
+from gateway.runner.supervisor import encode_payload, new_key
 
 __all__ = ["EXPIRY_GRACE_S", "KubernetesRunner", "KubernetesSandbox"]
 
