@@ -19,9 +19,11 @@ import hashlib
 import hmac as _hmac
 import json
 import os
-import sys
+from collections.abc import Callable
 from io import FileIO
 from typing import Final, NamedTuple
+
+from gateway._workers import serve
 
 __all__ = ["BLOCK_BYTES", "SegmentScan", "decode_scan", "encode_scan", "scan_segment", "worker_main"]
 
@@ -279,19 +281,20 @@ def decode_scan(line: bytes) -> SegmentScan:
 
 
 def worker_main() -> int:
-    """A verify worker: reads ``{"key": hex|null}`` then one ``{"path", "limit"}`` task per line on stdin, and
-    answers each with one :func:`encode_scan` line on stdout (``null`` when the segment cannot be read)."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    head = json.loads(stdin.readline() or b"null")
-    if not isinstance(head, dict):
-        return 2
-    key = None if head.get("key") is None else bytes.fromhex(head["key"])
-    for task in stdin:
-        request = json.loads(task)
-        try:
-            answer = encode_scan(scan_segment(request["path"], request["limit"], key, None, None))
-        except OSError:
-            answer = b"null\n"  # the parent reads this segment itself and reports the error in order
-        stdout.write(answer)
-        stdout.flush()
-    return 0
+    """A verify worker (:func:`gateway._workers.serve`): the head is ``{"key": hex|null}``, each task one
+    ``{"path", "limit"}``, answered with an :func:`encode_scan` line (``null`` when the segment cannot be read)."""
+
+    def start(head: bytes) -> Callable[[bytes], bytes]:
+        hexkey = json.loads(head)["key"]
+        key = None if hexkey is None else bytes.fromhex(hexkey)
+
+        def task(data: bytes) -> bytes:
+            request = json.loads(data)
+            try:
+                return encode_scan(scan_segment(request["path"], request["limit"], key, None, None))
+            except OSError:
+                return b"null"  # the parent reads this segment itself and reports the error in order
+
+        return task
+
+    return serve(start)

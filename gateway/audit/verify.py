@@ -32,25 +32,22 @@ single pass reports. The per-line work itself is in :mod:`gateway.audit._scan`.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import selectors
-import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from gateway._workers import start_worker
+from gateway._workers import WorkerPool, pool_size
 from gateway.audit._classify import REASONS, BreakInfo, Classifier, Line
 from gateway.audit._scan import SegmentScan, decode_scan, scan_segment
 from gateway.audit.canonical import GENESIS_HASH
 from gateway.audit.segments import LOCK_NAME, list_segments
 from gateway.errors import AuditError
 
-__all__ = ["PARALLEL_MIN_BYTES", "REASONS", "BreakInfo", "VerifyReport", "verify_trail"]
+__all__ = ["REASONS", "BreakInfo", "VerifyReport", "verify_trail"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +116,6 @@ def _snapshot(root: Path, lock: bool) -> list[tuple[Path, int | None]]:
             os.close(lock_fd)
 
 
-PARALLEL_MIN_BYTES: Final = 96 << 20
-"""Below this many bytes (or with a single segment) ``verify_trail`` runs in process: starting worker
-processes (a fresh interpreter each, ~0.2 s) would cost more than it saves."""
-
-
 @dataclass(slots=True)
 class _Chain:
     """Where the chain stands after the segments verified so far."""
@@ -158,117 +150,35 @@ class _Chain:
         return scan.lines == 0 or (scan.first_seq == b"%d" % self.expected and scan.first_prev == self.prev)
 
 
-def _workers(segments: list[tuple[Path, int | None]], workers: int | None) -> int:
-    cpus = os.cpu_count() or 1
-    if workers is None:
-        total = 0
-        for path, limit in segments:
-            try:
-                total += path.stat().st_size if limit is None else limit
-            except OSError:
-                continue  # gone since the snapshot: reading it reports that, in order
-        if total < PARALLEL_MIN_BYTES:
-            return 1
-        workers = cpus
-    return max(1, min(workers, cpus, len(segments)))
-
-
 _WORKER: Final = "from gateway.audit._scan import worker_main; raise SystemExit(worker_main())"
 
 
-class _Dispatch:
-    """Hands segments to workers one at a time and remembers which worker holds which."""
-
-    def __init__(self, segments: list[tuple[Path, int | None]]) -> None:
-        self._segments = segments
-        self._todo = iter(range(len(segments)))
-        self.doing: dict[int, int] = {}
-        """Worker pid -> position of the segment it is scanning."""
-
-    def give(self, proc: subprocess.Popen[bytes]) -> None:
-        """Send the worker the next segment, or close its stdin (it exits) when none is left."""
-        stdin = proc.stdin
-        if stdin is None:  # pragma: no cover - always a pipe
-            return
-        nxt = next(self._todo, None)
-        if nxt is None:
-            stdin.close()
-            return
-        path, limit = self._segments[nxt]
-        self.doing[proc.pid] = nxt
-        stdin.write(json.dumps({"path": str(path), "limit": limit}).encode("utf-8") + b"\n")
-        stdin.flush()
-
-
-def _collect(selector: selectors.BaseSelector, dispatch: _Dispatch, done: dict[int, SegmentScan | None]) -> None:
-    """Read the answers ready now into ``done`` (``None``: the worker died or could not read the segment)."""
-    for ready, _events in selector.select():
-        proc = ready.data
-        answer = proc.stdout.readline()
-        at = dispatch.doing.pop(proc.pid, None)
-        if not answer:
-            selector.unregister(ready.fileobj)
-            if at is not None:
-                done[at] = None
-            continue
-        if at is not None:
-            done[at] = None if answer.strip() == b"null" else decode_scan(answer)
-        dispatch.give(proc)
-
-
-def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Kill the workers still running and close their pipes."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+def _answer(data: bytes) -> SegmentScan | None:
+    """A worker's answer: the segment's scan, or ``None`` when it could not read the segment."""
+    return None if data == b"null" else decode_scan(data)
 
 
 def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None, workers: int, state: _Chain) -> int:
     """Verify segments in worker processes and stitch them in order; returns the position of the first segment
     that did not verify or stitch (``len(segments)`` when all did), for the in-process pass to take over there.
 
-    Each worker is a fresh interpreter (``sys.executable``; never a fork of a process that may run threads,
-    and never a re-run of the caller's ``__main__``) that takes one segment at a time over its stdin and
-    streams it (constant memory); the key, if any, travels over that pipe, never on a command line. Any
-    failure (a worker cannot start or dies, a segment cannot be read) hands over to the in-process pass at
-    that segment, which then reports or raises exactly as it would have. Workers still running when a break
-    is found are killed.
+    The workers (:class:`~gateway._workers.WorkerPool`) take one segment at a time and stream it (constant
+    memory); the key, if any, travels in the pool's head frame, never on a command line. Any failure (a worker
+    cannot start or dies, a segment cannot be read) hands over to the in-process pass at that segment, which
+    then reports or raises exactly as it would have. Workers still running when a break is found are killed.
     """
     position = 0
-    procs: list[subprocess.Popen[bytes]] = []
+    head = json.dumps({"key": None if key is None else key.hex()}).encode("ascii")
+    tasks = (json.dumps({"path": str(path), "limit": limit}).encode("utf-8") for path, limit in segments)
     try:
-        dispatch = _Dispatch(segments)
-        done: dict[int, SegmentScan | None] = {}
-        selector = selectors.DefaultSelector()
-        head = json.dumps({"key": None if key is None else key.hex()}).encode("ascii") + b"\n"
-        for _ in range(workers):
-            proc = start_worker(_WORKER)
-            procs.append(proc)
-            if proc.stdin is None or proc.stdout is None:  # pragma: no cover - always pipes
-                return position
-            proc.stdin.write(head)
-            dispatch.give(proc)
-            selector.register(proc.stdout, selectors.EVENT_READ, proc)
-        while position < len(segments):
-            if position in done:
-                scan = done.pop(position)
+        with WorkerPool(_WORKER, workers, head=head, name="verify worker") as pool:
+            for scan in pool.map(tasks, _answer):
                 if scan is None or not state.stitches(scan):
                     return position
                 state.advance(segments[position][0].name, scan)
                 position += 1
-                continue
-            if not selector.get_map():
-                return position  # every worker is gone
-            _collect(selector, dispatch, done)
     except Exception:  # noqa: BLE001 - redone in process, where a real error (e.g. OSError) is raised as before
         return position
-    finally:
-        _reap(procs)
     return len(segments)
 
 
@@ -282,7 +192,8 @@ def verify_trail(
     that snapshot is read.
 
     ``workers``: processes that verify segments in parallel (at most ``os.cpu_count()``). ``None`` picks one
-    per CPU for trails of several segments and at least :data:`PARALLEL_MIN_BYTES`, else verifies in process;
+    per CPU for trails of several segments and at least :data:`~gateway._workers.PARALLEL_MIN_BYTES`, else
+    verifies in process;
     ``1`` always verifies in process. The report is the same either way: the first break in trail order.
     """
     root = Path(directory)
@@ -290,7 +201,7 @@ def verify_trail(
         raise AuditError(f"no audit trail directory at {root}")
     segments = _snapshot(root, lock)
     state = _Chain()
-    count = _workers(segments, workers)
+    count = pool_size(workers, [path for path, _limit in segments])
     start = _verify_parallel(segments, key, count, state) if count > 1 else 0
     for position in range(start, len(segments)):
         path, limit = segments[position]

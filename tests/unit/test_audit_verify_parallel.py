@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway import _workers
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.audit import verify as verify_mod
 from gateway.audit.canonical import seal, split_line
@@ -22,7 +24,7 @@ KEY = bytes(range(32))
 def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let ``workers=2`` start two processes even on a one-CPU runner, so the parallel path is exercised."""
     cpus = os.cpu_count() or 1
-    monkeypatch.setattr(verify_mod.os, "cpu_count", lambda: max(2, cpus))
+    monkeypatch.setattr(os, "cpu_count", lambda: max(2, cpus))
 
 
 @pytest.fixture
@@ -199,7 +201,7 @@ def test_a_pool_that_cannot_start_falls_back_to_in_process(tmp_path: Path, monke
     def no_pool(*_args: Any, **_kwargs: Any) -> None:
         raise OSError("no semaphores here")
 
-    monkeypatch.setattr(verify_mod.subprocess, "Popen", no_pool)
+    monkeypatch.setattr(subprocess, "Popen", no_pool)
     assert verify_trail(tmp_path, workers=2) == expected
     assert expected.first_break is not None
     assert expected.first_break.segment == segments[3].name
@@ -215,6 +217,6 @@ def test_large_trails_go_parallel_by_default(
     tmp_path: Path, handed_over: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     segments = build(tmp_path)
-    monkeypatch.setattr(verify_mod, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(_workers, "PARALLEL_MIN_BYTES", 1)
     assert verify_trail(tmp_path).ok
     assert handed_over == [len(segments)]

@@ -26,7 +26,7 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (package / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\nraise SystemExit(3)\n")
     monkeypatch.chdir(package.parent)
     cpus = os.cpu_count() or 1
-    monkeypatch.setattr(verify_mod.os, "cpu_count", lambda: max(2, cpus))
+    monkeypatch.setattr(os, "cpu_count", lambda: max(2, cpus))
     return mark
 
 
