@@ -8,9 +8,10 @@ data file (:mod:`gateway.report.controls`).
 
 from __future__ import annotations
 
-from gateway.report.build import Progress, ReportFilters, build_report
+from gateway.report.build import ReportFilters, build_report
 from gateway.report.controls import load_catalogue
 from gateway.report.model import Report
+from gateway.report.progress import Progress
 from gateway.report.render import FORMATS, render
 
 __all__ = ["FORMATS", "Progress", "Report", "ReportFilters", "build_report", "load_catalogue", "render"]

@@ -20,9 +20,8 @@ from jsonschema import Draft202012Validator
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
 from gateway.errors import AuditIntegrityError
-from gateway.report import _parallel, aggregate, build_report, load_catalogue, render
+from gateway.report import Progress, ReportFilters, _parallel, aggregate, build_report, load_catalogue, render
 from gateway.report.aggregate import MAX_BUCKETS, DurationHistogram
-from gateway.report.build import Progress, ReportFilters
 from gateway.report.model import PolicyReportResult
 from gateway.resources import load_schema
 from tests.unit.report_support import START, FixedClock, decision_dict, write_scenario
