@@ -7,7 +7,7 @@
 The trail is built with the writer's own pipeline and sealing code (``RecordPipeline`` + ``chain``, the mix of
 ``benchmarks/audit.py``: request received, decision with every rule result, outcome), written without fsync.
 Each measurement runs in a fresh child process (its peak RSS is its own): the export itself
-(:func:`gateway.audit.ocsf.export_ocsf`, verification included, events written to /dev/null or ``--output``),
+(:func:`gateway.audit.ocsf_export.export_ocsf`, verification included, events written to /dev/null or ``--output``),
 and two baselines in the same run, interleaved with it so they see about the same load: ``verify`` (the
 chain check the export starts with) and ``parse`` (``json.loads`` of every line and nothing else: the floor of
 any exporter that reads the records). Figures: records/s (wall) and the ratio to each baseline, and records per
@@ -30,7 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audit import build_trail
-from gateway.audit.ocsf import OcsfMapper, event_line
+from gateway.audit.ocsf import OcsfMapper
+from gateway.audit.ocsf_export import event_line
 from gateway.audit.records import view_record
 
 orjson: Any
@@ -45,7 +46,7 @@ from pathlib import Path
 what, directory, output = sys.argv[1], sys.argv[2], sys.argv[3]
 start = time.perf_counter()
 if what == "export":
-    from gateway.audit.ocsf import export_ocsf
+    from gateway.audit.ocsf_export import export_ocsf
     with open(output, "wb", buffering=1 << 20) as out:
         (report,) = export_ocsf([directory], out)
     result = {"records": report.exported, "intact": report.intact}

@@ -3,7 +3,7 @@
 Trails: ``--trail DIR`` (repeatable; several are merged by time), else ``$GATEWAY_AUDIT_DIR``, else ``./audit``.
 Each trail is verified first and only its verified records are exported: over a broken chain the intact
 prefix is written, then ``BROKEN: <trail>: first break at seq N (<why>)`` goes to stderr and the exit status
-is 1. The mapping is :mod:`gateway.audit.ocsf` (``docs/ocsf.md``).
+is 1. The export is :mod:`gateway.audit.ocsf_export`, the mapping :mod:`gateway.audit.ocsf` (``docs/ocsf.md``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway._files import output_file
-from gateway.audit.ocsf import ExportReport, export_ocsf
+from gateway.audit.ocsf_export import ExportReport, export_ocsf
 from gateway.audit.segments import key_from_env, load_key, resolve_directory
 from gateway.cli.arguments import time_argument
 

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from gateway.audit import EVENT_TYPES, JsonlAuditTrail, ocsf, verify_trail
-from gateway.audit.ocsf import MAPPING, OCSF_VERSION, export_ocsf, to_ocsf
+from gateway.audit import EVENT_TYPES, JsonlAuditTrail, ocsf_export, verify_trail
+from gateway.audit.ocsf import MAPPING, OCSF_VERSION, to_ocsf
+from gateway.audit.ocsf_export import export_ocsf
 from gateway.cli import main
+from gateway.errors import AuditIntegrityError
 from tests.ocsf_validation import OCSF_VERSION as LIBRARY_OCSF_VERSION
 from tests.ocsf_validation import validate_event
 
@@ -399,8 +401,8 @@ def test_parallel_export_in_pieces_of_segments_writes_what_the_in_process_export
     one = io.BytesIO()
     export_ocsf([directory], one, workers=1)
     for piece in (100, 700, 1500):
-        monkeypatch.setattr(ocsf, "PIECE_BYTES", piece)
-        tasks = ocsf._plan(directory, verify_trail(directory))
+        monkeypatch.setattr(ocsf_export, "PIECE_BYTES", piece)
+        tasks = ocsf_export._plan(directory, verify_trail(directory))
         assert len(tasks) > len(list(directory.glob("trail-*.jsonl")))
         two = io.BytesIO()
         (report,) = export_ocsf([directory], two, workers=2)
@@ -408,9 +410,9 @@ def test_parallel_export_in_pieces_of_segments_writes_what_the_in_process_export
         assert two.getvalue() == one.getvalue(), piece
 
 
-@pytest.mark.parametrize("piece", [ocsf.PIECE_BYTES, 700])
+@pytest.mark.parametrize("piece", [ocsf_export.PIECE_BYTES, 700])
 def test_parallel_export_stops_at_the_break(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
-    monkeypatch.setattr(ocsf, "PIECE_BYTES", piece)
+    monkeypatch.setattr(ocsf_export, "PIECE_BYTES", piece)
     directory = tmp_path / "audit"
     _segmented(directory, 60)
     segments = sorted(directory.glob("trail-*.jsonl"))
@@ -426,6 +428,19 @@ def test_parallel_export_stops_at_the_break(tmp_path: Path, monkeypatch: pytest.
     assert brk.segment == victim.name
     seqs = [json.loads(line)["metadata"]["sequence"] for line in out.getvalue().splitlines()]
     assert seqs == list(range(1, brk.seq))
+
+
+def test_a_record_without_the_schemas_shape_stops_the_export_in_workers_too(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    _segmented(directory, 60)
+    bad = _decision(allowed=True)
+    bad["decision"]["allowed"] = "yes"
+    with JsonlAuditTrail(directory, host="testhost", segment_max_bytes=4096) as trail:
+        trail.append("policy.decision", bad, request_id="r-bad", principal="agent-1", policy=POLICY)
+    assert verify_trail(directory).ok  # chained like any record: the export's mapping is what refuses it
+    for workers in (1, 2):
+        with pytest.raises(AuditIntegrityError, match=r"\$\.data\.decision\.allowed: expected a boolean"):
+            export_ocsf([directory], io.BytesIO(), workers=workers)
 
 
 def test_docs_table_matches_the_mapping() -> None:

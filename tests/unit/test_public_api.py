@@ -73,7 +73,7 @@ def test_an_audit_worker_imports_neither_the_policy_package_nor_the_gateway() ->
     modules on first use, so a worker that needs only the audit modules does not import the policy loader
     (jsonschema), the decision engine or the Gateway (about 0.3 s of CPU each)."""
     probe = (
-        "import sys, gateway.audit._scan, gateway.audit.ocsf; "
+        "import sys, gateway.audit._scan, gateway.audit.ocsf_export; "
         "print(sorted(m for m in sys.modules if m.startswith(('gateway.policy', 'gateway.decision', "
         "'gateway._gateway', 'jsonschema', 'gateway.audit.jsonl'))))"
     )

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.audit import verify as verify_mod
-from gateway.audit.ocsf import export_ocsf
+from gateway.audit.ocsf_export import export_ocsf
 from gateway.report import _parallel
 from gateway.report.build import build_report
 
