@@ -6,7 +6,7 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     guard the assembled options again (``options.guard``); make sure the image is present (a missing
     image is ``ImageMissingError`` naming ``scripts/build-image.sh`` unless the spec says ``pull:
     if-missing``; never a silent pull); ``containers.create`` with the options plus the runner's own
-    transport keys only (``entrypoint``: the fixed supervisor of ``gateway.runner.docker.supervisor``, ``command``,
+    transport keys only (``entrypoint``: the fixed supervisor of ``gateway.runner.supervisor``, ``command``,
     ``stdin_open``, ``stdin_once``, ``tty=False``, ``detach``); attach to its stdin/stdout/stderr *before*
     starting it; start it. The supervisor then waits for exactly one payload on stdin.
 ``run``

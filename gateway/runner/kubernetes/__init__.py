@@ -5,7 +5,7 @@
 RuntimeClass, the gateway's Deployment and Service), ``client`` (the API calls, through the official
 ``kubernetes`` client, imported lazily), ``runner`` (``KubernetesRunner``: create → watch → attach → payload →
 read → delete) and ``errors`` (the client's exceptions mapped to the gateway's). The in-Pod supervisor and its
-framed protocol are the Docker backend's, unchanged (``runner/docker/supervisor.py``, ``collect.py``).
+framed protocol are every backend's (``runner/supervisor.py``, ``runner/frames.py``).
 """
 
 from __future__ import annotations

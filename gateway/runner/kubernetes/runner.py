@@ -9,13 +9,13 @@
     ``start_timeout_s`` (unschedulable, quota) is a ``SandboxError`` with the scheduler's reason. Then attach to
     the container's stdin / stdout / stderr: the supervisor (PID 1) waits for its one payload there.
 ``run``
-    send the payload (the framed, authenticated protocol of ``runner/docker/supervisor.py``, unchanged) and read
-    the attach session one WebSocket message at a time: stdout carries the supervisor's verified frames, capped
-    per stream (``collect.take_frame``, shared with Docker); a monotonic deadline covers the whole read; a
-    flood, the deadline, a cancel or a raising callback closes the session (the supervisor's stdin closes: it
-    kills everything) and deletes the Pod. A run that ends without a final frame reads the Pod's status: the
-    kubelet's ``OOMKilled`` and the eviction (``Evicted``) are reported as such (``oom_killed``;
-    ``resource_killed`` with ``sandbox.reason``). The Pod is deleted in ``finally``, always.
+    send the payload (the supervisor and its framed, authenticated protocol are every backend's:
+    ``runner/supervisor.py``, ``runner/frames.py``) and read the attach session one WebSocket message at a time:
+    stdout carries the supervisor's verified frames, capped per stream (``frames.take_frame``); a monotonic
+    deadline covers the whole read; a flood, the deadline, a cancel or a raising callback closes the session
+    (the supervisor's stdin closes: it kills everything) and deletes the Pod. A run that ends without a final
+    frame reads the Pod's status: the kubelet's ``OOMKilled`` and the eviction (``Evicted``) are reported as such
+    (``oom_killed``; ``resource_killed`` with ``sandbox.reason``). The Pod is deleted in ``finally``, always.
 
 The outcome names the Pod (``Outcome.sandbox``: namespace, name, uid, the manifest's sha256), so the outcome
 record carries the digest the decision record holds and the uid the API server gave the Pod.
