@@ -70,6 +70,23 @@ def _stream(media_type: str, schema: dict[str, Any], description: str) -> dict[s
     return {"description": description, "content": {media_type: {"schema": schema}}, "headers": headers}
 
 
+_YEAR = "(19|2[0-9])[0-9]{2}"
+_LEAP_YEAR = "((19|2[0-9])(0[48]|[2468][048]|[13579][26])|(20|24|28)00)"
+_DAY = (
+    f"({_YEAR}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+    f"|{_LEAP_YEAR}-02-29)"
+)
+_TIME = "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?"
+_MOMENT = {"type": "string", "pattern": f"^{_DAY}({_TIME})?$"}
+"""``since`` and ``until``: a day that exists (years 1900-2999), with a time or not. The service reads more forms
+(gateway/audit/query.py ``parse_time``); the pattern states a part that it always reads, so that no value the
+document allows is refused (schemathesis' positive data checks it)."""
+_MOMENT_TEXT = (
+    "an RFC 3339 date-time (2024-05-01T12:00:00Z: seconds, at most 6 digits of fraction, Z or +hh:mm/-hh:mm, "
+    "UTC when none is given) or a date (2024-05-01: its midnight UTC), of a day that exists in 1900-2999."
+)
+
+
 def _audit_parameters() -> list[dict[str, Any]]:
     """The filters of ``gateway audit query`` (gateway/service/operator.py), named like its flags."""
 
@@ -78,8 +95,8 @@ def _audit_parameters() -> list[dict[str, Any]]:
 
     text = {"type": "string", "minLength": 1}
     return [
-        query("since", text, "RFC 3339 time (or a date), inclusive."),
-        query("until", text, "RFC 3339 time (or a date), exclusive."),
+        query("since", _MOMENT, f"Records at or after this time: {_MOMENT_TEXT}"),
+        query("until", _MOMENT, f"Records before this time: {_MOMENT_TEXT}"),
         query("principal", text, "Records of this principal."),
         query("decision", {"type": "string", "enum": ["allow", "deny"]}, "Decisions that allowed or denied."),
         query("rule", text, "Decisions in which this rule did not pass."),
