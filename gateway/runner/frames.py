@@ -10,8 +10,8 @@ verification.
 
 A backend reads the sandbox's stdout its own way (Docker: the multiplexed attach stream,
 ``runner/docker/collect.py``; Kubernetes: the attach WebSocket) and hands every chunk to a ``FrameDecoder`` and
-every frame to ``take_frame``. Everything here is a pure function of the bytes read, unit-tested without an
-engine.
+every frame to ``take_frame``. Everything here works on what was read (and, in ``outcome_of``, the backend's
+final state of the sandbox), so it is unit-tested without an engine.
 """
 
 from __future__ import annotations
