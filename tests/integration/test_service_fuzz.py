@@ -1,16 +1,19 @@
 """Fuzz the HTTP API with schemathesis against the OpenAPI document the REAL server serves.
 
-One server on a loopback port (real engine, real trail, a real principal's token). Every operation of
-``GET /openapi.json`` is exercised with schemathesis' generated requests, valid and invalid; every response
-must be no 5xx, have a documented status, content type and headers, and a body valid against the documented
-schema (the JSON Schemas in ``schemas/``). Bounded: the dry-run and read endpoints get more examples than
-``/v1/executions``, whose valid requests start real containers.
+One server on a loopback port (real engine, real trail, a real agent's and a real operator's token). Every
+operation of ``GET /openapi.json`` but ``/mcp`` is exercised with schemathesis' schema-valid requests (positive
+data); every response must be no 5xx, have a documented status, content type and headers, a body valid against
+the documented schema (the JSON Schemas in ``schemas/``), and no schema-valid request may be refused as invalid
+(``positive_data_acceptance``; 401, 403 and 429 stay allowed: the caller's policy may deny what the schema
+allows). Bounded: a fixed number of examples per operation, fewer for ``/v1/executions``, whose allowed
+requests start real containers.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -19,71 +22,114 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import positive_data_acceptance
 from servers import one_principal, start
 
+from gateway.request import MAX_METADATA_BYTES
+from gateway.resources import policies_dir
 from gateway.service.config import ServerConfig
+from gateway.service.principals import PrincipalsStore
 
-pytestmark = [pytest.mark.usefixtures("engine"), pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("engine"), pytest.mark.slow]
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+class Live(NamedTuple):
+    url: str
+    agent: str
+    """An agent's token (policies/default.yaml)."""
+    operator: str
+    """An operator's token, for /metrics and /v1/audit/records."""
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, engine: Any) -> Iterator[tuple[str, str]]:
+def live(tmp_path_factory: pytest.TempPathFactory, engine: Any) -> Iterator[Live]:
     directory = tmp_path_factory.mktemp("fuzz")
     principals, token = one_principal(directory)
-    config = ServerConfig(principals=principals, audit_dir=directory / "audit", max_body_bytes=64 * 1024)
+    operator = PrincipalsStore(principals).add("olga", policy=str(policies_dir() / "default.yaml"), role="operator")
+    config = ServerConfig(principals=principals, audit_dir=directory / "audit", max_body_bytes=MAX_BODY_BYTES)
     port, _service, stop = start(config)
     try:
-        yield f"http://127.0.0.1:{port}", token
+        yield Live(f"http://127.0.0.1:{port}", token, operator)
     finally:
         stop()
 
 
 EXAMPLES = {"/v1/executions": 6}
-"""Valid execution requests start containers: few of them. Every other operation gets DEFAULT_EXAMPLES."""
+"""Allowed execution requests start containers: few of them. Every other operation gets DEFAULT_EXAMPLES."""
 DEFAULT_EXAMPLES = 40
+OPERATOR_PATHS = ("/v1/audit/records", "/metrics")
+"""Operator-only endpoints, fuzzed with the operator's token (an agent's gets 403 whatever it sends)."""
 
 
 def _operations(url: str) -> list[Any]:
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    # from_dict, not from_url: schemathesis leaves out the operation its schema was loaded from (/openapi.json).
+    schema = schemathesis.openapi.from_dict(httpx.get(f"{url}/openapi.json", timeout=10).json())
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/executions", "/v1/decisions", "/v1/policy", "/v1/tools"}
     return operations
 
 
-def _fuzz(operation: Any, token: str, examples: int) -> None:
-    """schemathesis' generated cases (valid and invalid) for ``operation``, each sent with the token and checked
-    by every check schemathesis has (no 5xx, status, content type, headers, the body's schema, auth enforced,
-    ...) except ``positive_data_acceptance``: a schema-valid request may still be refused with the documented 422
-    by checks a JSON Schema cannot state (a size such as ``"99999999999999999999t"`` beyond the engine's maximum),
-    or with 403 by the caller's policy."""
+def _refused_beyond_the_schema(case: Any) -> int | None:
+    """The status of a documented refusal that no JSON Schema can state, when ``case`` meets one; else None.
+
+    Only these two escape ``positive_data_acceptance``, and each must then get exactly its status:
+
+    - a body larger than the server's ``max_body_bytes``: 413 (a byte count of the serialised body, not a shape);
+    - ``metadata`` larger than MAX_METADATA_BYTES as compact JSON: 422 (the schema bounds its keys, strings,
+      items and nesting, and states the byte cap in metadata's description).
+    """
+    if not isinstance(case.body, dict):
+        return None
+    if len(json.dumps(case.body).encode("utf-8")) > MAX_BODY_BYTES:  # as schemathesis' transport serialises it
+        return 413
+    if "metadata" in case.body:
+        compact = json.dumps(case.body["metadata"], separators=(",", ":"), ensure_ascii=False)
+        if len(compact.encode("utf-8", "surrogatepass")) > MAX_METADATA_BYTES:
+            return 422
+    return None
+
+
+def _fuzz(operation: Any, url: str, token: str, examples: int) -> None:
+    """schemathesis' schema-valid cases for ``operation``, each sent to ``url`` with ``token`` and checked by every
+    check schemathesis has (no 5xx, status, content type, headers, the body's schema, auth enforced, schema-valid
+    data accepted, ...), but for the two refusals of _refused_beyond_the_schema."""
 
     @given(case=operation.as_strategy())
     @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     def run(case: Any) -> None:
-        case.call_and_validate(
-            headers={"Authorization": f"Bearer {token}"}, timeout=60, excluded_checks=[positive_data_acceptance]
+        refused = _refused_beyond_the_schema(case)
+        response = case.call_and_validate(
+            base_url=url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+            excluded_checks=[positive_data_acceptance] if refused is not None else [],
         )
+        if refused is not None:
+            assert response.status_code == refused, response.text
 
     run()
 
 
-@pytest.mark.parametrize("path", ["/v1/decisions", "/v1/policy", "/v1/tools", "/healthz", "/readyz", "/openapi.json"])
-def test_read_and_dry_run_endpoints_conform_to_the_document(live: tuple[str, str], path: str) -> None:
-    url, token = live
-    for operation in _operations(url):
-        if operation.path == path:
-            _fuzz(operation, token, DEFAULT_EXAMPLES)
+# /mcp is not fuzzed: its body is the MCP specification's JSON-RPC, which the document does not restate, so
+# schemathesis could only send requests that the MCP SDK refuses.
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/decisions", "/v1/policy", "/v1/tools", "/healthz", "/readyz", "/openapi.json", *OPERATOR_PATHS],
+)
+def test_read_and_dry_run_endpoints_conform_to_the_document(live: Live, path: str) -> None:
+    (operation,) = [op for op in _operations(live.url) if op.path == path]
+    _fuzz(operation, live.url, live.operator if path in OPERATOR_PATHS else live.agent, DEFAULT_EXAMPLES)
 
 
-def test_executions_conform_to_the_document(live: tuple[str, str]) -> None:
-    url, token = live
-    (operation,) = [op for op in _operations(url) if op.path == "/v1/executions"]
-    _fuzz(operation, token, EXAMPLES["/v1/executions"])
+def test_executions_conform_to_the_document(live: Live) -> None:
+    (operation,) = [op for op in _operations(live.url) if op.path == "/v1/executions"]
+    _fuzz(operation, live.url, live.agent, EXAMPLES["/v1/executions"])
 
 
-def test_the_served_document_is_the_built_one(live: tuple[str, str]) -> None:
+def test_the_served_document_is_the_built_one(live: Live) -> None:
     """Unauthenticated on purpose: the document is the public contract and holds no principal or policy."""
     from gateway.service.openapi import openapi_document
 
-    response = httpx.get(f"{live[0]}/openapi.json", timeout=10)
+    response = httpx.get(f"{live.url}/openapi.json", timeout=10)
     assert response.status_code == 200
     assert response.json() == openapi_document()
 
@@ -100,8 +146,8 @@ def _validator(name: str) -> Any:
     return Draft202012Validator(load_schema(name), registry=registry)
 
 
-def test_real_results_validate_against_the_result_schema(live: tuple[str, str]) -> None:
-    url, token = live
+def test_real_results_validate_against_the_result_schema(live: Live) -> None:
+    url, token = live.url, live.agent
     code = "import os\nprint(2+2)\nopen('out/a.txt','w').write('hi')\nopen('out/b.bin','wb').write(bytes([255]))"
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         ran = client.post("/v1/executions", json={"code": code})
