@@ -42,7 +42,10 @@ def parse_time(value: str | datetime) -> str:
             raise AuditError(f"not an RFC 3339 time: {value!r}") from exc
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return utc_timestamp(moment)
+    try:
+        return utc_timestamp(moment)
+    except OverflowError as exc:  # e.g. 0001-01-01T00:00:00+01:00: before year 1 in UTC
+        raise AuditError(f"time out of range once converted to UTC: {value!r}") from exc
 
 
 @dataclass(frozen=True, slots=True)

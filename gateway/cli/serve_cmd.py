@@ -112,7 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415 - the server only when serving
 
     from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when serving
-    from gateway.service.app import Service, build_app  # noqa: PLC0415 - Starlette only when serving
+    from gateway.service.app import build_app  # noqa: PLC0415 - Starlette only when serving
+    from gateway.service.service import Service  # noqa: PLC0415 - the service only when serving
     from gateway.service.deadlines import http_protocol  # noqa: PLC0415 - uvicorn only when serving
 
     config = config_from_args(args)

@@ -27,14 +27,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -45,8 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, request_response
 
-from gateway import Caller, ExecutionResult, Gateway, PolicySet
-from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway import Caller, ExecutionResult
 from gateway.errors import (
     AuthenticationError,
     BodyTimeoutError,
@@ -55,187 +51,27 @@ from gateway.errors import (
     GatewayError,
     MalformedRequestError,
     OverQuotaError,
-    PolicyError,
-    PrincipalsNotFoundError,
     RequestError,
-    ServerConfigError,
-    TooManyConnectionsError,
     UnsupportedMediaTypeError,
-    http_status_for,
 )
-from gateway.policy import Policy, load_policy
-from gateway.resources import policy_path_from_env
-from gateway.runner import Runner
-from gateway.runner.interface import OnOutput
-from gateway.service.authlog import AuthFailures, FailureReason, presented_token_id
-from gateway.service.config import ServerConfig
-from gateway.service.decisions import DecisionWorkers, default_decision_workers
-from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale, reload
+from gateway.policy import Policy
+from gateway.service.authlog import FailureReason, presented_token_id
 from gateway.service.mcp_http import McpEndpoint
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.service.metrics import ServiceMetrics
 from gateway.service.openapi import openapi_document
 from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
-from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
-from gateway.service.quotas import Admission, Refusals, default_global_bound
+from gateway.service.principals import Quotas
 from gateway.service.replies import Reply, check_json_body, error_reply, gateway_error_reply
+from gateway.service.service import Service
 from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
 from gateway.tool import tool_definition
 
 T = TypeVar("T")
 
-__all__ = ["Service", "build_app"]
+__all__ = ["build_app"]
 
 _log = logging.getLogger("gateway.service")
 JSON_MEDIA_TYPE = "application/json"
-
-
-class Service:
-    """What the application serves: the configuration, the principals, one Gateway and the auth-failure log.
-
-    Build it with :meth:`from_config`; :meth:`start` and :meth:`close` are the application's lifespan."""
-
-    def __init__(
-        self,
-        config: ServerConfig,
-        *,
-        principals: Principals,
-        gateway: Gateway,
-        auth_failures: AuthFailures,
-        owned: tuple[Callable[[], None], ...] = (),
-        runner: Callable[[], Runner] | None = None,
-    ) -> None:
-        self.config = config
-        self.principals = principals
-        self.gateway = gateway
-        self.auth_failures = auth_failures
-        self._owned = owned
-        self.inflight = Inflight()
-        """The running executions' cancel events: what shutdown cancels after the grace."""
-        self.metrics = ServiceMetrics()
-        """``GET /metrics``."""
-        self.admission = Admission(
-            config.max_concurrent_executions or default_global_bound(), queue_wait_s=config.queue_wait_s
-        )
-        """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
-        self.metrics.queue_depth.set_function(self.admission.waiting)
-        if gateway.pool is not None:
-            self.metrics.watch_pool(gateway.pool)
-        self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
-        self.anchors = anchor_writer(config, gateway.audit)
-        """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
-        workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
-        self.decisions = DecisionWorkers(gateway, runner, workers)
-        """Where dry runs are decided (:mod:`gateway.service.decisions`)."""
-
-    @classmethod
-    def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
-        """Load the principals (refusing a file where no principal holds a token), each principal's policy and
-        the default one, open the trail, then make the runner (``gateway serve``: the Docker runner); the
-        service owns and closes both. A policy that does not load is recorded as ``policy.rejected`` and
-        raised: the service does not start."""
-        principals_file = config.principals or principals_path_from_env()
-        try:
-            principals = load_principals(principals_file)
-        except PrincipalsNotFoundError as exc:
-            raise ServerConfigError(
-                f"no principals file at {principals_file}: the service has no unauthenticated mode",
-                hint="add a principal first: `gateway principals add NAME --policy policies/default.yaml`",
-            ) from exc
-        if not any(p.tokens for p in principals):
-            raise ServerConfigError(
-                f"no principal in {principals_file} holds a token (there are {len(principals)}; revoked principals "
-                "cannot authenticate): the service has no unauthenticated mode",
-                hint="`gateway principals add NAME --policy P` or `gateway principals rotate NAME` issues a token",
-            )
-        # Many requests at once: one fsync makes every record written meanwhile durable (group commit); each
-        # request still waits until its own record is on disk, so nothing runs or answers before it is recorded.
-        sink = JsonlAuditTrail.from_env(config.audit_dir, group_commit=True)
-        try:
-            policies = _policy_set(config, principals, sink)
-            backend = runner()
-        except BaseException:
-            sink.close()
-            raise
-        try:
-            gateway = Gateway(policies, runner=backend, audit=sink, pool=config.pool or None)
-        except BaseException:
-            backend.close()
-            sink.close()
-            raise
-        auth = AuthFailures(sink, interval_s=config.auth_failure_interval_s)
-        return cls(
-            config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close),
-            runner=runner,
-        )  # fmt: skip
-
-    def start(self) -> None:
-        """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
-        self.gateway.__enter__()
-        if self.anchors is not None:
-            self.anchors.start()
-        self.auth_failures.start()
-        reap_stale(self)
-
-    def execute(
-        self, body: bytes, caller: Caller, *, cancel: threading.Event | None = None, on_output: OnOutput | None = None
-    ) -> ExecutionResult:
-        """Run in a worker thread, registered in :attr:`inflight` for as long as the thread runs (the request's
-        task may be cancelled at shutdown; the run is then cancelled by :meth:`close`, not abandoned). ``cancel``:
-        the caller's own event (its client went away), which shutdown sets too."""
-        with self.inflight.run(cancel) as event:
-            return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
-
-    def reload(self) -> bool:
-        """SIGHUP: reload the principals and policies (see :func:`gateway.service.lifecycle.reload`); the
-        decision workers get the new policies."""
-        ok = reload(self)
-        if ok:
-            self.decisions.policies_changed(self.gateway.policies)
-        return ok
-
-    def connection_refused(self, error: TooManyConnectionsError, request_id: str) -> None:
-        """A connection over ``max_connections`` was answered 503 and closed (:mod:`gateway.service.deadlines`):
-        counted in ``/metrics`` (endpoint ``connection``) and audited, summarised (``request.refused``)."""
-        self.metrics.request("connection", http_status_for(error))
-        self.refusals.note(error, principal=None, token_id=None, request_id=request_id, path=None)
-
-    def close(self) -> None:
-        """Cancel the runs still in flight (the grace is over) and wait for their sandboxes to be removed, write
-        the last auth-failure summary and the stop record, then close the engine and the trail."""
-        if self.inflight.cancel_all():
-            self.inflight.wait_idle(timeout_s=60.0)
-        try:
-            self.refusals.stop()
-            self.auth_failures.stop()
-        finally:
-            try:
-                self.gateway.close()
-                if self.anchors is not None:
-                    self.anchors.stop()  # after the stop record: the last anchor covers the whole run
-            finally:
-                for close in self._owned:
-                    with contextlib.suppress(Exception):
-                        close()
-
-
-def _policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) -> PolicySet:
-    """``PolicySet.of(default, {name: policy})``, each file loaded once."""
-    loaded: dict[Path, Policy] = {}
-
-    def load(path: Path) -> Policy:
-        if path not in loaded:
-            try:
-                loaded[path] = load_policy(path)
-            except PolicyError as exc:
-                problems = [str(p) for p in exc.problems] or [exc.message]
-                with contextlib.suppress(GatewayError):
-                    sink.append("policy.rejected", {"source": str(path), "problems": problems})
-                raise
-        return loaded[path]
-
-    default = load(policy_path_from_env(config.policy))
-    return PolicySet.of(default, {p.name: load(p.policy) for p in principals})
 
 
 # --- responses -----------------------------------------------------------------------------------------
@@ -368,7 +204,7 @@ def build_app(service: Service) -> Starlette:
     async def mcp_admission(caller: Caller) -> AsyncIterator[None]:
         """A tool call over /mcp counts against the caller's rpm and holds one of its execution slots, exactly
         like ``POST /v1/executions``; a refusal is recorded the same way and answered as a tool error."""
-        quotas = quotas_of(caller)
+        quotas = service.quotas_of(caller)
         try:
             service.admission.count_request(caller.principal, quotas)
             async with service.admission.execution(caller.principal, quotas):
@@ -450,7 +286,7 @@ def build_app(service: Service) -> Starlette:
             service.metrics.denied(result.decision.to_dict()["violations"], dry_run=dry_run)
 
     async def executions(request: Request, caller: Caller, request_id: str) -> Response:
-        quotas = quotas_of(caller)
+        quotas = service.quotas_of(caller)
         if (over := admit(request, caller, request_id, quotas)) is not None:
             return over
         body = await read_body(request, caller, request_id, check_json=False)
@@ -489,7 +325,7 @@ def build_app(service: Service) -> Starlette:
         return response
 
     async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
-        if (over := admit(request, caller, request_id, quotas_of(caller))) is not None:
+        if (over := admit(request, caller, request_id, service.quotas_of(caller))) is not None:
             return over
         body = await read_body(request, caller, request_id, check_json=False)  # a worker parses it
         started = time.perf_counter()
@@ -508,9 +344,6 @@ def build_app(service: Service) -> Starlette:
         await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
         lines = audit_lines(service, audit_filters(request.query_params))
         return StreamingResponse(lines, media_type=NDJSON, headers={"X-Request-Id": request_id})
-
-    def quotas_of(caller: Caller) -> Quotas:
-        return service.principals.get(caller.principal).effective_quotas(service.config.quotas)
 
     def admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
         """Count the request against the caller's rpm (before its body is read); over it, the 429."""
@@ -538,7 +371,7 @@ def build_app(service: Service) -> Starlette:
 
     async def readyz(request: Request) -> Response:
         request_id = _new_request_id()
-        checks = await run_in_threadpool(readiness, service)
+        checks = await run_in_threadpool(service.readiness)
         if all(ok for ok, _ in checks.values()):
             return _json(200, {"status": "ready", "checks": dict.fromkeys(checks, "ok")}, request_id)
         for name, (ok, why) in checks.items():
@@ -648,31 +481,3 @@ def tool_for(policy: Policy) -> dict[str, Any]:
         f' Call it through POST /v1/executions with {{"code": code, "limits": {{"timeout_s": timeout}}}}.'
     )
     return definition
-
-
-def readiness(service: Service) -> dict[str, tuple[bool, str]]:
-    """``GET /readyz``: the engine answers, every policy's default image is present, the trail is writable."""
-    checks: dict[str, tuple[bool, str]] = {}
-    gateway = service.gateway
-    images = sorted({compiled.policy.images.default for compiled in gateway.policies})
-    try:
-        missing = [image for image in images if gateway.runner.image_id(image) is None]
-        checks["engine"] = (True, "")
-        checks["image"] = (not missing, f"missing: {', '.join(missing)}" if missing else "")
-    except Exception as exc:  # noqa: BLE001 - any failure to ask the engine means it is not reachable
-        checks["engine"] = (False, f"{type(exc).__name__}: {exc}")
-        checks["image"] = (False, "the engine did not answer")
-    checks["audit"] = _audit_writable(gateway)
-    return checks
-
-
-def _audit_writable(gateway: Gateway) -> tuple[bool, str]:
-    directory = getattr(gateway.audit, "directory", None)
-    if directory is None:
-        return True, ""
-    try:
-        with tempfile.NamedTemporaryFile(dir=os.fspath(directory), prefix=".readyz-"):
-            pass
-    except OSError as exc:
-        return False, f"{directory}: {exc.strerror or exc}"
-    return True, ""

@@ -1,9 +1,6 @@
-"""The service's life: reload on SIGHUP, in-flight runs at SIGTERM, start-up reaping.
+"""The service's life: in-flight runs at SIGTERM, start-up reaping, the anchor writer (the reload on SIGHUP is
+:meth:`gateway.service.service.Service.reload`).
 
-* :func:`reload` re-reads the principals file and every policy it names (plus the default policy). Any file
-  that fails validation rejects the whole reload: the last good principals and policies stay active. Both
-  outcomes are audited as ``policy.reloaded`` (``ok`` true with the new default policy's name and sha256 and
-  every policy loaded; ``ok`` false with the rejected ``source`` and its ``problems``).
 * :class:`Inflight` holds a cancel event per running execution: at shutdown the server first waits (uvicorn's
   graceful shutdown, ``grace_s``) for the runs to finish, then :meth:`Inflight.cancel_all` kills and removes
   the rest (each ends as ``gateway.cancelled`` in its ``execution.outcome`` record) before the stop record.
@@ -25,15 +22,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.anchor import AnchorWriter
-from gateway.errors import GatewayError, PolicyError, PrincipalsError
-from gateway.service.principals import load_principals, principals_path_from_env
+from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
+    from gateway import Gateway
     from gateway.audit.interface import AuditSink
-    from gateway.service.app import Service
     from gateway.service.config import ServerConfig
 
-__all__ = ["Inflight", "anchor_writer", "instance_dead", "reap_stale", "reload"]
+__all__ = ["Inflight", "anchor_writer", "instance_dead", "reap_stale"]
 
 _log = logging.getLogger("gateway.service")
 
@@ -75,40 +71,6 @@ class Inflight:
             return self._idle.wait_for(lambda: not self._events, timeout=timeout_s)
 
 
-def reload(service: Service) -> bool:
-    """Reload the principals and policies; True when the new ones are active (see the module)."""
-    from gateway.service.app import _policy_set  # noqa: PLC0415 - app imports this module
-
-    gateway = service.gateway
-    source = str(service.config.principals or principals_path_from_env())
-    try:
-        principals = load_principals(source)
-        if not any(p.tokens for p in principals):
-            raise PrincipalsError(f"no principal in {source} holds a token: the reload would lock everybody out")  # noqa: TRY301
-        policies = _policy_set(service.config, principals, gateway.audit)
-    except (PolicyError, PrincipalsError, GatewayError) as exc:
-        rejected = getattr(exc, "source", None) or source
-        problems = [str(p) for p in exc.problems] or [exc.message]
-        _log.warning("reload rejected (%s): the last good principals and policies stay active", exc.message)
-        _audit(service, {"ok": False, "source": str(rejected), "problems": problems})
-        return False
-    service.principals = principals
-    gateway.policies = policies
-    default = policies.default.policy
-    loaded = [{"name": c.policy.name, "sha256": c.policy.sha256, "source": c.policy.source} for c in policies]
-    data = {"ok": True, "source": source, "name": default.name, "sha256": default.sha256, "policies": loaded}
-    _audit(service, {**data, "principals": len(principals)}, policy={"name": default.name, "sha256": default.sha256})
-    _log.info("reloaded %d principal(s) and %d policy(ies) from %s", len(principals), len(loaded), source)
-    return True
-
-
-def _audit(service: Service, data: dict[str, Any], **extra: Any) -> None:
-    try:
-        service.gateway.audit.append("policy.reloaded", data, **extra)
-    except GatewayError as exc:
-        _log.error("the reload could not be audited: %s", exc.message)
-
-
 def instance_dead(instance: str) -> bool:
     """True when ``instance`` (``host-pid-random``, :func:`new_instance_id`) ran on this host in a process that
     no longer exists. An instance of another host, or an id of another shape, is not known to be dead."""
@@ -127,10 +89,10 @@ def instance_dead(instance: str) -> bool:
     return False
 
 
-def reap_stale(service: Service) -> list[str]:
+def reap_stale(gateway: Gateway) -> list[str]:
     """At start-up: remove the containers of dead instances and expired ones (audited when any was found). An
     engine that does not answer is logged, not fatal: requests then fail with 503 until it is back."""
-    runner: Any = service.gateway.runner
+    runner: Any = gateway.runner
     instance = getattr(runner, "instance", None)
     try:
         found = runner.reap(expired_only=True, dead=instance_dead) if instance else runner.reap(expired_only=True)
@@ -141,7 +103,7 @@ def reap_stale(service: Service) -> list[str]:
     if ids:
         data = {"container_ids": ids, "everything": False, "expired_only": True, "instance": instance}
         with contextlib.suppress(GatewayError):
-            service.gateway.audit.append("containers.reaped", data)
+            gateway.audit.append("containers.reaped", data)
     return ids
 
 

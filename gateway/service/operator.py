@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from starlette.datastructures import QueryParams
 
@@ -25,9 +24,7 @@ from gateway import Caller
 from gateway.audit import EVENT_TYPES
 from gateway.audit.query import QueryFilters, parse_time, query_trail_lines
 from gateway.errors import AuditError, ForbiddenError, GatewayError, Problem, RequestError
-
-if TYPE_CHECKING:
-    from gateway.service.app import Service
+from gateway.service.service import Service
 
 __all__ = ["NDJSON", "QUERY_PARAMETERS", "audit_filters", "audit_lines", "require_operator"]
 

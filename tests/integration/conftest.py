@@ -27,8 +27,8 @@ from gateway.testing import assemble
 if TYPE_CHECKING:
     import httpx
 
-    from gateway.service.app import Service
     from gateway.service.config import ServerConfig
+    from gateway.service.service import Service
 
 SANDBOX_IMAGE = "gateway/sandbox-python:3.11-bookworm"
 MANAGED_LABEL = "io.agent-gateway.managed"

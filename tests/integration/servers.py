@@ -14,10 +14,11 @@ import uvicorn
 
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
-from gateway.service.app import Service, build_app
+from gateway.service.app import build_app
 from gateway.service.config import ServerConfig
 from gateway.service.deadlines import http_protocol
 from gateway.service.principals import PrincipalsStore
+from gateway.service.service import Service
 
 
 def one_principal(directory: Path, name: str = "alice") -> tuple[Path, str]:

@@ -240,9 +240,9 @@ def test_the_service_writes_anchors_as_configured(tmp_path: Path) -> None:
     """``audit_anchor`` in the server configuration: the Service anchors while it runs and once after its stop
     record, and the last anchor is reached by the trail it wrote."""
     from gateway.resources import default_policy_path
-    from gateway.service.app import Service
     from gateway.service.config import load_server_config_text
     from gateway.service.principals import PrincipalsStore
+    from gateway.service.service import Service
     from gateway.testing import FakeRunner
 
     PrincipalsStore(tmp_path / "principals.yaml").add("agent", policy=default_policy_path())

@@ -1,0 +1,265 @@
+"""The service: one :class:`~gateway.Gateway` for the principals of a principals file, with what serving it
+needs around it (quotas, decision workers, metrics, bounded refusal records, anchors, the runs in flight).
+
+:class:`Service` knows nothing of HTTP; :func:`gateway.service.app.build_app` serves it (``app.state.service``,
+read back by :meth:`Service.of`).
+
+Reload (SIGHUP, :meth:`Service.reload`) re-reads the principals file and every policy it names (plus the
+default policy). Any file that fails validation rejects the whole reload: the last good principals and
+policies stay active. Both outcomes are audited as ``policy.reloaded`` (``ok`` true with the new default
+policy's name and sha256 and every policy loaded; ``ok`` false with the rejected ``source`` and its
+``problems``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway import Caller, ExecutionResult, Gateway, PolicySet
+from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway.errors import (
+    GatewayError,
+    PolicyError,
+    PrincipalsError,
+    PrincipalsNotFoundError,
+    ServerConfigError,
+    TooManyConnectionsError,
+    http_status_for,
+)
+from gateway.policy import Policy, load_policy
+from gateway.resources import policy_path_from_env
+from gateway.runner import Runner
+from gateway.runner.interface import OnOutput
+from gateway.service.authlog import AuthFailures
+from gateway.service.config import ServerConfig
+from gateway.service.decisions import DecisionWorkers, default_decision_workers
+from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
+from gateway.service.metrics import ServiceMetrics
+from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
+from gateway.service.quotas import Admission, Refusals, default_global_bound
+
+if TYPE_CHECKING:
+    from starlette.requests import HTTPConnection
+
+__all__ = ["Service", "policy_set"]
+
+_log = logging.getLogger("gateway.service")
+
+
+class Service:
+    """What the application serves: the configuration, the principals, one Gateway and the auth-failure log.
+
+    Build it with :meth:`from_config`; :meth:`start` and :meth:`close` are the application's lifespan."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        principals: Principals,
+        gateway: Gateway,
+        auth_failures: AuthFailures,
+        owned: tuple[Callable[[], None], ...] = (),
+        runner: Callable[[], Runner] | None = None,
+    ) -> None:
+        self.config = config
+        self.principals = principals
+        self.gateway = gateway
+        self.auth_failures = auth_failures
+        self._owned = owned
+        self.inflight = Inflight()
+        """The running executions' cancel events: what shutdown cancels after the grace."""
+        self.metrics = ServiceMetrics()
+        """``GET /metrics``."""
+        self.admission = Admission(
+            config.max_concurrent_executions or default_global_bound(), queue_wait_s=config.queue_wait_s
+        )
+        """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
+        self.metrics.queue_depth.set_function(self.admission.waiting)
+        if gateway.pool is not None:
+            self.metrics.watch_pool(gateway.pool)
+        self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
+        self.anchors = anchor_writer(config, gateway.audit)
+        """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
+        workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
+        self.decisions = DecisionWorkers(gateway, runner, workers)
+        """Where dry runs are decided (:mod:`gateway.service.decisions`)."""
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
+        """Load the principals (refusing a file where no principal holds a token), each principal's policy and
+        the default one, open the trail, then make the runner (``gateway serve``: the Docker runner); the
+        service owns and closes both. A policy that does not load is recorded as ``policy.rejected`` and
+        raised: the service does not start."""
+        principals_file = config.principals or principals_path_from_env()
+        try:
+            principals = load_principals(principals_file)
+        except PrincipalsNotFoundError as exc:
+            raise ServerConfigError(
+                f"no principals file at {principals_file}: the service has no unauthenticated mode",
+                hint="add a principal first: `gateway principals add NAME --policy policies/default.yaml`",
+            ) from exc
+        if not any(p.tokens for p in principals):
+            raise ServerConfigError(
+                f"no principal in {principals_file} holds a token (there are {len(principals)}; revoked principals "
+                "cannot authenticate): the service has no unauthenticated mode",
+                hint="`gateway principals add NAME --policy P` or `gateway principals rotate NAME` issues a token",
+            )
+        # Many requests at once: one fsync makes every record written meanwhile durable (group commit); each
+        # request still waits until its own record is on disk, so nothing runs or answers before it is recorded.
+        sink = JsonlAuditTrail.from_env(config.audit_dir, group_commit=True)
+        try:
+            policies = policy_set(config, principals, sink)
+            backend = runner()
+        except BaseException:
+            sink.close()
+            raise
+        try:
+            gateway = Gateway(policies, runner=backend, audit=sink, pool=config.pool or None)
+        except BaseException:
+            backend.close()
+            sink.close()
+            raise
+        auth = AuthFailures(sink, interval_s=config.auth_failure_interval_s)
+        return cls(
+            config, principals=principals, gateway=gateway, auth_failures=auth, owned=(backend.close, sink.close),
+            runner=runner,
+        )  # fmt: skip
+
+    @staticmethod
+    def of(conn: HTTPConnection) -> Service:
+        """The service of a request's application (``app.state.service``, set by ``build_app``)."""
+        service: Service = conn.app.state.service
+        return service
+
+    def quotas_of(self, caller: Caller) -> Quotas:
+        """The caller's quotas: its principal's own, the service's defaults for the fields it does not set."""
+        return self.principals.get(caller.principal).effective_quotas(self.config.quotas)
+
+    def start(self) -> None:
+        """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
+        self.gateway.__enter__()
+        if self.anchors is not None:
+            self.anchors.start()
+        self.auth_failures.start()
+        reap_stale(self.gateway)
+
+    def execute(
+        self, body: bytes, caller: Caller, *, cancel: threading.Event | None = None, on_output: OnOutput | None = None
+    ) -> ExecutionResult:
+        """Run in a worker thread, registered in :attr:`inflight` for as long as the thread runs (the request's
+        task may be cancelled at shutdown; the run is then cancelled by :meth:`close`, not abandoned). ``cancel``:
+        the caller's own event (its client went away), which shutdown sets too."""
+        with self.inflight.run(cancel) as event:
+            return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
+
+    def reload(self) -> bool:
+        """SIGHUP: reload the principals and policies (see the module); True when the new ones are active. The
+        decision workers get the new policies."""
+        gateway = self.gateway
+        source = str(self.config.principals or principals_path_from_env())
+        try:
+            principals = load_principals(source)
+            if not any(p.tokens for p in principals):
+                raise PrincipalsError(f"no principal in {source} holds a token: the reload would lock everybody out")  # noqa: TRY301
+            policies = policy_set(self.config, principals, gateway.audit)
+        except (PolicyError, PrincipalsError, GatewayError) as exc:
+            rejected = getattr(exc, "source", None) or source
+            problems = [str(p) for p in exc.problems] or [exc.message]
+            _log.warning("reload rejected (%s): the last good principals and policies stay active", exc.message)
+            self._audit_reload({"ok": False, "source": str(rejected), "problems": problems})
+            return False
+        self.principals = principals
+        gateway.policies = policies
+        default = policies.default.policy
+        loaded = [{"name": c.policy.name, "sha256": c.policy.sha256, "source": c.policy.source} for c in policies]
+        data = {"ok": True, "source": source, "name": default.name, "sha256": default.sha256, "policies": loaded}
+        policy = {"name": default.name, "sha256": default.sha256}
+        self._audit_reload({**data, "principals": len(principals)}, policy=policy)
+        _log.info("reloaded %d principal(s) and %d policy(ies) from %s", len(principals), len(loaded), source)
+        self.decisions.policies_changed(policies)
+        return True
+
+    def _audit_reload(self, data: dict[str, Any], **extra: Any) -> None:
+        try:
+            self.gateway.audit.append("policy.reloaded", data, **extra)
+        except GatewayError as exc:
+            _log.error("the reload could not be audited: %s", exc.message)
+
+    def readiness(self) -> dict[str, tuple[bool, str]]:
+        """``GET /readyz``: each check's outcome and, when it failed, why (for the log): the engine answers,
+        every policy's default image is present, the trail is writable. Blocking: call it in a worker thread."""
+        checks: dict[str, tuple[bool, str]] = {}
+        gateway = self.gateway
+        images = sorted({compiled.policy.images.default for compiled in gateway.policies})
+        try:
+            missing = [image for image in images if gateway.runner.image_id(image) is None]
+            checks["engine"] = (True, "")
+            checks["image"] = (not missing, f"missing: {', '.join(missing)}" if missing else "")
+        except Exception as exc:  # noqa: BLE001 - any failure to ask the engine means it is not reachable
+            checks["engine"] = (False, f"{type(exc).__name__}: {exc}")
+            checks["image"] = (False, "the engine did not answer")
+        checks["audit"] = _audit_writable(gateway)
+        return checks
+
+    def connection_refused(self, error: TooManyConnectionsError, request_id: str) -> None:
+        """A connection over ``max_connections`` was answered 503 and closed (:mod:`gateway.service.deadlines`):
+        counted in ``/metrics`` (endpoint ``connection``) and audited, summarised (``request.refused``)."""
+        self.metrics.request("connection", http_status_for(error))
+        self.refusals.note(error, principal=None, token_id=None, request_id=request_id, path=None)
+
+    def close(self) -> None:
+        """Cancel the runs still in flight (the grace is over) and wait for their sandboxes to be removed, write
+        the last auth-failure summary and the stop record, then close the engine and the trail."""
+        if self.inflight.cancel_all():
+            self.inflight.wait_idle(timeout_s=60.0)
+        try:
+            self.refusals.stop()
+            self.auth_failures.stop()
+        finally:
+            try:
+                self.gateway.close()
+                if self.anchors is not None:
+                    self.anchors.stop()  # after the stop record: the last anchor covers the whole run
+            finally:
+                for close in self._owned:
+                    with contextlib.suppress(Exception):
+                        close()
+
+
+def policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) -> PolicySet:
+    """``PolicySet.of(default, {name: policy})``, each file loaded once; a policy that does not load is
+    recorded as ``policy.rejected`` and its :class:`PolicyError` raised."""
+    loaded: dict[Path, Policy] = {}
+
+    def load(path: Path) -> Policy:
+        if path not in loaded:
+            try:
+                loaded[path] = load_policy(path)
+            except PolicyError as exc:
+                problems = [str(p) for p in exc.problems] or [exc.message]
+                with contextlib.suppress(GatewayError):
+                    sink.append("policy.rejected", {"source": str(path), "problems": problems})
+                raise
+        return loaded[path]
+
+    default = load(policy_path_from_env(config.policy))
+    return PolicySet.of(default, {p.name: load(p.policy) for p in principals})
+
+
+def _audit_writable(gateway: Gateway) -> tuple[bool, str]:
+    directory = getattr(gateway.audit, "directory", None)
+    if directory is None:
+        return True, ""
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.fspath(directory), prefix=".readyz-"):
+            pass
+    except OSError as exc:
+        return False, f"{directory}: {exc.strerror or exc}"
+    return True, ""
