@@ -61,12 +61,12 @@ from gateway.audit.memory import MemoryAuditSink
 from gateway.decision import Decision, RuleResult, evaluate, resolve
 from gateway.errors import PolicyError, Problem, RequestError
 from gateway.policy import CompiledPolicy, Policy, PolicySet, compile_policy, load_policy
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import load_schema
 from gateway.runner.docker.options import DockerAssembler, build_options
 from gateway.runner.fake import FakeRunner, FakeSandbox, make_outcome
 from gateway.validation import problems_from_error
+from gateway.yamlstrict import LoadedYaml, load_yaml
 
 __all__ = [
     "MAX_SUITE_BYTES",

@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 from jsonschema.exceptions import ValidationError
 
 from gateway.errors import GatewayError, PolicyError, Problem
+from gateway.yamlstrict import LoadedYaml, load_yaml
 
 if TYPE_CHECKING:
     from jsonschema.protocols import Validator
-
-    from gateway.policy.yamlstrict import LoadedYaml
 
 __all__ = ["load_yaml_checked", "problems_from_error"]
 
@@ -70,8 +69,6 @@ def load_yaml_checked(
     """A YAML file of the gateway's own (server config, principals): read strictly, then every schema problem
     of it. What the strict reader refuses is raised through ``invalid(source, problems)`` (the file's own error,
     not a policy's); the schema problems are returned, so a caller may add its semantic pass."""
-    from gateway.policy.yamlstrict import load_yaml  # noqa: PLC0415 - yamlstrict reports through this module
-
     try:
         loaded = load_yaml(text, source=source)
     except PolicyError as exc:  # the strict reader speaks for policies; the problems are this file's

@@ -17,9 +17,9 @@ import pytest
 
 from gateway.cli import main
 from gateway.policy import load_policy_text
-from gateway.policy.yamlstrict import load_yaml
 from gateway.request import parse_request
 from gateway.testing import capture_audit, decide, run_suite
+from gateway.yamlstrict import load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"

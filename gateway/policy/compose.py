@@ -7,7 +7,7 @@ extend another base; a cycle, a missing base or a chain deeper than :data:`MAX_E
 the ``extends`` line. The merged document (without ``extends``) is what the loader validates, fingerprints
 and compiles, and what ``gateway policy show`` prints.
 
-The merged :class:`~gateway.policy.yamlstrict.LoadedYaml` remembers, for every JSON path, the file and line
+The merged :class:`~gateway.yamlstrict.LoadedYaml` remembers, for every JSON path, the file and line
 it was written at, so a problem in an inherited value points into the base file.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PolicyError, PolicyNotFoundError, Problem
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml, path_join, read_capped
+from gateway.yamlstrict import LoadedYaml, load_yaml, path_join, read_capped
 
 __all__ = ["MAX_EXTENDS_DEPTH", "MAX_POLICY_BYTES", "decode_policy", "load_document", "read_policy", "resolve_extends"]
 

@@ -46,10 +46,10 @@ from gateway.policy.model import (
     UserSpec,
 )
 from gateway.policy.paths import denied_host_reason, rw_overlaps, target_problem
-from gateway.policy.yamlstrict import LoadedYaml, load_yaml
 from gateway.resources import load_schema
 from gateway.sizes import SizeError, format_size, parse_size
 from gateway.validation import problems_from_error
+from gateway.yamlstrict import LoadedYaml, load_yaml
 
 __all__ = [
     "MAX_POLICY_BYTES",

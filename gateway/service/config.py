@@ -17,10 +17,10 @@ from typing import Any, Final
 from jsonschema import Draft202012Validator
 
 from gateway.errors import Problem, ServerConfigError
-from gateway.policy.yamlstrict import read_capped
 from gateway.resources import load_schema
 from gateway.service.principals import DEFAULT_QUOTAS, Quotas
 from gateway.validation import load_yaml_checked
+from gateway.yamlstrict import read_capped
 
 __all__ = [
     "DEFAULT_HOST",

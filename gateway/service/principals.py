@@ -52,9 +52,9 @@ from gateway.errors import (
     UnknownPrincipalError,
 )
 from gateway.policy import load_policy
-from gateway.policy.yamlstrict import LoadedYaml, read_capped
 from gateway.resources import load_schema
 from gateway.validation import load_yaml_checked
+from gateway.yamlstrict import LoadedYaml, read_capped
 
 __all__ = [
     "API_VERSION",

@@ -20,10 +20,10 @@ from gateway.decision import engine
 from gateway.decision.rules import Context, Finding, Rule
 from gateway.errors import PolicyError
 from gateway.policy import load_policy
-from gateway.policy.yamlstrict import load_yaml
 from gateway.request import parse_request
 from gateway.resources import load_schema, policies_dir, schemas_dir
 from gateway.testing import CaseResult, decide, load_suite, run_suite
+from gateway.yamlstrict import load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = policies_dir() / "default.yaml"

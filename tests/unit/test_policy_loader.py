@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gateway.errors import PolicyError, PolicyNotFoundError
 from gateway.policy import Policy, canonical_sha256, load_policy, load_policy_text
 from gateway.policy.loader import MAX_POLICY_BYTES
-from gateway.policy.yamlstrict import load_yaml
+from gateway.yamlstrict import load_yaml
 
 
 def _problems(text: str) -> list[str]:

@@ -11,10 +11,10 @@ from jsonschema import Draft202012Validator
 
 from gateway.policy import Policy
 from gateway.policy.compose import load_document
-from gateway.policy.yamlstrict import load_yaml
 from gateway.request import parse_request
 from gateway.resources import load_schema, policies_dir, schemas_dir
 from gateway.testing import decide
+from gateway.yamlstrict import load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(policies_dir().rglob("*.yaml"))
