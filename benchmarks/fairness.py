@@ -1,12 +1,13 @@
-"""Dry runs of several principals on one ``gateway serve``: hostile ones send dear bodies, a victim cheap ones.
+"""Dry runs of several principals on one ``gateway serve``: hostile ones send expensive bodies, a victim cheap
+ones.
 
 ``--hostile-principals`` principals (1 by default; ``--hostile-threads`` client threads in all, 8 by default,
 dealt among them; rate quotas lifted) send ``POST /v1/decisions`` bodies that the request schema refuses (422)
 only after checking each of their 20,000 ``env`` entries: each costs a decision worker about 300 ms of CPU.
 After 2 s, a victim principal sends ``print(1)`` dry runs one at a time for ``--seconds`` and the script
 reports their latency (p50, p95, max) and how many dry runs the hostile side made. What it shows: whether
-dear dry runs of one principal, or of several together, hold back another's (the decision workers' shares and
-dispatcher, ``gateway.service.decisions``). Only loopback is contacted.
+expensive dry runs of one principal, or of several together, hold back another's (the decision workers' shares
+and dispatcher, ``gateway.service.shares`` and ``gateway.service.decisions``). Only loopback is contacted.
 
 Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/fairness.py [--hostile-principals 1] [--hostile-threads 8]
 [--seconds 10] [--json]``

@@ -2,11 +2,14 @@
 
 The answers and the records must be those of the in-process path: each principal's own policy, one trail whose
 chain stays intact while the service and its workers write to it, a reload that reaches the workers, a worker
-that dies replaced while the service keeps answering, and no worker left once the service has stopped.
+that dies replaced while the service keeps answering, and no worker left once the service has stopped. At the
+end, the decision workers alone (real worker processes, the fake runner): the order in which several principals'
+dry runs are answered, and a share held until its dry run leaves the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,9 +21,14 @@ from typing import Any
 
 import pytest
 
-from gateway.audit import verify_trail
-from gateway.resources import policies_dir
+from gateway import Caller, Gateway
+from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.policy import load_policy
+from gateway.resources import default_policy_path, policies_dir
+from gateway.runner.fake import FakeRunner
+from gateway.service.decisions import DecisionWorkers
 from gateway.service.principals import PrincipalsStore, Quotas
+from gateway.service.shares import WORKER_MS
 from tests.integration.conftest import Server
 
 pytestmark = pytest.mark.integration
@@ -168,24 +176,24 @@ def test_a_worker_outlasts_the_signals_sent_to_the_services_group(serve: Callabl
     assert [r["gateway"]["pid"] for r in server.records("policy.decision")] == [pid]
 
 
-DEAR_TO_PARSE = ('{"code": "print(1)", "x": [' + ",".join(["[]"] * 200_000) + "]}").encode()
-"""Cheap to send, dear to parse (200,000 JSON arrays, 600 KB; 1.3 million in 3.9 MB took ~470 ms): the request
+EXPENSIVE_TO_PARSE = ('{"code": "print(1)", "x": [' + ",".join(["[]"] * 200_000) + "]}").encode()
+"""Cheap to send, expensive to parse (200,000 JSON arrays, 600 KB; 1.3 million in 3.9 MB took ~470 ms): the request
 schema refuses it (``$.x`` is not a field) only once it is parsed."""
 
 
 @pytest.fixture
 def parsed_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the bodies the service's own process checks as JSON (none, with decision workers)."""
-    from gateway.service import app as app_module
+    from gateway.service import bodies
 
     sizes: list[int] = []
-    real = app_module.check_json_body
+    real = bodies.check_json_body
 
     def watched(body: bytes, **kw: Any) -> None:
         sizes.append(len(body))
         real(body, **kw)
 
-    monkeypatch.setattr(app_module, "check_json_body", watched)
+    monkeypatch.setattr(bodies, "check_json_body", watched)
     return sizes
 
 
@@ -193,14 +201,14 @@ def parsed_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_body_is_parsed_by_a_decision_worker_never_by_the_service_s_event_loop(
     serve: Callable[..., Server], path: str, parsed_here: list[int]
 ) -> None:
-    """Every principal shares the service's event loop: a body dear to parse must cost a worker (against its
+    """Every principal shares the service's event loop: a body expensive to parse must cost a worker (against its
     principal's share), not the loop. Before, the loop parsed every body to check it was JSON, and an execution
     parsed it again in its thread; the execution's request.invalid record named the service's own process."""
     server = serve(decision_workers=1, max_body_bytes=4 << 20)
     (pid,) = _workers(server, 1)
     headers = {"Content-Type": "application/json"}
     with server.client(server.tokens["alice"]) as alice:
-        refused = alice.post(path, content=DEAR_TO_PARSE, headers=headers)
+        refused = alice.post(path, content=EXPENSIVE_TO_PARSE, headers=headers)
         assert refused.status_code == 422, refused.text
         assert refused.json()["errors"][0]["path"] == "$.x"
         malformed = alice.post(path, content=b'{"code": ', headers=headers)
@@ -214,7 +222,7 @@ def test_a_body_is_parsed_by_a_decision_worker_never_by_the_service_s_event_loop
     assert server.records("request.refused")[0]["data"]["code"] == "request.malformed"
 
 
-def test_an_mcp_body_dear_to_parse_is_refused_by_a_worker_before_the_sdk_parses_it(
+def test_an_mcp_body_expensive_to_parse_is_refused_by_a_worker_before_the_sdk_parses_it(
     serve: Callable[..., Server], parsed_here: list[int]
 ) -> None:
     """/mcp hands its body to the MCP SDK, which parses it in the service's event loop. Before, the loop also
@@ -224,10 +232,10 @@ def test_an_mcp_body_dear_to_parse_is_refused_by_a_worker_before_the_sdk_parses_
 
     server = serve(decision_workers=1, max_body_bytes=4 << 20)
     _workers(server, 1)
-    dear = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": [' + b",".join([b"[]"] * 200_000)
+    expensive = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": [' + b",".join([b"[]"] * 200_000)
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     with server.client(server.tokens["alice"]) as alice:
-        refused = alice.post("/mcp", content=dear + b"]}}", headers=headers)
+        refused = alice.post("/mcp", content=expensive + b"]}}", headers=headers)
         assert refused.status_code == 400, refused.text
         assert refused.json()["code"] == "request.malformed"
         assert f"more than {MESSAGE_MAX_VALUES} JSON values" in refused.json()["message"]
@@ -268,11 +276,11 @@ HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in rang
 
 
 @pytest.mark.parametrize("hostile", [["mallory"], ["mallory", "trudy", "eve"]], ids=["one", "three-together"])
-def test_principals_sending_dear_dry_runs_do_not_hold_back_another_ones(
+def test_principals_sending_expensive_dry_runs_do_not_hold_back_another_ones(
     serve: Callable[..., Server], tmp_path: Path, hostile: list[str]
 ) -> None:
-    """The hostile principals flood the one worker with dear dry runs from four connections in all; victim's cheap
-    ones each wait for at most the dear one on the worker, not for every hostile connection's or principal's
+    """The hostile principals flood the one worker with expensive dry runs from four connections in all; victim's cheap
+    ones each wait for at most the expensive one on the worker, not for every hostile connection's or principal's
     (first come, first served on the worker: about four answered per victim dry run). Ordering, not time:
     counted in the hostile answers."""
     path = tmp_path / "share-principals.yaml"
@@ -315,3 +323,109 @@ def test_principals_sending_dear_dry_runs_do_not_hold_back_another_ones(
             thread.join(timeout=120)
     assert not unexpected
     assert during <= 5, f"the hostile principals had {during} dry runs answered while victim made 3"
+
+
+# --- the decision workers alone (no server): which principal's dry runs are answered first --------------------
+
+CALLER = Caller("alice", "gw_id_test")
+
+
+def _gateway(directory: Path) -> Gateway:
+    return Gateway(load_policy(default_policy_path()), runner=FakeRunner(), audit=JsonlAuditTrail(directory))
+
+
+async def _ready(workers: DecisionWorkers, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while workers.ready < count:
+        assert time.monotonic() < deadline, "the workers did not get ready"
+        await asyncio.sleep(0.05)
+
+
+def _answer_order(tmp_path: Path, heavies: list[Caller], expensive_each: int) -> list[str]:
+    """One worker: each principal of ``heavies`` has an expensive dry run timed (its cost is known), then sends
+    ``expensive_each`` at once, then another principal sends one cheap dry run: the order they were answered in."""
+    gateway = _gateway(tmp_path / "audit")
+    light = Caller("light", "gw_id_l")
+
+    async def scenario() -> list[str]:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            for heavy in heavies:
+                assert (await workers.decide(HEAVY, heavy)).status == 422
+            order: list[str] = []
+
+            async def one(name: str, body: bytes, caller: Caller) -> None:
+                answer = await workers.decide(body, caller)
+                assert answer.status == (200 if caller is light else 422)
+                order.append(name)
+
+            tasks = [
+                asyncio.ensure_future(one(f"{h.principal}.{n}", HEAVY, h))
+                for n in range(expensive_each)
+                for h in heavies
+            ]
+            await asyncio.sleep(0.05)
+            tasks.append(asyncio.ensure_future(one("light", b'{"code": "print(1)"}', light)))
+            await asyncio.gather(*tasks)
+            return order
+        finally:
+            await workers.close()
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        gateway.close()
+
+
+def test_a_principal_sending_expensive_dry_runs_does_not_hold_back_another_ones(tmp_path: Path) -> None:
+    """One worker; a principal whose dry runs each cost a worker hundreds of ms sends five at once, then another
+    principal sends one cheap dry run: it is answered before most of the expensive ones (first come, first served on
+    the worker, it was answered last)."""
+    order = _answer_order(tmp_path, [Caller("heavy", "gw_id_h")], 5)
+    assert order.index("light") <= 2, order
+
+
+def test_principals_sending_expensive_dry_runs_together_do_not_hold_back_another_ones(tmp_path: Path) -> None:
+    """One worker; three principals whose dry runs each cost it hundreds of ms send two each at once (their
+    shares let one each on the worker), then another principal sends one cheap dry run: it is answered right
+    after the expensive one the worker holds, not after one of each of the three (they wait in the service, and the
+    next dry run sent is the one of the principal that used the workers least lately)."""
+    order = _answer_order(tmp_path, [Caller(f"heavy{n}", f"gw_id_h{n}") for n in range(3)], 2)
+    assert order.index("light") <= 1, order
+
+
+def test_a_dry_run_abandoned_by_its_client_holds_its_share_until_it_leaves_the_worker(tmp_path: Path) -> None:
+    """A client that leaves does not free its principal's share while the worker still decides its dry run:
+    else sending expensive bodies and hanging up would get round the share."""
+    gateway = _gateway(tmp_path / "audit")
+
+    async def scenario() -> None:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            await _ready(workers, 1)
+            (worker,) = workers._workers
+            task = asyncio.ensure_future(workers.decide(HEAVY, CALLER))
+            while not worker.jobs:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert workers._shares[CALLER.principal].in_flight == 1  # still on the worker
+            deadline = time.monotonic() + 60
+            while workers._shares[CALLER.principal].in_flight:
+                assert time.monotonic() < deadline, "the abandoned dry run never left the worker"
+                await asyncio.sleep(0.01)
+            assert not worker.jobs
+            share = workers._shares[CALLER.principal]
+            assert share.timed  # its cost was learnt all the same
+            assert share.cost_ms > 3 * WORKER_MS
+        finally:
+            await workers.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gateway.close()

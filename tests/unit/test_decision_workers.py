@@ -18,13 +18,15 @@ import pytest
 
 from gateway import Caller, Gateway
 from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.audit.batched import BatchedAuditSink
 from gateway.audit.segments import AuditIO
 from gateway.errors import AuditUnavailableError, DecisionWorkerError, http_status_for
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner
-from gateway.service import decisions
-from gateway.service.decisions import DecisionWorkers, decided
+from gateway.service.decision_worker import BATCH, JobReader, RenderedAnswer, decide_batch, job_frame, render_answer
+from gateway.service.decisions import DecisionWorkers
+from gateway.service.shares import SHARE_MS, Share
 
 CALLER = Caller("alice", "gw_id_test")
 
@@ -40,12 +42,14 @@ async def _ready(workers: DecisionWorkers, count: int) -> None:
         await asyncio.sleep(0.05)
 
 
-def _first_job_error(gateway: Gateway, *, then_in_process: bool = False) -> DecisionWorkerError | None:
-    """Start one worker (``decisions._WORKER`` as the test set it), send it one job: the error that job ended
-    with, if any; ``then_in_process``: a second job must then be decided (in process, while it is replaced)."""
+def _first_job_error(
+    gateway: Gateway, worker_code: str, *, then_in_process: bool = False, timeout_s: float = 30.0
+) -> DecisionWorkerError | None:
+    """Start one worker running ``worker_code``, send it one job: the error that job ended with, if any;
+    ``then_in_process``: a second job must then be decided (in process, while it is replaced)."""
 
     async def scenario() -> DecisionWorkerError | None:
-        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        workers = DecisionWorkers(gateway, FakeRunner, 1, worker_code=worker_code, timeout_s=timeout_s)
         await workers.start()
         try:
             await _ready(workers, 1)
@@ -68,7 +72,7 @@ def _first_job_error(gateway: Gateway, *, then_in_process: bool = False) -> Deci
 def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
     gateway = _gateway(tmp_path / "audit")
 
-    async def scenario() -> tuple[decisions.Decided, decisions.Decided, decisions.Decided]:
+    async def scenario() -> tuple[RenderedAnswer, RenderedAnswer, RenderedAnswer]:
         workers = DecisionWorkers(gateway, FakeRunner, 1)
         await workers.start()
         try:
@@ -81,7 +85,7 @@ def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
         return allowed, denied, invalid
 
     allowed, denied, invalid = asyncio.run(scenario())
-    local = decided(gateway.decide(b'{"code": "print(1)"}', caller=CALLER))
+    local = render_answer(gateway.decide(b'{"code": "print(1)"}', caller=CALLER))
     gateway.close()
     assert allowed.status == local.status == 200
     mine, theirs = json.loads(allowed.content), json.loads(local.content)
@@ -99,10 +103,10 @@ def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
 
 _READY_THEN_FIRST_JOB = """
 import os, sys
-from gateway.service.decisions import _answer_frame, _Jobs
-out, jobs = os.fdopen(os.dup(1), "wb"), _Jobs(0)
+from gateway.service.decision_worker import answer_frame, JobReader
+out, jobs = os.fdopen(os.dup(1), "wb"), JobReader(0)
 jobs.batch()
-out.write(_answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
+out.write(answer_frame({"kind": "ready", "pid": os.getpid()})); out.flush()
 jobs.batch()
 """
 """A fake worker's start: it reads the init frame, says it is ready and reads its first job (what follows says
@@ -111,9 +115,8 @@ what it does with it)."""
 _DIES_ON_FIRST_JOB = _READY_THEN_FIRST_JOB + "os._exit(3)\n"
 
 
-def test_a_job_in_flight_on_a_dying_worker_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decisions, "_WORKER", _DIES_ON_FIRST_JOB)
-    error = _first_job_error(_gateway(tmp_path / "audit"), then_in_process=True)
+def test_a_job_in_flight_on_a_dying_worker_is_a_503(tmp_path: Path) -> None:
+    error = _first_job_error(_gateway(tmp_path / "audit"), _DIES_ON_FIRST_JOB, then_in_process=True)
     assert isinstance(error, DecisionWorkerError)
     assert http_status_for(error) == 503
     assert error.code == "service.decision_failed"
@@ -148,8 +151,7 @@ def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.
     create a file when loaded) breaks the protocol: the job fails with a 503, the worker is killed, nothing runs."""
     planted = tmp_path / "planted"
     monkeypatch.setenv("PLANTED", str(planted))
-    monkeypatch.setattr(decisions, "_WORKER", _ANSWERS_WITH_A_PICKLE)
-    error = _first_job_error(_gateway(tmp_path / "audit"))
+    error = _first_job_error(_gateway(tmp_path / "audit"), _ANSWERS_WITH_A_PICKLE)
     assert isinstance(error, DecisionWorkerError)
     assert not planted.exists()
 
@@ -157,10 +159,8 @@ def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.
 _NEVER_ANSWERS = _READY_THEN_FIRST_JOB + "import time\ntime.sleep(3600)\n"
 
 
-def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decisions, "_WORKER", _NEVER_ANSWERS)
-    monkeypatch.setattr(decisions, "_DECIDE_S", 1.0)
-    error = _first_job_error(_gateway(tmp_path / "audit"), then_in_process=True)
+def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path) -> None:
+    error = _first_job_error(_gateway(tmp_path / "audit"), _NEVER_ANSWERS, then_in_process=True, timeout_s=1.0)
     assert isinstance(error, DecisionWorkerError)
     assert "did not answer within 1 s" in error.message
 
@@ -193,8 +193,8 @@ def _answers(frames: bytes) -> list[tuple[dict[str, Any], bytes]]:
     return answers
 
 
-def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, decisions._Batched]:
-    records = decisions._Batched(JsonlAuditTrail(directory, io=io))
+def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, BatchedAuditSink]:
+    records = BatchedAuditSink(JsonlAuditTrail(directory, io=io))
     policy = load_policy(default_policy_path())
     return Gateway(policy, runner=FakeRunner(), audit=records), records
 
@@ -203,17 +203,19 @@ def _job(number: int, body: bytes, expected_ms: float = 1.0) -> tuple[str, int, 
     return ("decide", number, body, CALLER.principal, CALLER.token_id, expected_ms)
 
 
-def test_a_batch_is_answered_in_order_after_one_write_and_one_fsync_covering_its_records(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _still() -> float:
+    """A clock that does not move: however slow this machine is, a batch takes no time."""
+    return 0.0
+
+
+def test_a_batch_is_answered_in_order_after_one_write_and_one_fsync_covering_its_records(tmp_path: Path) -> None:
     """A batch's records go to the trail in one turn (one hold of its lock: the other writers wait once per
     batch), then one fsync, then the answers."""
-    monkeypatch.setattr(decisions, "BATCH_S", 3600.0)  # however slow this machine is: one batch, one answer write
     io = _CountingIO()
     gateway, sink = _batch_gateway(tmp_path, io)
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": "print(1)", "network": "bridge"}'), _job(3, b"{")]
     sent: list[bytes] = []
-    decisions.decide_batch(gateway, sink, batch, sent.append)
+    decide_batch(gateway, sink, batch, sent.append, clock=_still)
     assert len(sent) == 1
     answers = _answers(sent[0])
     assert (io.locks, io.fsyncs) == (1, 1)
@@ -235,7 +237,7 @@ def test_a_batch_whose_records_cannot_be_made_durable_is_refused_whole(tmp_path:
     gateway, sink = _batch_gateway(tmp_path, _CountingIO(fail_fsync=True))
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": 1}')]
     sent: list[bytes] = []
-    decisions.decide_batch(gateway, sink, batch, sent.append)
+    decide_batch(gateway, sink, batch, sent.append, clock=_still)
     answers = _answers(b"".join(sent))
     assert [(h["job"], h["status"]) for h, _ in answers] == [(1, 503), (2, 503)]
     assert {json.loads(body)["code"] for _, body in answers} == {"audit.unavailable"}
@@ -249,21 +251,18 @@ def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) ->
     allowed = gateway.policies.default.policy
     bad = b'{"code": "print(1)", "limits": {"timeout_s": 25}}'
     tight = dataclasses.replace(tight, name="tight")
-    batch = [_job(1, bad), ("policies", tight, {}), _job(2, bad)]
+    batch: list[Any] = [_job(1, bad), ("policies", tight, {}), _job(2, bad)]
     sent: list[bytes] = []
-    decisions.decide_batch(gateway, sink, batch, sent.append)
+    decide_batch(gateway, sink, batch, sent.append, clock=_still)
     answers = _answers(b"".join(sent))
     names = [json.loads(body)["decision"]["policy"]["name"] for _, body in answers]
     assert names == [allowed.name, "tight"]
     sink.close()
 
 
-def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With no time at all for a batch (BATCH_S 0), each job is made durable and answered before the next one
-    is decided."""
-    monkeypatch.setattr(decisions, "BATCH_S", 0.0)
+def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(tmp_path: Path) -> None:
+    """With no time at all for a batch (``batch_s`` 0), each job is made durable and answered before the next
+    one is decided."""
     io = _CountingIO()
     gateway, sink = _batch_gateway(tmp_path, io)
     sent: list[bytes] = []
@@ -272,22 +271,21 @@ def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(
         sent.append(frames)
         assert io.fsyncs == len(sent)  # each answer only after its own records' fsync
 
-    decisions.decide_batch(gateway, sink, [_job(n, b'{"code": "print(1)"}') for n in (1, 2, 3)], send)
+    batch = [_job(n, b'{"code": "print(1)"}') for n in (1, 2, 3)]
+    decide_batch(gateway, sink, batch, send, batch_s=0.0, clock=_still)
     assert [[h["job"] for h, _ in _answers(frames)] for frames in sent] == [[1], [2], [3]]
     sink.close()
 
 
-def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_dear(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A job whose principal's dry runs cost more than BATCH_S (the service's estimate, in the job) is decided
-    only once the answers before it are durable and sent: a hostile body never holds back another's answer."""
-    monkeypatch.setattr(decisions, "BATCH_S", 0.5)
+def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_expensive(tmp_path: Path) -> None:
+    """A job whose principal's dry runs cost more than ``batch_s`` (the service's estimate, in the job) is
+    decided only once the answers before it are durable and sent: a hostile body never holds back another's
+    answer."""
     gateway, sink = _batch_gateway(tmp_path, _CountingIO())
     sent: list[bytes] = []
     cheap = b'{"code": "print(1)"}'
     batch = [_job(1, cheap, 0.0), _job(2, cheap, 1000.0), _job(3, cheap, 0.0)]
-    decisions.decide_batch(gateway, sink, batch, sent.append)
+    decide_batch(gateway, sink, batch, sent.append, batch_s=0.5, clock=_still)
     assert [[h["job"] for h, _ in _answers(frames)] for frames in sent] == [[1], [2, 3]]
     sink.close()
 
@@ -295,15 +293,15 @@ def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_dear(
 def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> None:
     read_fd, write_fd = os.pipe()
     try:
-        frames = [decisions._frame(("decide", n, b"{}", "a", "t", 1.0)) for n in range(1, 4)]
+        frames = [job_frame(("decide", n, b"{}", "a", "t", 1.0)) for n in range(1, 4)]
         os.write(write_fd, b"".join(frames) + frames[0][:7])  # three whole frames and the start of a fourth
-        jobs = decisions._Jobs(read_fd)
+        jobs = JobReader(read_fd)
         assert [m[1] for m in jobs.batch() or []] == [1, 2, 3]
         os.write(write_fd, frames[0][7:])
         assert [m[1] for m in jobs.batch() or []] == [1]
-        many = b"".join(decisions._frame(("decide", n, b"{}", "a", "t", 1.0)) for n in range(decisions.BATCH + 2))
+        many = b"".join(job_frame(("decide", n, b"{}", "a", "t", 1.0)) for n in range(BATCH + 2))
         os.write(write_fd, many)
-        assert len(jobs.batch() or []) == decisions.BATCH
+        assert len(jobs.batch() or []) == BATCH
         assert len(jobs.batch() or []) == 2
         os.close(write_fd)
         write_fd = -1
@@ -314,162 +312,24 @@ def test_jobs_are_read_in_batches_of_the_whole_frames_that_have_arrived() -> Non
             os.close(write_fd)
 
 
-def test_a_share_counts_dry_runs_in_flight_against_their_expected_cost() -> None:
-    share = decisions._Share()
-    share.cost_ms = decisions.SHARE_MS / 2  # each dry run expected to cost half the share
-    first, second = share.grant(0.0), share.grant(0.0)
-    assert not share.fits()  # no room: a third waits
-    share.give_back(first)
-    assert share.fits()
-    share.give_back(second)
-    assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
-    share.learn(10 * decisions.SHARE_MS, share.cost_ms, 0.0)  # one dear dry run closes the share to one at a time...
-    assert share.cost_ms > decisions.SHARE_MS
-    assert share.fits()  # ...which still gets one on the workers
-    held = share.grant(0.0)
-    assert not share.fits()
-    for _ in range(3):
-        share.learn(1.0, 1.0, 0.0)  # a few cheap ones do not open it again
-    assert share.cost_ms > decisions.SHARE_MS
-    share.give_back(held)
-    assert share.fits()
-
-
-def test_a_principals_first_dry_runs_are_expected_dear_until_one_is_timed() -> None:
-    share = decisions._Share()
-    assert share.cost_ms > decisions.WORKER_MS  # an idle worker of its own...
-    first = share.grant(0.0)
-    assert not share.fits()  # ...and one at a time: new principals cannot take every worker
-    share.give_back(first)
-    share.learn(1.5, first, 0.0)
-    assert share.cost_ms == 1.5  # the first timing replaces the guess: a cheap principal is held back once
-    share.learn(101.5, 1.5, 0.0)
-    assert share.cost_ms == 0.8 * 1.5 + 0.2 * 101.5  # then a moving average
-
-
-def test_a_share_counts_what_it_used_lately_at_the_cost_sent_then_at_the_cost_measured() -> None:
-    share = decisions._Share()
-    share.cost_ms = 10.0
-    cost = share.grant(100.0)
-    assert share.used_ms(100.0) == 10.0  # sent: counted at its expected cost
-    share.learn(30.0, cost, 100.0)  # it took 30 ms
-    assert share.used_ms(100.0) == 30.0
-    assert share.used_ms(100.0 + decisions.USED_HALF_LIFE_S) == 15.0  # forgotten by half every half-life
-    share.learn(0.0, 1000.0, 100.0)  # never below nothing
-    assert share.used_ms(100.0) == 0.0
-
-
 def test_a_dry_run_sent_as_its_client_leaves_gives_its_room_back(tmp_path: Path) -> None:
     gateway = _gateway(tmp_path / "audit")
 
     async def scenario() -> None:
-        workers = DecisionWorkers(gateway, None, 0)  # no worker: dry runs are sent to be decided in process
-        share = workers._shares[CALLER.principal] = decisions._Share()
-        share.cost_ms = decisions.SHARE_MS
-        held = share.grant(time.monotonic())  # the share is full
+        workers = DecisionWorkers(gateway, None, 0, clock=_still)  # no worker: dry runs go in process
+        workers._shares[CALLER.principal] = Share(cost_ms=SHARE_MS).granted(0.0)  # the share is full
         waiting = asyncio.ensure_future(workers.decide(b'{"code": "print(1)"}', CALLER))
         await asyncio.sleep(0)
-        assert len(share.waiting) == 1
-        share.give_back(held)
+        assert len(workers._waiting[CALLER.principal]) == 1
+        workers._shares[CALLER.principal] = workers._shares[CALLER.principal].given_back(SHARE_MS)
         workers._dispatch()  # sent...
-        assert not share.waiting
-        assert share.in_flight == 1
+        assert not workers._waiting[CALLER.principal]
+        assert workers._shares[CALLER.principal].in_flight == 1
         waiting.cancel()  # ...and cancelled before it runs
         with pytest.raises(asyncio.CancelledError):
             await waiting
+        share = workers._shares[CALLER.principal]
         assert (share.in_flight, share.in_flight_ms) == (0, 0.0)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        gateway.close()
-
-
-HEAVY = json.dumps({"code": "print(1)", "env": {f"V{i}": "v" * 100 for i in range(20000)}}).encode()
-"""A body the request schema refuses only after checking each of its 20,000 entries: ~300 ms of a worker."""
-
-
-def _answer_order(tmp_path: Path, heavies: list[Caller], dear_each: int) -> list[str]:
-    """One worker: each principal of ``heavies`` has a dear dry run timed (its cost is known), then sends
-    ``dear_each`` at once, then another principal sends one cheap dry run: the order they were answered in."""
-    gateway = _gateway(tmp_path / "audit")
-    light = Caller("light", "gw_id_l")
-
-    async def scenario() -> list[str]:
-        workers = DecisionWorkers(gateway, FakeRunner, 1)
-        await workers.start()
-        try:
-            await _ready(workers, 1)
-            for heavy in heavies:
-                assert (await workers.decide(HEAVY, heavy)).status == 422
-            order: list[str] = []
-
-            async def one(name: str, body: bytes, caller: Caller) -> None:
-                answer = await workers.decide(body, caller)
-                assert answer.status == (200 if caller is light else 422)
-                order.append(name)
-
-            tasks = [
-                asyncio.ensure_future(one(f"{h.principal}.{n}", HEAVY, h)) for n in range(dear_each) for h in heavies
-            ]
-            await asyncio.sleep(0.05)
-            tasks.append(asyncio.ensure_future(one("light", b'{"code": "print(1)"}', light)))
-            await asyncio.gather(*tasks)
-            return order
-        finally:
-            await workers.close()
-
-    try:
-        return asyncio.run(scenario())
-    finally:
-        gateway.close()
-
-
-def test_a_principal_sending_dear_dry_runs_does_not_hold_back_another_ones(tmp_path: Path) -> None:
-    """One worker; a principal whose dry runs each cost a worker hundreds of ms sends five at once, then another
-    principal sends one cheap dry run: it is answered before most of the dear ones (first come, first served on
-    the worker, it was answered last)."""
-    order = _answer_order(tmp_path, [Caller("heavy", "gw_id_h")], 5)
-    assert order.index("light") <= 2, order
-
-
-def test_principals_sending_dear_dry_runs_together_do_not_hold_back_another_ones(tmp_path: Path) -> None:
-    """One worker; three principals whose dry runs each cost it hundreds of ms send two each at once (their
-    shares let one each on the worker), then another principal sends one cheap dry run: it is answered right
-    after the dear one the worker holds, not after one of each of the three (they wait in the service, and the
-    next dry run sent is the one of the principal that used the workers least lately)."""
-    order = _answer_order(tmp_path, [Caller(f"heavy{n}", f"gw_id_h{n}") for n in range(3)], 2)
-    assert order.index("light") <= 1, order
-
-
-def test_a_dry_run_abandoned_by_its_client_holds_its_share_until_it_leaves_the_worker(tmp_path: Path) -> None:
-    """A client that leaves does not free its principal's share while the worker still decides its dry run:
-    else sending dear bodies and hanging up would get round the share."""
-    gateway = _gateway(tmp_path / "audit")
-
-    async def scenario() -> None:
-        workers = DecisionWorkers(gateway, FakeRunner, 1)
-        await workers.start()
-        try:
-            await _ready(workers, 1)
-            (worker,) = workers._workers
-            task = asyncio.ensure_future(workers.decide(HEAVY, CALLER))
-            while not worker.jobs:
-                await asyncio.sleep(0.001)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            share = workers._shares[CALLER.principal]
-            assert share.in_flight == 1  # still on the worker
-            deadline = time.monotonic() + 60
-            while share.in_flight:
-                assert time.monotonic() < deadline, "the abandoned dry run never left the worker"
-                await asyncio.sleep(0.01)
-            assert not worker.jobs
-            assert share.timed  # its cost was learnt all the same
-            assert share.cost_ms > 3 * decisions.WORKER_MS
-        finally:
-            await workers.close()
 
     try:
         asyncio.run(scenario())
