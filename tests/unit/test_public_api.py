@@ -6,6 +6,9 @@ import ast
 import os
 import subprocess
 import sys
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import gateway
@@ -105,12 +108,6 @@ def _modules(subpackage: str) -> list[Path]:
     return sorted((PACKAGE / subpackage).rglob("*.py"))
 
 
-def test_the_policy_package_imports_neither_the_decision_nor_intake() -> None:
-    for path in _modules("policy"):
-        bad = {m for m in _imports(path) if m.startswith(("gateway.decision", "gateway.request", "gateway.runner"))}
-        assert not bad, f"{path.name} imports {bad}"
-
-
 def test_the_principals_store_needs_no_runner_and_no_decision() -> None:
     """The service reads principals (and its configuration) before it builds a Gateway; the CLI manages them
     without an engine. The application and its decision workers are interfaces: they call the Gateway and never
@@ -158,3 +155,274 @@ def test_rule_ids_are_unique_and_every_result_carries_a_registered_id() -> None:
     )
     decision = decide(load_policy(default_policy_path()), request)
     assert {r.rule for r in decision.results} == RULE_IDS
+
+
+# -- Layers and circles: no import runs upward, no modules import each other in a circle -------------------------
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "base",
+        (
+            "_files.py",
+            "_lazy.py",
+            "_version.py",
+            "_workers.py",
+            "canonical.py",
+            "errors.py",
+            "hostfs.py",
+            "payload.py",
+            "resources.py",
+            "runspec.py",
+            "sizes.py",
+            "slots.py",
+            "validation.py",
+            "yamlstrict.py",
+        ),
+    ),
+    ("audit", ("audit/",)),
+    ("policy", ("policy/",)),
+    ("request", ("request.py",)),
+    ("decision", ("decision/",)),
+    ("runner interface", ("runner/frames.py", "runner/interface.py", "runner/supervisor.py")),
+    ("runner backends", ("runner/",)),
+    ("gateway", ("_gateway.py", "result.py", "telemetry.py", "testing.py")),
+    ("reports", ("doctor/", "report/", "sbom.py")),
+    (
+        "interfaces",
+        ("__init__.py", "__main__.py", "cli/", "client.py", "executor.py", "service/", "simple.py", "tool.py"),
+    ),
+)
+"""The package's layers, lowest first, by path under ``gateway/``; a folder holds every module below it that no
+longer entry names. A module imports from its own layer and the ones below, never from one above.
+docs/ARCHITECTURE.md ("Dependency rule") lists the same layers."""
+
+
+@dataclass(frozen=True)
+class Import:
+    """One module of the package importing another, where the import statement is."""
+
+    source: str
+    """The importing module's path under the package, e.g. ``decision/engine.py``."""
+    line: int
+    target: str
+    """The imported module's path under the package: ``from gateway.x import name`` imports ``x.py`` (or
+    ``x/__init__.py``), or ``x/name.py`` when that is a module."""
+
+
+def module_paths(package: Path) -> list[str]:
+    return sorted(path.relative_to(package).as_posix() for path in package.rglob("*.py"))
+
+
+def package_imports(package: Path) -> list[Import]:
+    """Every import of one of ``package``'s modules by another, at module level or inside a function or class;
+    imports under ``if TYPE_CHECKING:`` are left out (they never run)."""
+    names = {_dotted(package.name, path): path for path in module_paths(package)}
+    found: dict[Import, None] = {}  # one per statement and module imported, in the order met
+    for name, path in names.items():
+        tree = ast.parse((package / path).read_text(encoding="utf-8"), path)
+        for line, imported in _imported_names(tree, name, path.endswith("__init__.py")):
+            target = _longest_module_prefix(imported, names)
+            if target is not None and target != name:
+                found[Import(path, line, names[target])] = None
+    return list(found)
+
+
+def _dotted(package_name: str, path: str) -> str:
+    parts = [package_name, *path.removesuffix(".py").split("/")]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_names(tree: ast.Module, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """``(line, dotted name)`` of every import that runs; a ``from`` import yields ``module.name`` for each name
+    (a submodule, or a name defined in the module)."""
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                parts = parts[: len(parts) - node.level + (1 if is_package else 0)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def _runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """``node`` and every node below it, except what an ``if TYPE_CHECKING:`` holds for a type checker only."""
+    if isinstance(node, ast.If) and _is_type_checking(node.test):
+        for other in node.orelse:
+            yield from _runtime_nodes(other)
+        return
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _runtime_nodes(child)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _longest_module_prefix(dotted: str, modules: Mapping[str, str]) -> str | None:
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
+    return None
+
+
+def layer_of(path: str, layers: Sequence[tuple[str, tuple[str, ...]]]) -> int | None:
+    """The index of the layer whose longest entry holds the module at ``path``; None when none does."""
+    best: tuple[int, int] | None = None  # (length of the entry, index of its layer)
+    for index, (_, entries) in enumerate(layers):
+        for entry in entries:
+            holds = path == entry or (entry.endswith("/") and path.startswith(entry))
+            if holds and (best is None or len(entry) > best[0]):
+                best = (len(entry), index)
+    return None if best is None else best[1]
+
+
+def upward_imports(
+    imports: Sequence[Import], layers: Sequence[tuple[str, tuple[str, ...]]], package: str = "gateway"
+) -> list[str]:
+    """One line per import from a lower layer to a higher one: ``file:line: from (layer) -> to (layer)``."""
+    found = []
+    for imp in imports:
+        low, high = layer_of(imp.source, layers), layer_of(imp.target, layers)
+        if low is not None and high is not None and high > low:
+            found.append(
+                f"{package}/{imp.source}:{imp.line}: {imp.source} ({layers[low][0]}) -> {imp.target} "
+                f"({layers[high][0]})"
+            )
+    return found
+
+
+def import_circles(imports: Sequence[Import], package: str = "gateway") -> list[str]:
+    """One line per circle (a strongly connected set of modules): its modules, and its shortest loop as the
+    imports that make it (``file:line: from -> to``)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.source, set()).add(imp.target)
+    reach = {module: _reachable(graph, module) for module in graph}
+    circles = {
+        frozenset(other for other in reach[module] if module in reach.get(other, ()))
+        for module in graph
+        if module in reach[module]
+    }
+    found = []
+    for circle in sorted(sorted(c) for c in circles):
+        loop = _shortest_loop(graph, set(circle))
+        steps = [
+            next(imp for imp in imports if (imp.source, imp.target) == (source, target))
+            for source, target in zip(loop, loop[1:] + loop[:1], strict=True)
+        ]
+        found.append(
+            f"circle of {', '.join(circle)}; shortest loop: "
+            + ", ".join(f"{package}/{imp.source}:{imp.line}: {imp.source} -> {imp.target}" for imp in steps)
+        )
+    return found
+
+
+def _shortest_loop(graph: Mapping[str, set[str]], circle: set[str]) -> list[str]:
+    """The shortest sequence of modules of ``circle`` each importing the next, the last importing the first."""
+    return min((_loop_through(graph, circle, start) for start in sorted(circle)), key=len)
+
+
+def _loop_through(graph: Mapping[str, set[str]], circle: set[str], start: str) -> list[str]:
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:  # breadth first: the first way back to ``start`` is a shortest one
+        module = queue.popleft()
+        if start in graph[module]:
+            loop = [module]
+            while loop[-1] != start:
+                loop.append(came_from[loop[-1]])
+            return loop[::-1]
+        for target in sorted(graph[module] & circle):
+            if target != start and target not in came_from:
+                came_from[target] = module
+                queue.append(target)
+    raise AssertionError(f"{start} is on no loop of {sorted(circle)}")
+
+
+def _reachable(graph: Mapping[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others (``start`` itself only on a circle)."""
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return seen
+
+
+def test_every_module_of_the_package_is_in_a_layer() -> None:
+    unplaced = [path for path in module_paths(PACKAGE) if layer_of(path, LAYERS) is None]
+    assert not unplaced, f"modules in no layer (add them to LAYERS here and in docs/ARCHITECTURE.md): {unplaced}"
+
+
+def test_no_import_runs_from_a_lower_layer_to_a_higher_one() -> None:
+    found = upward_imports(package_imports(PACKAGE), LAYERS)
+    assert not found, "imports from a lower layer to a higher one (LAYERS):\n" + "\n".join(found)
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    found = import_circles(package_imports(PACKAGE))
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_the_architecture_document_lists_the_same_layers() -> None:
+    text = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("\n## Dependency rule\n", 1)[1].split("\n## ", 1)[0]
+    assert "```text\n" in section, "the Dependency rule section lists the layers in a ```text block"
+    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\n    ", " ").splitlines()  # an indented line continues the one above
+    listed = [(name.strip(), tuple(entries.split())) for name, _, entries in (line.partition(":") for line in lines)]
+    assert listed == [(name, entries) for name, entries in LAYERS]
+
+
+def _package(root: Path, files: Mapping[str, str]) -> Path:
+    package = root / "gateway"
+    for path, text in {"__init__.py": "", **files}.items():
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).write_text(text, encoding="utf-8")
+    return package
+
+
+def test_the_layer_check_names_an_upward_import_inside_a_function_but_not_a_type_only_one(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.high import H\n"
+            "def late():\n    from gateway import high\n",
+            "high.py": "import gateway.low\nfrom gateway.sub import deep\n",
+            "sub/__init__.py": "",
+            "sub/deep.py": "from .. import low\n",
+        },
+    )
+    layers = (("low", ("low.py", "sub/deep.py")), ("high", ("high.py", "sub/")))
+    assert (layer_of("sub/deep.py", layers), layer_of("sub/__init__.py", layers)) == (0, 1)  # the longest entry
+    assert layer_of("__init__.py", layers) is None
+    assert upward_imports(package_imports(package), layers) == ["gateway/low.py:5: low.py (low) -> high.py (high)"]
+
+
+def test_the_circle_check_names_each_circle_and_its_imports(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "a.py": "import gateway.b\n",
+            "b.py": "def f():\n    from .c import x\n",  # a lazy import closes the circle as well
+            "c.py": "from gateway import a, d\n",
+            "d.py": "import os\n",
+            "e.py": "import typing\nif typing.TYPE_CHECKING:\n    from gateway import f\n",
+            "f.py": "from gateway import e\n",  # a type-only import makes no circle
+        },
+    )
+    assert import_circles(package_imports(package)) == [
+        "circle of a.py, b.py, c.py; shortest loop: gateway/a.py:1: a.py -> b.py, gateway/b.py:2: b.py -> c.py, "
+        "gateway/c.py:1: c.py -> a.py"
+    ]
