@@ -1,13 +1,13 @@
 """``/mcp``: the ``execute_python`` tool over MCP's streamable HTTP transport, inside ``gateway serve``.
 
-The same server as ``gateway mcp`` (:func:`gateway.service.mcp.build_server`, one tool definition, one
-handler), but each HTTP request is its caller's: the endpoint authenticates the bearer token exactly like a
-``/v1`` call (401 with the error body and ``WWW-Authenticate`` before the MCP layer sees anything, failures in
-the ``auth.failed`` summaries), its body is read with the same bounds (``max_body_bytes``, ``body_read_s``,
-JSON; refusals audited as ``request.refused``) before the SDK sees it, and the tool's calls run through the
-service's Gateway with that :class:`~gateway.Caller`, so they are decided under the principal's own policy,
-pass the same checks (quotas included) and are audited with the principal and its token id. ``tools/list``
-states the caller's ceilings.
+The same server as ``gateway mcp`` (:func:`gateway.service.mcp.build_server`, one tool definition, one handler),
+but each HTTP request is its caller's: the route authenticates the bearer token exactly like a ``/v1`` call
+(:mod:`gateway.service.auth`; 401 with the error body and ``WWW-Authenticate`` before the MCP layer sees
+anything, failures in the ``auth.failed`` summaries), its body is read with the same bounds (``max_body_bytes``,
+``body_read_s``, JSON; refusals audited as ``request.refused``) before the SDK sees it, and the tool's calls run
+through the service's Gateway with that :class:`~gateway.Caller`, so they are decided under the principal's own
+policy, pass the same checks (quotas included) and are audited with the principal and its token id.
+``tools/list`` states the caller's ceilings.
 
 The transport runs stateless (the SDK's ``StreamableHTTPSessionManager(stateless=True)``): every POST carries
 its token and is authenticated on its own; no session outlives a request, so a rotated or revoked token stops
@@ -29,45 +29,42 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import Caller, Gateway
 from gateway.errors import GatewayError
+from gateway.service.auth import caller_of
 from gateway.service.mcp import build_server
 from gateway.tool import ToolHandler
 
-__all__ = ["CALLER_STATE", "McpEndpoint"]
+__all__ = ["McpEndpoint"]
 
-CALLER_STATE = "gateway_caller"
-"""The key of the authenticated caller in the request's state (``scope["state"]``)."""
-
-Authenticate = Callable[[Request], Awaitable[Caller]]
 ReadBody = Callable[[Request, Caller], Awaitable[bytes]]
+Admit = Callable[[Request, Caller], AbstractAsyncContextManager[None]]
 ErrorResponse = Callable[[GatewayError], Response]
 
 
-def _caller(ctx: ServerRequestContext[Any]) -> Caller:
-    """The authenticated caller of one MCP request (set by :meth:`McpEndpoint.__call__`)."""
-    request = ctx.request
-    caller = getattr(request.state, CALLER_STATE, None) if isinstance(request, Request) else None
-    if not isinstance(caller, Caller):  # cannot happen behind __call__; refuse rather than run unattributed
-        raise GatewayError("an MCP request reached the tool without an authenticated caller")
-    return caller
+def _request(ctx: ServerRequestContext[Any]) -> Request:
+    """The HTTP request of one MCP request (the SDK's, over the scope :meth:`McpEndpoint.__call__` handed on)."""
+    if not isinstance(ctx.request, Request):  # cannot happen over HTTP; refuse rather than run unattributed
+        raise GatewayError("an MCP request reached the tool without its HTTP request")
+    return ctx.request
 
 
 class McpEndpoint:
-    """The ASGI application at ``/mcp``; :meth:`run` is its part of the application's lifespan."""
+    """The ASGI application at ``/mcp`` (behind :class:`~gateway.service.auth.BearerTokens`); :meth:`run` is its
+    part of the application's lifespan."""
 
-    def __init__(
-        self, gateway: Gateway, *, authenticate: Authenticate, read_body: ReadBody, error: ErrorResponse,
-        admit: Callable[[Caller], AbstractAsyncContextManager[None]] | None = None,
-    ) -> None:  # fmt: skip
-        self._authenticate = authenticate
+    def __init__(self, gateway: Gateway, *, read_body: ReadBody, admit: Admit, error: ErrorResponse) -> None:
         self._read_body = read_body
         self._error = error
 
         def handler_for(ctx: ServerRequestContext[Any]) -> ToolHandler:
-            return ToolHandler(gateway, caller=_caller(ctx))
+            return ToolHandler(gateway, caller=caller_of(_request(ctx)))
+
+        def admit_call(ctx: ServerRequestContext[Any]) -> AbstractAsyncContextManager[None]:
+            request = _request(ctx)
+            return admit(request, caller_of(request))
 
         server = build_server(
             handler_for,
-            admit=(lambda ctx: admit(_caller(ctx))) if admit is not None else None,
+            admit=admit_call,
             max_concurrent=None,
             instructions="Runs Python in a hardened single-use sandbox as the principal of your bearer token.",
         )
@@ -79,13 +76,12 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            caller = await self._authenticate(request)
+            caller = caller_of(request)  # 401 for a token that did not authenticate
             # Read here, bounded like every /v1 body (size, deadline, JSON): the SDK would read any size.
             body = await self._read_body(request, caller)
         except GatewayError as exc:
             await self._error(exc)(scope, receive, send)
             return
-        scope.setdefault("state", {})[CALLER_STATE] = caller
         await self._manager.handle_request(scope, _replay(body, receive), send)
 
 

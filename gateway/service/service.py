@@ -13,14 +13,18 @@ policy's name and sha256 and every policy loaded; ``ok`` false with the rejected
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import signal
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway.audit import AuditSink, JsonlAuditTrail
@@ -149,6 +153,28 @@ class Service:
             self.anchors.start()
         self.auth_failures.start()
         reap_stale(self.gateway)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The service's part of the application's lifespan: :meth:`start` (in a worker thread), reload on SIGHUP,
+        the decision workers; on the way out the decision workers, then :meth:`close`."""
+        await anyio.to_thread.run_sync(self.start)
+        self._reload_on_sighup()
+        try:
+            await self.decisions.start()
+            yield
+        finally:
+            try:
+                await self.decisions.close()
+            finally:
+                await anyio.to_thread.run_sync(self.close)
+
+    def _reload_on_sighup(self) -> None:
+        """Reload on SIGHUP (in a worker thread, so the event loop keeps serving); only in the main thread."""
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+            return
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, self.reload))
 
     def execute(
         self, body: bytes, caller: Caller, *, cancel: threading.Event | None = None, on_output: OnOutput | None = None

@@ -1,0 +1,412 @@
+"""The HTTP service's endpoints: module-level functions of a request, each reading its :class:`Service` from
+the application (:meth:`Service.of`), and the decorators that make a ``/v1`` endpoint of a handler (:func:`v1`)
+and count every endpoint's answers in ``GET /metrics`` (:func:`counted`).
+
+A ``/v1`` handler gets the request, its authenticated :class:`~gateway.Caller` and a new request id; any
+:class:`~gateway.errors.GatewayError` it raises is answered with its error body. A request the service refuses
+before any work (a body it cannot take, a quota, a job its decision worker did not answer) is recorded as
+``request.refused`` (:class:`~gateway.service.quotas.Refusals`). The ``mcp_*`` functions are the hooks of
+``/mcp`` (:class:`~gateway.service.mcp_http.McpEndpoint`): the same bounds, quotas and error bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gateway import Caller, ExecutionResult
+from gateway.errors import DecisionWorkerError, GatewayError, MalformedRequestError, OverQuotaError, RequestError
+from gateway.policy import Policy
+from gateway.service.auth import caller_of
+from gateway.service.bodies import JSON_MEDIA_TYPE, read_json_body
+from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.service.openapi import openapi_document
+from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
+from gateway.service.principals import Quotas
+from gateway.service.replies import Reply, error_reply, gateway_error_reply
+from gateway.service.service import Service
+from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
+from gateway.tool import tool_definition
+
+T = TypeVar("T")
+
+__all__ = [
+    "audit_records",
+    "counted",
+    "decisions",
+    "executions",
+    "healthz",
+    "http_error",
+    "mcp_admission",
+    "mcp_body",
+    "mcp_error",
+    "metrics",
+    "openapi",
+    "policy",
+    "policy_summary",
+    "readyz",
+    "tool_for",
+    "tools",
+    "unexpected",
+    "v1",
+]
+
+_log = logging.getLogger("gateway.service")
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request, Caller, str], Awaitable[Response]]
+"""A ``/v1`` handler: the request, its authenticated caller, its request id."""
+
+
+# --- responses -----------------------------------------------------------------------------------------------
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def respond(reply: Reply) -> JSONResponse:
+    return JSONResponse(reply.body, status_code=reply.status, headers=reply.header_map())
+
+
+def _json(status: int, body: dict[str, Any], request_id: str) -> JSONResponse:
+    return respond(Reply(status, body, request_id))
+
+
+def _error(
+    status: int, code: str, message: str, request_id: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return respond(error_reply(status, code, message, request_id, headers=headers, **extra))
+
+
+def error_response(exc: GatewayError, request_id: str, **extra: Any) -> JSONResponse:
+    """The error body of ``exc`` (:func:`~gateway.service.replies.gateway_error_reply`)."""
+    return respond(gateway_error_reply(exc, request_id, **extra))
+
+
+def _denied(result: ExecutionResult, body: dict[str, Any]) -> JSONResponse:
+    violations = body["violations"]
+    policy = body["policy"]["name"] if body["policy"] else "?"
+    message = f"denied by policy {policy}: {len(violations)} violation(s)"
+    extra = {"violations": violations, "warnings": body["warnings"], "decision_id": body["decision_id"]}
+    return _error(403, "policy.denied", message, result.request_id, policy=body["policy"], **extra)
+
+
+def _execution_response(result: ExecutionResult) -> JSONResponse:
+    body = result.to_dict()
+    if result.error is not None:
+        extra = {"result": body} if result.outcome is not None else {}
+        return error_response(result.error, result.request_id, **extra)
+    if result.decision is not None and not result.decision.allowed:
+        return _denied(result, body)
+    return _json(200, body, result.request_id)
+
+
+# --- decorators ----------------------------------------------------------------------------------------------
+
+
+def v1(handler: Handler) -> Endpoint:
+    """The endpoint of a ``/v1`` handler (and of ``/metrics``): a new request id, the caller its bearer token
+    authenticated (:func:`~gateway.service.auth.caller_of`: 401 otherwise), any :class:`GatewayError` answered
+    with its error body."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Response:
+        request_id = new_request_id()
+        try:
+            return await handler(request, caller_of(request), request_id)
+        except GatewayError as exc:
+            return error_response(exc, request_id)
+
+    return endpoint
+
+
+def counted(name: str) -> Callable[[Endpoint], Endpoint]:
+    """Count each answer of the endpoint in ``GET /metrics`` under ``name`` (its route's path) and status.
+    Answers made outside an endpoint are counted by the exception handlers (``other``); ``/mcp``, an ASGI
+    application, is not counted."""
+
+    def decorate(endpoint: Endpoint) -> Endpoint:
+        @functools.wraps(endpoint)
+        async def counting(request: Request) -> Response:
+            response = await endpoint(request)
+            Service.of(request).metrics.request(name, response.status_code)
+            return response
+
+        return counting
+
+    return decorate
+
+
+# --- refusals before any work ------------------------------------------------------------------------------------
+
+
+def _note_refused(exc: GatewayError, request: Request, caller: Caller, request_id: str) -> None:
+    """A request the service refuses before any work (a body it cannot take: 400, 408, 413, 415; over a quota:
+    429; a job its decision worker did not answer: 503), audited as ``request.refused``."""
+    Service.of(request).refusals.note(
+        exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
+    )
+
+
+async def _read_body(request: Request, caller: Caller, request_id: str, *, check_json: bool = True) -> bytes:
+    """The JSON body; one it cannot take is refused (:func:`_note_refused`). ``check_json=False``: whether it
+    is JSON is left to a decision worker (:func:`_checked`)."""
+    config = Service.of(request).config
+    try:
+        return await read_json_body(request, config.max_body_bytes, config.body_read_s, check_json=check_json)
+    except RequestError as exc:
+        _note_refused(exc, request, caller, request_id)
+        raise
+
+
+async def _checked(job: Awaitable[T], request: Request, caller: Caller, request_id: str) -> T:
+    """A decision worker's job on a body read with ``check_json=False``: a body it finds not JSON is refused
+    (400, :func:`_note_refused`), as :func:`_read_body` would have. A job its worker did not answer (it ended,
+    or was killed for taking too long: the records it built for its batch went with it) is a 503, recorded
+    the same way (``request.refused``, code ``service.decision_failed``)."""
+    try:
+        return await job
+    except (MalformedRequestError, DecisionWorkerError) as exc:
+        _note_refused(exc, request, caller, request_id)
+        raise
+
+
+def _admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
+    """Count the request against the caller's rpm (before its body is read); over it, the 429."""
+    try:
+        Service.of(request).admission.count_request(caller.principal, quotas)
+    except OverQuotaError as exc:
+        return _over_quota(exc, request, caller, request_id)
+    return None
+
+
+def _over_quota(exc: OverQuotaError, request: Request, caller: Caller, request_id: str) -> Response:
+    _note_refused(exc, request, caller, request_id)
+    return error_response(exc, request_id, quota=exc.quota, retry_after_s=exc.retry_after_s)
+
+
+# --- /v1 -------------------------------------------------------------------------------------------------------
+
+
+@counted("/v1/executions")
+@v1
+async def executions(request: Request, caller: Caller, request_id: str) -> Response:
+    service = Service.of(request)
+    quotas = service.quotas_of(caller)
+    if (over := _admit(request, caller, request_id, quotas)) is not None:
+        return over
+    body = await _read_body(request, caller, request_id, check_json=False)
+    metrics, started = service.metrics, time.perf_counter()
+    # Parsed and checked in a decision worker: this process parses only valid requests (bounded by the schema).
+    invalid = await _checked(service.decisions.intake(body, caller), request, caller, request_id)
+    if invalid is not None:
+        metrics.execution_seconds.labels(str(invalid.status)).observe(time.perf_counter() - started)
+        return Response(
+            invalid.content, status_code=invalid.status, headers=invalid.headers, media_type=JSON_MEDIA_TYPE
+        )
+    admitted = service.admission.execution(caller.principal, quotas)
+    try:
+        await admitted.__aenter__()  # a slot of the principal and of the service, or 429
+    except OverQuotaError as exc:
+        return _over_quota(exc, request, caller, request_id)
+    metrics.running_executions.inc()
+    if wants_events(request):
+        # The stream runs after this handler returns: it holds the slot until its run has ended.
+        async def run_ended() -> None:
+            metrics.running_executions.dec()
+            await admitted.__aexit__(None, None, None)
+
+        return EventStreamExecution(
+            service.execute, body, caller, _execution_response, release=run_ended,
+            stall_s=service.config.stream_stall_s,
+        )  # fmt: skip
+    try:
+        result = await execute_watched(request, service.execute, body, caller)
+    finally:
+        metrics.running_executions.dec()
+        await admitted.__aexit__(None, None, None)
+    response = _execution_response(result)
+    metrics.execution_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
+    if result.error is None and result.decision is not None and not result.decision.allowed:
+        metrics.denied(result.decision.to_dict()["violations"], dry_run=False)
+    return response
+
+
+@counted("/v1/decisions")
+@v1
+async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
+    service = Service.of(request)
+    if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
+        return over
+    body = await _read_body(request, caller, request_id, check_json=False)  # a worker parses it
+    started = time.perf_counter()
+    answer = await _checked(service.decisions.decide(body, caller), request, caller, request_id)
+    service.metrics.decision_seconds.labels(str(answer.status)).observe(time.perf_counter() - started)
+    if answer.violations is not None:
+        service.metrics.denied(answer.violations, dry_run=True)
+    return Response(answer.content, status_code=answer.status, headers=answer.headers, media_type=JSON_MEDIA_TYPE)
+
+
+@counted("/v1/policy")
+@v1
+async def policy(request: Request, caller: Caller, request_id: str) -> Response:
+    compiled = Service.of(request).gateway.policies.for_principal(caller.principal)
+    return _json(200, {"principal": caller.principal, **policy_summary(compiled.policy)}, request_id)
+
+
+@counted("/v1/tools")
+@v1
+async def tools(request: Request, caller: Caller, request_id: str) -> Response:
+    compiled = Service.of(request).gateway.policies.for_principal(caller.principal)
+    return _json(200, {"tools": [tool_for(compiled.policy)]}, request_id)
+
+
+@counted("/v1/audit/records")
+@v1
+async def audit_records(request: Request, caller: Caller, request_id: str) -> Response:
+    service = Service.of(request)
+    await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+    lines = audit_lines(service, audit_filters(request.query_params))
+    return StreamingResponse(lines, media_type=NDJSON, headers={"X-Request-Id": request_id})
+
+
+@counted("/metrics")
+@v1
+async def metrics(request: Request, caller: Caller, request_id: str) -> Response:
+    service = Service.of(request)
+    await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+    headers = {"X-Request-Id": request_id}
+    return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE, headers=headers)
+
+
+# --- open endpoints --------------------------------------------------------------------------------------------
+
+
+@counted("/healthz")
+async def healthz(request: Request) -> Response:
+    return _json(200, {"status": "ok"}, new_request_id())
+
+
+@counted("/readyz")
+async def readyz(request: Request) -> Response:
+    request_id = new_request_id()
+    checks = await run_in_threadpool(Service.of(request).readiness)
+    if all(ok for ok, _ in checks.values()):
+        return _json(200, {"status": "ready", "checks": dict.fromkeys(checks, "ok")}, request_id)
+    for name, (ok, why) in checks.items():
+        if not ok:
+            _log.warning("not ready: %s: %s", name, why)
+    failed = sorted(name for name, (ok, _) in checks.items() if not ok)
+    shown = {name: "ok" if ok else "failed" for name, (ok, _) in checks.items()}
+    message = f"not ready: {', '.join(failed)} failed (details in the server log)"
+    return _error(503, "service.not_ready", message, request_id, checks=shown)
+
+
+@counted("/openapi.json")
+async def openapi(request: Request) -> Response:
+    return _json(200, openapi_document(), new_request_id())
+
+
+# --- /mcp's hooks ----------------------------------------------------------------------------------------------
+
+
+async def mcp_body(request: Request, caller: Caller) -> bytes:
+    """An MCP message's body: read with the /v1 bounds, then checked by a decision worker (JSON, at most
+    MESSAGE_MAX_VALUES values) before the SDK parses it in this event loop."""
+    request_id = new_request_id()
+    body = await _read_body(request, caller, request_id, check_json=False)
+    await _checked(Service.of(request).decisions.message(body, caller), request, caller, request_id)
+    return body
+
+
+@contextlib.asynccontextmanager
+async def mcp_admission(request: Request, caller: Caller) -> AsyncIterator[None]:
+    """A tool call over /mcp counts against the caller's rpm and holds one of its execution slots, exactly
+    like ``POST /v1/executions``; a refusal is recorded the same way and answered as a tool error."""
+    service = Service.of(request)
+    quotas = service.quotas_of(caller)
+    try:
+        service.admission.count_request(caller.principal, quotas)
+        async with service.admission.execution(caller.principal, quotas):
+            yield
+    except OverQuotaError as exc:
+        service.refusals.note(
+            exc, principal=caller.principal, token_id=caller.token_id, request_id=new_request_id(), path="/mcp"
+        )
+        raise
+
+
+def mcp_error(exc: GatewayError) -> Response:
+    """The answer to an /mcp request refused before the MCP layer saw it (401, a body it cannot take)."""
+    return error_response(exc, new_request_id())
+
+
+# --- exception handlers ----------------------------------------------------------------------------------------
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """A path or method no route takes (404, 405): the error body, counted as ``other``."""
+    assert isinstance(exc, HTTPException)  # noqa: S101 - registered for HTTPException only
+    code = {404: "http.not_found", 405: "http.method_not_allowed"}.get(exc.status_code, "http.error")
+    Service.of(request).metrics.request("other", exc.status_code)
+    return _error(exc.status_code, code, str(exc.detail), new_request_id(), headers=dict(exc.headers or {}))
+
+
+async def unexpected(request: Request, exc: Exception) -> Response:
+    """Any other exception: logged with its traceback, answered with a plain 500 body (never the traceback)."""
+    request_id = new_request_id()
+    _log.error("request %s failed unexpectedly", request_id, exc_info=exc)
+    Service.of(request).metrics.request("other", 500)
+    return _error(500, "gateway.internal", "the server failed unexpectedly; see its log", request_id)
+
+
+# --- what the read-only endpoints say ------------------------------------------------------------------------
+
+
+def policy_summary(policy: Policy) -> dict[str, Any]:
+    """``GET /v1/policy``: the policy's name and sha256, what a request gets when it asks for nothing
+    (defaults) and the most it may ask for (ceilings)."""
+    limits = {f.name: getattr(policy.limits, f.name) for f in dataclasses.fields(policy.limits)}
+    return {
+        "policy": {"name": policy.name, "sha256": policy.sha256},
+        "defaults": {
+            "language": policy.languages.default,
+            "image": policy.images.default,
+            "network": policy.network.default,
+            "runtime": policy.runtime.default,
+            "limits": {name: limit.default for name, limit in limits.items() if hasattr(limit, "default")},
+        },
+        "ceilings": {
+            "languages": list(policy.languages.allowed),
+            "networks": list(policy.network.allowed),
+            "runtimes": list(policy.runtime.allowed),
+            "limits": {name: limit.max for name, limit in limits.items() if hasattr(limit, "max")},
+        },
+    }
+
+
+def tool_for(policy: Policy) -> dict[str, Any]:
+    """The ``execute_python`` definition for a caller under ``policy``: its timeout ceiling as the schema's
+    maximum, and its ceilings stated in the description so that the model does not ask for more."""
+    definition = tool_definition(float(policy.limits.timeout_s.max))
+    limits = policy.limits
+    function = definition["function"]
+    function["description"] += (
+        f" Limits of this caller (policy {policy.name}): at most {limits.timeout_s.max} s wall clock "
+        f"(default {limits.timeout_s.default} s), {limits.memory.max} bytes of memory, {limits.cpus.max} CPUs, "
+        f"{limits.output_bytes.max} bytes of output per stream; network {'/'.join(policy.network.allowed)}."
+        f' Call it through POST /v1/executions with {{"code": code, "limits": {{"timeout_s": timeout}}}}.'
+    )
+    return definition
