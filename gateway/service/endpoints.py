@@ -186,7 +186,7 @@ async def _checked(job: Awaitable[T], request: Request, caller: Caller, request_
 def _admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
     """Count the request against the caller's rpm (before its body is read); over it, the 429."""
     try:
-        Service.of(request).admission.count_request(caller.principal, quotas)
+        Service.of(request).quota_gate.count_request(caller.principal, quotas)
     except OverQuotaError as exc:
         return _over_quota(exc, request, caller, request_id)
     return None
@@ -216,7 +216,7 @@ async def executions(request: Request, caller: Caller, request_id: str) -> Respo
         return Response(
             invalid.content, status_code=invalid.status, headers=invalid.headers, media_type=JSON_MEDIA_TYPE
         )
-    admitted = service.admission.execution(caller.principal, quotas)
+    admitted = service.quota_gate.execution(caller.principal, quotas)
     try:
         await admitted.__aenter__()  # a slot of the principal and of the service, or 429
     except OverQuotaError as exc:
@@ -338,8 +338,8 @@ async def mcp_admission(request: Request, caller: Caller) -> AsyncIterator[None]
     service = Service.of(request)
     quotas = service.quotas_of(caller)
     try:
-        service.admission.count_request(caller.principal, quotas)
-        async with service.admission.execution(caller.principal, quotas):
+        service.quota_gate.count_request(caller.principal, quotas)
+        async with service.quota_gate.execution(caller.principal, quotas):
             yield
     except OverQuotaError as exc:
         service.refusals.note(

@@ -50,7 +50,7 @@ from gateway.tool import ToolHandler
 
 __all__ = [
     "SERVER_NAME",
-    "Identity",
+    "PrincipalIdentity",
     "StdioWire",
     "build_server",
     "claim_stdio",
@@ -65,8 +65,9 @@ LOCAL_PREFIX = "local:"
 
 
 @dataclass(frozen=True, slots=True)
-class Identity:
-    """Who an MCP server acts as."""
+class PrincipalIdentity:
+    """Who an MCP server acts as: the principal, the policy and the concurrency that come with it (a failure to
+    resolve one is a :class:`PrincipalIdentityError`)."""
 
     principal: str
     """The name every request carries (the audit trail's ``principal``)."""
@@ -78,7 +79,7 @@ class Identity:
 
 def resolve_identity(
     *, principal: str | None, principals_file: str | None, policy: str | None, user: str | None = None
-) -> Identity:
+) -> PrincipalIdentity:
     """The identity for ``gateway mcp`` flags (see the module docstring); :class:`PrincipalIdentityError` otherwise."""
     if principal is not None:
         if policy is not None:
@@ -93,7 +94,7 @@ def resolve_identity(
                 f"principal {principal!r} in {store.source} is revoked (it has no token); "
                 f"`gateway principals rotate {principal}` to serve it again"
             )
-        return Identity(found.name, found.policy, found.quotas.max_concurrent)
+        return PrincipalIdentity(found.name, found.policy, found.quotas.max_concurrent)
     if policy is None:
         raise PrincipalIdentityError(
             "gateway mcp needs --principal NAME (its policy and quotas from the principals file) or an explicit "
@@ -104,7 +105,7 @@ def resolve_identity(
     problem = name_problem(name)
     if problem is not None:
         raise PrincipalIdentityError(f"the process owner cannot name the local principal: {problem}; use --principal")
-    return Identity(name, Path(policy).absolute(), DEFAULT_QUOTAS.max_concurrent)
+    return PrincipalIdentity(name, Path(policy).absolute(), DEFAULT_QUOTAS.max_concurrent)
 
 
 # --- the wire ------------------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ async def _serve(server: Server[Any], wire: StdioWire) -> None:
             group.cancel_scope.cancel()
 
 
-def serve(gateway: Gateway, identity: Identity, wire: StdioWire) -> None:
+def serve(gateway: Gateway, identity: PrincipalIdentity, wire: StdioWire) -> None:
     """Serve ``execute_python`` for ``identity`` over ``wire`` until the client closes stdin or a SIGTERM /
     SIGINT arrives (in-flight runs are cancelled and recorded first)."""
     handler = ToolHandler(gateway, principal=identity.principal)

@@ -8,8 +8,8 @@ default one: several services may run in one process, as the tests do). What it 
 - ``gateway_decision_seconds`` / ``gateway_execution_seconds``: latency of ``POST /v1/decisions`` and of
   ``POST /v1/executions`` (the whole call: decision, sandbox, audit), by outcome status;
 - ``gateway_running_executions``: executions this service is running now;
-- ``gateway_queue_depth``: requests waiting for an execution slot, read from the service's admission
-  (``Admission.waiting``) at each scrape;
+- ``gateway_queue_depth``: requests waiting for an execution slot, read from the service's quota gate
+  (``QuotaGate.waiting``) at each scrape;
 - ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule;
 - with a warm pool (``pool: true``): ``gateway_pool_ready`` (containers ready now), ``gateway_pool_target``
   (how many the profiles aim for), ``gateway_pool_claims_total{result}`` (``hit``, ``miss``, ``cold``) and
@@ -77,7 +77,7 @@ class ServiceMetrics:
             "Requests waiting for an execution slot (0 while the service has no queue).",
             registry=self.registry,
         )
-        """Read from the service's admission at each scrape (``set_function``)."""
+        """Read from the service's quota gate at each scrape (``set_function``)."""
         self.denials = Counter(
             "gateway_denials",
             "Policy denials, one count per violated rule (dry_run: from POST /v1/decisions).",

@@ -44,7 +44,7 @@ from gateway.audit import AuditSink
 from gateway.errors import GatewayError, OverQuotaError
 from gateway.service.principals import Quotas
 
-__all__ = ["RPM_WINDOW_S", "Admission", "Refusals", "default_global_bound"]
+__all__ = ["RPM_WINDOW_S", "QuotaGate", "Refusals", "default_global_bound"]
 
 RPM_WINDOW_S = 60.0
 """The length of the requests-per-minute window."""
@@ -69,8 +69,9 @@ class _State:
     max_concurrent: int = 1
 
 
-class Admission:
-    """The quotas of every principal and the global bound of one service."""
+class QuotaGate:
+    """The quotas of every principal and the global bound of one service: the service's admission control (not
+    the Gateway's admission hook, :data:`gateway.Admission`, which a decision cannot wait in)."""
 
     def __init__(
         self, global_bound: int, *, queue_wait_s: float = 60.0, clock: Callable[[], float] = time.monotonic

@@ -47,7 +47,7 @@ from gateway.service.decisions import DecisionWorkers, default_decision_workers
 from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
 from gateway.service.metrics import ServiceMetrics
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
-from gateway.service.quotas import Admission, Refusals, default_global_bound
+from gateway.service.quotas import QuotaGate, Refusals, default_global_bound
 
 if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
@@ -81,11 +81,11 @@ class Service:
         """The running executions' cancel events: what shutdown cancels after the grace."""
         self.metrics = ServiceMetrics()
         """``GET /metrics``."""
-        self.admission = Admission(
+        self.quota_gate = QuotaGate(
             config.max_concurrent_executions or default_global_bound(), queue_wait_s=config.queue_wait_s
         )
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
-        self.metrics.queue_depth.set_function(self.admission.waiting)
+        self.metrics.queue_depth.set_function(self.quota_gate.waiting)
         if gateway.pool is not None:
             self.metrics.watch_pool(gateway.pool)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)

@@ -135,11 +135,11 @@ def test_a_full_queue_is_429_at_once_and_concurrency_stays_at_max_concurrent(
 ) -> None:
     path, tokens = _principals(tmp_path, alice={"max_concurrent": 2, "queue": 3})
     server = serve(principals=path)
-    admission = server.service.admission
+    gate = server.service.quota_gate
     alice = tokens["alice"]
     with _Sampler(lambda: len(managed_containers())) as sampler:
         runs = [pool.submit(_post, server, alice, "/v1/executions", SLOW) for _ in range(5)]
-        _wait_for(lambda: admission.waiting_of("alice") == 3, "three of alice's runs waiting")
+        _wait_for(lambda: gate.waiting_of("alice") == 3, "three of alice's runs waiting")
         refused = _post(server, alice, "/v1/executions", QUICK)
         assert not all(run.done() for run in runs)  # refused while the others were still in the service
         assert _assert_over_quota(refused, "queue") == 1
@@ -166,7 +166,7 @@ def test_the_global_bound_caps_all_principals_together(
         results = [run.result(timeout=120) for run in runs]
     assert [r.status_code for r in results] == [200] * 4
     assert sampler.most == 1
-    assert server.service.admission.running == 0
+    assert server.service.quota_gate.running == 0
 
 
 def test_a_flooding_principal_does_not_starve_another(
@@ -176,10 +176,10 @@ def test_a_flooding_principal_does_not_starve_another(
     hers. victim's one run still completes, and before mallory's backlog: the next free slot is victim's."""
     path, tokens = _principals(tmp_path, mallory={"max_concurrent": 2, "queue": 4}, victim={"queue": 1})
     server = serve(principals=path, max_concurrent_executions=2)
-    admission = server.service.admission
+    gate = server.service.quota_gate
     flood = [pool.submit(_post, server, tokens["mallory"], "/v1/executions", SLOW) for _ in range(10)]
     _wait_for(
-        lambda: admission.running_of("mallory") == 2 and admission.waiting_of("mallory") == 4,
+        lambda: gate.running_of("mallory") == 2 and gate.waiting_of("mallory") == 4,
         "mallory holding every slot with a full queue",
     )
     victim = _post(server, tokens["victim"], "/v1/executions", QUICK)

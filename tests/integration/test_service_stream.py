@@ -161,7 +161,7 @@ def test_a_client_that_stops_reading_a_stream_holds_no_slot_once_the_run_ends_an
     try:
         outcomes = _wait_for(lambda: server.records("execution.outcome"), "the outcome is recorded")
         assert len(outcomes) == 1
-        _wait_for(lambda: server.service.admission.running_of("alice") == 0, "the slot is given back", within=15)
+        _wait_for(lambda: server.service.quota_gate.running_of("alice") == 0, "the slot is given back", within=15)
         assert managed_containers() == []
         assert b"\ngateway_running_executions 0.0\n" in server.service.metrics.render()
         time.sleep(3)  # still not reading, past the 1 s stall limit: the server gives up writing

@@ -171,7 +171,7 @@ _NOISY_SERVER = textwrap.dedent(
     from gateway.policy import load_policy
     from gateway.resources import default_policy_path
     from gateway.runner.fake import FakeRunner
-    from gateway.service.mcp import Identity, claim_stdio, serve
+    from gateway.service.mcp import PrincipalIdentity, claim_stdio, serve
 
     class NoisyRunner(FakeRunner):
         def execute(self, *args, **kwargs):
@@ -183,7 +183,7 @@ _NOISY_SERVER = textwrap.dedent(
         print("noise: print before serving")
         os.system("echo noise: a child process")
         gateway = Gateway(load_policy(default_policy_path()), runner=NoisyRunner(), audit=MemoryAuditSink())
-        serve(gateway, Identity("agent-7", default_policy_path(), 1), wire)
+        serve(gateway, PrincipalIdentity("agent-7", default_policy_path(), 1), wire)
     """
 )
 

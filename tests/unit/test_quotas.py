@@ -12,7 +12,7 @@ from gateway.audit import MemoryAuditSink
 from gateway.errors import BodyTooLargeError, OverQuotaError, ServerConfigError, http_status_for
 from gateway.resources import policies_dir
 from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas, load_principals_text
-from gateway.service.quotas import Admission, Refusals
+from gateway.service.quotas import QuotaGate, Refusals
 
 
 class Clock:
@@ -30,32 +30,32 @@ def test_over_quota_is_429_with_at_least_one_second() -> None:
 
 def test_rpm_is_a_sliding_minute_and_retry_after_is_when_it_frees() -> None:
     clock = Clock()
-    admission = Admission(4, clock=clock)
+    gate = QuotaGate(4, clock=clock)
     quotas = Quotas(rpm=2)
-    admission.count_request("a", quotas)
+    gate.count_request("a", quotas)
     clock.now += 20
-    admission.count_request("a", quotas)
+    gate.count_request("a", quotas)
     clock.now += 10.5
     with pytest.raises(OverQuotaError) as info:
-        admission.count_request("a", quotas)
+        gate.count_request("a", quotas)
     assert (info.value.quota, info.value.retry_after_s) == ("rpm", 30)  # the first leaves at +60 s
-    admission.count_request("b", quotas)  # another principal's minute is its own
+    gate.count_request("b", quotas)  # another principal's minute is its own
     clock.now += 29.5
-    admission.count_request("a", quotas)  # the first left the window
+    gate.count_request("a", quotas)  # the first left the window
     with pytest.raises(OverQuotaError) as info:
-        admission.count_request("a", quotas)
+        gate.count_request("a", quotas)
     assert info.value.retry_after_s == 20  # now the second one (at +20 s) has to leave
 
 
 def test_queue_then_refusal_and_release_in_order() -> None:
     async def scenario() -> None:
-        admission = Admission(8)
+        gate = QuotaGate(8)
         quotas = Quotas(max_concurrent=1, queue=1)
         order: list[str] = []
         release = asyncio.Event()
 
         async def run(name: str) -> None:
-            async with admission.execution("a", quotas):
+            async with gate.execution("a", quotas):
                 order.append(name)
                 await release.wait()
 
@@ -63,27 +63,27 @@ def test_queue_then_refusal_and_release_in_order() -> None:
         await asyncio.sleep(0)
         second = asyncio.create_task(run("second"))
         await asyncio.sleep(0)
-        assert (admission.running_of("a"), admission.waiting_of("a")) == (1, 1)
-        assert admission.waiting() == 1  # what GET /metrics reports as gateway_queue_depth
+        assert (gate.running_of("a"), gate.waiting_of("a")) == (1, 1)
+        assert gate.waiting() == 1  # what GET /metrics reports as gateway_queue_depth
         with pytest.raises(OverQuotaError) as info:
-            async with admission.execution("a", quotas):
+            async with gate.execution("a", quotas):
                 pass
         assert info.value.quota == "queue"
         release.set()
         await asyncio.gather(first, second)
         assert order == ["first", "second"]
-        assert admission.running == 0
-        assert admission.waiting() == 0
+        assert gate.running == 0
+        assert gate.waiting() == 0
 
     asyncio.run(scenario())
 
 
 def test_queue_zero_means_run_now_or_refuse() -> None:
     async def scenario() -> None:
-        admission = Admission(1)
-        async with admission.execution("a", Quotas(queue=0)):
+        gate = QuotaGate(1)
+        async with gate.execution("a", Quotas(queue=0)):
             with pytest.raises(OverQuotaError):
-                async with admission.execution("b", Quotas(queue=0)):
+                async with gate.execution("b", Quotas(queue=0)):
                     pass
 
     asyncio.run(scenario())
@@ -91,12 +91,12 @@ def test_queue_zero_means_run_now_or_refuse() -> None:
 
 def test_a_freed_slot_goes_to_the_principal_with_fewest_running() -> None:
     async def scenario() -> None:
-        admission = Admission(2)
+        gate = QuotaGate(2)
         order: list[str] = []
         gates = {name: asyncio.Event() for name in ("m1", "m2", "m3", "m4", "v")}
 
         async def run(principal: str, name: str) -> None:
-            async with admission.execution(principal, Quotas(max_concurrent=2, queue=8)):
+            async with gate.execution(principal, Quotas(max_concurrent=2, queue=8)):
                 order.append(name)
                 await gates[name].wait()
 
@@ -119,28 +119,28 @@ def test_a_freed_slot_goes_to_the_principal_with_fewest_running() -> None:
 
 def test_a_cancelled_waiter_leaves_the_queue_and_a_slot_is_never_lost() -> None:
     async def scenario() -> None:
-        admission = Admission(1)
+        gate = QuotaGate(1)
         hold = asyncio.Event()
 
         async def run() -> None:
-            async with admission.execution("a", Quotas(queue=4)):
+            async with gate.execution("a", Quotas(queue=4)):
                 await hold.wait()
 
         running = asyncio.create_task(run())
         await asyncio.sleep(0)
         waiting = asyncio.create_task(run())
         await asyncio.sleep(0)
-        assert admission.waiting_of("a") == 1
+        assert gate.waiting_of("a") == 1
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        assert admission.waiting_of("a") == 0
+        assert gate.waiting_of("a") == 0
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
-        assert admission.running == 0
-        async with admission.execution("a", Quotas(queue=0)):
-            assert admission.running == 1
+        assert gate.running == 0
+        async with gate.execution("a", Quotas(queue=0)):
+            assert gate.running == 1
 
     asyncio.run(scenario())
 
@@ -241,34 +241,34 @@ def test_principals_add_stores_only_the_quota_flags_given(tmp_path: Path, capsys
 
 def test_a_queued_execution_waits_at_most_queue_wait_s_then_429_and_leaves_the_queue() -> None:
     async def scenario() -> None:
-        admission = Admission(8, queue_wait_s=0.05)
+        gate = QuotaGate(8, queue_wait_s=0.05)
         quotas = Quotas(max_concurrent=1, queue=4)
         release = asyncio.Event()
 
         async def holder() -> None:
-            async with admission.execution("a", quotas):
+            async with gate.execution("a", quotas):
                 await release.wait()
 
         held = asyncio.create_task(holder())
         await asyncio.sleep(0)
         ran = False
         with pytest.raises(OverQuotaError) as info:
-            async with admission.execution("a", quotas):
+            async with gate.execution("a", quotas):
                 ran = True
         assert not ran
         assert info.value.quota == "queue_wait"
         assert info.value.retry_after_s >= 1
         assert "waited 0.05 s" in info.value.message
-        assert (admission.running_of("a"), admission.waiting_of("a")) == (1, 0)  # it left the queue
+        assert (gate.running_of("a"), gate.waiting_of("a")) == (1, 0)  # it left the queue
         release.set()
         await held
-        assert admission.running == 0
-        async with admission.execution("a", quotas):  # the slot it never got is free for the next one
-            assert admission.running == 1
+        assert gate.running == 0
+        async with gate.execution("a", quotas):  # the slot it never got is free for the next one
+            assert gate.running == 1
 
     asyncio.run(scenario())
 
 
 def test_queue_wait_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queue_wait_s"):
-        Admission(4, queue_wait_s=0)
+        QuotaGate(4, queue_wait_s=0)
