@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import os
 import re
+import secrets
 import stat
 import textwrap
 import threading
@@ -192,7 +193,7 @@ def test_a_record_stores_the_sha256_of_the_whole_token_and_its_public_id() -> No
 
 def test_a_new_token_id_never_repeats_one_the_file_has(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = iter(["0000000a", "0000000a", "0000000b"])
-    monkeypatch.setattr(mod.secrets, "token_hex", lambda _n: next(ids))
+    monkeypatch.setattr(secrets, "token_hex", lambda _n: next(ids))
     _token, record = issue_token({"0000000a"})
     assert record.id == "0000000b"
 
@@ -268,7 +269,7 @@ def test_every_authentication_compares_digests_in_constant_time(
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(mod.hmac, "compare_digest", spy)
+    monkeypatch.setattr(hmac, "compare_digest", spy)
     attempts = [token, "agw_ffffffff_" + "A" * 43, "garbage", "", token[:-1] + "?"]
     results = [loaded.authenticate(t) for t in attempts]
     assert [r is not None for r in results] == [True, False, False, False, False]
@@ -314,7 +315,7 @@ def test_a_failed_write_leaves_the_old_file_whole(store: PrincipalsStore, monkey
     def broken_fsync(_fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(mod.os, "fsync", broken_fsync)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(PrincipalsError, match="No space left on device; it is unchanged"):
         store.rotate("alice")
     monkeypatch.undo()

@@ -113,7 +113,7 @@ def test_the_principals_store_needs_no_runner_and_no_decision() -> None:
     without an engine. The application and its decision workers are interfaces: they call the Gateway and never
     pick a backend (the ``gateway serve`` command hands them the runner factory) nor decide anything themselves."""
     modules = {path.name: path for path in _modules("service")}
-    assert {"principals.py", "config.py", "authlog.py", "app.py"} <= set(modules)
+    assert {"model.py", "loading.py", "store.py", "config.py", "authlog.py", "app.py"} <= set(modules)
     for path in modules.values():
         imports = _imports(path)
         if path.name in ("app.py", "service.py", "decisions.py"):
