@@ -11,14 +11,13 @@ import os
 import pickle
 import select
 import signal
-import struct
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
+from gateway._workers import Frames, frame, worker_streams
 from gateway.audit.batched import BatchedAuditSink
 from gateway.errors import AuditUnavailableError, MalformedRequestError
 from gateway.service.replies import MESSAGE_MAX_VALUES, check_json_body, decision_reply, render_json
@@ -42,21 +41,18 @@ BATCH: Final = 16
 BATCH_S: Final = 0.005
 """The longest the answers decided in a batch wait for the jobs after them: a job expected to take them past it
 is decided only once they are durable and sent."""
-HEADER: Final = struct.Struct("!I")
-"""Each frame, either way, is this 4-byte big-endian length, then its payload."""
 
 
 def job_frame(message: Any) -> bytes:
-    """A frame to a worker: the message pickled (the service's own objects: its policies, its runner factory)."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(data)) + data
+    """A frame to a worker (:func:`gateway._workers.frame`): the message pickled (the service's own objects: its
+    policies, its runner factory)."""
+    return frame(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def answer_frame(header: dict[str, Any], content: bytes = b"") -> bytes:
     """A frame from a worker, which handles hostile bodies: a JSON header line (kind, job, status, headers,
     violations), then the rendered body. Data only: the service never unpickles what a worker sends."""
-    data = json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n" + content
-    return HEADER.pack(len(data)) + data
+    return frame(json.dumps(header, separators=(",", ":")).encode("utf-8") + b"\n" + content)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,43 +83,26 @@ class JobReader:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._buffer = bytearray()
+        self._frames = Frames()
         self._eof = False
 
     def _read(self) -> None:
         data = os.read(self._fd, 1 << 16)
         if not data:
             self._eof = True
-        self._buffer += data
-
-    def _whole(self) -> int:
-        """How many bytes of the buffer hold whole frames, counting at most BATCH frames."""
-        at = count = 0
-        while count < BATCH and len(self._buffer) >= at + HEADER.size:
-            (size,) = HEADER.unpack_from(self._buffer, at)
-            if len(self._buffer) < at + HEADER.size + size:
-                break
-            at += HEADER.size + size
-            count += 1
-        return at
+        self._frames.feed(data)
 
     def batch(self) -> list[Any] | None:
         """The next messages (unpickled), or None once stdin is closed and every whole frame was taken."""
-        while not self._whole():
+        while not self._frames.whole:
             if self._eof:
                 return None
             self._read()
         while not self._eof and select.select([self._fd], [], [], 0)[0]:
             self._read()
-        end = self._whole()
-        view, messages, at = memoryview(self._buffer), [], 0
-        while at < end:
-            (size,) = HEADER.unpack_from(view, at)
-            # The service that started this process, over its own pipe.
-            messages.append(pickle.loads(view[at + HEADER.size : at + HEADER.size + size]))  # noqa: S301
-            at += HEADER.size + size
-        view.release()
-        del self._buffer[:end]
+        messages: list[Any] = []
+        while len(messages) < BATCH and (payload := self._frames.pop()) is not None:
+            messages.append(pickle.loads(payload))  # noqa: S301 - the service that started this process, its pipe
         return messages
 
 
@@ -231,9 +210,8 @@ def worker_main() -> int:
     # then closes the worker's stdin, which is when a worker ends (or when the service itself is gone).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print goes to the log, never into the frames
-    frames = JobReader(sys.stdin.fileno())
+    jobs_fd, out = worker_streams()  # a stray print goes to the log, never into the frames
+    frames = JobReader(jobs_fd)
     batch = frames.batch()
     if not batch or batch[0][0] != "init":
         return 2

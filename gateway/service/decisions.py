@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Final
 from starlette.concurrency import run_in_threadpool
 
 from gateway import Caller, Gateway, PolicySet
-from gateway._workers import start_worker
+from gateway._workers import Frames, reap, start_worker
 from gateway.errors import DecisionWorkerError, MalformedRequestError
 from gateway.policy import Policy
-from gateway.service.decision_worker import HEADER, Malformed, RenderedAnswer, job_frame, render_answer, run_job
+from gateway.service.decision_worker import Malformed, RenderedAnswer, job_frame, render_answer, run_job
 from gateway.service.shares import Share, next_principal, worker_takes
 
 if TYPE_CHECKING:
@@ -86,45 +86,10 @@ def _in_process(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> Ren
     return None if result is None else render_answer(result)
 
 
-class _Frames(asyncio.Protocol):
-    """Reads a worker's frames from its stdout and hands each header and body on; tells when the pipe closes."""
-
-    def __init__(
-        self,
-        on_message: Callable[[dict[str, Any], bytes], None],
-        on_bad: Callable[[str], None],
-        on_closed: Callable[[], None],
-    ) -> None:
-        self._buffer = bytearray()
-        self._on_message = on_message
-        self._on_bad = on_bad
-        self._on_closed = on_closed
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        while len(self._buffer) >= HEADER.size:
-            (size,) = HEADER.unpack_from(self._buffer)
-            if len(self._buffer) < HEADER.size + size:
-                return
-            payload = bytes(self._buffer[HEADER.size : HEADER.size + size])
-            del self._buffer[: HEADER.size + size]
-            head, _, content = payload.partition(b"\n")
-            try:
-                header = json.loads(head)
-            except ValueError as exc:
-                self._on_bad(f"a frame that is not a decision worker's answer ({exc})")
-                return
-            if not isinstance(header, dict):
-                self._on_bad("a frame whose header is not a JSON object")
-                return
-            self._on_message(header, content)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._on_closed()
-
-
-class _Worker:
-    """One worker process, seen from the event loop: its pipes, its jobs in flight, whether it is ready."""
+class _Worker(asyncio.Protocol):
+    """One worker process, seen from the event loop: its pipes, its jobs in flight, whether it is ready. It is the
+    protocol that reads its stdout (:class:`gateway._workers.Frames`): each answer is handled, what is not a frame
+    or not an answer kills it, and the end of the pipe is its end (it died, was killed, or ended at close)."""
 
     def __init__(
         self,
@@ -137,13 +102,15 @@ class _Worker:
         """``on_left``: a job left the worker (the CPU ms it took when its answer says, else None)."""
         self.proc = proc
         self.ready = False
-        self.closed = False
+        self.ended = asyncio.Event()
+        """Set once its stdout has ended (it died, or was killed, or ended at the service's close)."""
         self.jobs: dict[int, _Job] = {}
         """Jobs in flight, by number."""
         self._on_ready = on_ready
         self._on_ended = on_ended
         self._on_left = on_left
         self._on_free = on_free
+        self._frames = Frames()
         self._writer: asyncio.WriteTransport | None = None
         self._reader: asyncio.ReadTransport | None = None
 
@@ -151,14 +118,33 @@ class _Worker:
         if self.proc.stdin is None or self.proc.stdout is None:
             raise OSError("the decision worker has no pipes")
         self._writer, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
-        self._reader, _ = await loop.connect_read_pipe(
-            lambda: _Frames(self._message, lambda why: self.kill(f"sent {why}"), self._lost), self.proc.stdout
-        )
+        self._reader, _ = await loop.connect_read_pipe(lambda: self, self.proc.stdout)
         self._writer.write(init)
 
     def send(self, frame: bytes) -> None:
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(frame)
+
+    def data_received(self, data: bytes) -> None:
+        self._frames.feed(data)
+        while True:
+            try:
+                payload = self._frames.pop()
+            except ValueError as exc:  # a length no frame has
+                self.kill(f"sent {exc}")
+                return
+            if payload is None:
+                return
+            head, _, content = payload.partition(b"\n")
+            try:
+                header = json.loads(head)
+            except ValueError as exc:
+                self.kill(f"sent a frame that is not a decision worker's answer ({exc})")
+                return
+            if not isinstance(header, dict):
+                self.kill("sent a frame whose header is not a JSON object")
+                return
+            self._message(header, content)
 
     def _message(self, header: dict[str, Any], content: bytes) -> None:
         kind = header.get("kind")
@@ -205,10 +191,11 @@ class _Worker:
         if self._reader is not None:
             self._reader.close()
 
-    def _lost(self) -> None:
-        if self.closed:
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Its stdout ended: its jobs in flight fail, its stdin leaves the event loop, it is reaped and replaced."""
+        if self.ended.is_set():
             return
-        self.closed = True
+        self.ended.set()
         self.ready = False
         for number in list(self.jobs):
             job = self._finish(number)
@@ -216,8 +203,9 @@ class _Worker:
                 job.future.set_exception(
                     DecisionWorkerError(f"the decision worker {self.proc.pid} ended while deciding this request")
                 )
-        if self._writer is not None:
-            self._writer.close()
+        writer = self._writer
+        if writer is not None and (not writer.is_closing() or writer.get_write_buffer_size()):
+            writer.abort()  # what it has not read it never will; its pipe leaves the event loop now, not once drained
         self._on_ended(self)
         self._on_free()
 
@@ -333,11 +321,10 @@ class DecisionWorkers:
         self._deaths = 0
 
     def _ended(self, worker: _Worker) -> None:
+        """Its stdout ended, or it could not be talked to: reaped (killed if it still runs), then replaced."""
         with contextlib.suppress(ValueError):
             self._workers.remove(worker)
-        with contextlib.suppress(OSError):
-            worker.proc.kill()
-        worker.proc.wait()
+        reap(worker.proc)  # its pipes' transports are closing: no read or write of them is pending
         if not self._closing:
             status = worker.proc.returncode
             _log.error("decision worker %d ended (status %s); it will be replaced", worker.proc.pid, status)
@@ -486,10 +473,9 @@ class DecisionWorkers:
         workers = list(self._workers)
         for worker in workers:
             worker.close()
-        for worker in workers:
+        for worker in workers:  # each, once its stdout ends, is reaped (_ended)
             try:
-                await asyncio.wait_for(run_in_threadpool(worker.proc.wait), _CLOSE_S)
+                await asyncio.wait_for(worker.ended.wait(), _CLOSE_S)
             except TimeoutError:
-                _log.error("decision worker %d did not end; killing it", worker.proc.pid)
-                worker.proc.kill()
-                await run_in_threadpool(worker.proc.wait)
+                worker.kill(f"did not end within {_CLOSE_S:g} s of the service's close")
+                await worker.ended.wait()

@@ -9,7 +9,6 @@ import errno
 import fcntl
 import json
 import os
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from gateway import Caller, Gateway
+from gateway._workers import Frames
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.audit.batched import BatchedAuditSink
 from gateway.audit.segments import AuditIO
@@ -156,6 +156,20 @@ def test_a_worker_answer_is_never_unpickled(tmp_path: Path, monkeypatch: pytest.
     assert not planted.exists()
 
 
+_WRITES_TEXT = (
+    _READY_THEN_FIRST_JOB
+    + 'out.write(b"Traceback (most recent call last):\\n"); out.flush()\nsys.stdin.buffer.read()\n'
+)
+
+
+def test_a_worker_that_writes_what_is_not_a_frame_is_killed_and_its_job_is_a_503(tmp_path: Path) -> None:
+    """Text in the answer pipe (a library writing to the real stdout) reads as a length of hundreds of MiB: it is
+    not waited for, the worker is killed and its job answered 503 at once."""
+    error = _first_job_error(_gateway(tmp_path / "audit"), _WRITES_TEXT, then_in_process=True)
+    assert isinstance(error, DecisionWorkerError)
+    assert "ended while deciding" in error.message
+
+
 _NEVER_ANSWERS = _READY_THEN_FIRST_JOB + "import time\ntime.sleep(3600)\n"
 
 
@@ -184,12 +198,12 @@ class _CountingIO(AuditIO):
 
 def _answers(frames: bytes) -> list[tuple[dict[str, Any], bytes]]:
     """The answer frames a worker wrote, as (header, body)."""
-    answers, at = [], 0
-    while at < len(frames):
-        (size,) = struct.unpack_from("!I", frames, at)
-        head, _, body = frames[at + 4 : at + 4 + size].partition(b"\n")
+    reader, answers = Frames(), []
+    reader.feed(frames)
+    while (payload := reader.pop()) is not None:
+        head, _, body = payload.partition(b"\n")
         answers.append((json.loads(head), body))
-        at += 4 + size
+    assert not reader.held, "a partial frame"
     return answers
 
 
