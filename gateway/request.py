@@ -5,9 +5,10 @@ which reports what it finds as a :class:`RequestError` and nothing else:
 
 1. *Decode* text or bytes: the size cap is checked before anything is decoded; bytes must be UTF-8 (a BOM is
    refused); JSON may not repeat a key in an object or use ``NaN``/``Infinity``.
-2. *Copy* the document into plain JSON shapes (``dict``, ``list``, ``str``, ``int``, finite ``float``,
-   ``bool``, ``None``), so the caller can change theirs afterwards and no exotic type reaches validation. The
-   copy is iterative with a depth cap (:data:`MAX_DEPTH`), so no nesting can raise ``RecursionError``.
+2. *Copy* the document into plain JSON shapes (``dict``, ``list``, ``str``, ``int`` of at most 4300 digits,
+   finite ``float``, ``bool``, ``None``), so the caller can change theirs afterwards and no exotic type reaches
+   validation. The copy is iterative with a depth cap (:data:`MAX_DEPTH`), so no nesting can raise
+   ``RecursionError``.
 3. *Validate* the copy against ``schemas/request.schema.json`` (Draft 2020-12), the only statement of the
    request format: jsonschema-rs accepts a valid request in microseconds; a request it does not accept is
    explained by python-jsonschema, which reports every error with its JSON path (see :func:`schema_problems`).
@@ -218,6 +219,10 @@ def _decode(data: str | bytes | bytearray, source: str, max_bytes: int) -> Any:
 # --- step 2: copy ---------------------------------------------------------------------------------------
 
 _Keys = tuple[str | int, ...]
+_MAX_INT_DIGITS = 4300
+"""Longest integer JSON text may carry (Python's default ``int_max_str_digits``, which ``json.loads`` applies);
+a mapping's integers are held to it too, so that every accepted request can be written out and read back."""
+_INT_BOUND = 10**_MAX_INT_DIGITS
 
 
 def _json_path(keys: _Keys) -> str:
@@ -237,6 +242,9 @@ def _plain_scalar(value: Any, source: str, keys: _Keys) -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, int):
+        if abs(value) >= _INT_BOUND:
+            message = f"integer of more than {_MAX_INT_DIGITS} digits, more than JSON text carries; send it as a string"
+            raise _invalid(source, message, path=_json_path(keys))
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):

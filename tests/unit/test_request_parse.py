@@ -210,6 +210,15 @@ def test_mount_paths_cannot_inject_bind_syntax(bad: str) -> None:
     assert _paths({"code": "x", "mounts": [{"source": "/srv", "target": bad}]}) == {"$.mounts[0].target"}
 
 
+@pytest.mark.parametrize("where", [("limits", "memory"), ("limits", "pids"), ("metadata", "n")])
+def test_integers_longer_than_json_text_carries_are_refused_with_their_path(where: tuple[str, str]) -> None:
+    # As json.loads refuses them in text (more than 4300 digits); a mapping once raised ValueError here.
+    field, key = where
+    assert _paths({"code": "x", field: {key: 10**4300}}) == {f"$.{field}.{key}"}
+    assert _paths({"code": "x", field: {key: -(10**5000)}}) == {f"$.{field}.{key}"}
+    assert parse_request({"code": "x", "metadata": {"n": 10**4300 - 1}}).metadata["n"] == 10**4300 - 1
+
+
 def test_integral_floats_count_as_integers_like_json_schema() -> None:
     req = parse_request({"code": "x", "limits": {"pids": 64.0, "memory": 1048576.0}})
     assert req.limits.pids == 64
