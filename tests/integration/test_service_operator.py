@@ -209,15 +209,3 @@ def test_a_bad_filter_is_a_422_naming_the_parameter(
     assert {e["path"] for e in body["errors"]} == {f"$.query.{name}" for name in names}
     for name in names:
         assert name in body["message"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", ["/metrics", "/v1/audit/records"])
-def test_operator_endpoints_conform_to_the_document(operated: tuple[Server, str], path: str) -> None:
-    """schemathesis' cases for the operator endpoints, sent with olga's token (an agent only ever gets 403)."""
-    pytest.importorskip("schemathesis")
-    from test_service_fuzz import DEFAULT_EXAMPLES, _fuzz, _operations
-
-    server, olga = operated
-    (operation,) = [op for op in _operations(server.url) if op.path == path]
-    _fuzz(operation, olga, DEFAULT_EXAMPLES)
