@@ -4,6 +4,9 @@ Every key has an embedded default, so no file is needed: ``gateway serve`` alone
 with ``./principals.yaml``, the default policy and ``./audit``. Precedence, per setting: the flag, then the
 file, then the environment variable the CLI already knows (``GATEWAY_PRINCIPALS``, ``GATEWAY_POLICY``,
 ``GATEWAY_AUDIT_DIR``), then the default. Problems are reported like a policy's, ``file:line: $.path: ...``.
+A relative path in the file is taken from the file's own directory (``principals: principals.yaml`` next to
+it), not from where ``gateway serve`` runs; a flag's relative path is taken from the working directory.
+``deploy/server.yaml`` is the shipped example: every key, commented.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ class KubernetesSettings:
 
 
 _SECONDS: Final = (
-    "header_read_s", "body_read_s", "queue_wait_s", "stream_stall_s", "grace_s", "auth_failure_interval_s",
+    "header_read_s", "body_read_s", "queue_wait_s", "stream_stall_s", "drain_s", "grace_s",
+    "auth_failure_interval_s",
 )  # fmt: skip
 """The durations of :class:`ServerConfig` (seconds, as floats) that a config file may set."""
 
@@ -88,8 +92,13 @@ class ServerConfig:
     stream_stall_s: float = 30.0
     """A streaming client that takes nothing for this long is treated as gone: its run is cancelled and the
     server stops writing to it (see :mod:`gateway.service.streaming`)."""
+    drain_s: float = 5.0
+    """After SIGTERM, how long the service goes on serving everything while ``/readyz`` answers 503
+    (``service.draining``), so that a load balancer stops sending before the listener closes; 0: close at once."""
     grace_s: float = 30.0
-    """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout)."""
+    """How long shutting down waits for in-flight requests (uvicorn's graceful shutdown timeout), after the drain."""
+    access_log_format: str = "text"
+    """``text`` or ``json``: the lines of the access log (:mod:`gateway.service.accesslog`)."""
     decision_workers: int | None = None
     """Worker processes deciding dry runs (``POST /v1/decisions``, :mod:`gateway.service.decisions`); 0: in the
     service's own process; None: :func:`gateway.service.decisions.default_decision_workers`."""
@@ -152,6 +161,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         return where / data[key] if key in data else None
 
     quotas = data.get("quotas", {})
+    access_log = data.get("access_log", {})
     anchor = data.get("audit_anchor", {})
     kube = data.get("kubernetes", {})
     return ServerConfig(
@@ -176,6 +186,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         anchor_every_records=anchor.get("every_records"),
         anchor_every_seconds=None if "every_seconds" not in anchor else float(anchor["every_seconds"]),
         backend=data.get("backend", "docker"),
+        access_log_format=access_log.get("format", "text"),
         **{key: float(data[key]) for key in _SECONDS if key in data},  # absent: the field's default
         kubernetes=KubernetesSettings(
             namespace=kube.get("namespace", "gateway-sandboxes"),

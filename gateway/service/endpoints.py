@@ -302,7 +302,11 @@ async def healthz(request: Request) -> Response:
 @counted("/readyz")
 async def readyz(request: Request) -> Response:
     request_id = new_request_id()
-    checks = await run_in_threadpool(Service.of(request).readiness)
+    service = Service.of(request)
+    if service.draining:  # SIGTERM: out of rotation while everything is still served (gateway serve's drain_s)
+        message = "draining: the server is stopping and still serves what it gets; send new requests elsewhere"
+        return _error(503, "service.draining", message, request_id)
+    checks = await run_in_threadpool(service.readiness)
     if all(ok for ok, _ in checks.values()):
         return _json(200, {"status": "ready", "checks": dict.fromkeys(checks, "ok")}, request_id)
     for name, (ok, why) in checks.items():

@@ -28,7 +28,10 @@ import anyio.to_thread
 
 from gateway import Caller, ExecutionResult, Gateway, PolicySet
 from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway.audit.jsonl import read_tail
 from gateway.errors import (
+    AuditError,
+    AuditUnavailableError,
     GatewayError,
     PolicyError,
     PrincipalsError,
@@ -94,13 +97,17 @@ class Service:
         workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
         self.decisions = DecisionWorkers(gateway, runner, workers)
         """Where dry runs are decided (:mod:`gateway.service.decisions`)."""
+        self.draining = False
+        """Set at SIGTERM for ``drain_s`` (``gateway serve``): ``GET /readyz`` answers 503 ``service.draining``
+        while every request, new ones too, is still served, so that a load balancer stops sending first."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
         """Load the principals (refusing a file where no principal holds a token), each principal's policy and
         the default one, open the trail, then make the runner (``gateway serve``: the Docker runner); the
         service owns and closes both. A policy that does not load is recorded as ``policy.rejected`` and
-        raised: the service does not start."""
+        raised: the service does not start. So is a trail that would refuse the first record
+        (:func:`_check_trail`)."""
         principals_file = config.principals or principals_path_from_env()
         try:
             principals = load_principals(principals_file)
@@ -119,6 +126,7 @@ class Service:
         # request still waits until its own record is on disk, so nothing runs or answers before it is recorded.
         sink = JsonlAuditTrail.from_env(config.audit_dir, group_commit=True)
         try:
+            _check_trail(sink)
             policies = policy_set(config, principals, sink)
             backend = runner()
         except BaseException:
@@ -257,6 +265,24 @@ class Service:
                 for close in self._owned:
                     with contextlib.suppress(Exception):
                         close()
+
+
+def _check_trail(sink: JsonlAuditTrail) -> None:
+    """Refuse a trail whose end does not take the configured key (written without one, with another, or keyed
+    while none is set) or is broken: raised here, before anything starts, rather than by the start record."""
+    if not sink.directory.is_dir():
+        return  # a new trail: its first record creates it
+    try:
+        read_tail(sink.directory, sink.key)
+    except OSError as exc:
+        raise AuditUnavailableError(f"cannot read the audit trail in {sink.directory}: {exc.strerror or exc}") from exc
+    except AuditError as exc:
+        why = exc.__cause__.message if isinstance(exc.__cause__, AuditError) else exc.message  # the integrity error
+        raise AuditUnavailableError(
+            f"the audit trail in {sink.directory} cannot be extended: {why}",
+            hint="start with the key it was written with (GATEWAY_AUDIT_KEY_FILE or GATEWAY_AUDIT_KEY) or a new "
+            "audit directory (--audit-dir); `gateway audit verify` locates a break",
+        ) from exc
 
 
 def policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) -> PolicySet:

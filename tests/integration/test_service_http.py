@@ -598,7 +598,7 @@ def test_gateway_serve_is_a_working_service(tmp_path: Path, principals_file: tup
         assert proc.stderr is not None
         url = None
         for line in proc.stderr:
-            found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+            found = re.search(r"gateway: serving principals .* on (http://127\.0\.0\.1:\d+)", line)
             if found:
                 url = found.group(1)
                 break
