@@ -1,7 +1,7 @@
 """Policy-driven security gateway for AI-agent code execution.
 
 The public API. Everything else is reachable through its module but may change; what is listed here is
-pinned by ``tests/unit/test_public_api.py``.
+pinned by ``tests/unit/core/test_public_api.py``.
 """
 
 from __future__ import annotations

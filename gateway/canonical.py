@@ -30,7 +30,7 @@ that gives the same bytes, which is exactly when its output is pure ASCII withou
 ``\u007f`` under ``ensure_ascii``; both escape every other character alike, and with ASCII keys both sort
 alike). Anything else (non-ASCII text, an integer beyond 64 bits, a lone surrogate, very deep nesting) is
 written by ``json``, as without orjson: one format, two encoders, the same bytes
-(``tests/unit/test_canonical_formats.py`` checks them against each other on generated values).
+(``tests/unit/core/test_canonical.py`` checks them against each other on generated values).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ record_sbom() {
 }
 
 # Where `gateway sbom --record` puts an image's SBOM: the rule of gateway/sbom.py's default_state_dir, restated
-# here because importing the gateway costs seconds (tests/unit/test_supply_chain.py checks that both agree).
+# here because importing the gateway costs seconds (tests/unit/core/test_supply_chain.py checks that both agree).
 state_dir() {
     if [[ -n "${GATEWAY_STATE_DIR:-}" ]]; then printf '%s\n' "$GATEWAY_STATE_DIR"
     elif [[ "$(id -u)" == 0 ]]; then printf '%s\n' /var/lib/agent-gateway

@@ -4,7 +4,7 @@
     python3 scripts/gen-rules-doc.py            # write docs/rules.md
     python3 scripts/gen-rules-doc.py --check    # exit 1 when docs/rules.md differs
 
-The same text is printed by ``gateway policy rules --markdown``; tests/unit/test_rule_catalogue.py fails when
+The same text is printed by ``gateway policy rules --markdown``; tests/unit/decision/test_catalogue.py fails when
 the shipped file is out of date.
 """
 

@@ -7,7 +7,7 @@
     lockcheck.py extras [LOCK]   the distributions installed next to this interpreter that LOCK does not pin
                                  (scripts/setup.sh warns about them: a fresh machine will not have them)
 
-LOCK defaults to requirements/dev.txt. The test suite imports this file too (tests/unit/test_supply_chain.py),
+LOCK defaults to requirements/dev.txt. The test suite imports this file too (tests/unit/core/test_supply_chain.py),
 so the rules about what a complete lock is live in one place.
 """
 

@@ -85,7 +85,7 @@ fi
 id="$("$ROOT/scripts/build-image.sh")"
 say "sandbox image: $id"
 
-# 4. A headless browser for the HTML report test (tests/unit/test_report_html.py): Debian's chromium.
+# 4. A headless browser for the HTML report test (tests/unit/report/test_html.py): Debian's chromium.
 if [[ ! -x /usr/bin/chromium ]] && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
     say "installing chromium (the HTML report test renders in it)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \

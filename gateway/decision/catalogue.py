@@ -76,7 +76,7 @@ def render_markdown() -> str:
         "# Rule catalogue",
         "",
         "<!-- Generated from the rules' metadata (gateway/decision/rules/) by `gateway policy rules --markdown`",
-        "     (or scripts/gen-rules-doc.py); tests/unit/test_rule_catalogue.py fails when this file is stale. -->",
+        "     (or scripts/gen-rules-doc.py); tests/unit/decision/test_catalogue.py fails when this file is stale. -->",
         "",
         "Every id a decision result can carry. *Audit* says what `mode: audit` on the rule's policy section does",
         "to a failure:",

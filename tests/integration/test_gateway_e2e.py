@@ -318,7 +318,7 @@ def test_reap_removes_labelled_leftovers_and_audits_it(
         all_ids = [c.id for c in engine.containers.list(all=True)]
         assert other.id in all_ids
         assert live_other.id in all_ids
-        # (`reap --all` is tested in tests/unit/test_runner_units.py: on a shared engine it would remove
+        # (`reap --all` is tested in tests/unit/runner/test_runner_units.py: on a shared engine it would remove
         # other sessions' live sandboxes)
     finally:
         for container in (other, live_other, expired_other):

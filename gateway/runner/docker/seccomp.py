@@ -18,7 +18,7 @@ The result is shipped as ``gateway-seccomp.json`` next to this module and given 
 ``security_opt: seccomp=<profile JSON>`` when the policy says ``seccomp: gateway`` (the default). Records and
 responses name it by digest instead (:func:`profile_reference`: ``seccomp=gateway@sha256:<hex>``), so that
 7 KB of identical JSON is not written into every decision record.
-``tests/unit/test_seccomp_profile.py`` regenerates it and compares, so the shipped file cannot drift.
+``tests/unit/runner/test_seccomp.py`` regenerates it and compares, so the shipped file cannot drift.
 
 Under gVisor (runsc) the sentry, not the host kernel, implements these calls (it has no ``process_vm_*``,
 ``userfaultfd`` or ``bpf`` at all; its ``io_uring``, ``ptrace`` and keyring are its own code), and runsc applies

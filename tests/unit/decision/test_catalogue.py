@@ -17,7 +17,7 @@ from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.testing import decide
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "rules.md"
 
 
 def test_docs_rules_md_is_up_to_date() -> None:

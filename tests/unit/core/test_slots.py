@@ -35,7 +35,7 @@ HOLDER = textwrap.dedent(
 
 def hold(directory: Path, count: int) -> subprocess.Popen[str]:
     """Another process holding one slot until it is killed; returns once it holds it."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(directory), str(count)], stdout=subprocess.PIPE, text=True, env=env
     )

@@ -25,7 +25,7 @@ from gateway.resources import load_schema, policies_dir, schemas_dir
 from gateway.testing import CaseResult, decide, load_suite, run_suite
 from gateway.yamlstrict import load_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = policies_dir() / "default.yaml"
 SUITES = sorted((ROOT / "tests" / "policies").rglob("suite.yaml"))
 

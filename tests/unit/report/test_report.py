@@ -26,7 +26,7 @@ from gateway.report.model import PolicyReportResult
 from gateway.resources import load_schema
 from tests.unit.report_support import START, FixedClock, decision_dict, write_scenario
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 NOW = datetime(2026, 3, 3, 8, 0, 0, tzinfo=UTC)
 UPDATE = os.environ.get("GATEWAY_UPDATE_GOLDEN") == "1"
 
@@ -385,7 +385,7 @@ def test_the_report_package_reads_only_the_trail() -> None:
     """Reports are built from the audit trail alone: no decision engine, no policy loader, no runner."""
     import ast
 
-    for path in (Path(__file__).resolve().parents[2] / "gateway" / "report").glob("*.py"):
+    for path in (Path(__file__).resolve().parents[3] / "gateway" / "report").glob("*.py"):
         tree = ast.parse(path.read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 UNIT = DEPLOY / "agent-gateway.service"
 MOUNTS = DEPLOY / "agent-gateway.service.d" / "mounts.conf"
 EXEC = "/opt/agent-gateway/.venv/bin/gateway"

@@ -29,7 +29,7 @@ from gateway.service.mcp import build_server, resolve_identity
 from gateway.service.principals import PrincipalsStore, Quotas
 from gateway.tool import TOOL_NAME, ToolHandler
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _gateway(runner: FakeRunner, audit: MemoryAuditSink | None = None) -> Gateway:

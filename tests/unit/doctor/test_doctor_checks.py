@@ -14,7 +14,7 @@ import pytest
 from gateway.doctor import checks
 from gateway.doctor.vulns import KNOWN_VULNERABILITIES, match, parse_version
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "docker-engine-20.10-bookworm.json").read_text())
+RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "docker-engine-20.10-bookworm.json").read_text())
 
 
 @pytest.fixture

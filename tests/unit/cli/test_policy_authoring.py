@@ -18,7 +18,7 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.seccomp import gateway_profile
 
 DEFAULT = policies_dir() / "default.yaml"
-AUDIT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "audit-warnings" / "policy.yaml"
+AUDIT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "audit-warnings" / "policy.yaml"
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from gateway.runner.docker.seccomp import (
 )
 from gateway.testing import assemble
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PINNED = ROOT / "scripts" / "seccomp" / "moby-default.json"
 SHIPPED = ROOT / "gateway" / "runner" / "docker" / PROFILE_FILE
 

@@ -31,7 +31,7 @@ from gateway.sbom import (
     sbom_path_for_image,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEV_LOCK = ROOT / "requirements" / "dev.txt"
 RUNTIME_LOCK = ROOT / "requirements" / "runtime.txt"
 IMAGE_ID = "sha256:" + "ab" * 32

@@ -12,7 +12,7 @@ import pytest
 from gateway.cli import main
 from gateway.resources import policies_dir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 INVALID = ROOT / "tests" / "policies" / "invalid"
 
 
