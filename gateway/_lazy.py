@@ -1,7 +1,7 @@
 """Public names of a package imported on first use (PEP 562) instead of with the package.
 
 A process that needs one submodule (an audit worker imports only ``gateway.audit._scan`` or
-``gateway.audit.ocsf``) then does not pay for importing everything the package re-exports (the policy loader,
+``gateway.audit.ocsf_export``) then does not pay for importing everything the package re-exports (the policy loader,
 jsonschema, the decision engine, OpenTelemetry: about 0.3 s of CPU per interpreter, and a verify or export
 starts one per CPU). The package keeps a literal ``__all__`` and imports the names under ``TYPE_CHECKING``
 for the type checker.

@@ -79,7 +79,7 @@ class AuditSink(Protocol):
         (which covers every record before it) or at close. For a record that a durable one always follows
         before anything acts on it: a request's ``request.received``, followed by its ``policy.decision``
         before anything runs (one flush per dry run instead of two). A sink may also write such a record later,
-        with others, and return ``None``: a decision worker's (``gateway.service.decisions``), which builds each
+        with others, and return ``None``: a decision worker's (``gateway.audit.batched``), which builds each
         record when it is appended (a record that cannot be built raises here) and writes and flushes its
         batch's records together before it answers any of its dry runs.
 

@@ -1,7 +1,7 @@
 """The decision model: one frozen :class:`Decision` per request, the single source of truth for what was decided.
 
 CLI, server, audit and reports serialise it; none rebuilds it. Each rule's verdict is a :class:`RuleResult`;
-an allowed decision also carries the :class:`~gateway.runner.interface.RunSpec` the runner will receive,
+an allowed decision also carries the :class:`~gateway.runspec.RunSpec` the runner will receive,
 with the backend's options exactly as they were guarded, and their recorded form (``recorded_options``: the
 same options with the Docker seccomp profile named by digest), which records and responses show.
 """

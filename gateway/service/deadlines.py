@@ -10,7 +10,7 @@ trickles its headers a byte at a time, holds a connection (and a file descriptor
 and again when a response has been sent on a kept-alive connection, disarmed when a request's head is
 complete. When it fires, the connection is closed and the event logged (there is no principal to audit yet:
 the ``Authorization`` header itself may not have arrived). The body has its own deadline (``body_read_s``,
-:mod:`gateway.service.app`); a running request is never cut by this one.
+:mod:`gateway.service.bodies`); a running request is never cut by this one.
 
 The same protocol bounds the connections the service holds at once (``max_connections``): uvicorn has no such
 bound (its ``limit_concurrency`` answers a plain-text 503, not the gateway's error body), so a client opening

@@ -1,7 +1,7 @@
 """What the service answers, as plain data: a status, a JSON body and headers (no Starlette here).
 
 Built wherever the answer is made: an endpoint (:mod:`gateway.service.endpoints`) turns a :class:`Reply` into its
-HTTP response, and a decision worker (:mod:`gateway.service.decisions`) renders one itself and sends the bytes.
+HTTP response, and a decision worker (:mod:`gateway.service.decision_worker`) renders one itself and sends the bytes.
 Every error body is ``{"code", "message", "request_id"}`` plus the fields of its kind (``errors`` for a
 request error, ``violations`` for a denial), its status from :func:`gateway.errors.http_status_for`.
 """
