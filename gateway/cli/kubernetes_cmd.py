@@ -35,17 +35,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="FILE",
         help="a policy the gateway serves (repeatable; the first is its default; none: the built-in default)",
     )
-    m.add_argument("--image", default="agent-exec-gateway:0.1.0", help="the gateway's own container image")
+    m.add_argument(
+        "--image", help="the gateway's own container image (default: agent-exec-gateway tagged with this version)"
+    )
     m.add_argument("--replicas", type=int, default=2, help="gateway replicas (at least 2)")
     m.set_defaults(func=_manifests)
 
 
 def _manifests(args: argparse.Namespace) -> int:
-    from gateway.runner.kubernetes.manifests import cluster_manifests, dump_all  # noqa: PLC0415
+    from gateway.runner.kubernetes.manifests import GATEWAY_IMAGE, cluster_manifests, dump_all  # noqa: PLC0415
 
     if args.replicas < 2:
         print(f"gateway: --replicas must be at least 2 (got {args.replicas})", file=sys.stderr)
         return EXIT_USAGE
     policies = [load_policy(path) for path in args.policy]
-    sys.stdout.write(dump_all(cluster_manifests(policies, image=args.image, replicas=args.replicas)))
+    image = GATEWAY_IMAGE if args.image is None else args.image
+    sys.stdout.write(dump_all(cluster_manifests(policies, image=image, replicas=args.replicas)))
     return 0

@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import gateway
 from gateway.canonical import options_bytes
 from gateway.cli import main
 from gateway.decision import evaluate
@@ -84,6 +85,22 @@ def test_the_cli_writes_one_multi_document_stream(capsys: pytest.CaptureFixture[
     for doc in docs:
         kubernetes_validate.validate(doc, VERSION, strict=True)
     assert main(["kubernetes", "manifests", "--replicas", "1"]) == 2
+
+
+def _image(docs: list[dict[str, Any]]) -> str:
+    (deployment,) = _by_kind(docs, "Deployment")
+    image: str = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    return image
+
+
+def test_the_gateway_image_is_tagged_with_this_version_unless_one_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _image(cluster_manifests()) == f"agent-exec-gateway:{gateway.__version__}"
+    assert main(["kubernetes", "manifests"]) == 0
+    assert _image(list(yaml.safe_load_all(capsys.readouterr().out))) == f"agent-exec-gateway:{gateway.__version__}"
+    assert main(["kubernetes", "manifests", "--image", "registry.example/gateway:1.2.3"]) == 0
+    assert _image(list(yaml.safe_load_all(capsys.readouterr().out))) == "registry.example/gateway:1.2.3"
 
 
 # --- the manifests' contract --------------------------------------------------------------------------------

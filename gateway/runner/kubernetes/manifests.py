@@ -24,10 +24,12 @@ from typing import Any
 
 import yaml
 
+from gateway._version import __version__
 from gateway.policy import Policy
 from gateway.runner.kubernetes.pod import DEFAULT_NAMESPACE, GVISOR_RUNTIME_CLASS
 
 __all__ = [
+    "GATEWAY_IMAGE",
     "GATEWAY_NAMESPACE",
     "KUBERNETES_VERSION",
     "ROLE_RULES",
@@ -38,6 +40,10 @@ __all__ = [
 
 KUBERNETES_VERSION = "1.33"
 """The Kubernetes version the manifests and Pods are validated against (``kubernetes-validate``, strict)."""
+
+GATEWAY_IMAGE = f"agent-exec-gateway:{__version__}"
+"""The gateway's own image, tagged with this gateway's version: the Deployment's image unless one is given."""
+
 GATEWAY_NAMESPACE = "gateway-system"
 SANDBOX_NAMESPACE = DEFAULT_NAMESPACE
 SERVICE_ACCOUNT = "gateway"
@@ -153,7 +159,7 @@ def _deployment(image: str, replicas: int, has_policies: bool) -> dict[str, Any]
 
 
 def cluster_manifests(
-    policies: Sequence[Policy] = (), *, image: str = "agent-exec-gateway:0.1.0", replicas: int = 2
+    policies: Sequence[Policy] = (), *, image: str = GATEWAY_IMAGE, replicas: int = 2
 ) -> list[dict[str, Any]]:
     """Every object, in the order to apply them. ``policies``: what the gateway will serve (their files go
     into the ``gateway-policies`` ConfigMap; a RuntimeClass is added when one can use gVisor)."""
