@@ -1,5 +1,5 @@
-"""Sandbox backends: the runner interface, the Docker backend (``gateway.runner.docker``) and a fake for unit
-tests.
+"""Sandbox backends: the runner interface, the Docker (``gateway.runner.docker``) and Kubernetes
+(``gateway.runner.kubernetes``) backends, and a fake for unit tests.
 
 ``DockerRunner`` is imported lazily (it pulls in docker-py) so that importing the interface stays cheap.
 """
