@@ -10,7 +10,7 @@ expensive dry runs of one principal, or of several together, hold back another's
 and dispatcher, ``gateway.service.shares`` and ``gateway.service.decisions``). Only loopback is contacted.
 
 Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/fairness.py [--hostile-principals 1] [--hostile-threads 8]
-[--seconds 10] [--json]``
+[--seconds 10] [--config FILE] [--hostile-body FILE] [--json]``
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ def main() -> int:
     ap.add_argument("--hostile-threads", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
+    ap.add_argument("--config", type=Path, metavar="FILE", help="gateway serve --config FILE (decision_workers: 0)")
+    ap.add_argument("--hostile-body", type=Path, metavar="FILE", help="the hostile side's body (default: 20,000 env)")
     args = ap.parse_args()
+    heavy = HEAVY if args.hostile_body is None else args.hostile_body.read_bytes()
     with tempfile.TemporaryDirectory(prefix="gw-bench-fairness-") as tmp:
         work = Path(tmp)
         quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
@@ -51,7 +54,8 @@ def main() -> int:
         store = PrincipalsStore(work / "principals.yaml")
         victim = store.add("victim", policy=policy, role="agent", quotas=quotas)
         others = [store.add(f"hostile{n}", policy=policy, quotas=quotas) for n in range(1, args.hostile_principals)]
-        with gateway_serve(work, dict(os.environ), None) as (base, bench, _pid):  # adds the "bench" principal
+        # gateway_serve adds the "bench" principal
+        with gateway_serve(work, dict(os.environ), None, args.config) as (base, bench, _pid):
             hostile = [bench, *others]
             stop = threading.Event()
             hostile_done: list[int] = []
@@ -62,7 +66,7 @@ def main() -> int:
                 headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
                 with httpx.Client(timeout=120) as client:
                     while not stop.is_set():
-                        if client.post(f"{base}/v1/decisions", content=HEAVY, headers=headers).status_code == 422:
+                        if client.post(f"{base}/v1/decisions", content=heavy, headers=headers).status_code == 422:
                             done += 1
                 hostile_done.append(done)
 

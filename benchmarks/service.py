@@ -20,7 +20,7 @@ still carrying this run's instance label (``GATEWAY_INSTANCE``, set for the serv
 be zero.
 
 Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/service.py [--n 48] [--concurrency 8] [--blocks 2]
-[--decision-seconds 10] [--decision-concurrency 16] [--profile FILE] [--json]``
+[--decision-seconds 10] [--decision-concurrency 16] [--profile FILE] [--config FILE] [--json]``
 
 ``--profile FILE`` runs the server with a cProfile profiler in every thread (the event loop's and the workers'
 that decide and execute) for the whole run and writes the merged statistics to FILE; inspect them with
@@ -71,9 +71,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def gateway_serve(work: Path, env: dict[str, str], profile: str | None) -> Iterator[tuple[str, str, int]]:
-    """A ``gateway serve`` subprocess; yields its base URL, the principal's token and its pid, stops it with
-    SIGTERM."""
+def gateway_serve(
+    work: Path, env: dict[str, str], profile: str | None, config: Path | None = None
+) -> Iterator[tuple[str, str, int]]:
+    """A ``gateway serve`` subprocess (with ``--config config`` when given); yields its base URL, the principal's
+    token and its pid, stops it with SIGTERM."""
     principals = work / "principals.yaml"
     # Quotas well above the workload: the benchmark measures the service, not its rate limits.
     quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
@@ -85,6 +87,7 @@ def gateway_serve(work: Path, env: dict[str, str], profile: str | None) -> Itera
     prefix = [sys.executable, here, "--serve-profiled", profile, "--"] if profile else [sys.executable, "-m", "gateway"]
     audit = work / "audit-service"
     argv = [*prefix, "serve", "--principals", str(principals), "--audit-dir", str(audit), "--port", str(port)]
+    argv += ["--config", str(config)] if config is not None else []
     log = (work / "serve.log").open("wb")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -355,6 +358,7 @@ def main() -> int:
     ap.add_argument("--decision-seconds", type=float, default=10.0)
     ap.add_argument("--decision-concurrency", type=int, default=16)
     ap.add_argument("--profile", metavar="FILE", help="run the server under cProfile, writing FILE")
+    ap.add_argument("--config", type=Path, metavar="FILE", help="gateway serve --config FILE (decision_workers: 0)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
     args = ap.parse_args()
 
@@ -376,7 +380,7 @@ def main() -> int:
             return call, lambda: None
 
         try:
-            with gateway_serve(work, env, args.profile) as (base, token, pid):
+            with gateway_serve(work, env, args.profile, args.config) as (base, token, pid):
                 svc = lambda: service_executions(base, token)  # noqa: E731
                 run_threads(min(args.warmup, args.concurrency), args.warmup, svc)
                 run_threads(min(args.warmup, args.concurrency), args.warmup, inprocess)
