@@ -16,7 +16,7 @@ from gateway.resources import load_schema, policies_dir, schemas_dir
 from gateway.testing import decide
 from gateway.yamlstrict import load_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = sorted(policies_dir().rglob("*.yaml"))
 SUITES = sorted((ROOT / "tests" / "policies").rglob("suite.yaml"))
 
