@@ -22,7 +22,7 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,13 +177,16 @@ class Collected:
     """The output callback raised this: the reading stopped and the container must be killed."""
 
 
-def read_timeout(got: Collected, deadline: float, cancel: threading.Event | None) -> float | None:
-    """How long the next read of a run's output may wait: until the deadline, and at most ``CANCEL_POLL_S``
-    when a cancel event is given; None when reading must stop (``got.cancelled`` or ``got.timed_out`` set)."""
+def read_timeout(
+    got: Collected, deadline: float, cancel: threading.Event | None, clock: Callable[[], float] = time.monotonic
+) -> float | None:
+    """How long the next read of a run's output may wait: until the deadline (on ``clock``), and at most
+    ``CANCEL_POLL_S`` when a cancel event is given; None when reading must stop (``got.cancelled`` or
+    ``got.timed_out`` set)."""
     if cancel is not None and cancel.is_set():
         got.cancelled = True
         return None
-    remaining = deadline - time.monotonic()
+    remaining = deadline - clock()
     if remaining <= 0:
         got.timed_out = True
         return None

@@ -7,6 +7,8 @@ the frame decoder and ``take_frame`` (``gateway.runner.frames``), anything on st
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.runner.frames import Collected, FrameDecoder, read_timeout, take_frame
@@ -22,18 +24,19 @@ _MUX_HEADER = 8
 def read_frames(
     sock: Any, decoder: FrameDecoder, got: Collected, spec: RunSpec, deadline: float, *,
     on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> bool:  # fmt: skip
     """Read until the final frame or EOF. Returns True when the container must be killed.
 
     ``on_output`` gets every verified stdout/stderr chunk as it arrives (see :func:`take_frame`). ``cancel`` is
     checked before every read, and each read then waits at most ``CANCEL_POLL_S``: once it is set, the reading
     stops (``got.cancelled``) and the caller kills the container. Without ``cancel`` a read waits up to the
-    deadline, as it always did."""
+    deadline, as it always did. ``deadline`` is a time on ``clock``."""
     header = bytearray()
     stream = 0
     left = 0
     while True:
-        timeout = read_timeout(got, deadline, cancel)
+        timeout = read_timeout(got, deadline, cancel, clock)
         if timeout is None:
             return True
         sock.settimeout(timeout)
