@@ -280,7 +280,8 @@ class WorkerPool:
 
     ``ahead``: tasks handed out beyond the answer the caller waits for, per worker. ``stderr``: the workers'
     (inherited unless given, e.g. ``subprocess.DEVNULL``). ``name`` names the workers in errors ("verify worker").
-    Raises ``OSError`` when a worker cannot be started (those started are reaped first)."""
+    ``start`` starts each worker (:func:`start_worker`; a test passes one that fails). Raises ``OSError`` when a
+    worker cannot be started (those started are reaped first)."""
 
     def __init__(
         self,
@@ -291,6 +292,7 @@ class WorkerPool:
         ahead: int = 2,
         stderr: int | None = None,
         name: str = "worker",
+        start: Callable[..., subprocess.Popen[bytes]] = start_worker,
     ) -> None:
         import selectors  # noqa: PLC0415 - the parent's side only (see the imports)
 
@@ -306,7 +308,7 @@ class WorkerPool:
         self._taken = 0  # answers the caller has taken
         try:
             for _ in range(count):
-                member = _Member(start_worker(code, stderr=stderr))
+                member = _Member(start(code, stderr=stderr))
                 self._members.append(member)
                 if member.proc.stdout is not None:  # always: start_worker makes the pipes
                     self._selector.register(member.proc.stdout.fileno(), selectors.EVENT_READ, member)

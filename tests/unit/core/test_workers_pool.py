@@ -115,19 +115,17 @@ def test_a_caller_that_stops_early_leaves_no_worker_behind() -> None:
     assert _gone(pids)  # the two on "hang" were killed, not waited for
 
 
-def test_a_pool_that_cannot_start_its_workers_raises_oserror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pool_that_cannot_start_its_workers_raises_oserror() -> None:
     started: list[subprocess.Popen[bytes]] = []
-    real = _workers.start_worker
 
     def second_fails(code: str, *, stderr: int | None = None) -> subprocess.Popen[bytes]:
         if started:
             raise OSError("no more processes")
-        started.append(real(code, stderr=stderr))
+        started.append(start_worker(code, stderr=stderr))
         return started[0]
 
-    monkeypatch.setattr(_workers, "start_worker", second_fails)
     with pytest.raises(OSError, match="no more processes"):
-        WorkerPool(ECHO, 2)
+        WorkerPool(ECHO, 2, start=second_fails)
     assert started[0].returncode is not None  # the first one was reaped
 
 
