@@ -35,7 +35,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -158,7 +158,13 @@ def _answer(data: bytes) -> SegmentScan | None:
     return None if data == b"null" else decode_scan(data)
 
 
-def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None, workers: int, state: _Chain) -> int:
+def _verify_parallel(
+    segments: list[tuple[Path, int | None]],
+    key: bytes | None,
+    workers: int,
+    state: _Chain,
+    worker_pool: Callable[..., WorkerPool],
+) -> int:
     """Verify segments in worker processes and stitch them in order; returns the position of the first segment
     that did not verify or stitch (``len(segments)`` when all did), for the in-process pass to take over there.
 
@@ -171,7 +177,7 @@ def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None,
     head = json.dumps({"key": None if key is None else key.hex()}).encode("ascii")
     tasks = (json.dumps({"path": str(path), "limit": limit}).encode("utf-8") for path, limit in segments)
     try:
-        with WorkerPool(_WORKER, workers, head=head, name="verify worker") as pool:
+        with worker_pool(_WORKER, workers, head=head, name="verify worker") as pool:
             for scan in pool.map(tasks, _answer):
                 if scan is None or not state.stitches(scan):
                     return position
@@ -183,7 +189,12 @@ def _verify_parallel(segments: list[tuple[Path, int | None]], key: bytes | None,
 
 
 def verify_trail(
-    directory: str | Path, *, key: bytes | None = None, lock: bool = True, workers: int | None = None
+    directory: str | Path,
+    *,
+    key: bytes | None = None,
+    lock: bool = True,
+    workers: int | None = None,
+    worker_pool: Callable[..., WorkerPool] = WorkerPool,
 ) -> VerifyReport:
     """Recompute the chain of the trail in ``directory``; stops at the first break.
 
@@ -195,6 +206,7 @@ def verify_trail(
     per CPU for trails of several segments and at least :data:`~gateway._workers.PARALLEL_MIN_BYTES`, else
     verifies in process;
     ``1`` always verifies in process. The report is the same either way: the first break in trail order.
+    ``worker_pool`` makes the workers' pool (:class:`~gateway._workers.WorkerPool`, or a test's own).
     """
     root = Path(directory)
     if not root.is_dir():
@@ -202,7 +214,7 @@ def verify_trail(
     segments = _snapshot(root, lock)
     state = _Chain()
     count = pool_size(workers, [path for path, _limit in segments])
-    start = _verify_parallel(segments, key, count, state) if count > 1 else 0
+    start = _verify_parallel(segments, key, count, state, worker_pool) if count > 1 else 0
     for position in range(start, len(segments)):
         path, limit = segments[position]
         scan = scan_segment(str(path), limit, key, state.expected, state.prev, keyed=state.keyed)

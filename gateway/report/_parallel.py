@@ -64,9 +64,11 @@ def aggregate_tasks(
     *,
     progress: Progress | None = None,
     workers: int | None = None,
+    worker_pool: Callable[..., WorkerPool] = WorkerPool,
 ) -> Aggregate:
     """The merged aggregate of ``tasks``; in ``workers`` processes (``None``: one per CPU when the tasks hold
-    at least :data:`~gateway._workers.PARALLEL_MIN_BYTES`, else in process)."""
+    at least :data:`~gateway._workers.PARALLEL_MIN_BYTES`, else in process). ``worker_pool`` makes the pool of
+    the other processes (:class:`~gateway._workers.WorkerPool`, or a test's own)."""
     count = pool_size(workers, [task.path for task in tasks])
     if count <= 1:
         return _in_process(tasks, filters, denied_cap, progress)
@@ -77,7 +79,7 @@ def aggregate_tasks(
     jobs = [json.dumps([asdict(t) for t in share]).encode("utf-8") for share in shares[1:]]
     try:
         # stderr discarded: a failure is redone in process, which reports it properly
-        with WorkerPool(_WORKER, count - 1, head=head, stderr=subprocess.DEVNULL, name="report worker") as pool:
+        with worker_pool(_WORKER, count - 1, head=head, stderr=subprocess.DEVNULL, name="report worker") as pool:
             parts = pool.map(jobs, _load)  # the first share is this process's own
             total = Aggregate(denied_cap=denied_cap)
             own, done = sum(task.lines for task in shares[0]), [0]

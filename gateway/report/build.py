@@ -10,10 +10,11 @@ several trails are merged by time (every list the report keeps is ordered by ``(
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gateway._workers import WorkerPool
 from gateway.audit.anchor import Anchor, AnchorCheck, check_anchor, trail_id
 from gateway.audit.pipeline import utc_timestamp
 from gateway.audit.verify import VerifyReport, verify_trail
@@ -79,12 +80,14 @@ def build_report(
     denied_cap: int = DENIED_CAP,
     title: str = "Agent execution gateway: compliance report",
     workers: int | None = None,
+    worker_pool: Callable[..., WorkerPool] = WorkerPool,
 ) -> Report:
     """The report over ``trails`` (each a trail directory). Each anchor is checked against the trail whose id it
     names; an anchor that names none of them is an error (it was meant for another trail).
 
     ``workers``: processes that aggregate segments in parallel (:func:`~gateway.report._parallel.aggregate_tasks`;
     ``None``: one per CPU for large trails, else in process; ``1``: in process). The report is the same.
+    ``worker_pool`` makes their pool (:class:`~gateway._workers.WorkerPool`, or a test's own).
     """
     filters = filters or ReportFilters()
     progress = progress or Progress(enabled=False)
@@ -110,7 +113,7 @@ def build_report(
         verifications.append(verification)
     tasks = [t for i, (d, v) in enumerate(zip(directories, verifications, strict=True))
              for t in segment_tasks(i, d, v.records_checked)]  # fmt: skip
-    agg = aggregate_tasks(tasks, filters, denied_cap, progress=progress, workers=workers)
+    agg = aggregate_tasks(tasks, filters, denied_cap, progress=progress, workers=workers, worker_pool=worker_pool)
     progress.done()
     principals, omitted = agg.principals()
     stamp = utc_timestamp(now if now is not None else datetime.now(UTC))

@@ -7,15 +7,16 @@ import os
 import random
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gateway import _workers
+from gateway._workers import WorkerPool
 from gateway.audit import JsonlAuditTrail, verify_trail
-from gateway.audit import verify as verify_mod
 from gateway.audit.canonical import seal, split_line
+from tests.unit.workers_support import CountingPool
 
 KEY = bytes(range(32))
 
@@ -28,18 +29,16 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def handed_over(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Positions at which the parallel pass handed over to the in-process pass (one entry per parallel run)."""
-    seen: list[int] = []
-    real: Callable[..., int] = verify_mod._verify_parallel
+def taken() -> list[int]:
+    """Answers the parallel pass took from its workers, one entry per parallel run (a segment's answer that does
+    not verify or stitch is the last one taken: the in-process pass takes over at that segment)."""
+    return []
 
-    def spy(*args: Any) -> int:
-        position = real(*args)
-        seen.append(position)
-        return position
 
-    monkeypatch.setattr(verify_mod, "_verify_parallel", spy)
-    return seen
+@pytest.fixture
+def pool(taken: list[int]) -> Callable[..., WorkerPool]:
+    """The worker pool that counts into ``taken``."""
+    return partial(CountingPool, taken)
 
 
 def build(directory: Path, n: int = 40, key: bytes | None = None) -> list[Path]:
@@ -65,23 +64,27 @@ def flip(path: Path, line: int) -> None:
     path.write_bytes(b"".join(lines))
 
 
-def test_an_intact_trail_is_verified_by_the_workers(tmp_path: Path, handed_over: list[int]) -> None:
+def test_an_intact_trail_is_verified_by_the_workers(
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]
+) -> None:
     segments = build(tmp_path)
-    parallel = verify_trail(tmp_path, workers=2)
-    assert handed_over == [len(segments)]  # every segment verified in a worker and stitched
+    parallel = verify_trail(tmp_path, workers=2, worker_pool=pool)
+    assert taken == [len(segments)]  # every segment verified in a worker and stitched
     assert parallel.ok
     assert (parallel.records_checked, parallel.last_seq, parallel.segments) == (40, 40, len(segments))
     assert parallel == verify_trail(tmp_path, workers=1)
 
 
-def test_the_first_break_wins_when_a_later_segment_is_broken_too(tmp_path: Path, handed_over: list[int]) -> None:
+def test_the_first_break_wins_when_a_later_segment_is_broken_too(
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]
+) -> None:
     segments = build(tmp_path)
     middle, later = segments[2], segments[-2]
     first_seq_of_middle = sum(len(lines_of(p)) for p in segments[:2]) + 1
     flip(later, 0)  # broken first on disk order of the edits, but later in the trail
     flip(middle, 1)
-    report = verify_trail(tmp_path, workers=2)
-    assert handed_over == [2]
+    report = verify_trail(tmp_path, workers=2, worker_pool=pool)
+    assert taken == [3]  # up to the middle segment's answer: there the in-process pass took over
     assert report.first_break is not None
     assert (report.first_break.seq, report.first_break.reason) == (first_seq_of_middle + 1, "modified")
     assert (report.first_break.segment, report.first_break.line) == (middle.name, 2)
@@ -89,12 +92,14 @@ def test_the_first_break_wins_when_a_later_segment_is_broken_too(tmp_path: Path,
     assert report == verify_trail(tmp_path, workers=1)
 
 
-def test_a_break_at_a_segment_boundary_is_found_by_stitching(tmp_path: Path, handed_over: list[int]) -> None:
+def test_a_break_at_a_segment_boundary_is_found_by_stitching(
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]
+) -> None:
     segments = build(tmp_path)
     lines = lines_of(segments[3])
     segments[3].write_bytes(b"".join(lines[1:]))  # the segment still verifies on its own
-    report = verify_trail(tmp_path, workers=2)
-    assert handed_over == [3]
+    report = verify_trail(tmp_path, workers=2, worker_pool=pool)
+    assert taken == [4]  # segment 3's answer verified but did not stitch: the in-process pass took over there
     assert report.first_break is not None
     assert (report.first_break.reason, report.first_break.segment, report.first_break.line) == (
         "deleted",
@@ -115,14 +120,14 @@ def test_swapped_segments_are_reordered_in_parallel_too(tmp_path: Path) -> None:
     assert report == verify_trail(tmp_path, workers=1)
 
 
-def test_keyed_trail_in_parallel(tmp_path: Path, handed_over: list[int]) -> None:
+def test_keyed_trail_in_parallel(tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]) -> None:
     segments = build(tmp_path, key=KEY)
-    good = verify_trail(tmp_path, key=KEY, workers=2)
+    good = verify_trail(tmp_path, key=KEY, workers=2, worker_pool=pool)
     assert (good.ok, good.hmac_checked, good.hmac_present) == (True, True, True)
-    wrong = verify_trail(tmp_path, key=bytes(32), workers=2)
+    wrong = verify_trail(tmp_path, key=bytes(32), workers=2, worker_pool=pool)
     assert wrong.first_break is not None
     assert (wrong.first_break.seq, wrong.first_break.reason) == (1, "bad_hmac")
-    assert handed_over == [len(segments), 0]
+    assert taken == [len(segments), 1]  # under the wrong key, the in-process pass took over at the first segment
     # re-forged without the key in a middle segment: the hash holds, the hmac does not
     lines = lines_of(segments[4])
     body, _hash, _mac = split_line(lines[2])
@@ -193,30 +198,31 @@ def test_parallel_equals_sequential_on_random_tampering(tmp_path: Path, seed: in
     assert verify_trail(tmp_path, key=key, workers=2) == sequential
 
 
-def test_a_pool_that_cannot_start_falls_back_to_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pool_that_cannot_start_falls_back_to_in_process(tmp_path: Path) -> None:
     segments = build(tmp_path)
     flip(segments[3], 0)
     expected = verify_trail(tmp_path, workers=1)
 
-    def no_pool(*_args: Any, **_kwargs: Any) -> None:
+    def cannot_start(_code: str, *, stderr: int | None = None) -> subprocess.Popen[bytes]:
         raise OSError("no semaphores here")
 
-    monkeypatch.setattr(subprocess, "Popen", no_pool)
-    assert verify_trail(tmp_path, workers=2) == expected
+    assert verify_trail(tmp_path, workers=2, worker_pool=partial(WorkerPool, start=cannot_start)) == expected
     assert expected.first_break is not None
     assert expected.first_break.segment == segments[3].name
 
 
-def test_small_trails_are_verified_in_process_by_default(tmp_path: Path, handed_over: list[int]) -> None:
+def test_small_trails_are_verified_in_process_by_default(
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]
+) -> None:
     build(tmp_path)
-    assert verify_trail(tmp_path).ok
-    assert handed_over == []  # below PARALLEL_MIN_BYTES: no worker started
+    assert verify_trail(tmp_path, worker_pool=pool).ok
+    assert taken == []  # below PARALLEL_MIN_BYTES: no worker started
 
 
 def test_large_trails_go_parallel_by_default(
-    tmp_path: Path, handed_over: list[int], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     segments = build(tmp_path)
     monkeypatch.setattr(_workers, "PARALLEL_MIN_BYTES", 1)
-    assert verify_trail(tmp_path).ok
-    assert handed_over == [len(segments)]
+    assert verify_trail(tmp_path, worker_pool=pool).ok
+    assert taken == [len(segments)]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import io
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from gateway.audit import JsonlAuditTrail, verify_trail
-from gateway.audit import verify as verify_mod
 from gateway.audit.ocsf_export import export_ocsf
-from gateway.report import _parallel
 from gateway.report.build import build_report
+from tests.unit.workers_support import CountingPool
 
 
 @pytest.fixture
@@ -40,19 +40,11 @@ def _trail(directory: Path) -> Path:
 
 def test_verify_workers_do_not_import_a_package_from_the_current_directory(tmp_path: Path, planted: Path) -> None:
     trail = _trail(tmp_path / "audit")
-    handed_over: list[int] = []
-    real = verify_mod._verify_parallel
-
-    def spy(*args: object) -> int:
-        handed_over.append(real(*args))  # type: ignore[arg-type]
-        return handed_over[-1]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(verify_mod, "_verify_parallel", spy)
-        report = verify_trail(trail, workers=2)
+    taken: list[int] = []
+    report = verify_trail(trail, workers=2, worker_pool=partial(CountingPool, taken))
     assert (report.ok, report.records_checked) == (True, 40)
     assert not planted.exists()
-    assert handed_over == [len(list(trail.glob("trail-*.jsonl")))]  # the workers verified every segment
+    assert taken == [len(list(trail.glob("trail-*.jsonl")))]  # the workers verified every segment
 
 
 def test_export_workers_do_not_import_a_package_from_the_current_directory(tmp_path: Path, planted: Path) -> None:
@@ -63,15 +55,10 @@ def test_export_workers_do_not_import_a_package_from_the_current_directory(tmp_p
     assert not planted.exists()
 
 
-def test_report_workers_do_not_import_a_package_from_the_current_directory(
-    tmp_path: Path, planted: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_report_workers_do_not_import_a_package_from_the_current_directory(tmp_path: Path, planted: Path) -> None:
     trail = _trail(tmp_path / "audit")
-
-    def no_fallback(*_args: object) -> None:
-        raise AssertionError("the workers failed and the report was redone in process")
-
-    monkeypatch.setattr(_parallel, "_in_process", no_fallback)
-    report = build_report([trail], workers=2).to_dict()
+    taken: list[int] = []
+    report = build_report([trail], workers=2, worker_pool=partial(CountingPool, taken)).to_dict()
+    assert taken == [1]  # the worker's share was merged: the report was not redone in process
     assert report["verification"][0]["records_checked"] == 40
     assert not planted.exists()
