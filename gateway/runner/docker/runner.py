@@ -129,6 +129,9 @@ class DockerRunner:
     ``instance`` names this gateway instance on every container it creates (``INSTANCE_LABEL``), so that
     :meth:`reap` removes only its own containers and expired ones, never another instance's live sandboxes.
     Defaults to ``$GATEWAY_INSTANCE`` or a fresh id.
+
+    ``clock`` is the wall clock (seconds since the epoch) of the deadline labels, written at create and read by
+    :meth:`reap` (a test passes a fixed one).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class DockerRunner:
         *,
         base_url: str | None = None,
         instance: str | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.assembler = DockerAssembler(capacity=self._engine_limits)
         """Builds and guards this backend's options; the Gateway hands it to the decision."""
@@ -144,6 +148,7 @@ class DockerRunner:
         self._owns_client = client is None
         self._base_url = base_url
         self.instance = instance or os.environ.get("GATEWAY_INSTANCE") or new_instance_id()
+        self._clock = clock
         self._removals = _Removals(self._destroy)
         """Removals confirmed in the background (runs given ``on_gone``)."""
 
@@ -301,7 +306,7 @@ class DockerRunner:
         # The environment is the program's alone: it travels in the payload to the program's execve, never
         # in the container's configuration (where the supervisor, PID 1, would hold it too).
         options.pop("environment", None)
-        deadline = int(time.time() + expires_s) + 1
+        deadline = int(self._clock() + expires_s) + 1
         options["labels"] = {
             **dict(options.get("labels") or {}),
             MANAGED_LABEL: "true",
@@ -627,7 +632,7 @@ class DockerRunner:
         instance it says is no longer alive)."""
         with self._step("listing the gateway's containers"):
             found = self.client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
-        now = time.time()
+        now = self._clock()
         removed: list[str] = []
         live: set[str] = set()
         gone: set[str] = set()

@@ -3,7 +3,7 @@ refusals that must happen before any container exists (checked with a recording 
 
 from __future__ import annotations
 
-import time
+import marshal
 from typing import Any
 
 import docker.errors
@@ -238,7 +238,7 @@ class ListingAPI:
 
 
 def test_reap_takes_its_own_and_expired_containers_and_all_only_when_asked() -> None:
-    now = int(time.time())
+    now = 1_800_000_000
 
     def labels(instance: str | None = None, deadline: int | None = None) -> dict[str, str]:
         out = {"io.agent-gateway.managed": "true"}
@@ -256,16 +256,18 @@ def test_reap_takes_its_own_and_expired_containers_and_all_only_when_asked() -> 
     ]
     client = type("Client", (), {})()
     client.api = ListingAPI(listed)
-    assert DockerRunner(client, instance="me").reap() == ["mine", "theirs-expired", "unlabelled"]
+    assert DockerRunner(client, instance="me", clock=lambda: now).reap() == ["mine", "theirs-expired", "unlabelled"]
     client.api = ListingAPI(listed)
-    assert DockerRunner(client, instance="me").reap(everything=True) == [c["Id"] for c in listed]
+    assert DockerRunner(client, instance="me", clock=lambda: now).reap(everything=True) == [c["Id"] for c in listed]
 
 
 class _ScriptedSocket:
-    """The attach socket of a run that reported completely: the supervisor's frames, then nothing more."""
+    """The attach socket of a run that reported completely: the supervisor's ``frames``, then nothing more. Like
+    the supervisor, it learns the run's frame key from the payload the runner sends it."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    def __init__(self, frames: list[tuple[bytes, bytes]]) -> None:
+        self.frames = frames
+        self.data = b""
         self.sent = b""
         self.shut = False
 
@@ -274,7 +276,12 @@ class _ScriptedSocket:
         return chunk
 
     def sendall(self, data: bytes) -> None:
+        from gateway.runner.frames import encode_frame
+
         self.sent += data
+        key = marshal.loads(self.sent[8:])["key"]  # noqa: S302 - the payload: magic, length, then marshal data
+        body = b"".join(encode_frame(key, i, kind, chunk) for i, (kind, chunk) in enumerate(self.frames))
+        self.data = b"\x01\x00\x00\x00" + len(body).to_bytes(4, "big") + body  # one stdout block, multiplexed
 
     def settimeout(self, t: float) -> None:
         pass
@@ -316,16 +323,12 @@ class _StuckAPI:
         raise docker.errors.APIError("500 Server Error", explanation="could not kill: device or resource busy")
 
 
-def test_a_container_left_after_a_complete_run_keeps_the_programs_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gateway.runner.docker.runner as runner_module
+def test_a_container_left_after_a_complete_run_keeps_the_programs_report() -> None:
     from gateway.errors import ContainerLeftError
-    from gateway.runner.frames import FRAME_EXIT, FRAME_META, FRAME_STDOUT, encode_frame
+    from gateway.runner.frames import FRAME_EXIT, FRAME_META, FRAME_STDOUT
 
-    key = b"k" * 32
-    monkeypatch.setattr(runner_module, "new_key", lambda: key)
     frames = [(FRAME_STDOUT, b"42\n"), (FRAME_META, b'{"oom_killed":false}'), (FRAME_EXIT, b'{"status":0}')]
-    body = b"".join(encode_frame(key, i, kind, data) for i, (kind, data) in enumerate(frames))
-    sock = _ScriptedSocket(b"\x01\x00\x00\x00" + len(body).to_bytes(4, "big") + body)
+    sock = _ScriptedSocket(frames)
     client = type("Client", (), {"api": _StuckAPI(sock)})()
     with pytest.raises(ContainerLeftError) as info:
         DockerRunner(client).execute(RunSpec(OPTIONS, timeout_s=5, output_bytes=100), Payload("print(42)"))
