@@ -6,13 +6,15 @@ What a pooled container holds and how it is hardened is tested against the real 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway import Gateway, PoolConfig
 from gateway.audit.memory import MemoryAuditSink
-from gateway.errors import ContractError, SandboxError, UnsafeOptionsError
+from gateway.errors import ContractError, UnsafeOptionsError
 from gateway.policy import Policy, PolicySet, load_policy, load_policy_text
 from gateway.policy.model import Policy as PolicyModel
 from gateway.resources import policies_dir
@@ -81,12 +83,10 @@ def test_an_empty_pool_is_a_miss_and_grows_towards_max(policy: Policy, slots: Ho
         pool = _pool(gw)
         pool.wait_ready(timeout_s=WAIT)
         assert gw.execute({"code": "1"}).to_dict()["pool"] == "hit"
-        runner.error = SandboxError("the engine is busy")  # refills fail (and back off) for now
-        assert _eventually(lambda: pool.stats().creating == 0)
-        pool.drain()
-        assert pool.claim(*_settings_and_spec(gw, policy)).status == "miss"  # type: ignore[arg-type]
-        assert pool.stats().target == 2
-        runner.error = None
+        with pool.paused():  # no refill under way, none started: once drained, the pool stays empty
+            pool.drain()
+            assert pool.claim(*_settings_and_spec(gw, policy)).status == "miss"  # type: ignore[arg-type]
+            assert pool.stats().target == 2
         assert pool.wait_ready(timeout_s=WAIT)
         assert pool.stats().ready == 2
 
@@ -136,19 +136,33 @@ def test_the_wait_burst_response_waits_for_a_refill(policy: Policy, slots: HostS
         assert statuses == ["hit"] * 4  # each waited for the refill instead of running cold
 
 
+@dataclasses.dataclass
+class _Watching(FakeRunner):
+    """A fake runner that says when every container in ``watched`` has been discarded."""
+
+    watched: set[str] = dataclasses.field(default_factory=set)
+    all_discarded: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def discard(self, sandbox: Any) -> None:
+        super().discard(sandbox)
+        if self.watched and self.watched <= set(self.discarded):
+            self.all_discarded.set()
+
+
 def test_idle_containers_expire_down_to_min(policy: Policy, slots: HostSlots) -> None:
     now = [0.0]
-    runner = FakeRunner()
+    runner = _Watching()
     pool = WarmPool(runner, slots, override=PoolConfig(size=3, min=1, idle_s=10.0), clock=lambda: now[0])
     try:
         pool.configure([policy])
         assert pool.wait_ready(timeout_s=WAIT)
-        first = list(runner.pooled)
+        runner.watched = set(runner.pooled)
         now[0] = 11.0
         with pool._cond:
             pool._cond.notify_all()
-        assert _eventually(lambda: set(first) <= set(runner.discarded))
-        assert _eventually(lambda: pool.stats().ready == 1)
+        assert runner.all_discarded.wait(WAIT)  # all three expired together
+        assert pool.wait_ready(timeout_s=WAIT)  # and one refilled: the target is down to min
+        assert pool.stats().ready == 1
         assert pool.stats().target == 1
     finally:
         pool.close()
@@ -267,14 +281,3 @@ def test_the_policy_sizes_its_pool_and_the_semantic_pass_checks_it(make_policy: 
         make("pool: {size: 2, min: 3, max: 1}\n")  # type: ignore[operator]
     paths = sorted(p.path for p in bad.value.problems)
     assert paths == ["$.spec.pool.max", "$.spec.pool.min"]
-
-
-def _eventually(check: object, timeout_s: float = WAIT) -> bool:
-    import time
-
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
