@@ -263,6 +263,8 @@ class DecisionWorkers:
         self._worker_code = worker_code
         self._timeout_s = timeout_s
         self._workers: list[_Worker] = []
+        self._readied = asyncio.Event()
+        """Set each time a worker says it is ready: what :meth:`wait_ready` waits for."""
         self._jobs = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deaths = 0
@@ -281,6 +283,22 @@ class DecisionWorkers:
     def pids(self) -> list[int]:
         """The process ids of the workers ready to decide."""
         return [w.proc.pid for w in self._workers if w.ready]
+
+    async def wait_ready(self, count: int | None = None, timeout_s: float = DECIDE_S) -> bool:
+        """Wait (bounded) until ``count`` workers (default: all of them) are ready; True when they are. The service
+        never waits for them (it decides in process meanwhile): a test or a benchmark does."""
+        wanted = self.count if count is None else count
+
+        async def readied() -> None:
+            while self.ready < wanted:
+                self._readied.clear()
+                await self._readied.wait()
+
+        try:
+            await asyncio.wait_for(readied(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def _init_frame(self) -> bytes | None:
         default, by_principal = _policy_documents(self.gateway.policies)
@@ -319,6 +337,7 @@ class DecisionWorkers:
 
     def _ready(self) -> None:
         self._deaths = 0
+        self._readied.set()
 
     def _ended(self, worker: _Worker) -> None:
         """Its stdout ended, or it could not be talked to: reaped (killed if it still runs), then replaced."""

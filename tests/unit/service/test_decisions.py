@@ -9,7 +9,6 @@ import errno
 import fcntl
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,6 @@ def _gateway(directory: Path) -> Gateway:
     return Gateway(load_policy(default_policy_path()), runner=FakeRunner(), audit=JsonlAuditTrail(directory))
 
 
-async def _ready(workers: DecisionWorkers, count: int) -> None:
-    deadline = time.monotonic() + 60
-    while workers.ready < count:
-        assert time.monotonic() < deadline, "the workers did not get ready"
-        await asyncio.sleep(0.05)
-
-
 def _first_job_error(
     gateway: Gateway, worker_code: str, *, then_in_process: bool = False, timeout_s: float = 30.0
 ) -> DecisionWorkerError | None:
@@ -52,7 +44,7 @@ def _first_job_error(
         workers = DecisionWorkers(gateway, FakeRunner, 1, worker_code=worker_code, timeout_s=timeout_s)
         await workers.start()
         try:
-            await _ready(workers, 1)
+            assert await workers.wait_ready(1, timeout_s=60)
             try:
                 await asyncio.wait_for(workers.decide(b'{"code": "print(1)"}', CALLER), 30)
             except DecisionWorkerError as exc:
@@ -76,7 +68,7 @@ def test_a_worker_answers_as_the_service_would(tmp_path: Path) -> None:
         workers = DecisionWorkers(gateway, FakeRunner, 1)
         await workers.start()
         try:
-            await _ready(workers, 1)
+            assert await workers.wait_ready(1, timeout_s=60)
             allowed = await workers.decide(b'{"code": "print(1)"}', CALLER)
             denied = await workers.decide(b'{"code": "print(1)", "network": "bridge"}', CALLER)
             invalid = await workers.decide(b'{"code": 1}', CALLER)
