@@ -1,7 +1,8 @@
 """The hand-over protocol: payload encoding, verified frames, and the supervisor run locally (no engine).
 
 The supervisor is exercised here on the host with a temporary workspace only to test the protocol and the
-file handling; containment is tested against a real engine in tests/integration.
+file handling; containment is tested against a real engine in tests/integration, and so is the supervisor's own
+deadline (``test_supervisor_deadline.py``: a real program racing a real clock).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import marshal
 import os
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from gateway.runner.frames import (
     encode_frame,
 )
 from gateway.runner.supervisor import MAGIC, encode_payload, new_key, supervisor_command
+from tests.unit.runner.supervisor_support import IMAGE_ENV, SLEEPER, ended, needs_system_python, supervise
 
 
 def test_payload_is_length_prefixed_marshal_data_without_shell_quoting() -> None:
@@ -96,56 +97,6 @@ def test_supervisor_command_carries_no_caller_content() -> None:
     assert len(cmd) == 6
 
 
-needs_system_python = pytest.mark.skipif(
-    not os.access("/usr/bin/python3", os.X_OK), reason="the supervisor runs the program with /usr/bin/python3"
-)
-
-
-_IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-"""The sandbox image's environment (``docker image inspect``), which the supervisor starts with."""
-
-
-def _supervise(
-    workspace: Path,
-    code: str,
-    files: dict[str, bytes],
-    cap: int = 1 << 20,
-    most: int = 256,
-    *,
-    timeout_s: float = 60,
-    env: dict[str, str] | None = None,
-    image_env: dict[str, str] | None = None,
-) -> tuple[int, list]:
-    """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed.
-
-    The supervisor's own environment is the sandbox image's (``image_env``, default ``_IMAGE_ENV``), not this
-    test process's: a ``PYTHON*`` variable there would change how it starts the program."""
-    key = new_key()
-    workspace.mkdir(exist_ok=True)
-    decoder = FrameDecoder(key)
-    frames: list = []
-    with subprocess.Popen(
-        supervisor_command(str(workspace)),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=_IMAGE_ENV if image_env is None else image_env,
-    ) as proc:
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        proc.stdin.write(encode_payload(key, code, files, cap, most, timeout_s=timeout_s, env=env))
-        proc.stdin.flush()
-        while not decoder.finished:
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                break
-            frames.extend(decoder.feed(chunk))
-        proc.stdin.close()
-        proc.stdout.read()
-        status = proc.wait(timeout=60)
-    return status, frames
-
-
 @needs_system_python
 def test_supervisor_runs_code_relays_streams_and_returns_files(tmp_path: Path) -> None:
     code = (
@@ -156,7 +107,7 @@ def test_supervisor_runs_code_relays_streams_and_returns_files(tmp_path: Path) -
         "import os; os.makedirs('out/sub'); open('out/sub/n.txt', 'w').write('nested')\n"
         "sys.exit(7)\n"
     )
-    status, frames = _supervise(tmp_path, code, {"data/in.bin": b"\x00\x01\xfe"})
+    status, frames = supervise(tmp_path, code, {"data/in.bin": b"\x00\x01\xfe"})
     assert status == 7
     stdout = b"".join(f.data for f in frames if f.kind == FRAME_STDOUT)
     stderr = b"".join(f.data for f in frames if f.kind == FRAME_STDERR)
@@ -181,7 +132,7 @@ _PROBE = (
 
 
 def _probe(workspace: Path, env: dict[str, str], image_env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    status, frames = _supervise(workspace, _PROBE, {}, env=env, image_env=image_env)
+    status, frames = supervise(workspace, _PROBE, {}, env=env, image_env=image_env)
     stdout = b"".join(f.data for f in frames if f.kind == FRAME_STDOUT).decode()
     stderr = b"".join(f.data for f in frames if f.kind == FRAME_STDERR).decode()
     return status, stdout.replace(str(workspace), "W"), stderr.replace(str(workspace), "W")
@@ -195,7 +146,7 @@ def test_the_forked_program_runs_as_a_fresh_interpreter_would(tmp_path: Path) ->
     a variable the interpreter reads while starting (here ``LANG``, to the value it has anyway) gets. The
     program's error is an ``OSError``: no handler of the supervisor's may catch what the program raises."""
     forked = _probe(tmp_path / "forked", {"APP_X": "1"})
-    fresh = _probe(tmp_path / "fresh", {"APP_X": "1", "LANG": _IMAGE_ENV["LANG"]})
+    fresh = _probe(tmp_path / "fresh", {"APP_X": "1", "LANG": IMAGE_ENV["LANG"]})
     assert forked == fresh
     status, stdout, stderr = forked
     assert status == 1
@@ -211,7 +162,7 @@ def test_the_forked_program_runs_as_a_fresh_interpreter_would(tmp_path: Path) ->
 def test_an_image_environment_the_interpreter_reads_at_start_gets_a_fresh_interpreter(tmp_path: Path) -> None:
     """The supervisor starts with ``-I`` (it ignores ``PYTHON*``), so a forked program would too: an image that
     sets one (here ``PYTHONDONTWRITEBYTECODE``) has its program started fresh, and the setting holds."""
-    status, stdout, _ = _probe(tmp_path, {}, image_env={**_IMAGE_ENV, "PYTHONDONTWRITEBYTECODE": "1"})
+    status, stdout, _ = _probe(tmp_path, {}, image_env={**IMAGE_ENV, "PYTHONDONTWRITEBYTECODE": "1"})
     assert status == 1
     assert stdout.splitlines()[2].endswith(" True")
 
@@ -219,7 +170,7 @@ def test_an_image_environment_the_interpreter_reads_at_start_gets_a_fresh_interp
 @needs_system_python
 def test_supervisor_reports_signals_as_128_plus_n_and_caps_files(tmp_path: Path) -> None:
     code = "import os, signal\nopen('out/big', 'wb').write(b'x' * 100)\nos.kill(os.getpid(), signal.SIGTERM)\n"
-    status, frames = _supervise(tmp_path, code, {}, cap=10)
+    status, frames = supervise(tmp_path, code, {}, cap=10)
     assert status == 128 + 15
     assert json.loads(frames[-1].data) == {"status": 143, "files_truncated": True}
     assert not [f for f in frames if f.kind == FRAME_FILE_NAME]
@@ -228,11 +179,11 @@ def test_supervisor_reports_signals_as_128_plus_n_and_caps_files(tmp_path: Path)
 @needs_system_python
 def test_supervisor_sends_at_most_files_max_files(tmp_path: Path) -> None:
     code = "for i in range(10):\n    open('out/f%d' % i, 'w').write('x')\n"
-    status, frames = _supervise(tmp_path, code, {}, most=3)
+    status, frames = supervise(tmp_path, code, {}, most=3)
     assert status == 0
     assert [f.data for f in frames if f.kind == FRAME_FILE_NAME] == [b"f0", b"f1", b"f2"]
     assert json.loads(frames[-1].data) == {"status": 0, "files_truncated": True}
-    status, frames = _supervise(tmp_path / "exact", "open('out/only', 'w').write('x')\n", {}, most=1)
+    status, frames = supervise(tmp_path / "exact", "open('out/only', 'w').write('x')\n", {}, most=1)
     assert json.loads(frames[-1].data) == {"status": 0, "files_truncated": False}
 
 
@@ -240,7 +191,7 @@ def test_supervisor_sends_at_most_files_max_files(tmp_path: Path) -> None:
 def test_empty_files_and_directories_cost_their_names_against_the_byte_cap(tmp_path: Path) -> None:
     """Item 5: 200,000 empty files cost nothing against the byte cap before; now each costs its path."""
     empty = "for i in range(200):\n    open('out/' + 'n' * 40 + '%03d' % i, 'w').close()\n"
-    status, frames = _supervise(tmp_path / "files", empty, {}, cap=1000, most=10_000)
+    status, frames = supervise(tmp_path / "files", empty, {}, cap=1000, most=10_000)
     names = [f.data for f in frames if f.kind == FRAME_FILE_NAME]
     assert status == 0
     assert 0 < len(names) <= 1000 // 43
@@ -249,7 +200,7 @@ def test_empty_files_and_directories_cost_their_names_against_the_byte_cap(tmp_p
     dirs = (
         "import os\nfor i in range(300):\n    os.mkdir('out/' + 'd' * 40 + '%03d' % i)\nopen('out/z', 'w').write('x')\n"
     )
-    status, frames = _supervise(tmp_path / "dirs", dirs, {}, cap=1000, most=10_000)
+    status, frames = supervise(tmp_path / "dirs", dirs, {}, cap=1000, most=10_000)
     assert [f for f in frames if f.kind == FRAME_FILE_NAME] == []
     assert json.loads(frames[-1].data)["files_truncated"] is True
 
@@ -261,7 +212,7 @@ def test_supervisor_does_not_follow_symlinks_out_of_the_workspace(tmp_path: Path
     try:
         code = f"import os\nos.symlink({str(secret)!r}, 'out/link')\n"
         (tmp_path / "ws").mkdir()
-        status, frames = _supervise(tmp_path / "ws", code, {})
+        status, frames = supervise(tmp_path / "ws", code, {})
         assert status == 0
         assert not [f for f in frames if f.kind in (FRAME_FILE_NAME, FRAME_FILE_DATA)]
     finally:
@@ -273,7 +224,7 @@ def test_supervisor_does_not_follow_symlinks_out_of_the_workspace(tmp_path: Path
 def test_supervisor_refuses_escaping_file_names(tmp_path: Path, name: str) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    status, frames = _supervise(workspace, "print('ran')", {name: b"x"})
+    status, frames = supervise(workspace, "print('ran')", {name: b"x"})
     assert status == 125
     assert frames[-1].kind == b"!"
     assert not (tmp_path / "escape.txt").exists()
@@ -289,32 +240,6 @@ def test_supervisor_rejects_a_malformed_payload(tmp_path: Path) -> None:
     assert proc.stdout == b""
 
 
-def _ended(pid: int) -> bool:
-    """True once ``pid`` is gone or a zombie (it no longer runs), polled for a few seconds."""
-    for _ in range(100):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-_SLEEPER = "import os, time\nopen('pid', 'w').write(str(os.getpid()))\nos.write(1, b'up')\ntime.sleep(600)\n"
-
-
-@needs_system_python
-def test_supervisor_enforces_its_own_deadline_without_the_host(tmp_path: Path) -> None:
-    status, frames = _supervise(tmp_path, _SLEEPER, {}, timeout_s=1.0)
-    assert status == 124  # the deadline, not the program's exit
-    assert [(f.kind, f.data) for f in frames] == [
-        (FRAME_STDOUT, b"up")
-    ]  # no final frame: nobody is told the program's status
-    assert _ended(int((tmp_path / "pid").read_text()))
-
-
 @needs_system_python
 def test_supervisor_ends_the_run_when_the_host_goes_away(tmp_path: Path) -> None:
     key = new_key()
@@ -323,11 +248,11 @@ def test_supervisor_ends_the_run_when_the_host_goes_away(tmp_path: Path) -> None
     ) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None
-        proc.stdin.write(encode_payload(key, _SLEEPER, {}, 1 << 20, timeout_s=600))
+        proc.stdin.write(encode_payload(key, SLEEPER, {}, 1 << 20, timeout_s=600))
         proc.stdin.flush()
         assert next(FrameDecoder(key).feed(os.read(proc.stdout.fileno(), 1 << 16))).data == b"up"
         proc.stdin.close()  # the gateway died: the engine closes the container's stdin
         status = proc.wait(timeout=60)
         proc.stdout.read()
     assert status == 137
-    assert _ended(int((tmp_path / "pid").read_text()))
+    assert ended(int((tmp_path / "pid").read_text()))
