@@ -8,10 +8,11 @@ which reports what it finds as a :class:`RequestError` and nothing else:
 2. *Copy* the document into plain JSON shapes (``dict``, ``list``, ``str``, ``int`` of at most 4300 digits,
    finite ``float``, ``bool``, ``None``), so the caller can change theirs afterwards and no exotic type reaches
    validation. The copy is iterative with a depth cap (:data:`MAX_DEPTH`), so no nesting can raise
-   ``RecursionError``.
+   ``RecursionError``, and counts values: more than any valid request holds (:data:`MAX_VALUES`) is refused.
 3. *Validate* the copy against ``schemas/request.schema.json`` (Draft 2020-12), the only statement of the
    request format: jsonschema-rs accepts a valid request in microseconds; a request it does not accept is
-   explained by python-jsonschema, which reports every error with its JSON path (see :func:`schema_problems`).
+   explained by python-jsonschema, which reports every error (up to :data:`MAX_PROBLEMS`) with its JSON path
+   (see :func:`schema_problems`).
 4. *Build* the request, with the checks a schema cannot state: no line breaks where a pattern's ``$`` would
    let a trailing one through, no bind-syntax characters in mount paths, sizes parsed into bytes, the total
    size of ``metadata`` (:data:`MAX_METADATA_BYTES`).
@@ -39,7 +40,9 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_METADATA_BYTES",
     "MAX_METADATA_DEPTH",
+    "MAX_PROBLEMS",
     "MAX_REQUEST_BYTES",
+    "MAX_VALUES",
     "ExecutionRequest",
     "MountRequest",
     "RequestLimits",
@@ -51,6 +54,14 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Requests larger than this are refused before they are decoded or parsed."""
 MAX_DEPTH = 32
 """Maximum nesting of objects/arrays anywhere in a request (``metadata`` is free-form)."""
+MAX_VALUES = 20_000
+"""Most JSON values (objects, arrays and scalars; keys not counted) a request may hold. The largest valid request
+holds fewer: 10,001 in ``files``, 1,025 in ``env``, 97 in ``mounts``, about 8,200 in ``metadata`` (16 KiB of compact
+JSON), a few dozen elsewhere (``tests/unit/core/test_request_bounds.py`` builds it). A document with more is refused
+before the schema is asked: python-jsonschema, which explains an invalid request, walks every value (~20-45 us
+each here), so without this bound one 4 MiB body cost a worker 3.5-40 s of CPU."""
+MAX_PROBLEMS = 100
+"""Most schema problems one refusal lists; a last problem says that more were found and not listed."""
 
 MAX_METADATA_BYTES = 16 * 1024
 """Largest ``metadata`` as compact JSON (UTF-8). It is recorded in the trail with every request, dry runs and
@@ -262,8 +273,15 @@ def _copy_checked(doc: Any, source: str) -> Any:
     root: list[Any] = [None]
     # Containers whose copy is made but not yet filled: (original, copy, path).
     pending: list[tuple[Any, Any, _Keys]] = []
+    count = 0
 
     def place(value: Any, parent: Any, slot: str | int, keys: _Keys) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            message = f"holds more than {MAX_VALUES} JSON values, more than any valid request; nothing else was checked"
+            problem = Problem(message, path="$", source=source, code="request.too_many_values")
+            raise RequestError(f"invalid request: {message}", problems=[problem])
         if isinstance(value, Mapping) or _is_array(value):
             if len(keys) >= MAX_DEPTH:
                 raise _invalid(source, f"nested deeper than {MAX_DEPTH} levels", path=_json_path(keys))
@@ -314,7 +332,8 @@ def _accepted(doc: Any) -> bool:
 
 
 def schema_problems(doc: Any, *, source: str | None = None) -> list[Problem]:
-    """Every error the Draft 2020-12 validator finds in ``doc``, with its JSON path, sorted by path.
+    """The errors the Draft 2020-12 validator finds in ``doc`` (every one, up to :data:`MAX_PROBLEMS`; then a last
+    problem ``request.more_problems`` says more were found), each with its JSON path, sorted by path.
 
     jsonschema-rs decides first (a few microseconds, against a few hundred for python-jsonschema); python-jsonschema
     walks only what it does not accept, and its errors are the ones reported. So a valid request costs
@@ -326,10 +345,18 @@ def schema_problems(doc: Any, *, source: str | None = None) -> list[Problem]:
     if _accepted(doc):
         return []
     problems: list[Problem] = []
-    for error in _validator().iter_errors(doc):
+    errors = _validator().iter_errors(doc)
+    for error in errors:
+        if len(problems) >= MAX_PROBLEMS:
+            break
         problems.extend(problems_from_error(error, source=source, domain="request"))
-    problems.sort(key=lambda p: p.path)
-    return problems
+    else:
+        if len(problems) <= MAX_PROBLEMS:
+            return sorted(problems, key=lambda p: p.path)
+    # Listing every problem of a hostile document would cost as much as finding them all: stop at MAX_PROBLEMS.
+    shown = sorted(problems[:MAX_PROBLEMS], key=lambda p: p.path)
+    message = f"more problems were found; only the first {MAX_PROBLEMS} are listed"
+    return [*shown, Problem(message, path="$", source=source, code="request.more_problems")]
 
 
 # --- step 4: build --------------------------------------------------------------------------------------
