@@ -35,7 +35,7 @@ def _resolve(document: dict[str, Any], ref: str) -> Any:
 
 @pytest.mark.parametrize("name", ["result", "error", "api"])
 def test_new_schemas_are_valid_and_described(name: str) -> None:
-    from tests.unit.test_schemas import _described
+    from tests.unit.core.test_schemas import _described
 
     schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
