@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from serve_process import ServeProcess
 
 from gateway.policy import load_policy
 from gateway.request import parse_request
@@ -268,3 +269,18 @@ def serve(tmp_path: Path, principals_file: tuple[Path, dict[str, str]]) -> Itera
 @pytest.fixture
 def server(serve: Callable[..., Server]) -> Server:
     return serve()
+
+
+@pytest.fixture
+def serve_process(tmp_path: Path, engine: Any) -> Iterator[Callable[..., ServeProcess]]:
+    """Starts ``gateway serve`` processes in ``tmp_path``; each is stopped at the end of the test."""
+    started: list[ServeProcess] = []
+
+    def run(*args: str, env: dict[str, str] | None = None) -> ServeProcess:
+        served = ServeProcess(tmp_path, *args, env=env)
+        started.append(served)
+        return served
+
+    yield run
+    for served in started:
+        served.stop()

@@ -6,91 +6,26 @@ port in use, an audit trail that refuses the key), with no "serving" line."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from serve_process import ROOT, ServeProcess, serve_env, until
 
 from gateway.audit import JsonlAuditTrail
 from gateway.cli.serve_cmd import EXIT_ADDRESS_UNAVAILABLE, EXIT_AUDIT_REFUSED
 from gateway.resources import policies_dir
 from gateway.service.principals import PrincipalsStore
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "deploy" / "server.yaml"
-SERVING = re.compile(r"^gateway: serving principals .* on http://127\.0\.0\.1:(\d+)$")
 KEY_A, KEY_B = "11" * 32, "22" * 32
-
-
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_AUDIT_KEY")}
-    return {**env, "PYTHONPATH": str(ROOT), **(extra or {})}
-
-
-class Served:
-    """``gateway serve --port 0 ...`` with its principals file and trail in ``tmp``; its stdout (the access log)
-    and stderr collected line by line; its port read from the "serving" line."""
-
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.audit = tmp / "audit"
-        cmd = [sys.executable, "-m", "gateway", "serve", "--principals", str(tmp / "principals.yaml")]
-        self.proc = subprocess.Popen(
-            [*cmd, "--audit-dir", str(self.audit), "--port", "0", *args],
-            cwd=tmp, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._collect, args=(stream, lines), daemon=True)
-            for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
-        ]
-        for reader in self._readers:
-            reader.start()
-        port = _until(self._port, "the serving line")
-        self.url = f"http://127.0.0.1:{port}"
-
-    @staticmethod
-    def _collect(stream: Any, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line.rstrip("\n"))
-
-    def _port(self) -> int | None:
-        for line in list(self.err):
-            if match := SERVING.match(line):
-                return int(match.group(1))
-        assert self.proc.poll() is None, f"gateway serve exited {self.proc.returncode}: {self.err}"
-        return None
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=120)
-        for reader in self._readers:
-            reader.join(10)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        return code
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := check():
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -100,22 +35,8 @@ def alice(tmp_path: Path) -> str:
     )
 
 
-@pytest.fixture
-def serve(tmp_path: Path, engine: Any) -> Iterator[Callable[..., Served]]:
-    started: list[Served] = []
-
-    def run(*args: str, env: dict[str, str] | None = None) -> Served:
-        served = Served(tmp_path, *args, env=env)
-        started.append(served)
-        return served
-
-    yield run
-    for served in started:
-        served.stop()
-
-
-def test_the_shipped_server_yaml_serves_as_shipped(alice: str, serve: Callable[..., Served]) -> None:
-    server = serve("--config", str(SHIPPED))  # the principals file, trail and port: flags, as the CLI allows
+def test_the_shipped_server_yaml_serves_as_shipped(alice: str, serve_process: Callable[..., ServeProcess]) -> None:
+    server = serve_process("--config", str(SHIPPED))  # the principals file, trail and port: flags, as the CLI allows
     answer = httpx.get(server.url + "/healthz", timeout=10)
     assert answer.status_code == 200
     assert answer.json() == {"status": "ok"}
@@ -126,8 +47,8 @@ def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_the_access_log_has_one_text_line_per_request(alice: str, serve: Callable[..., Served]) -> None:
-    server = serve("--drain", "0")
+def test_the_access_log_has_one_text_line_per_request(alice: str, serve_process: Callable[..., ServeProcess]) -> None:
+    server = serve_process("--drain", "0")
     before = datetime.now(UTC) - timedelta(seconds=1)
     answers = [
         httpx.get(server.url + "/healthz", timeout=10),
@@ -154,8 +75,10 @@ def test_the_access_log_has_one_text_line_per_request(alice: str, serve: Callabl
     ]
 
 
-def test_the_access_log_in_json_names_the_principal_of_an_execution(alice: str, serve: Callable[..., Served]) -> None:
-    server = serve("--drain", "0", "--access-log-format", "json")
+def test_the_access_log_in_json_names_the_principal_of_an_execution(
+    alice: str, serve_process: Callable[..., ServeProcess]
+) -> None:
+    server = serve_process("--drain", "0", "--access-log-format", "json")
     ran = httpx.post(server.url + "/v1/executions", json={"code": "print(1)"}, headers=_auth(alice), timeout=120)
     assert ran.status_code == 200, ran.text
     assert server.stop() == 0
@@ -169,9 +92,9 @@ def test_the_access_log_in_json_names_the_principal_of_an_execution(alice: str, 
 
 
 def test_sigterm_drains_with_readyz_503_while_a_run_in_flight_completes(
-    alice: str, serve: Callable[..., Served], managed_containers: Callable[[], list[str]]
+    alice: str, serve_process: Callable[..., ServeProcess], managed_containers: Callable[[], list[str]]
 ) -> None:
-    server = serve("--drain", "4", "--grace", "30")
+    server = serve_process("--drain", "4", "--grace", "30")
     assert httpx.get(server.url + "/readyz", timeout=30).status_code == 200
     box: dict[str, httpx.Response] = {}
     code = "import time; time.sleep(3); print('finished')"
@@ -182,9 +105,9 @@ def test_sigterm_drains_with_readyz_503_while_a_run_in_flight_completes(
 
     thread = threading.Thread(target=run)
     thread.start()
-    _until(managed_containers, "the run's sandbox")  # in flight
+    until(managed_containers, "the run's sandbox")  # in flight
     server.proc.send_signal(signal.SIGTERM)
-    draining = _until(
+    draining = until(
         lambda: (r := httpx.get(server.url + "/readyz", timeout=10)).status_code == 503 and r, "/readyz to say 503"
     )
     assert draining.json()["code"] == "service.draining"
@@ -200,7 +123,7 @@ def _refused(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[
     """``gateway serve`` that must not start: its status, its stderr lines, its stdout."""
     done = subprocess.run(
         [sys.executable, "-m", "gateway", "serve", "--principals", str(tmp / "principals.yaml"), *args],
-        cwd=tmp, env=_env(env), capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp, env=serve_env(env), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     return done.returncode, [line for line in done.stderr.splitlines() if line.strip()], done.stdout
 

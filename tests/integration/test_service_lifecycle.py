@@ -5,7 +5,6 @@ sandbox only, and the engine cut and restored behind a unix-socket proxy (503, a
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -13,88 +12,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from serve_process import ServeProcess, until
 
 from gateway.resources import policies_dir
 from gateway.runner.docker.options import INSTANCE_LABEL, MANAGED_LABEL
 from gateway.service.principals import PrincipalsStore
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = str(policies_dir() / "default.yaml")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _records(audit: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for f in sorted(audit.glob("*.jsonl")) for line in f.read_text().splitlines() if line]
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Served:
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.audit = tmp / "audit"
-        self.principals = tmp / "principals.yaml"
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "gateway", "serve", "--principals", str(self.principals), "--port", str(self.port)]
-        self.log = (tmp / "serve.log").open("wb")
-        self.proc = subprocess.Popen(
-            [*cmd, "--audit-dir", str(self.audit), *args],
-            cwd=tmp,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        _until(self._up, "the server to start")
-
-    def _up(self) -> bool:
-        assert self.proc.poll() is None, f"gateway serve exited {self.proc.returncode}"
-        try:
-            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        return [r for r in _records(self.audit) if r["event_type"] == kind]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=120)
-        self.log.close()
-        return code
-
-
-@pytest.fixture
-def serve(tmp_path: Path, engine: Any) -> Iterator[Callable[..., Served]]:
-    started: list[Served] = []
-
-    def run(*args: str, env: dict[str, str] | None = None) -> Served:
-        served = Served(tmp_path, *args, env=env)
-        started.append(served)
-        return served
-
-    yield run
-    for served in started:
-        served.stop()
 
 
 def _execute(url: str, token: str, code: str, timeout_s: float = 10) -> httpx.Response:
@@ -102,17 +31,17 @@ def _execute(url: str, token: str, code: str, timeout_s: float = 10) -> httpx.Re
     return httpx.post(url + "/v1/executions", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=120)
 
 
-def test_sighup_good_and_bad_reload(tmp_path: Path, serve: Callable[..., Served]) -> None:
+def test_sighup_good_and_bad_reload(tmp_path: Path, serve_process: Callable[..., ServeProcess]) -> None:
     store = PrincipalsStore(tmp_path / "principals.yaml")
     alice = store.add("alice", policy=DEFAULT_POLICY, role="agent")
-    server = serve()
+    server = serve_process()
     assert httpx.get(server.url + "/v1/policy", headers={"Authorization": f"Bearer {alice}"}).status_code == 200
 
     # Good reload: alice revoked, bob new.
     store.revoke("alice")
     bob = store.add("bob", policy=DEFAULT_POLICY, role="agent")
     server.proc.send_signal(signal.SIGHUP)
-    good = _until(lambda: server.events("policy.reloaded"), "the reload record")
+    good = until(lambda: server.events("policy.reloaded"), "the reload record")
     assert good[0]["data"]["ok"] is True
     assert good[0]["data"]["sha256"]
     auth = {"Authorization": f"Bearer {bob}"}
@@ -123,7 +52,7 @@ def test_sighup_good_and_bad_reload(tmp_path: Path, serve: Callable[..., Served]
     text = server.principals.read_text()
     server.principals.write_text(text + "\nnot_a_key: 1\n")
     server.proc.send_signal(signal.SIGHUP)
-    records = _until(lambda: len(server.events("policy.reloaded")) == 2 and server.events("policy.reloaded"), "bad")
+    records = until(lambda: len(server.events("policy.reloaded")) == 2 and server.events("policy.reloaded"), "bad")
     bad = records[1]["data"]
     assert bad["ok"] is False
     assert bad["problems"]
@@ -132,10 +61,10 @@ def test_sighup_good_and_bad_reload(tmp_path: Path, serve: Callable[..., Served]
 
 
 def test_sigterm_lets_short_runs_finish_and_kills_long_ones(
-    tmp_path: Path, serve: Callable[..., Served], managed_containers: Callable[[], list[str]]
+    tmp_path: Path, serve_process: Callable[..., ServeProcess], managed_containers: Callable[[], list[str]]
 ) -> None:
     token = PrincipalsStore(tmp_path / "principals.yaml").add("alice", policy=DEFAULT_POLICY, role="agent")
-    server = serve("--grace", "6")
+    server = serve_process("--grace", "6")
     results: dict[str, httpx.Response | Exception] = {}
 
     def call(name: str, code: str) -> None:
@@ -148,7 +77,7 @@ def test_sigterm_lets_short_runs_finish_and_kills_long_ones(
     long = threading.Thread(target=call, args=("long", "import time; time.sleep(60)"))
     long.start()
     short.start()
-    _until(lambda: len(server.events("policy.decision")) >= 2, "both runs to be admitted")
+    until(lambda: len(server.events("policy.decision")) >= 2, "both runs to be admitted")
     server.proc.send_signal(signal.SIGTERM)
     assert server.stop() == 0
     short.join(60)
@@ -165,7 +94,7 @@ def test_sigterm_lets_short_runs_finish_and_kills_long_ones(
 
 
 def test_startup_reaps_only_dead_instances(
-    tmp_path: Path, serve: Callable[..., Served], engine: Any, make_options: Callable[..., dict[str, Any]]
+    tmp_path: Path, serve_process: Callable[..., ServeProcess], engine: Any, make_options: Callable[..., dict[str, Any]]
 ) -> None:
     token = PrincipalsStore(tmp_path / "principals.yaml").add("alice", policy=DEFAULT_POLICY, role="agent")
     del token
@@ -182,8 +111,8 @@ def test_startup_reaps_only_dead_instances(
     orphan = sandbox(f"{host}-{dead.pid}-deadbeef")
     live = sandbox(f"{host}-{os.getpid()}-cafef00d")
     try:
-        server = serve()
-        reaped = _until(lambda: server.events("containers.reaped"), "the start-up reap record")
+        server = serve_process()
+        reaped = until(lambda: server.events("containers.reaped"), "the start-up reap record")
         assert orphan in reaped[0]["data"]["container_ids"]
         assert live not in reaped[0]["data"]["container_ids"]
         names = [c.id for c in engine.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})]
@@ -252,19 +181,19 @@ class EngineProxy:
 
 
 def test_engine_cut_mid_run_then_restored(
-    tmp_path: Path, serve: Callable[..., Served], managed_containers: Callable[[], list[str]]
+    tmp_path: Path, serve_process: Callable[..., ServeProcess], managed_containers: Callable[[], list[str]]
 ) -> None:
     token = PrincipalsStore(tmp_path / "principals.yaml").add("alice", policy=DEFAULT_POLICY, role="agent")
     proxy = EngineProxy(Path(f"/tmp/gw-proxy-{os.getpid()}.sock"))
     try:
-        server = serve(env={"DOCKER_HOST": f"unix://{proxy.path}"})
+        server = serve_process(env={"DOCKER_HOST": f"unix://{proxy.path}"})
         assert _execute(server.url, token, "print(1)").status_code == 200
 
         box: dict[str, httpx.Response] = {}
         slow = "import time; time.sleep(30)"
         mid = threading.Thread(target=lambda: box.setdefault("r", _execute(server.url, token, slow, 40)))
         mid.start()
-        _until(lambda: len(server.events("policy.decision")) >= 2, "the run to be admitted")
+        until(lambda: len(server.events("policy.decision")) >= 2, "the run to be admitted")
         time.sleep(1.0)  # not an assertion on timing: lets the container start before the cut
         proxy.cut()
         mid.join(120)
@@ -276,10 +205,10 @@ def test_engine_cut_mid_run_then_restored(
         assert sum(1 for e in outcomes if e) >= 2, outcomes
 
         proxy.restore()
-        back = _until(lambda: (r := _execute(server.url, token, "print(3)")).status_code == 200 and r, "recovery")
+        back = until(lambda: (r := _execute(server.url, token, "print(3)")).status_code == 200 and r, "recovery")
         assert back.json()["stdout"] == "3\n"
     finally:
         proxy.cut()
         proxy.path.unlink(missing_ok=True)
     assert server.stop() == 0
-    _until(lambda: managed_containers() == [], "the cut run's container to be removed", timeout=120)
+    until(lambda: managed_containers() == [], "the cut run's container to be removed", timeout=120)

@@ -3,35 +3,15 @@ of its lock) and one fsync; a record that cannot be built fails its append at on
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 from pathlib import Path
 
 import pytest
+from audit_support import CountingIO
 
 from gateway.audit import AuditSink, JsonlAuditTrail, verify_trail
 from gateway.audit.batched import BatchedAuditSink
-from gateway.audit.segments import AuditIO
 from gateway.errors import AuditUnavailableError
-
-
-class _CountingIO(AuditIO):
-    def __init__(self, *, fail_fsync: bool = False) -> None:
-        self.fsyncs = 0
-        self.locks = 0
-        self.fail_fsync = fail_fsync
-
-    def flock(self, fd: int, operation: int) -> None:
-        self.locks += operation == fcntl.LOCK_EX
-        super().flock(fd, operation)
-
-    def fsync(self, fd: int) -> None:
-        if self.fail_fsync:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        self.fsyncs += 1
-        super().fsync(fd)
 
 
 def _written(directory: Path) -> list[dict[str, object]]:
@@ -40,7 +20,7 @@ def _written(directory: Path) -> list[dict[str, object]]:
 
 
 def test_a_batch_is_written_by_flush_in_one_turn_and_one_fsync(tmp_path: Path) -> None:
-    io = _CountingIO()
+    io = CountingIO()
     sink = BatchedAuditSink(JsonlAuditTrail(tmp_path, io=io))
     assert isinstance(sink, AuditSink)
     for n in range(3):
@@ -67,7 +47,7 @@ def test_a_record_that_cannot_be_built_fails_its_append_and_not_the_batch(tmp_pa
 
 
 def test_a_batch_that_cannot_be_made_durable_raises(tmp_path: Path) -> None:
-    sink = BatchedAuditSink(JsonlAuditTrail(tmp_path, io=_CountingIO(fail_fsync=True)))
+    sink = BatchedAuditSink(JsonlAuditTrail(tmp_path, io=CountingIO(fail_fsync=True)))
     sink.append("request.received", {"n": 1})
     with pytest.raises(AuditUnavailableError):
         sink.flush()

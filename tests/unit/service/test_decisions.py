@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
-import fcntl
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from audit_support import CountingIO
 
 from gateway import Caller, Gateway
 from gateway._workers import Frames
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.audit.batched import BatchedAuditSink
-from gateway.audit.segments import AuditIO
 from gateway.errors import AuditUnavailableError, DecisionWorkerError, http_status_for
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
@@ -171,23 +169,6 @@ def test_a_worker_that_never_answers_is_a_503_and_is_killed(tmp_path: Path) -> N
     assert "did not answer within 1 s" in error.message
 
 
-class _CountingIO(AuditIO):
-    def __init__(self, *, fail_fsync: bool = False) -> None:
-        self.fsyncs = 0
-        self.locks = 0
-        self.fail_fsync = fail_fsync
-
-    def flock(self, fd: int, operation: int) -> None:
-        self.locks += operation == fcntl.LOCK_EX
-        super().flock(fd, operation)
-
-    def fsync(self, fd: int) -> None:
-        if self.fail_fsync:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        self.fsyncs += 1
-        super().fsync(fd)
-
-
 def _answers(frames: bytes) -> list[tuple[dict[str, Any], bytes]]:
     """The answer frames a worker wrote, as (header, body)."""
     reader, answers = Frames(), []
@@ -199,7 +180,7 @@ def _answers(frames: bytes) -> list[tuple[dict[str, Any], bytes]]:
     return answers
 
 
-def _batch_gateway(directory: Path, io: AuditIO) -> tuple[Gateway, BatchedAuditSink]:
+def _batch_gateway(directory: Path, io: CountingIO) -> tuple[Gateway, BatchedAuditSink]:
     records = BatchedAuditSink(JsonlAuditTrail(directory, io=io))
     policy = load_policy(default_policy_path())
     return Gateway(policy, runner=FakeRunner(), audit=records), records
@@ -217,7 +198,7 @@ def _still() -> float:
 def test_a_batch_is_answered_in_order_after_one_write_and_one_fsync_covering_its_records(tmp_path: Path) -> None:
     """A batch's records go to the trail in one turn (one hold of its lock: the other writers wait once per
     batch), then one fsync, then the answers."""
-    io = _CountingIO()
+    io = CountingIO()
     gateway, sink = _batch_gateway(tmp_path, io)
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": "print(1)", "network": "bridge"}'), _job(3, b"{")]
     sent: list[bytes] = []
@@ -240,7 +221,7 @@ def test_a_batch_is_answered_in_order_after_one_write_and_one_fsync_covering_its
 
 def test_a_batch_whose_records_cannot_be_made_durable_is_refused_whole(tmp_path: Path) -> None:
     """Fail closed: no job of a batch is answered with its decision unless the batch's records are durable."""
-    gateway, sink = _batch_gateway(tmp_path, _CountingIO(fail_fsync=True))
+    gateway, sink = _batch_gateway(tmp_path, CountingIO(fail_fsync=True))
     batch = [_job(1, b'{"code": "print(1)"}'), _job(2, b'{"code": 1}')]
     sent: list[bytes] = []
     decide_batch(gateway, sink, batch, sent.append, clock=_still)
@@ -252,7 +233,7 @@ def test_a_batch_whose_records_cannot_be_made_durable_is_refused_whole(tmp_path:
 
 
 def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) -> None:
-    gateway, sink = _batch_gateway(tmp_path, _CountingIO())
+    gateway, sink = _batch_gateway(tmp_path, CountingIO())
     tight = load_policy(default_policy_path())
     allowed = gateway.policies.default.policy
     bad = b'{"code": "print(1)", "limits": {"timeout_s": 25}}'
@@ -269,7 +250,7 @@ def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) ->
 def test_a_batch_that_takes_too_long_answers_what_it_decided_so_far(tmp_path: Path) -> None:
     """With no time at all for a batch (``batch_s`` 0), each job is made durable and answered before the next
     one is decided."""
-    io = _CountingIO()
+    io = CountingIO()
     gateway, sink = _batch_gateway(tmp_path, io)
     sent: list[bytes] = []
 
@@ -287,7 +268,7 @@ def test_the_answers_decided_so_far_go_out_before_a_job_expected_to_be_expensive
     """A job whose principal's dry runs cost more than ``batch_s`` (the service's estimate, in the job) is
     decided only once the answers before it are durable and sent: a hostile body never holds back another's
     answer."""
-    gateway, sink = _batch_gateway(tmp_path, _CountingIO())
+    gateway, sink = _batch_gateway(tmp_path, CountingIO())
     sent: list[bytes] = []
     cheap = b'{"code": "print(1)"}'
     batch = [_job(1, cheap, 0.0), _job(2, cheap, 1000.0), _job(3, cheap, 0.0)]
