@@ -4,6 +4,7 @@ cancellation, the bounded refusal records and the principals' quota defaults."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,32 @@ def test_a_cancelled_waiter_leaves_the_queue_and_a_slot_is_never_lost() -> None:
             await running
         assert gate.running == 0
         async with gate.execution("a", Quotas(queue=0)):
+            assert gate.running == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_cancelled_as_it_is_granted_gives_the_slot_back() -> None:
+    async def scenario() -> None:
+        gate = QuotaGate(1)
+        quotas = Quotas(queue=4)
+        held = contextlib.AsyncExitStack()
+        await held.enter_async_context(gate.execution("a", quotas))
+
+        async def waiter() -> None:
+            async with gate.execution("b", quotas):
+                raise AssertionError("the cancelled waiter must not run")
+
+        waiting = asyncio.create_task(waiter())
+        await asyncio.sleep(0)  # the waiter queues
+        assert gate.waiting_of("b") == 1
+        await held.aclose()  # frees the slot: granted to the waiter at once, before its task runs again
+        assert (gate.running_of("b"), gate.waiting_of("b")) == (1, 0)
+        waiting.cancel()  # its client went away at that very moment
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert gate.running == 0
+        async with gate.execution("c", Quotas(queue=0)):  # with a global bound of 1, a lost slot admits nothing
             assert gate.running == 1
 
     asyncio.run(scenario())
