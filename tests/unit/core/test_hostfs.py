@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,13 +37,29 @@ def test_opens_the_judged_directory_and_reports_its_identity(tree: Path) -> None
         os.close(fd)
 
 
-@pytest.mark.parametrize("link_at", ["a", "a/b"])
-def test_a_symlink_anywhere_on_the_way_is_refused(tree: Path, link_at: str) -> None:
+@pytest.mark.parametrize(
+    ("link_at", "reason"),
+    [
+        ("a", "a component is a symlink"),  # ELOOP from RESOLVE_NO_SYMLINKS
+        ("a/b", "it, or a component of it, is not a directory (or was just"),  # ENOTDIR: O_NOFOLLOW | O_DIRECTORY
+    ],
+)
+def test_a_symlink_anywhere_on_the_way_is_refused(tree: Path, link_at: str, reason: str) -> None:
     target = tree / "root" / link_at
     os.rename(target, tree / "moved")
     target.symlink_to(tree / "moved")  # points at a real directory: still refused
-    with pytest.raises(HostPathError, match="symlink"):
+    with pytest.raises(HostPathError) as info:
         _open(tree / "root", tree / "root" / "a" / "b")
+    assert f"below {tree / 'root'}: {reason}" in str(info.value)  # the reason, not "symlink" in pytest's tmp path
+
+
+def test_a_symlink_in_the_middle_that_stays_inside_the_root_is_refused(tree: Path) -> None:
+    (tree / "root" / "c" / "b").mkdir(parents=True)
+    os.rename(tree / "root" / "a", tree / "moved")
+    (tree / "root" / "a").symlink_to("c")  # relative, resolves to root/c: beneath the root, yet a symlink
+    with pytest.raises(HostPathError) as info:
+        _open(tree / "root", tree / "root" / "a" / "b")
+    assert f"below {tree / 'root'}: a component is a symlink" in str(info.value)
 
 
 def test_a_symlink_root_is_refused(tree: Path) -> None:
@@ -60,6 +77,40 @@ def test_a_file_is_not_a_mount_source(tree: Path) -> None:
     (tree / "root" / "f").write_text("x")
     with pytest.raises(HostPathError, match="not a directory"):
         _open(tree / "root", tree / "root" / "f")
+
+
+@pytest.fixture
+def tmpfs(tree: Path) -> Iterator[Path]:
+    """A tmpfs mounted at root/a (root only; skipped where this process cannot mount)."""
+    point = tree / "root" / "a"
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "none", str(point)], check=False, capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        (point / "b").mkdir()
+        yield point
+    finally:
+        subprocess.run(["umount", "--lazy", str(point)], check=True)  # lazy: even if a descriptor is still open
+
+
+def test_a_mount_point_between_the_root_and_the_source_is_refused(tree: Path, tmpfs: Path) -> None:
+    with pytest.raises(HostPathError) as info:
+        _open(tree / "root", tmpfs / "b")
+    assert str(info.value).endswith(": the path leaves the allowlisted root or crosses a mount point")
+
+
+def test_a_device_change_during_the_walk_is_reported(tree: Path, tmpfs: Path) -> None:
+    fd = _open(tree / "root", tree / "root")
+    try:
+        # Shown under a name with nothing mounted below it in mountinfo: only the walk can see the tmpfs.
+        problem = scan(fd, "/shown-as/root")
+    finally:
+        os.close(fd)
+    assert problem == "/shown-as/root/a is a mount point; a mount source may not have mount points below it"
 
 
 @pytest.fixture

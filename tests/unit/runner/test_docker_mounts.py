@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,3 +47,21 @@ def test_anything_else_is_refused(mounts: Any) -> None:
 def test_a_decision_id_that_is_not_a_plain_name_names_no_staging_directory(decision_id: str) -> None:
     with pytest.raises(ValueError, match="cannot name a staging directory"):
         staging_path(decision_id, 0)
+
+
+def test_staging_refuses_a_source_that_is_not_the_judged_directory_before_binding(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("staging binds directories: it needs root")
+    source, other = tmp_path / "data", tmp_path / "other"
+    source.mkdir()
+    other.mkdir()
+    st = other.stat()  # judged: another directory (the source was swapped after the decision)
+    judged = HostMount(str(tmp_path), str(source), st.st_dev, st.st_ino, "/data", True)
+    decision_id = "unit-judged-" + secrets.token_hex(4)
+    with pytest.raises(MountStagingError) as info:
+        Staging.stage([judged], decision_id)
+    assert info.value.message == (
+        f"mount source {source} is no longer the directory that was judged (device/inode "
+        f"{source.stat().st_dev}/{source.stat().st_ino}, judged {st.st_dev}/{st.st_ino}); nothing was bound"
+    )
+    assert not Path(STAGING_ROOT, decision_id).exists()
