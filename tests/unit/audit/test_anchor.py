@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.audit import JsonlAuditTrail, verify_trail
-from gateway.audit.anchor import Anchor, AnchorWriter, check_anchor, hash_at, load_anchor
+from gateway.audit.anchor import Anchor, AnchorWriter, check_anchor, hash_at, load_anchor, trail_id
 from gateway.cli import main
 from gateway.errors import AuditError
 from gateway.report import build_report
@@ -193,6 +193,19 @@ def test_hash_at_finds_a_record_in_any_segment(tmp_path: Path) -> None:
         )  # fmt: skip
         assert hash_at(directory, seq) == json.loads(line)["hash"]
     assert hash_at(directory, 38) is None
+
+
+def test_an_anchor_whose_seq_has_no_record_is_a_fork(tmp_path: Path) -> None:
+    directory = write_scenario(tmp_path / "seg", segment_max_bytes=20_000)
+    report = verify_trail(directory)
+    ident = trail_id(directory)
+    anchor = Anchor(str(ident), 5, str(hash_at(directory, 5)), "2026-01-01T00:00:00.000000Z")
+    assert check_anchor(directory, anchor, report, key=None, ident=ident).ok
+    first = sorted(directory.glob("trail-*.jsonl"))[0]
+    first.unlink()  # the anchored record is gone (after the verify that reached past it)
+    check = check_anchor(directory, anchor, report, key=None, ident=ident)
+    assert (check.ok, check.reason) == (False, "forked")
+    assert check.detail.startswith("the record at seq 5 has hash None,")
 
 
 def test_the_anchor_writer_anchors_every_n_records_and_at_stop(tmp_path: Path) -> None:

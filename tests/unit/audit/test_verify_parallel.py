@@ -226,3 +226,35 @@ def test_large_trails_go_parallel_by_default(
     monkeypatch.setattr(_workers, "PARALLEL_MIN_BYTES", 1)
     assert verify_trail(tmp_path, worker_pool=pool).ok
     assert taken == [len(segments)]
+
+
+def test_a_segment_copied_from_another_trail_does_not_stitch(
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]
+) -> None:
+    segments = build(tmp_path / "trail")
+    foreign = build(tmp_path / "other")  # the same seq numbers in each segment, another chain
+    assert [len(lines_of(p)) for p in foreign] == [len(lines_of(p)) for p in segments]
+    segments[3].write_bytes(foreign[3].read_bytes())  # verifies on its own; its first prev_hash is not ours
+    report = verify_trail(tmp_path / "trail", workers=2, worker_pool=pool)
+    assert report == verify_trail(tmp_path / "trail", workers=1)
+    assert report.first_break is not None
+    first_copied = sum(len(lines_of(p)) for p in segments[:3]) + 1
+    assert report.first_break.seq <= first_copied  # nothing from the copied segment on is trusted
+    assert taken == [4]  # segment 3 verified in its worker but did not stitch: the in-process pass took over
+
+
+def test_hmacs_stripped_from_later_segments_are_found_in_parallel(
+    tmp_path: Path, pool: Callable[..., WorkerPool], taken: list[int]
+) -> None:
+    segments = build(tmp_path, key=KEY)
+    for path in segments[3:]:  # re-sealed without the key: every hash still holds, each segment verifies alone
+        path.write_bytes(b"".join(seal(split_line(line)[0], None)[0] for line in lines_of(path)))
+    report = verify_trail(tmp_path, workers=2, worker_pool=pool)  # no key: only the keyed/unkeyed switch tells
+    assert report == verify_trail(tmp_path, workers=1)
+    assert report.first_break is not None
+    assert (report.first_break.reason, report.first_break.segment, report.first_break.line) == (
+        "bad_hmac",
+        segments[3].name,
+        1,
+    )
+    assert taken == [4]
