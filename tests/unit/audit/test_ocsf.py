@@ -254,6 +254,18 @@ def test_other_classes(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (reaped["activity_id"], len(reaped["resources"])) == (4, 2)
 
 
+def test_an_invalid_request_and_a_forbidden_call_are_not_allowed(
+    trail: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rc, events, _err = _export(capsys, "--trail", str(trail))
+    (invalid,) = _by_code(events, "request.invalid")
+    assert (invalid["status_id"], invalid["action"], invalid["disposition"]) == (2, "Denied", "Rejected")
+    assert (invalid["action_id"], invalid["disposition_id"]) == (2, 25)
+    (forbidden,) = _by_code(events, "auth.forbidden")
+    assert (forbidden["status_id"], forbidden["action"], forbidden["disposition"]) == (2, "Denied", "Unauthorized")
+    assert (forbidden["action_id"], forbidden["disposition_id"]) == (2, 26)
+
+
 def test_secrets_and_code_never_reach_the_export(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["audit", "export", "--trail", str(trail)])
     out = capsys.readouterr().out
