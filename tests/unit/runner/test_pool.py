@@ -6,20 +6,27 @@ What a pooled container holds and how it is hardened is tested against the real 
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from gateway import Gateway, PoolConfig
 from gateway.audit.memory import MemoryAuditSink
-from gateway.errors import ContractError, UnsafeOptionsError
+from gateway.decision import Decision
+from gateway.errors import ContractError, SandboxError, UnsafeOptionsError
 from gateway.policy import Policy, PolicySet, load_policy, load_policy_text
 from gateway.policy.model import Policy as PolicyModel
 from gateway.resources import policies_dir
 from gateway.runner import FakeRunner
+from gateway.runner.docker.options import POOL_LABEL, pool_key, profile_options
+from gateway.runner.docker.runner import DockerRunner, DockerSandbox
 from gateway.runner.pool import WarmPool, default_profile
+from gateway.runspec import RunSpec
 from gateway.service.metrics import ServiceMetrics
 from gateway.slots import HostSlots
 
@@ -281,3 +288,66 @@ def test_the_policy_sizes_its_pool_and_the_semantic_pass_checks_it(make_policy: 
         make("pool: {size: 2, min: 3, max: 1}\n")  # type: ignore[operator]
     paths = sorted(p.path for p in bad.value.problems)
     assert paths == ["$.spec.pool.max", "$.spec.pool.min"]
+
+
+# -- the Docker runner's claim, without an engine: an idle pooled sandbox as prepare_idle makes it ---------
+
+
+@pytest.fixture
+def attach() -> Iterator[socket.socket]:
+    """An open, silent attach connection: the idle supervisor waiting for its payload."""
+    ours, theirs = socket.socketpair()
+    try:
+        yield ours
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def _decisions(policy: Policy, slots: HostSlots, *requests: dict[str, Any]) -> list[Decision]:
+    with Gateway(policy, runner=FakeRunner(), audit=MemoryAuditSink(), slots=slots) as gw:  # the Docker assembler
+        decisions = [gw.decide(request).decision for request in requests]
+    assert all(d is not None and d.run is not None and d.settings is not None for d in decisions)
+    return decisions  # type: ignore[return-value]
+
+
+def _idle(decision: Decision, sock: socket.socket, **extra: Any) -> DockerSandbox:
+    assert decision.settings is not None
+    options = profile_options(decision.settings.profile)
+    options["labels"] = {**options["labels"], POOL_LABEL: pool_key(decision.settings.profile)}
+    options.update(extra)
+    spec = RunSpec(options=options, timeout_s=60.0, output_bytes=0)
+    return DockerSandbox(spec, "c" * 64, None, False, sock, created_with=MappingProxyType(options))
+
+
+def test_a_docker_claim_serves_its_own_profile_once(policy: Policy, slots: HostSlots, attach: socket.socket) -> None:
+    (decision,) = _decisions(policy, slots, {"code": "1"})
+    assert decision.run is not None
+    idle = _idle(decision, attach)
+    runner = DockerRunner(client=object())  # claim never calls the engine
+    claimed = runner.claim(idle, decision.run)
+    assert claimed is not None
+    assert claimed.spec is decision.run
+    with pytest.raises(SandboxError, match="already claimed"):
+        runner.claim(idle, decision.run)  # the same idle container, claimed twice
+
+
+def test_a_docker_claim_for_another_profile_is_refused(policy: Policy, slots: HostSlots, attach: socket.socket) -> None:
+    mine, other = _decisions(policy, slots, {"code": "1"}, {"code": "1", "limits": {"memory": "128m"}})
+    assert other.run is not None
+    with pytest.raises(UnsafeOptionsError, match="created with options other than the profile part") as info:
+        DockerRunner(client=object()).claim(_idle(mine, attach), other.run)
+    assert "(mem_limit" in info.value.message
+
+
+def test_a_docker_claim_of_a_container_whose_options_fail_the_guard_is_refused(
+    policy: Policy, slots: HostSlots, attach: socket.socket
+) -> None:
+    (decision,) = _decisions(policy, slots, {"code": "1"})
+    assert decision.run is not None
+    # Created with a host bind the decision's options do not have (the profile part leaves "mounts" out).
+    socket_bind = [{"Type": "bind", "Source": "/var/run/docker.sock", "Target": "/s", "ReadOnly": False}]
+    idle = _idle(decision, attach, mounts=socket_bind)
+    with pytest.raises(UnsafeOptionsError, match="refused unsafe run options") as info:
+        DockerRunner(client=object()).claim(idle, decision.run)
+    assert any(problem.path.startswith("$.mounts") for problem in info.value.problems)
