@@ -14,6 +14,7 @@ from gateway.decision import evaluate
 from gateway.decision.settings import BackendLimits
 from gateway.errors import PolicyError
 from gateway.policy import canonical_sha256, load_policy
+from gateway.policy.compiled import compile_policy
 from gateway.policy.compose import load_document
 from gateway.request import parse_request
 from gateway.resources import policies_dir
@@ -145,6 +146,23 @@ def test_an_exception_never_relaxes_the_backend_or_the_guard(tmp_path: Path) -> 
     assert options["cap_drop"] == ["ALL"]
     assert options["read_only"] is True
     assert options["memswap_limit"] == options["mem_limit"]
+
+
+def test_an_exception_never_lowers_a_ceiling(tmp_path: Path) -> None:
+    """Two live exceptions for one principal: the later, smaller one does not undo the earlier, larger one (and
+    the loader refuses an exception below the policy's own ceiling, so relax sees only ceilings above it)."""
+    wide = _exception("EXC-WIDE", "2027-01-31T00:00:00Z", relax="limits: {memory: {max: 2g}}")
+    narrow = _exception("EXC-NARROW", "2027-01-31T00:00:00Z", relax="limits: {memory: {max: 1g}}")
+    policy = load_policy(_exceptions_policy(tmp_path, wide, narrow))
+    relaxed = compile_policy(policy).relaxed(policy.exceptions).policy
+    assert relaxed.limits.memory.max == 2 << 30
+    bot = decide(policy, parse_request({"code": "x", "limits": {"memory": "2g"}}), principal="ml-bot-1", now=NOW)
+    assert bot.allowed, bot.to_dict()
+    assert bot.exceptions == ("EXC-WIDE", "EXC-NARROW")
+    low = _exception("EXC-LOW", "2027-01-31T00:00:00Z", relax="limits: {memory: {max: 300m}}")
+    with pytest.raises(PolicyError) as info:
+        load_policy(_exceptions_policy(tmp_path, low))
+    assert info.value.problems[0].message.startswith("300m does not raise the policy's ceiling 512m")
 
 
 def test_exception_ids_reach_the_audit_trail(tmp_path: Path) -> None:
