@@ -103,6 +103,17 @@ def test_each_failure_is_answered_401_and_recorded_with_its_reason(
     assert failures.noted == [{"reason": reason, "token_id": token_id, "path": "/v1/whoami"}]
 
 
+@pytest.mark.parametrize("scheme", ["Basic", "Token", "Bearer:", "Bearerx"])
+def test_a_valid_token_under_another_scheme_is_refused(
+    served: tuple[TestClient, Failures, dict[str, str]], scheme: str
+) -> None:
+    client, failures, tokens = served
+    answer = client.get("/v1/whoami", headers={"Authorization": f"{scheme} {tokens['alice']}"})
+    assert answer.status_code == 401
+    assert failures.noted == [{"reason": "malformed", "token_id": tokens["alice"][4:12], "path": "/v1/whoami"}]
+    assert client.get("/v1/whoami", headers={"Authorization": f"bearer {tokens['alice']}"}).status_code == 200
+
+
 def test_an_endpoint_whose_route_checks_no_token_refuses_rather_than_serves(
     served: tuple[TestClient, Failures, dict[str, str]],
 ) -> None:
