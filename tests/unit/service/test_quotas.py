@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from gateway.audit import MemoryAuditSink
 from gateway.errors import BodyTooLargeError, OverQuotaError, ServerConfigError, http_status_for
 from gateway.resources import policies_dir
+from gateway.runner.fake import FakeRunner
+from gateway.service.app import build_app
+from gateway.service.config import ServerConfig
 from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas, load_principals_text
 from gateway.service.quotas import QuotaGate, Refusals
+from gateway.service.service import Service
 
 
 class Clock:
@@ -299,3 +305,27 @@ def test_a_queued_execution_waits_at_most_queue_wait_s_then_429_and_leaves_the_q
 def test_queue_wait_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queue_wait_s"):
         QuotaGate(4, queue_wait_s=0)
+
+
+def test_dry_runs_count_against_the_rpm_like_executions(tmp_path: Path) -> None:
+    """The real application and service, on the fake runner with decisions in process: no engine, no worker."""
+    principals = tmp_path / "principals.yaml"
+    token = PrincipalsStore(principals).add("alice", policy=policies_dir() / "default.yaml", quotas=Quotas(rpm=2))
+    config = ServerConfig(principals=principals, audit_dir=tmp_path / "audit", decision_workers=0)
+    service = Service.from_config(config, runner=FakeRunner)
+    headers = {"Authorization": f"Bearer {token}"}
+    with TestClient(build_app(service)) as client:
+        answers = [client.post("/v1/decisions", json={"code": "print(1)"}, headers=headers) for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429]
+        assert answers[2].json()["quota"] == "rpm"
+        over = client.post("/v1/executions", json={"code": "print(1)"}, headers=headers)
+        assert (over.status_code, over.json()["quota"]) == (429, "rpm")  # the dry runs spent the minute
+    records = [json.loads(line) for path in sorted((tmp_path / "audit").glob("trail-*.jsonl"))
+               for line in path.read_text().splitlines()]  # fmt: skip
+    assert [r["data"]["dry_run"] for r in records if r["event_type"] == "policy.decision"] == [True, True]
+    refused = [r["data"] for r in records if r["event_type"] == "request.refused"]
+    assert [(d["summary"], d["count"], d["code"]) for d in refused] == [
+        (False, 1, "service.over_quota"),
+        (True, 1, "service.over_quota"),  # the execution, counted with the first refusal's interval
+    ]
+    assert (refused[0]["quota"], refused[0]["path"]) == ("rpm", "/v1/decisions")
