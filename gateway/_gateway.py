@@ -27,6 +27,7 @@ from gateway.audit import AuditSink, JsonlAuditTrail
 from gateway.decision import Assembler, Decision, RuleResult, evaluate
 from gateway.errors import (
     AuditUnavailableError,
+    AuthenticationError,
     CancelledRunError,
     ContractError,
     GatewayError,
@@ -297,7 +298,10 @@ class Gateway:
         request = self._intake(raw, request_id, caller)
         if isinstance(request, ExecutionResult):
             return request
-        compiled = self.policies.for_principal(request.principal)
+        try:
+            compiled = self.policies.for_principal(request.principal)
+        except AuthenticationError as exc:  # a strict set (the service's) does not serve this principal
+            return self._refused(exc, request_id, request.principal, caller)
         ref = _ref(compiled.policy)
         records: dict[str, Any] = {
             "request_id": request_id, "principal": request.principal, "policy": ref, "caller": caller,
@@ -363,6 +367,18 @@ class Gateway:
                 return ExecutionResult(request_id, None, error=exc, audit_ok=False)
             return ExecutionResult(request_id, None, error=exc)
         return request
+
+    def _refused(
+        self, error: AuthenticationError, request_id: str, principal: str | None, caller: Caller | None
+    ) -> ExecutionResult:
+        """A request refused before its decision (its principal is no longer served): ``request.refused``,
+        nothing decided, nothing ran."""
+        data = {"count": 1, "summary": False, "code": error.code, "message": error.message}
+        try:
+            self._append("request.refused", data, request_id=request_id, principal=principal, caller=caller)
+        except GatewayError:
+            return ExecutionResult(request_id, None, error=error, audit_ok=False)
+        return ExecutionResult(request_id, None, error=error)
 
     def _decide(
         self, compiled: CompiledPolicy, request: ExecutionRequest, request_id: str, span: trace.Span

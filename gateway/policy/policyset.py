@@ -1,7 +1,8 @@
 """The policies a Gateway decides under: one per principal, plus the default for everyone else.
 
 Each policy is compiled once, when the set is built; every decision reads the compiled form. A single policy
-is the simple case (``PolicySet.single(policy)``).
+is the simple case (``PolicySet.single(policy)``). A *strict* set (the HTTP service's) has no "everyone else":
+a principal it does not list is refused, never decided under the default.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.errors import PolicyError, Problem
+from gateway.errors import AuthenticationError, PolicyError, Problem
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy
 from gateway.policy.paths import rw_overlaps
@@ -47,13 +48,19 @@ class PolicySet:
     """The policy of any principal not listed (and of requests that name none)."""
     by_principal: Mapping[str, CompiledPolicy] = field(default_factory=lambda: MappingProxyType({}))
     """Principal name → its own policy."""
+    strict: bool = False
+    """Refuse a principal not in :attr:`by_principal` (and a request that names none) instead of deciding it
+    under :attr:`default`: the service's set, whose principals are exactly its principals file's, so that a
+    request of a principal a reload removed is refused rather than decided under another policy."""
 
     @classmethod
     def single(cls, policy: Policy) -> PolicySet:
         return cls(compile_policy(policy))
 
     @classmethod
-    def of(cls, default: Policy, by_principal: Mapping[str, Policy] | None = None) -> PolicySet:
+    def of(
+        cls, default: Policy, by_principal: Mapping[str, Policy] | None = None, *, strict: bool = False
+    ) -> PolicySet:
         """Compile ``default`` and each principal's policy once."""
         principals = dict(by_principal or {})
         for name in principals:
@@ -61,12 +68,19 @@ class PolicySet:
                 raise PolicyError("a principal in a policy set needs a non-empty name")
         _refuse_shared_rw_roots(default, principals)
         compiled = {name: compile_policy(p) for name, p in principals.items()}
-        return cls(compile_policy(default), MappingProxyType(compiled))
+        return cls(compile_policy(default), MappingProxyType(compiled), strict=strict)
 
     def for_principal(self, name: str | None) -> CompiledPolicy:
-        """The policy that applies to ``name`` (the default when it has none of its own)."""
+        """The policy that applies to ``name`` (the default when it has none of its own); in a :attr:`strict`
+        set, :class:`AuthenticationError` (401) when it has none."""
         if name is not None and name in self.by_principal:
             return self.by_principal[name]
+        if self.strict:
+            raise AuthenticationError(
+                f"principal {name!r} is not served (none of the service's principals has that name: removed by a "
+                "reload?); its request is refused, never decided under another policy; nothing ran",
+                hint="ask the operator for a token of a current principal (`gateway principals add|rotate`)",
+            )
         return self.default
 
     def __iter__(self) -> Iterator[CompiledPolicy]:

@@ -26,7 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import Caller, ExecutionResult
-from gateway.errors import DecisionWorkerError, GatewayError, MalformedRequestError, OverQuotaError, RequestError
+from gateway.errors import (
+    AuthenticationError,
+    DecisionWorkerError,
+    GatewayError,
+    MalformedRequestError,
+    OverQuotaError,
+    RequestError,
+)
 from gateway.policy import Policy
 from gateway.service.auth import caller_of
 from gateway.service.bodies import JSON_MEDIA_TYPE, read_json_body
@@ -154,7 +161,8 @@ def counted(name: str) -> Callable[[Endpoint], Endpoint]:
 
 def _note_refused(exc: GatewayError, request: Request, caller: Caller, request_id: str) -> None:
     """A request the service refuses before any work (a body it cannot take: 400, 408, 413, 415; over a quota:
-    429; a job its decision worker did not answer: 503), audited as ``request.refused``."""
+    429; a job its decision worker did not answer: 503; a caller a reload removed or revoked while its request
+    waited: 401), audited as ``request.refused``."""
     Service.of(request).refusals.note(
         exc, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=request.url.path
     )
@@ -216,11 +224,19 @@ async def executions(request: Request, caller: Caller, request_id: str) -> Respo
         return Response(
             invalid.content, status_code=invalid.status, headers=invalid.headers, media_type=JSON_MEDIA_TYPE
         )
-    admitted = service.quota_gate.execution(caller.principal, quotas)
+    admitted = service.quota_gate.execution(caller.principal, quotas, token_id=caller.token_id)
     try:
         await admitted.__aenter__()  # a slot of the principal and of the service, or 429
     except OverQuotaError as exc:
         return _over_quota(exc, request, caller, request_id)
+    except AuthenticationError as exc:  # a reload removed or revoked the caller while it waited (refuse_waiting)
+        _note_refused(exc, request, caller, request_id)
+        raise
+    try:  # the caller may have gone while the body was read or the request waited
+        service.refuse_gone(caller, request_id=request_id, path=request.url.path)
+    except AuthenticationError:
+        await admitted.__aexit__(None, None, None)
+        raise
     metrics.running_executions.inc()
     if wants_events(request):
         # The stream runs after this handler returns: it holds the slot until its run has ended.
@@ -251,6 +267,7 @@ async def decisions(request: Request, caller: Caller, request_id: str) -> Respon
     if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
         return over
     body = await _read_body(request, caller, request_id, check_json=False)  # a worker parses it
+    service.refuse_gone(caller, request_id=request_id, path=request.url.path)  # gone while the body was read?
     started = time.perf_counter()
     answer = await _checked(service.decisions.decide(body, caller), request, caller, request_id)
     service.metrics.decision_seconds.labels(str(answer.status)).observe(time.perf_counter() - started)
@@ -343,9 +360,9 @@ async def mcp_admission(request: Request, caller: Caller) -> AsyncIterator[None]
     quotas = service.quotas_of(caller)
     try:
         service.quota_gate.count_request(caller.principal, quotas)
-        async with service.quota_gate.execution(caller.principal, quotas):
+        async with service.quota_gate.execution(caller.principal, quotas, token_id=caller.token_id):
             yield
-    except OverQuotaError as exc:
+    except (OverQuotaError, AuthenticationError) as exc:  # 401: a reload removed or revoked it while it waited
         service.refusals.note(
             exc, principal=caller.principal, token_id=caller.token_id, request_id=new_request_id(), path="/mcp"
         )

@@ -23,7 +23,9 @@ next free slot goes to that other principal; its own backlog is bounded by its o
 never holds more work than ``global bound + sum of queues``, and no principal can starve another.
 
 A waiting request whose client goes away (the task is cancelled) leaves the queue; a granted slot is always
-given back (the ``async with`` block). Everything here runs on the event loop's thread: no locks.
+given back (the ``async with`` block). A reload that removes a principal or revokes a token refuses that
+token's waiting requests at once (:meth:`QuotaGate.refuse_waiting`): they never get a slot. Everything here
+runs on the event loop's thread: no locks.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class _State:
     """One principal's share of the service."""
 
     running: int = 0
-    waiting: deque[tuple[int, asyncio.Future[None]]] = field(default_factory=deque)
-    """(ticket, future) of its executions waiting for a slot, oldest first."""
+    waiting: deque[tuple[int, asyncio.Future[None], str | None]] = field(default_factory=deque)
+    """(ticket, future, token id) of its executions waiting for a slot, oldest first."""
     admitted: deque[float] = field(default_factory=deque)
     """Monotonic times of its requests in the rpm window, oldest first."""
     max_concurrent: int = 1
@@ -124,13 +126,14 @@ class QuotaGate:
         state.admitted.append(now)
 
     @contextlib.asynccontextmanager
-    async def execution(self, principal: str, quotas: Quotas) -> AsyncIterator[None]:
+    async def execution(self, principal: str, quotas: Quotas, *, token_id: str | None = None) -> AsyncIterator[None]:
         """Hold one execution slot of ``principal`` (and of the service) for the block: now if both bounds
-        allow, else after waiting in its queue; :class:`OverQuotaError` (``queue``) when the queue is full."""
+        allow, else after waiting in its queue; :class:`OverQuotaError` (``queue``) when the queue is full, the
+        error of :meth:`refuse_waiting` when its ``token_id`` is refused while it waits."""
         state = self._state(principal)
         state.max_concurrent = quotas.max_concurrent
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (next(self._tickets), granted)
+        entry = (next(self._tickets), granted, token_id)
         state.waiting.append(entry)
         self._dispatch()
         if not granted.done() and len(state.waiting) > quotas.queue:
@@ -146,7 +149,7 @@ class QuotaGate:
             async with asyncio.timeout(self.queue_wait_s):
                 await granted
         except BaseException as exc:
-            if granted.done() and not granted.cancelled():
+            if granted.done() and not granted.cancelled() and granted.exception() is None:
                 self._release(state)  # granted as the waiter was cancelled or timed out: give the slot back
             else:
                 with contextlib.suppress(ValueError):
@@ -165,6 +168,21 @@ class QuotaGate:
         finally:
             self._release(state)
 
+    def refuse_waiting(self, refusal: Callable[[str, str | None], GatewayError | None]) -> int:
+        """Take every waiting execution for which ``refusal(principal, token_id)`` returns an error out of its
+        queue and fail it with that error at once (a reload removed its principal or revoked its token); the
+        number refused."""
+        refused = 0
+        for principal, state in self._states.items():
+            for entry in list(state.waiting):
+                _, granted, token_id = entry
+                error = refusal(principal, token_id)
+                if error is not None and not granted.done():
+                    state.waiting.remove(entry)
+                    granted.set_exception(error)
+                    refused += 1
+        return refused
+
     def _release(self, state: _State) -> None:
         state.running -= 1
         self.running -= 1
@@ -181,7 +199,7 @@ class QuotaGate:
             if not eligible:
                 return
             _, _, state = min(eligible, key=lambda item: (item[0], item[1]))
-            _, granted = state.waiting.popleft()
+            _, granted, _ = state.waiting.popleft()
             if granted.cancelled():
                 continue
             state.running += 1

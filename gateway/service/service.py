@@ -9,6 +9,12 @@ default policy). Any file that fails validation rejects the whole reload: the la
 policies stay active. Both outcomes are audited as ``policy.reloaded`` (``ok`` true with the new default
 policy's name and sha256 and every policy loaded; ``ok`` false with the rejected ``source`` and its
 ``problems``).
+
+A request is decided only for a caller that still exists: the policy set is strict (a principal it does not
+list is refused, never decided under the default), the caller's token is checked again after every wait
+(:meth:`Service.refuse_gone` after the queue, :meth:`Service.execute` before the Gateway decides), and a good
+reload refuses the queued requests of removed principals and revoked tokens at once (401 ``auth.failed``,
+audited as ``request.refused``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import signal
 import tempfile
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +39,7 @@ from gateway.audit.jsonl import read_tail
 from gateway.errors import (
     AuditError,
     AuditUnavailableError,
+    AuthenticationError,
     GatewayError,
     PolicyError,
     PrincipalsError,
@@ -100,6 +108,8 @@ class Service:
         self.draining = False
         """Set at SIGTERM for ``drain_s`` (``gateway serve``): ``GET /readyz`` answers 503 ``service.draining``
         while every request, new ones too, is still served, so that a load balancer stops sending first."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop serving the service (:meth:`running`): where :attr:`quota_gate` lives."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -167,6 +177,7 @@ class Service:
         """The service's part of the application's lifespan: :meth:`start` (in a worker thread), reload on SIGHUP,
         the decision workers; on the way out the decision workers, then :meth:`close`."""
         await anyio.to_thread.run_sync(self.start)
+        self._loop = asyncio.get_running_loop()
         self._reload_on_sighup()
         try:
             await self.decisions.start()
@@ -184,12 +195,40 @@ class Service:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, self.reload))
 
+    def refusal_of(self, principal: str, token_id: str | None) -> AuthenticationError | None:
+        """Why a request of ``principal`` with token ``token_id`` may no longer be decided (its principal was
+        removed or its token revoked since it authenticated), or None when it still may."""
+        holder = self.principals.by_token_id.get(token_id) if token_id is not None else None
+        if holder is not None and holder[0].name == principal:
+            return None
+        return AuthenticationError(
+            f"the token {token_id} of principal {principal!r} was revoked, or the principal removed, while its "
+            "request waited; the request is refused, never decided under another policy; nothing ran",
+            hint="ask the operator for a token of a current principal (`gateway principals add|rotate`)",
+        )
+
+    def refuse_gone(self, caller: Caller, *, request_id: str, path: str | None) -> None:
+        """After a wait: :class:`AuthenticationError` (401, audited as ``request.refused``) when the caller's
+        principal was removed or its token revoked meanwhile (:meth:`refusal_of`)."""
+        error = self.refusal_of(caller.principal, caller.token_id)
+        if error is not None:
+            self.refusals.note(
+                error, principal=caller.principal, token_id=caller.token_id, request_id=request_id, path=path
+            )
+            raise error
+
     def execute(
         self, body: bytes, caller: Caller, *, cancel: threading.Event | None = None, on_output: OnOutput | None = None
     ) -> ExecutionResult:
         """Run in a worker thread, registered in :attr:`inflight` for as long as the thread runs (the request's
         task may be cancelled at shutdown; the run is then cancelled by :meth:`close`, not abandoned). ``cancel``:
-        the caller's own event (its client went away), which shutdown sets too."""
+        the caller's own event (its client went away), which shutdown sets too. A caller removed or revoked
+        while the request waited for this thread is refused (:meth:`refuse_gone`), and nothing is decided."""
+        request_id = uuid.uuid4().hex
+        try:
+            self.refuse_gone(caller, request_id=request_id, path=None)
+        except AuthenticationError as exc:
+            return ExecutionResult(request_id, None, error=exc)
         with self.inflight.run(cancel) as event:
             return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
 
@@ -211,6 +250,8 @@ class Service:
             return False
         self.principals = principals
         gateway.policies = policies
+        if self._loop is not None:  # the quota gate lives on the event loop's thread
+            self._loop.call_soon_threadsafe(self.quota_gate.refuse_waiting, self.refusal_of)
         default = policies.default.policy
         loaded = [{"name": c.policy.name, "sha256": c.policy.sha256, "source": c.policy.source} for c in policies]
         data = {"ok": True, "source": source, "name": default.name, "sha256": default.sha256, "policies": loaded}
@@ -286,8 +327,9 @@ def _check_trail(sink: JsonlAuditTrail) -> None:
 
 
 def policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) -> PolicySet:
-    """``PolicySet.of(default, {name: policy})``, each file loaded once; a policy that does not load is
-    recorded as ``policy.rejected`` and its :class:`PolicyError` raised."""
+    """``PolicySet.of(default, {name: policy}, strict=True)``, each file loaded once (strict: a principal not
+    in the file is refused, never decided under the default); a policy that does not load is recorded as
+    ``policy.rejected`` and its :class:`PolicyError` raised."""
     loaded: dict[Path, Policy] = {}
 
     def load(path: Path) -> Policy:
@@ -302,7 +344,7 @@ def policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) ->
         return loaded[path]
 
     default = load(policy_path_from_env(config.policy))
-    return PolicySet.of(default, {p.name: load(p.policy) for p in principals})
+    return PolicySet.of(default, {p.name: load(p.policy) for p in principals}, strict=True)
 
 
 def _audit_writable(gateway: Gateway) -> tuple[bool, str]:

@@ -1,0 +1,139 @@
+"""A principal removed or revoked by a reload, on a real server, a real engine and a real trail: its requests
+waiting for an execution slot are refused at once (401 ``auth.failed``, audited as ``request.refused``) and
+never decided, least of all under the service's default policy (issue 28, H1).
+
+The principal ``strict`` is under its own policy, holds its one slot with a long run and has two runs queued;
+the reload happens while they wait (``Service.reload``, what SIGHUP calls). No test asserts a duration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from gateway.resources import policies_dir
+from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas
+
+if TYPE_CHECKING:
+    from conftest import Server
+
+pytestmark = pytest.mark.usefixtures("engine")
+
+LONG = {"code": "import time; time.sleep(5); print('long')"}
+QUICK = {"code": "print(2 + 2)"}
+
+
+def _strict_policy(directory: Path) -> Path:
+    """The default policy renamed ``strict`` (a policy of its own, not the service's default)."""
+    text = (policies_dir() / "default.yaml").read_text().replace("name: default", "name: strict", 1)
+    assert "name: strict" in text
+    path = directory / "strict.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def principals(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """``strict`` (its own policy, one run at a time, two may wait) and ``other`` (so that a token remains)."""
+    path = tmp_path / "revocation-principals.yaml"
+    store = PrincipalsStore(path)
+    one_at_a_time = Quotas(**{**DEFAULT_QUOTAS.to_dict(), "max_concurrent": 1, "queue": 2})
+    strict = store.add(
+        "strict", policy=str(_strict_policy(tmp_path)), quotas=one_at_a_time,
+        quotas_set=frozenset({"max_concurrent", "queue"}),
+    )  # fmt: skip
+    other = store.add("other", policy=str(policies_dir() / "default.yaml"))
+    return path, {"strict": strict, "other": other}
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        yield executor
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60  # generous: a hang fails the test instead of blocking the suite
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.02)
+
+
+def _post(server: Server, token: str, body: dict[str, Any]) -> httpx.Response:
+    with server.client(token) as client:
+        return client.post("/v1/executions", json=body)
+
+
+def _two_queued_behind_a_long_run(
+    server: Server, token: str, pool: ThreadPoolExecutor
+) -> tuple[Future[httpx.Response], list[Future[httpx.Response]]]:
+    gate = server.service.quota_gate
+    long = pool.submit(_post, server, token, LONG)
+    _wait_for(lambda: gate.running_of("strict") == 1, "strict's long run holding its slot")
+    queued = [pool.submit(_post, server, token, QUICK) for _ in range(2)]
+    _wait_for(lambda: gate.waiting_of("strict") == 2, "two of strict's runs queued")
+    return long, queued
+
+
+@pytest.mark.parametrize("remove", [True, False], ids=["removed", "revoked"])
+def test_queued_requests_of_a_principal_gone_at_reload_are_refused_never_run(
+    serve: Callable[..., Server],
+    principals: tuple[Path, dict[str, str]],
+    pool: ThreadPoolExecutor,
+    remove: bool,
+) -> None:
+    path, tokens = principals
+    server = serve(principals=path)
+    long, queued = _two_queued_behind_a_long_run(server, tokens["strict"], pool)
+    PrincipalsStore(path).revoke("strict", remove=remove)
+    assert server.service.reload() is True
+    refused = [run.result(timeout=60) for run in queued]
+    assert not long.done()  # refused at the reload, not when the slot came free
+    for response in refused:
+        assert response.status_code == 401, response.text
+        body = response.json()
+        assert body["code"] == "auth.failed"
+        assert "strict" in body["message"]
+        assert "nothing ran" in body["message"]
+    assert long.result(timeout=60).status_code == 200  # the run that had started is not this finding's business
+    decisions = [r for r in server.records("policy.decision") if r["principal"] == "strict"]
+    assert len(decisions) == 1  # the long run's only: the queued ones were never decided, under any policy
+    assert decisions[0]["policy"]["name"] == "strict"
+    assert len(server.records("execution.outcome")) == 1
+    (record,) = [r for r in server.records("request.refused") if r["principal"] == "strict"]
+    assert record["data"]["code"] == "auth.failed"
+    assert record["data"]["caller"]["principal"] == "strict"
+    server.stop()
+    counted = [r["data"]["count"] for r in server.records("request.refused") if r["principal"] == "strict"]
+    assert sum(counted) == 2  # the second refusal in the summary written at stop
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/executions", "/v1/decisions"])
+def test_a_request_of_a_principal_gone_while_its_body_was_read_is_refused(
+    serve: Callable[..., Server], principals: tuple[Path, dict[str, str]], endpoint: str
+) -> None:
+    """Removed between authentication and the decision (no queue involved): refused, not defaulted. The
+    request is held at its body: the reload happens while the service still reads it."""
+    file, tokens = principals
+    server = serve(principals=file)
+    store = PrincipalsStore(file)
+
+    def body() -> Iterator[bytes]:
+        yield b'{"code": '
+        store.revoke("strict", remove=True)
+        assert server.service.reload() is True
+        yield b'"print(1)"}'
+
+    with server.client(tokens["strict"]) as client:
+        response = client.post(endpoint, content=body(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 401, response.text
+    assert response.json()["code"] == "auth.failed"
+    assert [r for r in server.records("policy.decision") if r["principal"] == "strict"] == []
+    (record,) = server.records("request.refused")
+    assert (record["principal"], record["data"]["code"], record["data"]["path"]) == ("strict", "auth.failed", endpoint)
