@@ -32,6 +32,7 @@ __all__ = [
     "EngineUnavailableError",
     "ForbiddenError",
     "GatewayError",
+    "HeadTooLargeError",
     "ImageMissingError",
     "InterruptedRunError",
     "MalformedRequestError",
@@ -228,6 +229,14 @@ class BodyTooLargeError(RequestError):
 
     code = "request.too_large"
     hint = "send a smaller request (the limit is the server's max_body_bytes)"
+
+
+class HeadTooLargeError(RequestError):
+    """A request's head (request line and headers) grew past the service's ``max_header_bytes`` before it was
+    complete (HTTP 431): answered and closed before the service held more of it."""
+
+    code = "request.header_too_large"
+    hint = "send shorter headers and URL (the limit is the server's max_header_bytes)"
 
 
 class BodyTimeoutError(RequestError):
@@ -470,6 +479,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (MalformedRequestError, EXIT_USAGE, 400),
     (BodyTooLargeError, EXIT_USAGE, 413),
     (BodyTimeoutError, EXIT_USAGE, 408),
+    (HeadTooLargeError, EXIT_USAGE, 431),
     (UnsupportedMediaTypeError, EXIT_USAGE, 415),
     (PrincipalMismatchError, EXIT_USAGE, 403),
     (RequestError, EXIT_USAGE, 422),

@@ -297,7 +297,10 @@ def _serve(args: argparse.Namespace) -> int:
                 host=config.host,
                 port=port,
                 http=http_protocol(
-                    config.header_read_s, max_connections=config.max_connections, on_refused=service.connection_refused
+                    config.header_read_s,
+                    max_connections=config.max_connections,
+                    max_header_bytes=config.max_header_bytes,
+                    on_refused=service.connection_refused,
                 ),
                 lifespan="on",
                 proxy_headers=False,

@@ -28,6 +28,7 @@ from gateway.yamlstrict import read_capped
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_HEADER_BYTES",
     "DEFAULT_PORT",
     "MAX_CONFIG_BYTES",
     "KubernetesSettings",
@@ -39,6 +40,8 @@ __all__ = [
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+"""The default bound on a request's head: far above any real client's, far below what hurts the service."""
 MAX_CONFIG_BYTES = 1024 * 1024
 """A configuration file larger than this is refused before parsing."""
 
@@ -73,6 +76,9 @@ class ServerConfig:
     audit_dir: Path | None = None
     """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    """The most bytes of a request's head (request line and headers); past it, 431 ``request.header_too_large``
+    and the connection is closed (:mod:`gateway.service.deadlines`)."""
     header_read_s: float = 10.0
     """The longest a connection may take to send a request's line and headers (from its opening, or from the
     previous response); then it is closed (:mod:`gateway.service.deadlines`)."""
@@ -171,6 +177,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         policy=path("policy"),
         audit_dir=path("audit_dir"),
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        max_header_bytes=data.get("max_header_bytes", DEFAULT_MAX_HEADER_BYTES),
         max_connections=data.get("max_connections"),
         quotas=Quotas(
             max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),

@@ -18,6 +18,11 @@ connections faster than the head deadline closes them could use up the file desc
 the engine connections and the workers need. A connection beyond the bound is answered 503
 ``service.too_many_connections`` with ``Retry-After`` and closed before anything of it is read, and reported to
 ``on_refused`` (the service audits it, summarised: :class:`gateway.service.quotas.Refusals`).
+
+It also bounds each request's head (``max_header_bytes``): neither uvicorn nor httptools has such a bound, and
+httptools keeps a header however long it grows (a 64 MB header was read and held). The bytes received while a
+head is incomplete are counted; a head that passes the bound is answered 431 ``request.header_too_large`` and
+closed, without the parser seeing more than the bound, and reported to ``on_refused`` like a refused connection.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from gateway.errors import ServerConfigError, TooManyConnectionsError
+from gateway.errors import GatewayError, HeadTooLargeError, ServerConfigError, TooManyConnectionsError
+from gateway.service.config import DEFAULT_MAX_HEADER_BYTES
 from gateway.service.replies import gateway_error_reply, render_json
 
-__all__ = ["default_max_connections", "http_protocol", "too_many_connections_response"]
+__all__ = ["default_max_connections", "http_protocol", "refusal_response"]
 
 _log = logging.getLogger("gateway.service")
 
@@ -50,13 +56,15 @@ def default_max_connections() -> int:
     return max(64, min(4096, soft // 4))
 
 
-def too_many_connections_response(error: TooManyConnectionsError, request_id: str) -> bytes:
-    """The whole HTTP/1.1 answer to a connection beyond the bound: ``error``'s body, ``Retry-After``, closed."""
+def refusal_response(error: GatewayError, request_id: str) -> bytes:
+    """The whole HTTP/1.1 answer to a connection refused before its request was read: ``error``'s body, closed
+    (and ``Retry-After`` for a connection beyond the bound, which may come back shortly)."""
     reply = gateway_error_reply(error, request_id)
     body = render_json(reply.body)
+    retry = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(error, TooManyConnectionsError) else {}
     headers = {
-        "Content-Type": "application/json", "Content-Length": str(len(body)), **reply.header_map(),
-        "Retry-After": str(RETRY_AFTER_S), "Connection": "close",
+        "Content-Type": "application/json", "Content-Length": str(len(body)), **reply.header_map(), **retry,
+        "Connection": "close",
     }  # fmt: skip
     head = f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n"
     head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
@@ -67,11 +75,13 @@ def http_protocol(
     header_read_s: float,
     *,
     max_connections: int | None = None,
-    on_refused: Callable[[TooManyConnectionsError, str], None] | None = None,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    on_refused: Callable[[GatewayError, str], None] | None = None,
 ) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol (``uvicorn.Config(http=...)``) with a ``header_read_s`` deadline per request head
-    and at most ``max_connections`` connections (default :func:`default_max_connections`); a refused one is
-    passed to ``on_refused`` with its request id."""
+    """uvicorn's HTTP protocol (``uvicorn.Config(http=...)``) with a ``header_read_s`` deadline per request head,
+    heads of at most ``max_header_bytes`` and at most ``max_connections`` connections (default
+    :func:`default_max_connections`); a refused connection's error is passed to ``on_refused`` with its request
+    id."""
     bound = default_max_connections() if max_connections is None else max_connections
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415 - only when serving
@@ -84,32 +94,55 @@ def http_protocol(
     class HeadDeadlineProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
         _refused = False
+        _head_bytes: int | None = 0
+        """Bytes received of the current request's head; None once it is complete (its body is not counted)."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)  # counts this connection in self.connections (all of the server's)
             if len(self.connections) > bound:
-                self._refuse()
+                self._refuse(
+                    TooManyConnectionsError(
+                        f"the service holds its limit of {bound} open connections; retry in {RETRY_AFTER_S} s"
+                    )
+                )
                 return
             self._arm_head_deadline()
 
         def data_received(self, data: bytes) -> None:
-            if not self._refused:  # a refused connection's request is never read
+            if self._refused:  # a refused connection's request is never read
+                return
+            if self._head_bytes is None:
                 super().data_received(data)
+                return
+            room = max_header_bytes - self._head_bytes
+            if len(data) <= room:
+                self._head_bytes += len(data)
+                super().data_received(data)
+                return
+            self._head_bytes = max_header_bytes
+            super().data_received(data[:room])  # the parser sees at most the bound of a head
+            if self._head_bytes != max_header_bytes:  # the head ended within the bound: go on with the rest
+                self.data_received(data[room:])
+            elif not self.transport.is_closing():
+                self._refuse(HeadTooLargeError(f"the request head is longer than {max_header_bytes} bytes"))
 
-        def _refuse(self) -> None:
+        def _refuse(self, error: GatewayError) -> None:
             self._refused = True
+            self._disarm_head_deadline()
             request_id = uuid.uuid4().hex
-            error = TooManyConnectionsError(
-                f"the service holds its limit of {bound} open connections; retry in {RETRY_AFTER_S} s"
-            )
-            self.transport.write(too_many_connections_response(error, request_id))
+            self.transport.write(refusal_response(error, request_id))
             self.transport.close()
             if on_refused is not None:
                 on_refused(error, request_id)
 
         def on_headers_complete(self) -> None:
+            self._head_bytes = None
             self._disarm_head_deadline()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._head_bytes = 0  # what follows is the next request's head
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -39,7 +39,10 @@ def start(
             host="127.0.0.1",
             port=0,
             http=http_protocol(
-                config.header_read_s, max_connections=config.max_connections, on_refused=service.connection_refused
+                config.header_read_s,
+                max_connections=config.max_connections,
+                max_header_bytes=config.max_header_bytes,
+                on_refused=service.connection_refused,
             ),  # as `gateway serve` runs it
             lifespan="on",
             log_level="warning",
