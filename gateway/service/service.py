@@ -45,6 +45,7 @@ from gateway.errors import (
     PrincipalsError,
     PrincipalsNotFoundError,
     ServerConfigError,
+    TooManyConnectionsError,
     http_status_for,
 )
 from gateway.policy import Policy, load_policy
@@ -233,13 +234,12 @@ class Service:
 
     def reload(self) -> bool:
         """SIGHUP: reload the principals and policies (see the module); True when the new ones are active. The
-        decision workers get the new policies."""
+        decision workers get the new policies. A file where no token is left is applied too (unlike at start):
+        revoking every token is an incident response, and everyone then gets 401."""
         gateway = self.gateway
         source = str(self.config.principals or principals_path_from_env())
         try:
-            principals = load_principals(source)
-            if not any(p.tokens for p in principals):
-                raise PrincipalsError(f"no principal in {source} holds a token: the reload would lock everybody out")  # noqa: TRY301
+            principals = load_principals(source)  # with no token left, everyone gets 401: a revocation applies
             policies = policy_set(self.config, principals, gateway.audit)
         except (PolicyError, PrincipalsError, GatewayError) as exc:
             rejected = getattr(exc, "source", None) or source
@@ -282,9 +282,8 @@ class Service:
         checks["audit"] = _audit_writable(gateway)
         return checks
 
-    def connection_refused(self, error: GatewayError, request_id: str) -> None:
-        """A connection over ``max_connections`` (503) or with a head over ``max_header_bytes`` (431) was
-        answered and closed (:mod:`gateway.service.deadlines`):
+    def connection_refused(self, error: TooManyConnectionsError, request_id: str) -> None:
+        """A connection over ``max_connections`` was answered 503 and closed (:mod:`gateway.service.deadlines`):
         counted in ``/metrics`` (endpoint ``connection``) and audited, summarised (``request.refused``)."""
         self.metrics.request("connection", http_status_for(error))
         self.refusals.note(error, principal=None, token_id=None, request_id=request_id, path=None)

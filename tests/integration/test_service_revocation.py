@@ -137,3 +137,20 @@ def test_a_request_of_a_principal_gone_while_its_body_was_read_is_refused(
     assert [r for r in server.records("policy.decision") if r["principal"] == "strict"] == []
     (record,) = server.records("request.refused")
     assert (record["principal"], record["data"]["code"], record["data"]["path"]) == ("strict", "auth.failed", endpoint)
+
+
+def test_a_reload_that_revokes_every_token_applies(
+    serve: Callable[..., Server], principals: tuple[Path, dict[str, str]]
+) -> None:
+    """Issue 28, M1: revoking every token is an incident response, not a mistake to refuse: everyone gets 401."""
+    file, tokens = principals
+    server = serve(principals=file)
+    store = PrincipalsStore(file)
+    store.revoke("strict")
+    store.revoke("other")
+    assert server.service.reload() is True
+    for token in tokens.values():
+        with server.client(token) as client:
+            assert client.get("/v1/policy").status_code == 401
+    (reloaded,) = server.records("policy.reloaded")
+    assert reloaded["data"]["ok"] is True
