@@ -45,7 +45,6 @@ from gateway.errors import (
     PrincipalsError,
     PrincipalsNotFoundError,
     ServerConfigError,
-    TooManyConnectionsError,
     http_status_for,
 )
 from gateway.policy import Policy, load_policy
@@ -282,8 +281,9 @@ class Service:
         checks["audit"] = _audit_writable(gateway)
         return checks
 
-    def connection_refused(self, error: TooManyConnectionsError, request_id: str) -> None:
-        """A connection over ``max_connections`` was answered 503 and closed (:mod:`gateway.service.deadlines`):
+    def connection_refused(self, error: GatewayError, request_id: str) -> None:
+        """A connection over ``max_connections`` (503) or with a head over ``max_header_bytes`` (431) was
+        answered and closed (:mod:`gateway.service.deadlines`):
         counted in ``/metrics`` (endpoint ``connection``) and audited, summarised (``request.refused``)."""
         self.metrics.request("connection", http_status_for(error))
         self.refusals.note(error, principal=None, token_id=None, request_id=request_id, path=None)
