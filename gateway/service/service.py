@@ -47,7 +47,7 @@ from gateway.errors import (
     ServerConfigError,
     http_status_for,
 )
-from gateway.policy import Policy, load_policy
+from gateway.policy import CompiledPolicy, Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
 from gateway.runner.interface import OnOutput
@@ -58,6 +58,7 @@ from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
 from gateway.service.metrics import ServiceMetrics
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
 from gateway.service.quotas import QuotaGate, Refusals, default_global_bound
+from gateway.service.readiness import EngineState, ask_engine
 
 if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
@@ -104,6 +105,8 @@ class Service:
         workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
         self.decisions = DecisionWorkers(gateway, runner, workers)
         """Where dry runs are decided (:mod:`gateway.service.decisions`)."""
+        self.engine_state = EngineState(lambda images: ask_engine(self.gateway.runner, images))
+        """The engine's part of :meth:`readiness`, asked at most once a second."""
         self.draining = False
         """Set at SIGTERM for ``drain_s`` (``gateway serve``): ``GET /readyz`` answers 503 ``service.draining``
         while every request, new ones too, is still served, so that a load balancer stops sending first."""
@@ -136,7 +139,7 @@ class Service:
         sink = JsonlAuditTrail.from_env(config.audit_dir, group_commit=True)
         try:
             _check_trail(sink)
-            policies = policy_set(config, principals, sink)
+            policies, _ = policy_set(config, principals, sink)
             backend = runner()
         except BaseException:
             sink.close()
@@ -239,7 +242,7 @@ class Service:
         source = str(self.config.principals or principals_path_from_env())
         try:
             principals = load_principals(source)  # with no token left, everyone gets 401: a revocation applies
-            policies = policy_set(self.config, principals, gateway.audit)
+            policies, kept = policy_set(self.config, principals, gateway.audit, last_good=gateway.policies)
         except (PolicyError, PrincipalsError, GatewayError) as exc:
             rejected = getattr(exc, "source", None) or source
             problems = [str(p) for p in exc.problems] or [exc.message]
@@ -253,6 +256,9 @@ class Service:
         default = policies.default.policy
         loaded = [{"name": c.policy.name, "sha256": c.policy.sha256, "source": c.policy.source} for c in policies]
         data = {"ok": True, "source": source, "name": default.name, "sha256": default.sha256, "policies": loaded}
+        if kept:  # the token changes apply; a file that failed (policy.rejected) leaves its last good policy
+            data["kept"] = kept
+            _log.warning("reload: %d policy file(s) failed; their last good policies stay active", len(kept))
         policy = {"name": default.name, "sha256": default.sha256}
         self._audit_reload({**data, "principals": len(principals)}, policy=policy)
         _log.info("reloaded %d principal(s) and %d policy(ies) from %s", len(principals), len(loaded), source)
@@ -267,18 +273,11 @@ class Service:
 
     def readiness(self) -> dict[str, tuple[bool, str]]:
         """``GET /readyz``: each check's outcome and, when it failed, why (for the log): the engine answers,
-        every policy's default image is present, the trail is writable. Blocking: call it in a worker thread."""
-        checks: dict[str, tuple[bool, str]] = {}
-        gateway = self.gateway
-        images = sorted({compiled.policy.images.default for compiled in gateway.policies})
-        try:
-            missing = [image for image in images if gateway.runner.image_id(image) is None]
-            checks["engine"] = (True, "")
-            checks["image"] = (not missing, f"missing: {', '.join(missing)}" if missing else "")
-        except Exception as exc:  # noqa: BLE001 - any failure to ask the engine means it is not reachable
-            checks["engine"] = (False, f"{type(exc).__name__}: {exc}")
-            checks["image"] = (False, "the engine did not answer")
-        checks["audit"] = _audit_writable(gateway)
+        every policy's default image is present (both :class:`~gateway.service.readiness.EngineState`), the trail is
+        writable. Blocking: call it in a worker thread."""
+        images = sorted({compiled.policy.images.default for compiled in self.gateway.policies})
+        checks = self.engine_state(images)  # remembered for a second: /readyz is open to anyone
+        checks["audit"] = _audit_writable(self.gateway)
         return checks
 
     def connection_refused(self, error: GatewayError, request_id: str) -> None:
@@ -325,25 +324,51 @@ def _check_trail(sink: JsonlAuditTrail) -> None:
         ) from exc
 
 
-def policy_set(config: ServerConfig, principals: Principals, sink: AuditSink) -> PolicySet:
+def policy_set(
+    config: ServerConfig, principals: Principals, sink: AuditSink, *, last_good: PolicySet | None = None
+) -> tuple[PolicySet, list[dict[str, str]]]:
     """``PolicySet.of(default, {name: policy}, strict=True)``, each file loaded once (strict: a principal not
     in the file is refused, never decided under the default); a policy that does not load is recorded as
-    ``policy.rejected`` and its :class:`PolicyError` raised."""
+    ``policy.rejected`` and its :class:`PolicyError` raised. With ``last_good`` (a reload), it leaves the policy
+    it replaces in place instead (a principal that had none is left out: refused), so that token changes apply
+    whatever the policy files hold; each such case is listed (``principal``, ``source``) beside the set."""
     loaded: dict[Path, Policy] = {}
+    failed: dict[Path, PolicyError] = {}
+    kept: list[dict[str, str]] = []
 
     def load(path: Path) -> Policy:
+        if path in failed:
+            raise failed[path]
         if path not in loaded:
             try:
                 loaded[path] = load_policy(path)
             except PolicyError as exc:
+                failed[path] = exc
                 problems = [str(p) for p in exc.problems] or [exc.message]
                 with contextlib.suppress(GatewayError):
                     sink.append("policy.rejected", {"source": str(path), "problems": problems})
                 raise
         return loaded[path]
 
-    default = load(policy_path_from_env(config.policy))
-    return PolicySet.of(default, {p.name: load(p.policy) for p in principals}, strict=True)
+    def load_or_keep(path: Path, who: str, previous: CompiledPolicy | None) -> Policy | None:
+        try:
+            return load(path)
+        except PolicyError:
+            if last_good is None:
+                raise
+            kept.append({"principal": who, "source": str(path)})
+            return previous.policy if previous is not None else None
+
+    default_path = policy_path_from_env(config.policy)
+    default = load_or_keep(default_path, "", last_good.default if last_good is not None else None)
+    assert default is not None  # noqa: S101 - a reload always has the last good default to keep
+    by_name: dict[str, Policy] = {}
+    for principal in principals:
+        previous = last_good.by_principal.get(principal.name) if last_good is not None else None
+        policy = load_or_keep(principal.policy, principal.name, previous)
+        if policy is not None:
+            by_name[principal.name] = policy
+    return PolicySet.of(default, by_name, strict=True), kept
 
 
 def _audit_writable(gateway: Gateway) -> tuple[bool, str]:

@@ -1,0 +1,64 @@
+"""What ``GET /readyz`` asks the engine (is it reachable, are the policies' images present), remembered for a
+second: the endpoint is unauthenticated, so without this every call from anyone is a round trip to the engine.
+
+The trail's check is not remembered: it is local and cheap, and a full disk must show at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+__all__ = ["Check", "EngineState", "ImageLookup", "ask_engine"]
+
+Check = tuple[bool, str]
+"""A check's outcome and, when it failed, why (for the log)."""
+
+
+class ImageLookup(Protocol):
+    """What readiness needs of a runner (:class:`gateway.runner.Runner` has it)."""
+
+    def image_id(self, image: str) -> str | None: ...
+
+
+def ask_engine(runner: ImageLookup, images: Sequence[str]) -> dict[str, Check]:
+    """``engine``: the engine answers; ``image``: every one of ``images`` is present."""
+    try:
+        missing = [image for image in images if runner.image_id(image) is None]
+    except Exception as exc:  # noqa: BLE001 - any failure to ask the engine means it is not reachable
+        return {"engine": (False, f"{type(exc).__name__}: {exc}"), "image": (False, "the engine did not answer")}
+    return {"engine": (True, ""), "image": (not missing, f"missing: {', '.join(missing)}" if missing else "")}
+
+
+class EngineState:
+    """:func:`ask_engine`'s answer for a set of images, asked again only after ``ttl_s`` (by ``clock``) or for
+    other images (a reload changed the policies). Callers at the same time wait for one question to the engine."""
+
+    def __init__(
+        self,
+        ask: Callable[[Sequence[str]], dict[str, Check]],
+        *,
+        ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ask = ask
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: tuple[float, tuple[str, ...], dict[str, Check]] | None = None
+        """When it was asked, for which images, and the answer."""
+
+    def __call__(self, images: Sequence[str]) -> dict[str, Check]:
+        """The engine's checks for ``images``, at most ``ttl_s`` old."""
+        wanted = tuple(images)
+        with self._lock:
+            now = self._clock()
+            if self._last is not None:
+                asked_at, asked_for, answer = self._last
+                if asked_for == wanted and now - asked_at < self._ttl_s:
+                    return dict(answer)
+            answer = self._ask(wanted)
+            self._last = (now, wanted, answer)
+            return dict(answer)
