@@ -52,6 +52,7 @@ __all__ = [
     "SandboxError",
     "ServerConfigError",
     "ServiceError",
+    "ServiceStoppingError",
     "ServiceUnreachableError",
     "TooManyConnectionsError",
     "UnknownPrincipalError",
@@ -319,6 +320,14 @@ class TooManyConnectionsError(ServiceError):
     hint = "retry shortly; close idle connections, or raise max_connections in the server config"
 
 
+class ServiceStoppingError(ServiceError):
+    """The service stopped while the request was in flight and its grace (``grace_s``) was over: the request
+    was cancelled (a run of it killed and removed) and answered 503."""
+
+    code = "service.stopping"
+    hint = "retry against a running instance; a long run needs a longer grace_s on the server"
+
+
 class OverQuotaError(ServiceError):
     """The principal is over one of its quotas (requests per minute, or its queue of waiting executions is
     full): nothing ran; HTTP 429 with ``Retry-After`` (:attr:`retry_after_s`, whole seconds)."""
@@ -496,6 +505,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
     (DecisionWorkerError, EXIT_GATEWAY_FAILURE, 503),
     (TooManyConnectionsError, EXIT_GATEWAY_FAILURE, 503),
+    (ServiceStoppingError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),

@@ -19,26 +19,43 @@ bound before the Gateway sees it, waiting in the principal's bounded queue if it
 answering while sandboxes run; the policy's deadline bounds every run whatever the client does. Every error body
 is ``{"code", "message", "request_id"}`` (+ ``violations`` / ``errors``), statuses from
 :func:`gateway.errors.http_status_for`; an unexpected exception is logged with its traceback and answered with a
-plain 500 body, never the traceback.
+plain 500 body, never the traceback. A client that leaves before its body has arrived is no failure of the
+service: counted (status 499, nginx's "client closed request") and logged in one line. A request still in flight
+when a stop's grace is over is cancelled by uvicorn and answered 503 ``service.stopping`` (uvicorn itself would
+answer a bare text 500). A path with a trailing slash is a 404: Starlette's redirect would build its Location
+from the client's ``Host`` header.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import uuid
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.errors import ServiceStoppingError
 from gateway.service import endpoints
 from gateway.service.auth import BearerTokens
 from gateway.service.mcp_http import McpEndpoint
+from gateway.service.replies import gateway_error_reply, render_json
 from gateway.service.service import Service
 
-__all__ = ["build_app"]
+__all__ = ["CLIENT_CLOSED_REQUEST", "build_app"]
+
+_log = logging.getLogger("gateway.service")
+
+CLIENT_CLOSED_REQUEST = 499
+"""The status a client that left before its request was read is counted with (nginx's convention)."""
 
 
 def build_app(service: Service) -> Starlette:
@@ -71,8 +88,51 @@ def build_app(service: Service) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(_AnswerWhenCancelled)],
         lifespan=lifespan,
-        exception_handlers={HTTPException: endpoints.http_error, Exception: endpoints.unexpected},
-    )
+        exception_handlers={
+            HTTPException: endpoints.http_error, ClientDisconnect: _client_gone, Exception: endpoints.unexpected,
+        },
+    )  # fmt: skip
+    app.router.redirect_slashes = False  # its redirect's Location would be built from the client's Host header
     app.state.service = service
     return app
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left while its body was read: counted, logged in one line, answered to no one."""
+    _log.info("%s %s: the client left before its body had arrived", request.method, request.url.path)
+    Service.of(request).metrics.request("other", CLIENT_CLOSED_REQUEST)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+class _AnswerWhenCancelled:
+    """Answers 503 ``service.stopping`` for a request uvicorn cancels at the end of a stop's grace, before its
+    answer began; the cancellation ends there (the request's task ends with it), so uvicorn neither logs a
+    traceback nor answers its bare text 500."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            error = ServiceStoppingError("the service stopped and its grace for requests in flight was over")
+            reply = gateway_error_reply(error, uuid.uuid4().hex)
+            response = Response(
+                render_json(reply.body), reply.status, headers=reply.header_map(), media_type="application/json"
+            )
+            await response(scope, receive, send)

@@ -1,19 +1,28 @@
-"""Request heads against a real ``gateway serve`` application on a loopback port: a head larger than
-``max_header_bytes`` is answered 431 with the gateway's error body and closed before the service holds it.
+"""The edges of HTTP handling against a real ``gateway serve`` application on a loopback port: a head larger
+than ``max_header_bytes`` is answered 431 with the gateway's error body and closed before the service holds it;
+a client leaving mid-body is a quiet, counted disconnect; a stop past its grace answers the error body; a
+trailing slash is not redirected to a Location taken from the client's Host header.
 
-The server runs in this process (``tests/integration/servers.py``), so its resident memory is this process's.
+The server runs in this process (``tests/integration/servers.py``), so its resident memory is this process's
+and its log records reach ``caplog``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
+
+from gateway.service.config import ServerConfig
+from tests.integration.servers import one_principal, start
 
 if TYPE_CHECKING:
     from conftest import Server  # the `serve` fixture lives in tests/integration/conftest.py
@@ -128,3 +137,70 @@ def test_a_body_arriving_with_its_head_is_not_counted_as_head(serve: Callable[..
             assert chunk, answers
             answers += chunk
     assert answers.count(b"HTTP/1.1 200 OK") == 2, answers[:300]
+
+
+def _metrics(server: Server) -> str:
+    return server.service.metrics.render().decode()
+
+
+def test_a_client_leaving_mid_body_is_a_quiet_counted_disconnect(
+    serve: Callable[..., Server], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that announces a body and leaves halfway is not a server failure: no traceback and no 500 in
+    the log, counted as a client disconnect (499, nginx's "client closed request"), and the service goes on."""
+    server = serve()
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /v1/decisions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {server.tokens['alice']}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + b'{"code": "print(1)", "language": ')
+            time.sleep(0.2)  # the server is reading the body when the client leaves
+        deadline = time.monotonic() + 10
+        while 'status="499"' not in _metrics(server):
+            assert time.monotonic() < deadline, f"the disconnect was not counted: {caplog.text[-2000:]}"
+            time.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []
+    assert 'status="500"' not in _metrics(server)
+    with server.client(server.tokens["alice"]) as client:
+        assert client.get("/v1/policy").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/policy/", "/healthz/"])
+def test_a_trailing_slash_is_not_redirected_to_the_clients_host(server: Server, path: str) -> None:
+    """A path with a trailing slash is the 404 error body, never a redirect whose Location the client's Host
+    header chose (Starlette's redirect_slashes copies it: an open redirect through any cache or proxy)."""
+    with server.client(server.tokens["alice"]) as client:
+        response = client.get(path, headers={"Host": "evil.example"}, follow_redirects=False)
+    assert "location" not in response.headers, response.headers
+    assert response.status_code == 404
+    assert response.json()["code"] == "http.not_found"
+
+
+def test_a_stop_past_its_grace_answers_the_error_body(tmp_path: Path) -> None:
+    """An execution still running when a stop's grace is over is answered 503 service.stopping with the
+    gateway's error body (uvicorn alone answers a bare text 500 for the request it cancels)."""
+    principals, token = one_principal(tmp_path)
+    config = ServerConfig(principals=principals, audit_dir=tmp_path / "audit", grace_s=1.0)
+    port, _service, stop = start(config, timeout_graceful_shutdown=1)
+    answers: list[httpx.Response] = []
+    code = "import time\nprint('started', flush=True)\ntime.sleep(20)"
+
+    def run() -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+            body = {"code": code, "limits": {"timeout_s": 30}}
+            answers.append(client.post(f"http://127.0.0.1:{port}/v1/executions", json=body))
+
+    client = threading.Thread(target=run)
+    client.start()
+    time.sleep(3)  # the execution is running (its sandbox sleeps 20 s)
+    stop()
+    client.join(timeout=60)
+    (answer,) = answers
+    assert answer.status_code == 503, answer.text
+    body = answer.json()
+    assert body["code"] == "service.stopping"
+    assert body["message"]
+    assert answer.headers["x-request-id"] == body["request_id"]
