@@ -5,10 +5,11 @@ needs around it (quotas, decision workers, metrics, bounded refusal records, anc
 read back by :meth:`Service.of`).
 
 Reload (SIGHUP, :meth:`Service.reload`) re-reads the principals file and every policy it names (plus the
-default policy). Any file that fails validation rejects the whole reload: the last good principals and
-policies stay active. Both outcomes are audited as ``policy.reloaded`` (``ok`` true with the new default
-policy's name and sha256 and every policy loaded; ``ok`` false with the rejected ``source`` and its
-``problems``).
+default policy). A principals file that fails validation rejects the whole reload: the last good principals
+and policies stay active. A policy file that fails (``policy.rejected``) does not hold back the principals'
+token changes: the policy it would replace stays active (a new principal without one is refused). Both
+outcomes are audited as ``policy.reloaded`` (``ok`` true with the new default policy's name and sha256, every
+policy loaded and the ``kept`` ones; ``ok`` false with the rejected ``source`` and its ``problems``).
 
 A request is decided only for a caller that still exists: the policy set is strict (a principal it does not
 list is refused, never decided under the default), the caller's token is checked again after every wait
@@ -331,7 +332,8 @@ def policy_set(
     in the file is refused, never decided under the default); a policy that does not load is recorded as
     ``policy.rejected`` and its :class:`PolicyError` raised. With ``last_good`` (a reload), it leaves the policy
     it replaces in place instead (a principal that had none is left out: refused), so that token changes apply
-    whatever the policy files hold; each such case is listed (``principal``, ``source``) beside the set."""
+    whatever the policy files hold; each such case is listed (``principal``, none for the default, and
+    ``source``) beside the set."""
     loaded: dict[Path, Policy] = {}
     failed: dict[Path, PolicyError] = {}
     kept: list[dict[str, str]] = []
@@ -350,17 +352,17 @@ def policy_set(
                 raise
         return loaded[path]
 
-    def load_or_keep(path: Path, who: str, previous: CompiledPolicy | None) -> Policy | None:
+    def load_or_keep(path: Path, who: str | None, previous: CompiledPolicy | None) -> Policy | None:
         try:
             return load(path)
         except PolicyError:
             if last_good is None:
                 raise
-            kept.append({"principal": who, "source": str(path)})
+            kept.append({"principal": who, "source": str(path)} if who else {"source": str(path)})
             return previous.policy if previous is not None else None
 
     default_path = policy_path_from_env(config.policy)
-    default = load_or_keep(default_path, "", last_good.default if last_good is not None else None)
+    default = load_or_keep(default_path, None, last_good.default if last_good is not None else None)
     assert default is not None  # noqa: S101 - a reload always has the last good default to keep
     by_name: dict[str, Policy] = {}
     for principal in principals:

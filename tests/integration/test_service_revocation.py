@@ -154,3 +154,26 @@ def test_a_reload_that_revokes_every_token_applies(
             assert client.get("/v1/policy").status_code == 401
     (reloaded,) = server.records("policy.reloaded")
     assert reloaded["data"]["ok"] is True
+
+
+def test_a_revocation_applies_even_when_another_policy_file_fails(
+    serve: Callable[..., Server], principals: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """Issue 28, M1: a typo in strict's policy file does not keep other's revoked token working; strict keeps
+    its last good policy (never the default)."""
+    file, tokens = principals
+    server = serve(principals=file)
+    PrincipalsStore(file).revoke("other")
+    (tmp_path / "strict.yaml").write_text("apiVersion: nonsense\n")
+    assert server.service.reload() is True
+    with server.client(tokens["other"]) as client:
+        assert client.get("/v1/policy").status_code == 401
+    with server.client(tokens["strict"]) as client:
+        answer = client.get("/v1/policy")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["policy"]["name"] == "strict"  # its last good policy
+    (reloaded,) = server.records("policy.reloaded")
+    assert reloaded["data"]["ok"] is True
+    assert reloaded["data"]["kept"] == [{"principal": "strict", "source": str(tmp_path / "strict.yaml")}]
+    (rejected,) = server.records("policy.rejected")
+    assert rejected["data"]["source"] == str(tmp_path / "strict.yaml")
