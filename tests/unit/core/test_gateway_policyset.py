@@ -9,27 +9,16 @@ import pytest
 from gateway import Gateway, PolicySet, RuleResult
 from gateway.audit import MemoryAuditSink
 from gateway.errors import EXIT_DENIED, PolicyError
-from gateway.policy import Policy, load_policy
+from gateway.policy import Policy
 from gateway.request import ExecutionRequest
-from gateway.resources import policies_dir
 from gateway.testing import FakeRunner
 
 
-@pytest.fixture
-def default() -> Policy:
-    return load_policy(policies_dir() / "default.yaml")
-
-
-@pytest.fixture
-def strict() -> Policy:
-    return load_policy(policies_dir() / "strict.yaml")
-
-
-def test_each_principal_is_decided_under_its_own_policy(default: Policy, strict: Policy) -> None:
-    policies = PolicySet.of(default, {"untrusted-agent": strict})
-    assert policies.for_principal("untrusted-agent").policy is strict
-    assert policies.for_principal("someone-else").policy is default
-    assert policies.for_principal(None).policy is default
+def test_each_principal_is_decided_under_its_own_policy(default_policy: Policy, strict_policy: Policy) -> None:
+    policies = PolicySet.of(default_policy, {"untrusted-agent": strict_policy})
+    assert policies.for_principal("untrusted-agent").policy is strict_policy
+    assert policies.for_principal("someone-else").policy is default_policy
+    assert policies.for_principal(None).policy is default_policy
     sink = MemoryAuditSink()
     with Gateway(policies, runner=FakeRunner(), audit=sink) as gw:
         mine = gw.decide({"code": "print(1)", "principal": "untrusted-agent"})
@@ -45,12 +34,12 @@ def test_each_principal_is_decided_under_its_own_policy(default: Policy, strict:
     assert stamped == {"untrusted-agent": "strict", "someone-else": "default"}
 
 
-def test_a_policy_set_refuses_an_empty_principal_name(default: Policy) -> None:
+def test_a_policy_set_refuses_an_empty_principal_name(default_policy: Policy) -> None:
     with pytest.raises(PolicyError):
-        PolicySet.of(default, {"": default})
+        PolicySet.of(default_policy, {"": default_policy})
 
 
-def test_the_admission_hook_runs_before_the_decision_and_its_refusal_denies(default: Policy) -> None:
+def test_the_admission_hook_runs_before_the_decision_and_its_refusal_denies(default_policy: Policy) -> None:
     seen: list[tuple[str | None, str]] = []
 
     def quota(request: ExecutionRequest, policy: Policy) -> list[RuleResult]:
@@ -60,7 +49,7 @@ def test_the_admission_hook_runs_before_the_decision_and_its_refusal_denies(defa
         return []
 
     runner, sink = FakeRunner(), MemoryAuditSink()
-    gw = Gateway(default, runner=runner, audit=sink, admission=quota)
+    gw = Gateway(default_policy, runner=runner, audit=sink, admission=quota)
     refused = gw.execute({"code": "print(1)", "principal": "over-quota"})
     admitted = gw.execute({"code": "print(1)", "principal": "fine"})
     assert seen == [("over-quota", "default"), ("fine", "default")]
@@ -74,12 +63,12 @@ def test_the_admission_hook_runs_before_the_decision_and_its_refusal_denies(defa
     assert recorded[0] == "admission.quota"
 
 
-def test_a_failing_admission_hook_denies(default: Policy) -> None:
+def test_a_failing_admission_hook_denies(default_policy: Policy) -> None:
     def broken(_request: ExecutionRequest, _policy: Policy) -> list[RuleResult]:
         raise RuntimeError("quota store unreachable")
 
     runner = FakeRunner()
-    result = Gateway(default, runner=runner, audit=MemoryAuditSink(), admission=broken).execute({"code": "1"})
+    result = Gateway(default_policy, runner=runner, audit=MemoryAuditSink(), admission=broken).execute({"code": "1"})
     assert result.exit_status == EXIT_DENIED
     [violation] = result.to_dict()["violations"]
     assert violation["rule"] == "admission"
@@ -87,9 +76,9 @@ def test_a_failing_admission_hook_denies(default: Policy) -> None:
     assert runner.calls == []
 
 
-def test_close_closes_only_what_the_gateway_created(default: Policy, tmp_path: Path) -> None:
+def test_close_closes_only_what_the_gateway_created(default_policy: Policy, tmp_path: Path) -> None:
     runner, sink = FakeRunner(), MemoryAuditSink()
-    with Gateway(default, runner=runner, audit=sink):
+    with Gateway(default_policy, runner=runner, audit=sink):
         pass
     assert not runner.closed
     assert not sink.closed

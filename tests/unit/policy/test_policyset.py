@@ -9,35 +9,26 @@ import pytest
 from gateway import Caller, Gateway, PolicySet
 from gateway.audit import MemoryAuditSink
 from gateway.errors import AuthenticationError, http_status_for
-from gateway.policy import Policy, load_policy
-from gateway.resources import policies_dir
+from gateway.policy import Policy
 from gateway.testing import FakeRunner
 
 
-@pytest.fixture
-def default() -> Policy:
-    return load_policy(policies_dir() / "default.yaml")
-
-
-@pytest.fixture
-def strict() -> Policy:
-    return load_policy(policies_dir() / "strict.yaml")
-
-
-def test_a_strict_set_refuses_a_principal_it_does_not_list(default: Policy, strict: Policy) -> None:
-    policies = PolicySet.of(default, {"agent": strict}, strict=True)
-    assert policies.for_principal("agent").policy is strict
+def test_a_strict_set_refuses_a_principal_it_does_not_list(default_policy: Policy, strict_policy: Policy) -> None:
+    policies = PolicySet.of(default_policy, {"agent": strict_policy}, strict=True)
+    assert policies.for_principal("agent").policy is strict_policy
     for name in ("gone", None):
         with pytest.raises(AuthenticationError, match="never decided under another policy"):
             policies.for_principal(name)
-    lenient = PolicySet.of(default, {"agent": strict})
-    assert lenient.for_principal("gone").policy is default  # the library's default behaviour is unchanged
+    lenient = PolicySet.of(default_policy, {"agent": strict_policy})
+    assert lenient.for_principal("gone").policy is default_policy  # the library's default behaviour is unchanged
 
 
-def test_the_gateway_refuses_an_unlisted_principal_and_decides_nothing(default: Policy, strict: Policy) -> None:
+def test_the_gateway_refuses_an_unlisted_principal_and_decides_nothing(
+    default_policy: Policy, strict_policy: Policy
+) -> None:
     sink = MemoryAuditSink()
     runner = FakeRunner()
-    policies = PolicySet.of(default, {"agent": strict}, strict=True)
+    policies = PolicySet.of(default_policy, {"agent": strict_policy}, strict=True)
     with Gateway(policies, runner=runner, audit=sink) as gw:
         result = gw.execute({"code": "print(1)"}, caller=Caller("gone", "0123abcd"))
     assert isinstance(result.error, AuthenticationError)
