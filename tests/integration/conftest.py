@@ -202,16 +202,23 @@ class Server:
         return out
 
 
-def _tight_policy(directory: Path) -> Path:
-    """The default policy renamed ``tight``, with a timeout ceiling of 10 s instead of 60 s."""
+def default_policy_variant(directory: Path, name: str, *changes: tuple[str, str]) -> Path:
+    """The default policy under another ``name`` (a policy of its own, not the service's default), with each
+    ``(old, new)`` text change made once; written to ``directory/<name>.yaml``."""
     text = (policies_dir() / "default.yaml").read_text()
-    text = text.replace("name: default", "name: tight", 1)
-    text = text.replace("timeout_s: {default: 10, max: 60}", "timeout_s: {default: 5, max: 10}", 1)
-    assert "name: tight" in text
-    assert "max: 10}" in text
-    path = directory / "tight.yaml"
+    for old, new in (("name: default", f"name: {name}"), *changes):
+        assert old in text, f"the default policy no longer holds {old!r}"
+        text = text.replace(old, new, 1)
+    path = directory / f"{name}.yaml"
     path.write_text(text)
     return path
+
+
+def _tight(directory: Path) -> Path:
+    """The default policy renamed ``tight``, with a timeout ceiling of 10 s instead of 60 s."""
+    return default_policy_variant(
+        directory, "tight", ("timeout_s: {default: 10, max: 60}", "timeout_s: {default: 5, max: 10}")
+    )
 
 
 @pytest.fixture
@@ -223,7 +230,7 @@ def principals_file(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     store = PrincipalsStore(path)
     tokens = {
         "alice": store.add("alice", policy=str(policies_dir() / "default.yaml"), role="agent"),
-        "bob": store.add("bob", policy=str(_tight_policy(tmp_path)), role="agent"),
+        "bob": store.add("bob", policy=str(_tight(tmp_path)), role="agent"),
         "carol": store.add("carol", policy=str(policies_dir() / "default.yaml"), role="agent"),
     }
     store.revoke("carol")

@@ -19,6 +19,7 @@ import pytest
 
 from gateway.resources import policies_dir
 from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas
+from tests.integration.conftest import default_policy_variant
 
 if TYPE_CHECKING:
     from conftest import Server
@@ -29,15 +30,6 @@ LONG = {"code": "import time; time.sleep(5); print('long')"}
 QUICK = {"code": "print(2 + 2)"}
 
 
-def _strict_policy(directory: Path) -> Path:
-    """The default policy renamed ``strict`` (a policy of its own, not the service's default)."""
-    text = (policies_dir() / "default.yaml").read_text().replace("name: default", "name: strict", 1)
-    assert "name: strict" in text
-    path = directory / "strict.yaml"
-    path.write_text(text)
-    return path
-
-
 @pytest.fixture
 def principals(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """``strict`` (its own policy, one run at a time, two may wait) and ``other`` (so that a token remains)."""
@@ -45,7 +37,7 @@ def principals(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     store = PrincipalsStore(path)
     one_at_a_time = Quotas(**{**DEFAULT_QUOTAS.to_dict(), "max_concurrent": 1, "queue": 2})
     strict = store.add(
-        "strict", policy=str(_strict_policy(tmp_path)), quotas=one_at_a_time,
+        "strict", policy=str(default_policy_variant(tmp_path, "strict")), quotas=one_at_a_time,
         quotas_set=frozenset({"max_concurrent", "queue"}),
     )  # fmt: skip
     other = store.add("other", policy=str(policies_dir() / "default.yaml"))
