@@ -8,14 +8,10 @@ and, separately, from raw JSON bytes.
 ``--compare DIR`` also measures the code in DIR (a checkout of the previous commit, old API) in a
 subprocess, alternating with this code block by block, and prints the ratio new/old.
 
-``--gateway`` times a whole ``Gateway.decide`` instead (what ``POST /v1/decisions`` runs in process: intake,
-decision, assembly and guard, and the two audit records appended to a real ``JsonlAuditTrail`` with fsync), as
-CPU time of the process per call (user + system: the cost without the other sessions' load) and wall time.
-Each block runs in a fresh ``python -I`` interpreter; with ``--compare DIR`` the code in DIR (a checkout of
-another commit: the baseline) runs in the same way, alternating block by block, and the ratio is printed.
+A whole ``Gateway.decide`` (with its two audit records on a real trail), and the same steps' CPU against a
+baseline revision, are ``benchmarks/decision_cost.py``'s.
 
     .venv/bin/python benchmarks/decision.py [--n 20000] [--target-us 1000] [--compare DIR]
-    .venv/bin/python benchmarks/decision.py --gateway [--n 3000] [--blocks 5] [--target-ms 0.9] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gateway.decision import evaluate
 from gateway.policy import compile_policy, load_policy
@@ -80,70 +75,6 @@ print(json.dumps({"gateway": gateway.__file__, "policy": policy.sha256, "samples
 """
 
 
-# One block of ``--gateway``, run as `python -I -c GATEWAY_SCRIPT DIR N`: a Gateway with the default policy, the
-# fake runner (a dry run never reaches it) and a real trail in a temporary directory, N decides of one request.
-GATEWAY_SCRIPT = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import json, tempfile, time
-import gateway
-from gateway import Gateway, load_policy
-from gateway._gateway import Caller
-from gateway.audit import JsonlAuditTrail
-from gateway.resources import default_policy_path
-from gateway.runner.fake import FakeRunner
-n = int(sys.argv[2])
-body = json.dumps({"code": "print(2+2)"}).encode()
-with tempfile.TemporaryDirectory() as directory:
-    trail = JsonlAuditTrail(directory)
-    gw = Gateway(load_policy(default_policy_path()), runner=FakeRunner(), audit=trail)
-    caller = Caller("bench", "tok_bench")
-    for _ in range(300):
-        assert gw.decide(body, caller=caller).allowed
-    cpu, wall = time.process_time(), time.perf_counter()
-    for _ in range(n):
-        gw.decide(body, caller=caller)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    gw.close()
-    trail.close()
-print(json.dumps({"gateway": gateway.__file__, "cpu_ms": cpu / n * 1000, "wall_ms": wall / n * 1000}))
-"""
-
-
-def _gateway_block(directory: Path, n: int) -> dict[str, Any]:
-    argv = [sys.executable, "-I", "-c", GATEWAY_SCRIPT, str(directory), str(n)]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True)
-    result: dict[str, Any] = json.loads(out.stdout)
-    if not Path(result["gateway"]).resolve().is_relative_to(directory):
-        sys.exit(f"--gateway: the block imported {result['gateway']}, not a gateway under {directory}")
-    return result
-
-
-def _gateway_main(n: int, blocks: int, target_ms: float, old_dir: Path | None) -> None:
-    """``--gateway``: CPU and wall time per ``Gateway.decide``, this code against ``old_dir`` block by block."""
-    codes = {"new": Path(__file__).resolve().parent.parent}
-    if old_dir is not None:
-        codes["old"] = old_dir
-    cpu: dict[str, list[float]] = {code: [] for code in codes}
-    for block in range(blocks):
-        for code, directory in codes.items():
-            result = _gateway_block(directory, n)
-            cpu[code].append(result["cpu_ms"])
-            load = os.getloadavg()[0]
-            print(
-                f"block {block + 1} {code}: cpu {result['cpu_ms']:.3f} ms/decide   wall {result['wall_ms']:.3f} ms"
-                f"   load {load:.2f}"
-            )
-    for code, samples in cpu.items():
-        median = statistics.median(samples)
-        print(f"{code}: cpu median {median:.3f} ms/decide, min {min(samples):.3f} ({blocks} blocks)")
-    if old_dir is not None:
-        ratio = statistics.median(cpu["new"]) / statistics.median(cpu["old"])
-        print(f"new/old cpu (medians): {ratio:.2f}")
-    verdict = "met" if statistics.median(cpu["new"]) <= target_ms else "NOT met"
-    print(f"target cpu <= {target_ms} ms/decide (new code, median): {verdict}")
-
-
 def _payload(label: str) -> object:
     return REQUEST if label == "mapping" else json.dumps(REQUEST).encode()
 
@@ -190,22 +121,13 @@ def _line(clock_name: str, label: str, code: str, samples: list[float]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=None, help="samples (default 20000; --gateway: 3000 a block)")
+    parser.add_argument("--n", type=int, default=20000, help="samples (default 20000)")
     parser.add_argument("--target-us", type=float, default=1000.0, help="p99 target in µs (default 1000)")
     parser.add_argument("--compare", type=Path, metavar="DIR", help="also measure the old code in DIR")
-    parser.add_argument("--gateway", action="store_true", help="time a whole Gateway.decide with a real trail")
-    parser.add_argument("--blocks", type=int, default=5, help="--gateway: blocks per code (default 5)")
-    parser.add_argument("--target-ms", type=float, default=0.9, help="--gateway: CPU target (default 0.9 ms)")
     args = parser.parse_args()
     old_dir = args.compare.resolve() if args.compare else None
-    n = args.n if args.n is not None else (3000 if args.gateway else 20000)
-    print(f"python {platform.python_version()} on {platform.machine()}, n={n}")
+    print(f"python {platform.python_version()} on {platform.machine()}, n={args.n}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
-    if args.gateway:
-        _gateway_main(n, args.blocks, args.target_ms, old_dir)
-        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        return
-    args.n = n
     worst, shown = 0.0, False
     for clock_name in CLOCKS:
         for label in ("mapping", "json-bytes"):
