@@ -1,10 +1,13 @@
-"""Failed authentication on the trail, bounded: one record at the first failure of an interval, one with the
-count of the rest at the end of the interval (and at stop).
+"""Failed authentication and forbidden calls on the trail, bounded: one record at the first of an interval, one
+with the count of the rest after the interval (and at stop).
 
 A client with bad tokens can fail thousands of times a second; writing (and fsyncing) one record each would
 let it fill the disk and slow every honest request. The first failure of a quiet period is recorded at once,
 with its reason, client and the public token id it presented (never the token), so an operator sees the attack
 start; the rest are counted and summarised. At most two records per interval, whatever the rate.
+
+An authenticated agent calling an operator-only endpoint (403 ``auth.forbidden``) is summarised the same way,
+per principal and path (:class:`ForbiddenCalls`): one agent made 2,283 such records a second before.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Literal
 from gateway.audit import AuditSink
 from gateway.errors import GatewayError
 
-__all__ = ["AuthFailures", "FailureReason", "presented_token_id"]
+__all__ = ["AuthFailures", "FailureReason", "ForbiddenCalls", "presented_token_id"]
 
 FailureReason = Literal["missing", "malformed", "unknown"]
 _TOKEN_ID_RE = re.compile(r"agw_([0-9a-f]{8})_[A-Za-z0-9_-]{43}")
@@ -106,3 +109,54 @@ class AuthFailures:
         # refused either way; the trail's own failure is reported by /readyz and by every request
         with contextlib.suppress(GatewayError):
             self.audit.append("auth.failed", data)
+
+
+class ForbiddenCalls:
+    """``auth.forbidden`` records, at most two per principal and path per interval: the first call of an interval
+    at once (``count`` 1, ``summary`` false, with the role and token id), the number of the rest when the
+    interval has passed (written with the next such call, or at :meth:`stop`; ``summary`` true). The paths are
+    the operator-only routes, so the keys are bounded by the principals. Thread-safe."""
+
+    def __init__(self, audit: AuditSink, *, interval_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        self.audit = audit
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, str], tuple[float, int, str]] = {}
+        """(principal, path) -> (start of its open interval, calls counted after the first, the first's role)."""
+
+    def note(self, *, principal: str, role: str, token_id: str | None, path: str, request_id: str) -> None:
+        """One forbidden call: recorded at once when it opens an interval, else counted. Blocking (a record is
+        durable before the answer); a record that cannot be written is dropped (the call is refused anyway)."""
+        now = self._clock()
+        key = (principal, path)
+        with self._lock:
+            since, rest, first_role = self._open.get(key, (None, 0, role))
+            if since is not None and now - since < self.interval_s:
+                self._open[key] = (since, rest + 1, first_role)
+                return
+            self._open[key] = (now, 0, role)
+        if since is not None and rest:
+            self._summary(key, since, rest, first_role)
+        data = {"count": 1, "summary": False, **self._fields(role, path), "token_id": token_id}
+        self._write(data, principal=principal, request_id=request_id)
+
+    def stop(self) -> None:
+        """Write the count of every open interval's calls after its first."""
+        with self._lock:
+            pending, self._open = self._open, {}
+        for key, (since, rest, role) in pending.items():
+            if rest:
+                self._summary(key, since, rest, role)
+
+    def _fields(self, role: str, path: str) -> dict[str, Any]:
+        return {"role": role, "required_role": "operator", "path": path, "interval_ms": round(self.interval_s * 1000)}
+
+    def _summary(self, key: tuple[str, str], since: float, rest: int, role: str) -> None:
+        principal, path = key
+        data = {"count": rest, "summary": True, **self._fields(role, path), "since": _rfc3339(since)}
+        self._write(data, principal=principal, request_id=None)
+
+    def _write(self, data: dict[str, Any], *, principal: str, request_id: str | None) -> None:
+        with contextlib.suppress(GatewayError):  # refused either way; /readyz reports the trail
+            self.audit.append("auth.forbidden", data, principal=principal, request_id=request_id)

@@ -1,8 +1,9 @@
 """The operator-only endpoints: ``GET /metrics`` and ``GET /v1/audit/records``.
 
 Only principals with role ``operator`` may call them; an agent's call is refused with 403 ``auth.forbidden``
-and recorded as ``auth.forbidden`` (naming the principal and its token's public id), a call without a valid
-token gets the 401 of every other endpoint.
+and recorded as ``auth.forbidden`` (naming the principal and its token's public id; summarised per principal
+and path, :class:`~gateway.service.authlog.ForbiddenCalls`), a call without a valid token gets the 401 of every
+other endpoint.
 
 ``GET /v1/audit/records`` takes the filters of ``gateway audit query`` as query parameters named like its
 flags (``since``, ``until``, ``principal``, ``decision``, ``rule``, ``image``, ``event_type`` (repeatable),
@@ -37,14 +38,15 @@ _CHUNK = 64 * 1024
 
 
 def require_operator(service: Service, caller: Caller, path: str, request_id: str) -> None:
-    """Raise :class:`ForbiddenError` (after recording ``auth.forbidden``) unless ``caller`` is an operator.
+    """Raise :class:`ForbiddenError` (after noting ``auth.forbidden``) unless ``caller`` is an operator.
     Blocking (the record is durable before the answer): call it in a worker thread."""
     principal = service.principals.by_name.get(caller.principal)
     if principal is not None and principal.is_operator:
         return
     role = principal.role if principal is not None else "unknown"
-    data = {"role": role, "required_role": "operator", "token_id": caller.token_id, "path": path}
-    service.gateway.audit.append("auth.forbidden", data, request_id=request_id, principal=caller.principal)
+    service.forbidden.note(
+        principal=caller.principal, role=role, token_id=caller.token_id, path=path, request_id=request_id
+    )
     raise ForbiddenError(f"{path} is for operators; principal {caller.principal!r} has role {role!r}")
 
 

@@ -52,7 +52,7 @@ from gateway.policy import CompiledPolicy, Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
 from gateway.runner.interface import OnOutput
-from gateway.service.authlog import AuthFailures
+from gateway.service.authlog import AuthFailures, ForbiddenCalls
 from gateway.service.config import ServerConfig
 from gateway.service.decisions import DecisionWorkers, default_decision_workers
 from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
@@ -101,6 +101,8 @@ class Service:
         if gateway.pool is not None:
             self.metrics.watch_pool(gateway.pool)
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
+        self.forbidden = ForbiddenCalls(gateway.audit, interval_s=config.auth_failure_interval_s)
+        """``auth.forbidden``, summarised per principal and path (:mod:`gateway.service.authlog`)."""
         self.anchors = anchor_writer(config, gateway.audit)
         """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
         workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
@@ -295,6 +297,7 @@ class Service:
             self.inflight.wait_idle(timeout_s=60.0)
         try:
             self.refusals.stop()
+            self.forbidden.stop()
             self.auth_failures.stop()
         finally:
             try:
