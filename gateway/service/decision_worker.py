@@ -166,7 +166,8 @@ def decide_batch(
                 result = _Failed(f"{type(exc).__name__}: {exc}")
             done.append((number, result, (time.thread_time() - cpu) * 1000))
         elif message[0] == "policies":
-            gateway.policies = PolicySet.of(message[1], message[2])
+            _, default, by_principal, strict = message  # as strict as the service's set
+            gateway.policies = PolicySet.of(default, by_principal, strict=strict)
     if done:
         send(_answers(records, done))
 
@@ -204,7 +205,9 @@ def worker_main() -> int:
 
     The init frame carries the service's runner factory (whose assembler the decisions use), its trail's
     directory (the worker appends to the same trail, each record naming the worker's process in its
-    ``gateway`` identity) and its policy set. The worker builds a :class:`~gateway.Gateway` without a pool (it
+    ``gateway`` identity) and its policy set, as strict as the service's: a principal the set does not list (a
+    reload removed it, or added it and its set has not reached this worker yet) is refused 401, never decided
+    under the default policy. The worker builds a :class:`~gateway.Gateway` without a pool (it
     never runs anything) and decides its jobs in one thread, a batch at a time (:func:`decide_batch`)."""
     # Ctrl-C, a stop (systemd signals the whole group) and a reload are the service's: it finishes its requests,
     # then closes the worker's stdin, which is when a worker ends (or when the service itself is gone).
@@ -215,13 +218,13 @@ def worker_main() -> int:
     batch = frames.batch()
     if not batch or batch[0][0] != "init":
         return 2
-    _, runner_factory, audit_dir, default, by_principal = batch[0]
+    _, runner_factory, audit_dir, default, by_principal, strict = batch[0]
     from gateway.audit import JsonlAuditTrail  # noqa: PLC0415 - after the init, with its directory
 
     trail = JsonlAuditTrail.from_env(audit_dir)
     runner = runner_factory()
     records = BatchedAuditSink(trail)
-    gateway = Gateway(PolicySet.of(default, by_principal), runner=runner, audit=records)
+    gateway = Gateway(PolicySet.of(default, by_principal, strict=strict), runner=runner, audit=records)
     out.write(answer_frame({"kind": "ready", "pid": os.getpid()}))
     out.flush()
 

@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import Caller, Gateway, PolicySet
 from gateway._workers import Frames, reap, start_worker
-from gateway.errors import DecisionWorkerError, MalformedRequestError
+from gateway.errors import DecisionWorkerError, GatewayError, MalformedRequestError
 from gateway.policy import Policy
 from gateway.service.decision_worker import Malformed, RenderedAnswer, job_frame, render_answer, run_job
 from gateway.service.shares import Share, next_principal, worker_takes
@@ -74,12 +74,19 @@ class _Sent:
     job: _Job
 
 
-def _policy_documents(policies: PolicySet) -> tuple[Policy, dict[str, Policy]]:
-    return policies.default.policy, {name: c.policy for name, c in policies.by_principal.items()}
+def _policy_documents(policies: PolicySet) -> tuple[Policy, dict[str, Policy], bool]:
+    """What a worker builds its policy set from: as strict as the service's (a principal it does not list is
+    refused, never decided under the default)."""
+    return policies.default.policy, {name: c.policy for name, c in policies.by_principal.items()}, policies.strict
 
 
-def _in_process(gateway: Gateway, kind: str, body: bytes, caller: Caller) -> RenderedAnswer | None:
-    """A job decided in this process (no worker ready, or ``decision_workers: 0``), answered as a worker would."""
+def _in_process(
+    gateway: Gateway, kind: str, body: bytes, caller: Caller, refused: Callable[[Caller], GatewayError | None]
+) -> RenderedAnswer | None:
+    """A job decided in this process (no worker ready, or ``decision_workers: 0``), answered as a worker would;
+    its caller is checked again (``refused``) after its wait for this thread."""
+    if (error := refused(caller)) is not None:
+        raise error
     result = run_job(gateway, kind, body, caller)
     if isinstance(result, Malformed):
         raise MalformedRequestError(str(result))
@@ -250,10 +257,14 @@ class DecisionWorkers:
         clock: Callable[[], float] = time.monotonic,
         worker_code: str = WORKER_CODE,
         timeout_s: float = DECIDE_S,
+        refusal: Callable[[str, str | None], GatewayError | None] | None = None,
     ) -> None:
         """``count`` workers making their runner with ``runner`` (the service's factory) and appending to the
         gateway's trail; none when ``count`` is 0, without a factory, or when the trail is not a directory.
-        ``clock`` (seconds) dates the shares' use; ``worker_code`` is what each worker's interpreter runs."""
+        ``clock`` (seconds) dates the shares' use; ``worker_code`` is what each worker's interpreter runs.
+        ``refusal(principal, token_id)`` (:meth:`Service.refusal_of`) says why a job's caller may no longer be
+        served (a reload removed its principal or revoked its token while the job waited): asked when its turn
+        comes; None: never asked (a gateway without principals)."""
         directory = getattr(gateway.audit, "directory", None)
         self.gateway = gateway
         self.count = count if runner is not None and isinstance(directory, Path) else 0
@@ -262,6 +273,7 @@ class DecisionWorkers:
         self._clock = clock
         self._worker_code = worker_code
         self._timeout_s = timeout_s
+        self._refusal = refusal
         self._workers: list[_Worker] = []
         self._readied = asyncio.Event()
         """Set each time a worker says it is ready: what :meth:`wait_ready` waits for."""
@@ -301,9 +313,8 @@ class DecisionWorkers:
         return True
 
     def _init_frame(self) -> bytes | None:
-        default, by_principal = _policy_documents(self.gateway.policies)
         try:
-            return job_frame(("init", self._runner, str(self._audit_dir), default, by_principal))
+            return job_frame(("init", self._runner, str(self._audit_dir), *_policy_documents(self.gateway.policies)))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             _log.warning("dry runs are decided in process: the runner factory cannot go to a worker (%s)", exc)
             return None
@@ -389,7 +400,8 @@ class DecisionWorkers:
     async def _job(self, kind: str, body: bytes, caller: Caller) -> RenderedAnswer | None:
         """A job for the workers (``decide``, ``intake`` or ``message``). It waits in the service until it is sent
         (:meth:`_dispatch`): while its principal's share is full, or no worker takes it, or jobs of principals
-        that used the workers less lately wait too."""
+        that used the workers less lately wait too. When its turn comes its caller is checked again: one that a
+        reload removed or revoked meanwhile is refused (the ``refusal``'s error, 401), nothing decided."""
         self._shares.setdefault(caller.principal, Share())
         turn: asyncio.Future[_Sent] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(caller.principal, collections.deque()).append(turn)
@@ -407,9 +419,12 @@ class DecisionWorkers:
                 f"{self._timeout_s:g} s (its share, or every worker, held by the requests before it)"
             )
         sent = turn.result()
+        if (error := self._refused(caller)) is not None:  # removed or revoked while it waited for its turn
+            self._withdraw(sent)
+            raise error
         if sent.worker is None:
             try:
-                return await run_in_threadpool(_in_process, self.gateway, kind, body, caller)
+                return await run_in_threadpool(_in_process, self.gateway, kind, body, caller, self._refused)
             finally:
                 self._withdraw(sent)
         sent.worker.send(job_frame((kind, sent.number, body, caller.principal, caller.token_id, sent.job.cost)))
@@ -455,6 +470,10 @@ class DecisionWorkers:
         if cpu_ms is not None:
             share = share.learnt(cpu_ms, job.cost, self._clock())
         self._shares[job.principal] = share
+
+    def _refused(self, caller: Caller) -> GatewayError | None:
+        """Why ``caller`` may no longer be served (the ``refusal`` given), or None."""
+        return None if self._refusal is None else self._refusal(caller.principal, caller.token_id)
 
     def _abandon(self, turn: asyncio.Future[_Sent]) -> None:
         """A job whose request left while it waited: the dispatcher skips it, or, sent already, it leaves."""

@@ -183,10 +183,11 @@ async def _checked(job: Awaitable[T], request: Request, caller: Caller, request_
     """A decision worker's job on a body read with ``check_json=False``: a body it finds not JSON is refused
     (400, :func:`_note_refused`), as :func:`_read_body` would have. A job its worker did not answer (it ended,
     or was killed for taking too long: the records it built for its batch went with it) is a 503, recorded
-    the same way (``request.refused``, code ``service.decision_failed``)."""
+    the same way (``request.refused``, code ``service.decision_failed``), and so is a caller a reload removed or
+    revoked while its job waited for its turn (401 ``auth.failed``)."""
     try:
         return await job
-    except (MalformedRequestError, DecisionWorkerError) as exc:
+    except (MalformedRequestError, DecisionWorkerError, AuthenticationError) as exc:
         _note_refused(exc, request, caller, request_id)
         raise
 

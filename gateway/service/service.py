@@ -106,8 +106,9 @@ class Service:
         self.anchors = anchor_writer(config, gateway.audit)
         """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
         workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
-        self.decisions = DecisionWorkers(gateway, runner, workers)
-        """Where dry runs are decided (:mod:`gateway.service.decisions`)."""
+        self.decisions = DecisionWorkers(gateway, runner, workers, refusal=self.refusal_of)
+        """Where dry runs are decided (:mod:`gateway.service.decisions`); a caller gone while its job waited is
+        refused there (:meth:`refusal_of`)."""
         self.engine_state = EngineState(lambda images: ask_engine(self.gateway.runner, images))
         """The engine's part of :meth:`readiness`, asked at most once a second."""
         self.draining = False

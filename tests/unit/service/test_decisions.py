@@ -7,17 +7,19 @@ import asyncio
 import dataclasses
 import json
 import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from audit_support import CountingIO
 
-from gateway import Caller, Gateway
+from gateway import Caller, Gateway, PolicySet
 from gateway._workers import Frames
-from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.audit import AuditReceipt, JsonlAuditTrail, MemoryAuditSink, verify_trail
 from gateway.audit.batched import BatchedAuditSink
-from gateway.errors import AuditUnavailableError, DecisionWorkerError, http_status_for
+from gateway.errors import AuditUnavailableError, AuthenticationError, DecisionWorkerError, http_status_for
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner
@@ -238,7 +240,7 @@ def test_a_policy_set_in_a_batch_applies_to_the_jobs_after_it(tmp_path: Path) ->
     allowed = gateway.policies.default.policy
     bad = b'{"code": "print(1)", "limits": {"timeout_s": 25}}'
     tight = dataclasses.replace(tight, name="tight")
-    batch: list[Any] = [_job(1, bad), ("policies", tight, {}), _job(2, bad)]
+    batch: list[Any] = [_job(1, bad), ("policies", tight, {}, False), _job(2, bad)]
     sent: list[bytes] = []
     decide_batch(gateway, sink, batch, sent.append, clock=_still)
     answers = _answers(b"".join(sent))
@@ -322,3 +324,109 @@ def test_a_dry_run_sent_as_its_client_leaves_gives_its_room_back(tmp_path: Path)
         asyncio.run(scenario())
     finally:
         gateway.close()
+
+
+# --- issue 28, H1: a dry run is decided only for a caller that still exists ------------------------------------
+
+BODY = b'{"code": "print(1)"}'
+
+
+def _strict_gateway(directory: Path) -> Gateway:
+    """The service's kind of Gateway: a strict set that serves ``alice`` alone (under the default policy's
+    document, so that "decided under the default" would show as success)."""
+    policy = load_policy(default_policy_path())
+    return Gateway(
+        PolicySet.of(policy, {"alice": policy}, strict=True), runner=FakeRunner(), audit=JsonlAuditTrail(directory)
+    )
+
+
+def _records(directory: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line) for path in sorted(directory.glob("trail-*.jsonl")) for line in path.read_text().splitlines()
+    ]
+
+
+def test_a_worker_refuses_a_principal_its_policy_set_does_not_serve(tmp_path: Path) -> None:
+    """The worker's set is as strict as the service's: a job of a principal it does not list (a reload removed
+    it while the job was on its way, or added it and the worker has not heard yet) is refused 401, never decided
+    under the default policy."""
+    gateway = _strict_gateway(tmp_path / "audit")
+
+    async def scenario() -> RenderedAnswer:
+        workers = DecisionWorkers(gateway, FakeRunner, 1)
+        await workers.start()
+        try:
+            assert await workers.wait_ready(1, timeout_s=60)
+            return await workers.decide(BODY, Caller("mallory", "gw_id_gone"))
+        finally:
+            await workers.close()
+
+    answer = asyncio.run(scenario())
+    gateway.close()
+    assert answer.status == 401, answer.content
+    assert json.loads(answer.content)["code"] == "auth.failed"
+    records = _records(tmp_path / "audit")
+    assert [r for r in records if r["event_type"] == "policy.decision"] == []
+    (refused,) = [r for r in records if r["event_type"] == "request.refused"]
+    assert refused["principal"] == "mallory"
+    assert refused["gateway"]["pid"] != os.getpid()  # the worker's record: it was the worker that refused
+
+
+def test_a_policy_set_sent_to_a_worker_stays_strict(tmp_path: Path) -> None:
+    """A reload's set reaches the workers strict too: after it, a principal it no longer lists is refused."""
+    gateway, sink = _batch_gateway(tmp_path, CountingIO())
+    policy = load_policy(default_policy_path())
+    sent: list[bytes] = []
+    reloaded = ("policies", policy, {"bob": policy}, True)  # what DecisionWorkers.policies_changed sends
+    decide_batch(gateway, sink, [reloaded, _job(1, BODY)], sent.append, clock=_still)
+    ((header, body),) = _answers(b"".join(sent))
+    assert header["status"] == 401, body
+    assert json.loads(body)["code"] == "auth.failed"
+    sink.close()
+
+
+class _HeldSink(MemoryAuditSink):
+    """Holds the first ``request.received`` until :attr:`release` is set (a dry run being decided)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def append(self, event_type: str, data: Mapping[str, Any], **extra: Any) -> AuditReceipt:
+        if event_type == "request.received" and not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(60), "never released"
+        return super().append(event_type, data, **extra)
+
+
+def test_a_dry_run_whose_caller_was_revoked_while_it_waited_for_its_turn_is_refused() -> None:
+    """The caller is checked again when its job's turn comes (Service.refusal_of): a revocation while it waited
+    behind its principal's share refuses it, nothing decided."""
+    sink = _HeldSink()
+    policy = load_policy(default_policy_path())
+    gateway = Gateway(PolicySet.of(policy, {"alice": policy}, strict=True), runner=FakeRunner(), audit=sink)
+    revoked: set[str | None] = set()
+
+    def refusal(principal: str, token_id: str | None) -> AuthenticationError | None:
+        return AuthenticationError(f"{principal} revoked") if token_id in revoked else None
+
+    async def scenario() -> tuple[RenderedAnswer, BaseException | RenderedAnswer]:
+        workers = DecisionWorkers(gateway, None, 0, clock=_still, refusal=refusal)
+        first = asyncio.ensure_future(workers.decide(BODY, CALLER))  # in process, held at its first record
+        assert await asyncio.to_thread(sink.entered.wait, 60)
+        second = asyncio.ensure_future(workers.decide(BODY, CALLER))  # waits: its share holds the first
+        await asyncio.sleep(0)
+        assert not second.done()
+        revoked.add(CALLER.token_id)
+        sink.release.set()
+        answers = await asyncio.gather(first, second, return_exceptions=True)
+        assert not isinstance(answers[0], BaseException)
+        share = workers._shares[CALLER.principal]
+        assert (share.in_flight, share.in_flight_ms) == (0, 0.0)  # the refused one gave its room back
+        return answers[0], answers[1]
+
+    first, second = asyncio.run(scenario())
+    assert first.status == 200  # decided before the revocation
+    assert isinstance(second, AuthenticationError), second
+    assert [r["event_type"] for r in sink.records].count("policy.decision") == 1
