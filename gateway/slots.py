@@ -8,7 +8,10 @@ files: there is nothing to clean up and no stale count. Every gateway process on
 directory and count shares the bound (CLI runs, library users, the service).
 
 When every slot is busy, ``acquire`` waits at most ``wait_s`` seconds, then raises
-:class:`~gateway.errors.CapacityError` (nothing ran; the caller retries).
+:class:`~gateway.errors.CapacityError` (nothing ran; the caller retries). While it waits, it says so to every
+process on the host: it holds ``waiting.lock`` shared, and :meth:`HostSlots.wanted` sees that. A warm pool
+(``gateway.runner.pool``) keeps its idle containers in slots too; when a run waits, it removes an idle one to
+free its slot and refills nothing, so idle pooled containers never starve a live run, in any process.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ DEFAULT_SLOT_WAIT_S = 30.0
 _N = TypeVar("_N", int, float)
 _POLL_S = (0.01, 0.02, 0.05, 0.1, 0.2)
 """Back-off between attempts while every slot is busy (then every 0.2 s)."""
+_WAITING = "waiting.lock"
+"""Held shared by every run that waits for a slot, for as long as it waits (closed, even by SIGKILL: gone)."""
+_PROBE = "probe.lock"
+"""Taken exclusively for an instant around a probe of ``_WAITING``, so that two probes never see each other."""
 
 
 def default_slot_count() -> int:
@@ -120,22 +127,48 @@ class HostSlots:
                 return Slot(fd, index)
         return None
 
+    def wanted(self) -> bool:
+        """Whether a run somewhere on the host waits for a slot now (a warm pool then frees one it holds idle).
+
+        False while another process probes at the same instant: the caller asks again at its next poll."""
+        self._prepare()
+        probe = self._open(self.directory / _PROBE)
+        try:
+            if not _flock(probe, fcntl.LOCK_EX, self.directory / _PROBE):
+                return False
+            waiting = self._open(self.directory / _WAITING)
+            try:
+                return not _flock(waiting, fcntl.LOCK_EX, self.directory / _WAITING)
+            finally:
+                os.close(waiting)
+        finally:
+            os.close(probe)
+
     def _take(self) -> tuple[int, int]:
         self._prepare()
         give_up = time.monotonic() + self.wait_s
         attempt = 0
-        while True:
-            for index in range(self.count):
-                fd = self._try(index)
-                if fd is not None:
-                    return fd, index
-            if time.monotonic() >= give_up:
-                raise CapacityError(
-                    f"all {self.count} execution slots of this host ({self.directory}) stayed busy for "
-                    f"{self.wait_s:g} s; nothing ran"
-                )
-            time.sleep(_POLL_S[min(attempt, len(_POLL_S) - 1)])
-            attempt += 1
+        waiting: int | None = None
+        try:
+            while True:
+                for index in range(self.count):
+                    fd = self._try(index)
+                    if fd is not None:
+                        return fd, index
+                if time.monotonic() >= give_up:
+                    raise CapacityError(
+                        f"all {self.count} execution slots of this host ({self.directory}) stayed busy for "
+                        f"{self.wait_s:g} s; nothing ran"
+                    )
+                if waiting is None:
+                    waiting = self._open(self.directory / _WAITING)
+                # Say that a run waits (again at every round: a probe may have held the file for an instant).
+                _flock(waiting, fcntl.LOCK_SH, self.directory / _WAITING)
+                time.sleep(_POLL_S[min(attempt, len(_POLL_S) - 1)])
+                attempt += 1
+        finally:
+            if waiting is not None:
+                os.close(waiting)
 
     def _prepare(self) -> None:
         try:
@@ -145,18 +178,32 @@ class HostSlots:
 
     def _try(self, index: int) -> int | None:
         path = self.directory / f"slot-{index}.lock"
+        fd = self._open(path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise _unusable(path, exc) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+            if _flock(fd, fcntl.LOCK_EX, path):
+                return fd
+        except BaseException:
             os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return None
+            raise
+        os.close(fd)
+        return None
+
+    def _open(self, path: Path) -> int:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
             raise _unusable(path, exc) from exc
-        return fd
+
+
+def _flock(fd: int, operation: int, path: Path) -> bool:
+    """Take the lock ``operation`` on ``fd`` without waiting; False when another open file holds it."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise _unusable(path, exc) from exc
+    return True
 
 
 def _unusable(path: Path, exc: OSError) -> GatewayError:

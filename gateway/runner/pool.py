@@ -22,8 +22,11 @@ policy's sha256, so a container made under an old policy version never serves a 
 the old profiles' containers are destroyed.
 
 Every pooled container holds one of the host's execution slots (``gateway.slots``) from its creation until
-the request that claimed it has finished, so the pool counts against the host's bound; a cold run that finds
-every slot taken evicts an idle pooled container rather than wait for one. Pooled containers carry the
+the request that claimed it has finished, so the pool counts against the host's bound. An idle pooled
+container never holds a slot a live run needs: a cold run that finds every slot taken removes an idle
+container of its own pool first; a run that still waits (in this process or another one on the host, see
+:meth:`HostSlots.wanted`) makes every pool on the host remove an idle container (at most one every
+quarter second) and refill nothing until no run waits. Pooled containers carry the
 gateway's managed, instance, deadline (``ttl``: idle expiry plus the policy's longest timeout) and pool
 labels, so ``gateway reap`` and the service's start-up reap treat them like any other; a gateway that exits
 destroys its pool (:meth:`WarmPool.close`), and a gateway that dies leaves none running: each supervisor ends
@@ -33,7 +36,6 @@ when its stdin (the gateway's attach connection) closes.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -60,7 +62,11 @@ TTL_GRACE_S = 60.0
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits after consecutive failures to prepare a profile's container (a missing image, the engine down)."""
 _SLOT_POLL_S = 0.05
-_COLD_POLL_S = (0.005, 0.01, 0.02, 0.05)
+_YIELD_POLL_S = 0.1
+"""How often a pool with idle containers asks whether a run on the host waits for a slot."""
+_YIELD_GAP_S = 0.25
+"""After giving an idle container's slot up, the pool waits this long before giving up another (the waiting
+run takes the freed slot within its own poll, at most 0.2 s: one run waiting costs one container)."""
 _FILLERS = 2
 
 
@@ -159,6 +165,8 @@ class WarmPool:
         self._paused = 0
         self._waiting = 0
         """Cold runs waiting for a host slot now (the fillers wait for them)."""
+        self._yield_at = 0.0
+        """When the pool may next give an idle container's slot up to a run waiting on the host."""
         self._threads: list[threading.Thread] = []
         self._fillers = max(1, fillers)
         self.hits = 0
@@ -283,43 +291,33 @@ class WarmPool:
         return pool.ready.popleft() if pool.ready else None
 
     def cold_slot(self) -> Slot:
-        """A host slot for a cold run: a free one, else one freed by destroying an idle pooled container (the
-        pool never starves the requests it cannot serve), within the slots' usual bounded wait. While a cold
-        run waits, the fillers take no slot: a refill never wins a freed slot over a waiting request."""
+        """A host slot for a cold run: a free one, else one freed by removing an idle container of this pool,
+        else the slots' usual bounded wait, during which every pool on the host gives one of its idle
+        containers up (:meth:`HostSlots.wanted`). While a cold run waits, the fillers take no slot: a refill
+        never wins a freed slot over a waiting request."""
         with self._cond:
             self._waiting += 1
         try:
-            give_up = time.monotonic() + self.slots.wait_s
-            attempt = 0
             while True:
                 slot = self.slots.try_take()
                 if slot is not None:
                     return slot
-                if self._evict_one():
-                    continue
-                if time.monotonic() >= give_up:
-                    return dataclasses.replace(self.slots, wait_s=0.0).take()  # the usual CapacityError
-                time.sleep(_COLD_POLL_S[min(attempt, len(_COLD_POLL_S) - 1)])
-                attempt += 1
+                victim = self._take_idle()
+                if victim is None:
+                    return self.slots.take()
+                self._discard(victim)
         finally:
             with self._cond:
                 self._waiting -= 1
                 self._cond.notify_all()
 
-    def _evict_one(self) -> bool:
+    def _take_idle(self) -> _Ready | None:
+        """The idle container to give up for a live run: the oldest one (taken out of its pool), or None."""
         with self._cond:
-            victim: _Ready | None = None
-            for pool in self._pools.values():
-                if pool.ready and (victim is None or pool.ready[0].since < victim.since):
-                    victim = pool.ready[0]
-            if victim is None:
-                return False
-            for pool in self._pools.values():
-                if pool.ready and pool.ready[0] is victim:
-                    pool.ready.popleft()
-                    break
-        self._discard(victim)
-        return True
+            pools = [p for p in self._pools.values() if p.ready]
+            if not pools:
+                return None
+            return min(pools, key=lambda p: p.ready[0].since).ready.popleft()
 
     # -- filling ---------------------------------------------------------------------------------------
 
@@ -375,9 +373,14 @@ class WarmPool:
                         self._cond.acquire()
                     continue
                 now = self._clock()
+                if self._paused:
+                    self._cond.wait(self._idle_wait(now))
+                    continue
+                if self._yield_slot(now):
+                    continue
                 pool = next((p for p in self._pools.values() if p.deficit > 0 and p.retry_at <= now), None)
-                if self._paused or self._waiting:
-                    pool = None  # paused, or a cold run waits for a slot: it goes first
+                if self._waiting:
+                    pool = None  # a cold run waits for a slot: it goes first
                 if pool is None:
                     self._cond.wait(self._idle_wait(now))
                     continue
@@ -388,6 +391,26 @@ class WarmPool:
                 pool.creating += 1
                 return pool, slot
         return None
+
+    def _yield_slot(self, now: float) -> bool:
+        """When a run on the host waits for a slot: give the slot of an idle container up (remove it) unless
+        one was given up in the last ``_YIELD_GAP_S``, and refill nothing. True when a run waits (lock held;
+        released while the container is removed)."""
+        if not any(p.ready for p in self._pools.values()) and not any(p.deficit > 0 for p in self._pools.values()):
+            return False  # nothing to give up, nothing to refill: no need to ask
+        if not self.slots.wanted():
+            return False
+        victim = self._take_idle() if now >= self._yield_at else None
+        if victim is None:
+            self._cond.wait(_YIELD_POLL_S)
+            return True
+        self._cond.release()
+        try:
+            self._discard_all([victim])
+        finally:
+            self._cond.acquire()
+        self._yield_at = self._clock() + _YIELD_GAP_S
+        return True
 
     def _expire(self) -> list[_Ready]:
         """Take the containers idle longer than their ``idle_s`` (lock held); the target shrinks to ``min``."""
@@ -404,7 +427,7 @@ class WarmPool:
         wake = now + 1.0
         for pool in self._pools.values():
             if pool.ready:
-                wake = min(wake, pool.ready[0].since + pool.config.idle_s)
+                wake = min(wake, pool.ready[0].since + pool.config.idle_s, now + _YIELD_POLL_S)
             if pool.deficit > 0:
                 wake = min(wake, pool.retry_at)
         return max(wake - now, 0.01)

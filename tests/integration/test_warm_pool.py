@@ -3,6 +3,7 @@ claimed, single use, the records, a reload, the reapers, and a gateway that exit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from gateway.policy import Policy, PolicySet, load_policy, load_policy_text
 from gateway.resources import policies_dir
 from gateway.runner.docker.options import DECISION_LABEL, INSTANCE_LABEL, POOL_LABEL, REQUEST_LABEL
 from gateway.runner.docker.runner import DockerRunner
+from gateway.slots import HostSlots
 
 pytestmark = pytest.mark.integration
 
@@ -257,3 +259,69 @@ def test_a_pool_config_key_is_strict(tmp_path: Path) -> None:
     with pytest.raises(ServerConfigError) as bad:
         load_server_config_text(head + "pool: 3\n")
     assert [p.path for p in bad.value.problems] == ["$.pool"]
+
+
+# -- an idle pool never starves a live run (issue 28, L2) ---------------------------------------------------
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from gateway import Gateway, PoolConfig
+from gateway.audit.memory import MemoryAuditSink
+from gateway.policy import load_policy
+from gateway.runner.docker.runner import DockerRunner
+from gateway.slots import HostSlots
+slots = HostSlots(Path(sys.argv[3]), count=2)
+runner = DockerRunner(instance=sys.argv[2])
+gw = Gateway(load_policy(sys.argv[1]), runner=runner, audit=MemoryAuditSink(), slots=slots, pool=PoolConfig(size=2))
+assert gw.pool.wait_ready(timeout_s=60)
+print("ready", flush=True)
+sys.stdin.read()  # until the test closes it
+gw.close()
+"""
+
+
+def test_a_live_run_in_another_process_takes_a_slot_from_an_idle_pool(
+    engine: Any, runtime: str, tmp_path: Path
+) -> None:
+    """Process A's warm pool holds both host slots; a run in this process (B) must not wait them out: an idle
+    pooled container of A gives its slot up (and is removed), and A's pool refills once the run is over."""
+    instance = f"{os.environ['GATEWAY_INSTANCE']}-holder"
+    slots = tmp_path / "slots"
+    path = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
+    policy = load_policy(path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path), instance, str(slots)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        warm = _pooled_ids(engine, instance)
+        assert len(warm) == 2
+        assert HostSlots(slots, 2).try_take() is None  # A's idle pool holds every slot of the host
+        live = Gateway(policy, runner=DockerRunner(engine), audit=MemoryAuditSink(), slots=HostSlots(slots, 2, 15.0))
+        with live:
+            result = live.execute({"code": "print(2+2)"})
+        assert result.error is None, result.to_dict()["error"]
+        assert result.to_dict()["stdout"] == "4\n"
+        assert result.to_dict()["pool"] == "cold"
+        gave_up = [c for c in warm if not _exists(engine, c)]
+        assert gave_up, "no pooled container of process A gave its slot up"  # removed, not just forgotten
+        # Once the live run is over, A's pool is whole again (new containers: the old ones never come back).
+        assert _eventually(lambda: len(_pooled_ids(engine, instance)) == 2, WAIT), _pooled_ids(engine, instance)
+        assert not set(gave_up) & set(_pooled_ids(engine, instance))
+        proc.stdin.close()
+        assert proc.wait(timeout=WAIT) == 0
+        assert not _pooled_ids(engine, instance)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None and not stream.closed:
+                stream.close()
+        for cid in _pooled_ids(engine, instance):
+            with contextlib.suppress(Exception):  # AutoRemove may be removing it already
+                engine.api.remove_container(cid, force=True)

@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +21,13 @@ from gateway.errors import EXIT_GATEWAY_FAILURE, CapacityError
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner
-from gateway.slots import HostSlots
+from gateway.slots import HostSlots, Slot
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from gateway.slots import HostSlots
+    from gateway.slots import HostSlots, Slot
     slots = HostSlots(Path(sys.argv[1]), count=int(sys.argv[2]), wait_s=0)
     with slots.acquire() as index:
         print(index, flush=True)
@@ -116,3 +119,29 @@ def test_a_gateway_with_every_slot_busy_runs_nothing_and_audits_why(tmp_path: Pa
     assert outcome[0]["data"]["container_id"] is None
     # and once the slot is free the same gateway runs again
     assert gw.execute({"code": "print(1)"}).exit_status == 0
+
+
+def test_a_run_waiting_for_a_slot_is_seen_host_wide_until_it_has_one(tmp_path: Path) -> None:
+    slots = HostSlots(tmp_path, 1, 0)
+    assert not slots.wanted()
+    holder = hold(tmp_path, 1)
+    got: list[Slot] = []
+    waiter = threading.Thread(target=lambda: got.append(HostSlots(tmp_path, 1, 60).take()))
+    try:
+        assert not slots.wanted()  # every slot is busy, but nobody waits
+        waiter.start()
+        assert _eventually(slots.wanted)  # what a warm pool in any process on the host asks
+    finally:
+        stop(holder)
+        waiter.join(60)
+    (slot,) = got
+    assert not slots.wanted()  # it has its slot: it waits no more
+    slot.release()
+
+
+def _eventually(check: Callable[[], bool], tries: int = 600) -> bool:
+    for _ in range(tries):
+        if check():
+            return True
+        time.sleep(0.05)
+    return False

@@ -213,6 +213,22 @@ def test_pooled_containers_hold_host_slots_and_a_cold_run_evicts_one(
         assert len(runner.discarded) == 1  # one idle container gave its slot to the cold run
 
 
+def test_an_idle_pool_gives_a_slot_up_to_a_run_of_another_gateway(policy: Policy, tmp_path: Path) -> None:
+    shared = HostSlots(tmp_path / "few", count=2, wait_s=10.0)  # another process would use the same directory
+    warm_runner, live_runner = FakeRunner(), FakeRunner()
+    with _gateway(policy, warm_runner, shared, size=2) as warm:
+        assert _pool(warm).wait_ready(timeout_s=WAIT)
+        assert shared.try_take() is None  # the idle pool holds every slot of the host
+        with _gateway(policy, live_runner, shared, size=1) as live:  # its own pool cannot fill: no slot
+            result = live.execute({"code": "1"})
+            assert result.error is None, result.to_dict()["error"]
+            assert result.to_dict()["pool"] == "miss"
+        assert warm_runner.discarded  # gave its slot up: removed, never claimed
+        assert not set(warm_runner.discarded) & (warm_runner.live | set(warm_runner.claimed))
+    assert warm_runner.live == set()
+    assert live_runner.live == set()
+
+
 def test_a_claim_the_guard_refuses_destroys_the_container_and_fails_closed(policy: Policy, slots: HostSlots) -> None:
     runner = FakeRunner()
     with _gateway(policy, runner, slots, size=1) as gw:
