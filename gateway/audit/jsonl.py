@@ -52,6 +52,7 @@ from gateway.sizes import SizeError, parse_size
 __all__ = [
     "DEFAULT_MIN_FREE",
     "NEW_WORK_EVENTS",
+    "RESERVE_EVENTS",
     "JsonlAuditTrail",
     "TailState",
     "Watermark",
@@ -62,8 +63,20 @@ __all__ = [
 DEFAULT_MIN_FREE: Final = "64m|1%"
 """The default free-space watermark: 64 MiB, or 1 % of the file system when that is smaller (a small disk)."""
 NEW_WORK_EVENTS: Final = frozenset({"request.received", "request.invalid", "policy.decision"})
-"""Records that start new work; below the watermark they are refused (:class:`AuditSpaceError`). Every other
-record (an ``execution.outcome`` of a run in flight above all) is still written while the disk has room."""
+"""Records that start new work; below the watermark they are refused (:class:`AuditSpaceError`), and the
+caller fails closed (507)."""
+RESERVE_EVENTS: Final = frozenset(
+    {
+        "execution.outcome", "image.pulled", "container.left", "containers.reaped", "recovery", "gateway.stop",
+        "gateway.start", "policy.loaded", "policy.reloaded", "policy.rejected",
+    }
+)  # fmt: skip
+"""The only records written below the watermark, into the space kept in reserve: those that finish work already
+started (a run's pulled image and outcome, the sandboxes reaped or left, a recovery, the stop record) and the
+service's own start and (re)loads, which only an operator causes. Every other record is refused there
+(:class:`AuditSpaceError`): new work (:data:`NEW_WORK_EVENTS`), and what any client can cause at will without
+starting anything (``auth.failed``, ``auth.forbidden``, ``request.refused``), whose writers drop it; each refusal
+is reported to :attr:`JsonlAuditTrail.on_low_space` (the service counts them in ``/metrics``)."""
 
 _TAIL_CHUNK = 65536
 
@@ -231,8 +244,11 @@ class JsonlAuditTrail:
         if segment_max_bytes <= 0:
             raise ValueError("segment_max_bytes must be positive")
         self.min_free = min_free
-        """Free-space watermark of the trail's file system (see :func:`min_free_bytes`); below it records of new
-        work (:data:`NEW_WORK_EVENTS`) are refused."""
+        """Free-space watermark of the trail's file system (see :func:`min_free_bytes`); below it only the records
+        of :data:`RESERVE_EVENTS` are written."""
+        self.on_low_space: Callable[[str], None] | None = None
+        """Called with the event type of each record refused below the watermark (set by the service, which
+        counts them in ``/metrics``: the refusal records it drops are not lost without a trace)."""
         self._watermark = Watermark.parse(min_free)  # a bad watermark is refused here, not at the first request
         self.directory = Path(directory)
         self._protected = (os.path.realpath(self.directory),)
@@ -317,7 +333,7 @@ class JsonlAuditTrail:
         look at the tail (another process may have moved it) and one free-space check for them all, so a
         writer that decides many requests takes turns on a shared trail once per batch, not once per record.
         ``durable`` as for :meth:`append` (one fsync covers them all). Below the free-space watermark, no record
-        is written when any of them starts new work (:data:`NEW_WORK_EVENTS`). When a write fails, the records
+        is written when any of them is not one of :data:`RESERVE_EVENTS`. When a write fails, the records
         before it are in the trail (not yet durable: :meth:`sync`, or the next durable append, flushes them)."""
         if not records:
             return []
@@ -327,9 +343,9 @@ class JsonlAuditTrail:
             if self._failed is not None:
                 raise AuditUnavailableError(f"the audit trail failed earlier and refuses appends: {self._failed}")
             self._ensure_open()
-            new_work = next((r["event_type"] for r in records if r["event_type"] in NEW_WORK_EVENTS), None)
-            if new_work is not None:
-                self._check_space(new_work)
+            unreserved = next((r["event_type"] for r in records if r["event_type"] not in RESERVE_EVENTS), None)
+            if unreserved is not None:
+                self._check_space(unreserved)
             written, generation = self._append_locked(records, durable=durable)
         if self.group_commit and durable:
             self._await_durable(generation)
@@ -396,19 +412,26 @@ class JsonlAuditTrail:
                 raise _unavailable(f"open the audit directory {self.directory}", exc) from exc
             self._resolve_directory()
 
-    def _check_space(self, event_type: str) -> None:
-        """Refuse a record of new work when the trail's file system is below its watermark."""
+    def space(self) -> tuple[int, int]:
+        """The trail's file system's free bytes and its watermark in bytes; :class:`AuditUnavailableError` when
+        they cannot be read."""
         try:
             fs = os.statvfs(self.directory)
         except OSError as exc:
             raise _unavailable(f"check the free space of {self.directory}", exc) from exc
-        free = fs.f_bavail * fs.f_frsize
-        watermark = self._watermark.bytes_for(fs.f_blocks * fs.f_frsize)
+        return fs.f_bavail * fs.f_frsize, self._watermark.bytes_for(fs.f_blocks * fs.f_frsize)
+
+    def _check_space(self, event_type: str) -> None:
+        """Refuse a record outside :data:`RESERVE_EVENTS` when the trail's file system is below its watermark."""
+        free, watermark = self.space()
         if free < watermark:
+            if self.on_low_space is not None:
+                self.on_low_space(event_type)
+            what = f"new work ({event_type})" if event_type in NEW_WORK_EVENTS else f"the {event_type} record"
             raise AuditSpaceError(
-                f"refusing new work ({event_type}): the audit trail's file system ({self.directory}) has {free} "
-                f"bytes free, below its watermark of {watermark} bytes ({self.min_free}); the space left is kept "
-                "for the outcomes of runs in flight"
+                f"refusing {what}: the audit trail's file system ({self.directory}) has {free} bytes free, below "
+                f"its watermark of {watermark} bytes ({self.min_free}); the space left is kept for the outcomes of "
+                "runs in flight; free space there or move the trail (--audit-dir)"
             )
 
     def _segment_path(self, index: int) -> Path:

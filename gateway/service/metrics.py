@@ -11,6 +11,8 @@ default one: several services may run in one process, as the tests do). What it 
 - ``gateway_queue_depth``: requests waiting for an execution slot, read from the service's quota gate
   (``QuotaGate.waiting``) at each scrape;
 - ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule;
+- ``gateway_audit_low_space_refused_total{event_type}``: records the service's trail refused below its
+  free-space watermark (new work answered 507, refusal records dropped);
 - with a warm pool (``pool: true``): ``gateway_pool_ready`` (containers ready now), ``gateway_pool_target``
   (how many the profiles aim for), ``gateway_pool_claims_total{result}`` (``hit``, ``miss``, ``cold``) and
   ``gateway_pool_claim_seconds`` (how long taking a container from the pool took, guard and claim included).
@@ -84,6 +86,12 @@ class ServiceMetrics:
             ("rule", "dry_run"),
             registry=self.registry,
         )
+        self.low_space_refused = Counter(
+            "gateway_audit_low_space_refused",
+            "Records the trail refused below its free-space watermark, by event type (new work, refusals).",
+            ("event_type",),
+            registry=self.registry,
+        )
 
         self.pool_ready = Gauge(
             "gateway_pool_ready", "Warm pooled containers ready now, over every profile.", registry=self.registry
@@ -114,6 +122,10 @@ class ServiceMetrics:
         self.pool_claims.labels(result=status).inc()
         if status != "cold":
             self.pool_claim_seconds.observe(seconds)
+
+    def low_space(self, event_type: str) -> None:
+        """The trail refused a record of ``event_type`` below its watermark (``JsonlAuditTrail.on_low_space``)."""
+        self.low_space_refused.labels(event_type=event_type).inc()
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint=endpoint, status_class=f"{status // 100}xx", status=str(status)).inc()

@@ -100,6 +100,8 @@ class Service:
         self.metrics.queue_depth.set_function(self.quota_gate.waiting)
         if gateway.pool is not None:
             self.metrics.watch_pool(gateway.pool)
+        if isinstance(gateway.audit, JsonlAuditTrail):
+            gateway.audit.on_low_space = self.metrics.low_space
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
         self.forbidden = ForbiddenCalls(gateway.audit, interval_s=config.auth_failure_interval_s)
         """``auth.forbidden``, summarised per principal and path (:mod:`gateway.service.authlog`)."""

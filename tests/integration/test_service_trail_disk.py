@@ -7,13 +7,18 @@ is the worst case for JSON escaping costs a bounded line; a principal's trail by
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.audit.records import view_record
+from gateway.resources import policies_dir
+from gateway.service.principals import PrincipalsStore
 
 if TYPE_CHECKING:
     from conftest import Server
@@ -45,3 +50,63 @@ def test_forbidden_calls_write_at_most_two_records_per_principal_and_path_and_co
     for record in records:
         counted[(record["principal"], record["data"]["path"])] += record["data"]["count"]
     assert set(counted.values()) == {calls}  # nothing lost: the counts add up to the calls made
+
+
+def _free(path: Path) -> int:
+    fs = os.statvfs(path)
+    return fs.f_bavail * fs.f_frsize
+
+
+def _fill(path: Path, leave: int) -> None:
+    """Write ballast until about ``leave`` bytes are free."""
+    (path / "ballast").write_bytes(b"\0" * max(_free(path) - leave, 0))
+
+
+@pytest.fixture
+def low_space(
+    serve: Callable[..., Server],
+    tiny_fs: Callable[[str], Path],
+    principals_file: tuple[Path, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Server, Path, str]:
+    """A server whose trail lives on a 2 MiB tmpfs with a 1 MiB watermark, filled to 512 KiB free after the start
+    (below the watermark, with room for many records); and olga's token (an operator)."""
+    olga = PrincipalsStore(principals_file[0]).add("olga", policy=str(policies_dir() / "default.yaml"), role="operator")
+    fs = tiny_fs("size=2m")
+    monkeypatch.setenv("GATEWAY_AUDIT_MIN_FREE", "1m")
+    server = serve(audit_dir=fs / "audit")
+    _fill(fs, 512 * 1024)
+    return server, fs, olga
+
+
+def test_below_the_watermark_refusals_leave_the_reserve_alone_and_are_counted(
+    low_space: tuple[Server, Path, str],
+) -> None:
+    """Before: below the watermark only records of new work were refused; an agent's 403s and bad tokens went
+    on writing ``auth.forbidden`` and ``auth.failed`` records into the space kept for the outcomes of runs in
+    flight (here one of each, then their summaries at stop)."""
+    server, _fs, olga = low_space
+    written = len(server.records())
+    with server.client(server.tokens["alice"]) as alice:
+        for _ in range(20):
+            assert alice.get("/metrics").status_code == 403
+        assert alice.post("/v1/executions", json={"code": "print(1)"}).status_code == 507  # new work: refused
+    with server.client("agw_0123abcd_" + "A" * 43) as stranger:
+        for _ in range(20):
+            assert stranger.get("/v1/policy").status_code == 401
+    assert [r["event_type"] for r in server.records()[written:]] == []
+    with server.client(olga) as operator:
+        scraped = operator.get("/metrics")
+    assert scraped.status_code == 200
+    refused = {
+        sample.labels["event_type"]: sample.value
+        for family in text_string_to_metric_families(scraped.text)
+        for sample in family.samples
+        if sample.name == "gateway_audit_low_space_refused_total"
+    }
+    assert refused["auth.forbidden"] >= 1, refused
+    assert refused["auth.failed"] >= 1, refused
+    assert refused["request.received"] == 1
+    server.stop()
+    new = [r["event_type"] for r in server.records()[written:]]
+    assert new == ["gateway.stop"]  # the stop record, from the reserve; no refusal or summary

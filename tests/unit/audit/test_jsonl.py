@@ -453,6 +453,27 @@ def test_below_the_watermark_only_records_of_new_work_are_refused(tmp_path: Path
         assert receipt.seq == 1
 
 
+def test_below_the_watermark_only_reserved_records_are_written_and_each_refusal_is_reported(tmp_path: Path) -> None:
+    """The reserve is for what finishes work already started (and the service's own lifecycle): refusal records
+    that any client can cause at will are refused there too, and reported to ``on_low_space``."""
+    from gateway.audit.interface import EVENT_TYPES
+    from gateway.audit.jsonl import NEW_WORK_EVENTS, RESERVE_EVENTS
+    from gateway.errors import AuditSpaceError
+
+    fs = os.statvfs(tmp_path)
+    reported: list[str] = []
+    with JsonlAuditTrail(tmp_path / "t", min_free=fs.f_blocks * fs.f_frsize) as trail:
+        trail.on_low_space = reported.append
+        for event in ("auth.failed", "auth.forbidden", "request.refused"):
+            with pytest.raises(AuditSpaceError, match=rf"refusing the {event} record: .* below its watermark"):
+                trail.append(event, {"count": 1, "summary": False})
+        for event in sorted(RESERVE_EVENTS):
+            trail.append(event, {})
+    assert reported == ["auth.failed", "auth.forbidden", "request.refused"]
+    assert [r["event_type"] for r in lines(tmp_path / "t")] == sorted(RESERVE_EVENTS)
+    assert {"auth.failed", "auth.forbidden", "request.refused"} | NEW_WORK_EVENTS == EVENT_TYPES - RESERVE_EVENTS
+
+
 class SyncLog(AuditIO):
     """Each fsync, as the size of the file it made durable."""
 
