@@ -300,6 +300,7 @@ def _serve(args: argparse.Namespace) -> int:
                     config.header_read_s,
                     max_connections=config.max_connections,
                     max_header_bytes=config.max_header_bytes,
+                    max_headless_connections=config.max_headless_connections,
                     on_refused=service.connection_refused,
                 ),
                 lifespan="on",

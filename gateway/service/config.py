@@ -79,7 +79,7 @@ class ServerConfig:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     """The most bytes of a request's head (request line and headers); past it, 431 ``request.header_too_large``
     and the connection is closed (:mod:`gateway.service.deadlines`)."""
-    header_read_s: float = 10.0
+    header_read_s: float = 5.0
     """The longest a connection may take to send a request's line and headers (from its opening, or from the
     previous response); then it is closed (:mod:`gateway.service.deadlines`)."""
     body_read_s: float = 30.0
@@ -88,6 +88,9 @@ class ServerConfig:
     max_connections: int | None = None
     """Client connections held at once; one more is answered 503 ``service.too_many_connections`` and closed
     (:mod:`gateway.service.deadlines`). None: :func:`gateway.service.deadlines.default_max_connections`."""
+    max_headless_connections: int | None = None
+    """Of those, the most without a complete request head; one more closes the oldest of them
+    (:mod:`gateway.service.deadlines`). None: a quarter of ``max_connections``."""
     quotas: Quotas = DEFAULT_QUOTAS
     """Default quotas: each field a principal does not set comes from here (enforced by
     :mod:`gateway.service.quotas`)."""
@@ -179,6 +182,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
         max_header_bytes=data.get("max_header_bytes", DEFAULT_MAX_HEADER_BYTES),
         max_connections=data.get("max_connections"),
+        max_headless_connections=data.get("max_headless_connections"),
         quotas=Quotas(
             max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
             rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),

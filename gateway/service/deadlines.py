@@ -23,6 +23,14 @@ It also bounds each request's head (``max_header_bytes``): neither uvicorn nor h
 httptools keeps a header however long it grows (a 64 MB header was read and held). The bytes received while a
 head is incomplete are counted; a head that passes the bound is answered 431 ``request.header_too_large`` and
 closed, without the parser seeing more than the bound, and reported to ``on_refused`` like a refused connection.
+
+Connections still without a complete request head (fresh ones, and ones dribbling a head) have their own,
+smaller bound (``max_headless_connections``, :class:`Headless`): a client holding idle connections would
+otherwise fill ``max_connections`` and every new client would get 503 (4,096 idle connections got 71-87 of 92
+authenticated requests refused). One more than the bound makes the *oldest* of them give way (closed without an
+answer: it has sent no request), so a new client always gets in and an attacker holds at most the bound. A
+connection that has sent a whole head is never closed for this (between requests on a kept-alive connection it
+has the head deadline only).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import time
 import uuid
 from collections.abc import Callable
 from http import HTTPStatus
@@ -39,12 +48,16 @@ from gateway.errors import GatewayError, HeadTooLargeError, ServerConfigError, T
 from gateway.service.config import DEFAULT_MAX_HEADER_BYTES
 from gateway.service.replies import gateway_error_reply, render_json
 
-__all__ = ["default_max_connections", "http_protocol", "refusal_response"]
+__all__ = [
+    "Headless", "default_max_connections", "default_max_headless_connections", "http_protocol", "refusal_response",
+]  # fmt: skip
 
 _log = logging.getLogger("gateway.service")
 
 RETRY_AFTER_S = 1
 """The ``Retry-After`` of a connection refused for the bound: connections come and go within seconds."""
+EVICTION_LOG_S = 10.0
+"""Connections closed to make room for newer ones are logged at most once per this many seconds, counted."""
 
 
 def default_max_connections() -> int:
@@ -54,6 +67,51 @@ def default_max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return 4096
     return max(64, min(4096, soft // 4))
+
+
+def default_max_headless_connections(max_connections: int) -> int:
+    """A quarter of ``max_connections``: a real client's connection is without a head for milliseconds, and
+    the other three quarters stay for requests under way."""
+    return max(1, max_connections // 4)
+
+
+class Headless:
+    """The connections of one server still without a complete request head, oldest first, at most ``bound``:
+    :meth:`add` past the bound closes the oldest (``close`` of each is called once), and the closing is logged,
+    counted, at most once per :data:`EVICTION_LOG_S` of ``clock``."""
+
+    def __init__(self, bound: int, clock: Callable[[], float]) -> None:
+        self.bound = bound
+        self._clock = clock
+        self._waiting: dict[object, Callable[[], None]] = {}  # insertion order: oldest first
+        self._closed_unlogged = 0
+        self._logged_at: float | None = None
+
+    def add(self, connection: object, close: Callable[[], None]) -> None:
+        """``connection`` waits for a head; past the bound the oldest waiting one is closed."""
+        self._waiting[connection] = close
+        while len(self._waiting) > self.bound:
+            oldest = next(iter(self._waiting))
+            self._waiting.pop(oldest)()
+            self._closed_unlogged += 1
+        if self._closed_unlogged:
+            self._log()
+
+    def discard(self, connection: object) -> None:
+        """``connection`` has sent a whole head, or is gone."""
+        self._waiting.pop(connection, None)
+
+    def _log(self) -> None:
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < EVICTION_LOG_S:
+            return
+        _log.warning(
+            "closed %d connection(s) without a complete request head to make room for newer ones: more than "
+            "max_headless_connections (%d) were open at once; a client may be holding connections idle",
+            self._closed_unlogged, self.bound,
+        )  # fmt: skip
+        self._closed_unlogged = 0
+        self._logged_at = now
 
 
 def refusal_response(error: GatewayError, request_id: str) -> bytes:
@@ -76,13 +134,19 @@ def http_protocol(
     *,
     max_connections: int | None = None,
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+    max_headless_connections: int | None = None,
     on_refused: Callable[[GatewayError, str], None] | None = None,
 ) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (``uvicorn.Config(http=...)``) with a ``header_read_s`` deadline per request head,
-    heads of at most ``max_header_bytes`` and at most ``max_connections`` connections (default
-    :func:`default_max_connections`); a refused connection's error is passed to ``on_refused`` with its request
-    id."""
+    heads of at most ``max_header_bytes``, at most ``max_connections`` connections (default
+    :func:`default_max_connections`) of which at most ``max_headless_connections`` without a complete head
+    (default :func:`default_max_headless_connections`; past it the oldest is closed); a refused connection's
+    error is passed to ``on_refused`` with its request id."""
     bound = default_max_connections() if max_connections is None else max_connections
+    headless_bound = (
+        default_max_headless_connections(bound) if max_headless_connections is None else max_headless_connections
+    )
+    headless = Headless(headless_bound, time.monotonic)
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415 - only when serving
     except ImportError as exc:
@@ -107,6 +171,7 @@ def http_protocol(
                 )
                 return
             self._arm_head_deadline()
+            headless.add(self, self.transport.close)
 
         def data_received(self, data: bytes) -> None:
             if self._refused:  # a refused connection's request is never read
@@ -137,6 +202,7 @@ def http_protocol(
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None
+            headless.discard(self)  # never closed for the bound from now on
             self._disarm_head_deadline()
             super().on_headers_complete()
 
@@ -151,6 +217,7 @@ def http_protocol(
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_head_deadline()
+            headless.discard(self)
             super().connection_lost(exc)
 
         def _arm_head_deadline(self) -> None:

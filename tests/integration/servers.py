@@ -42,6 +42,7 @@ def start(
                 config.header_read_s,
                 max_connections=config.max_connections,
                 max_header_bytes=config.max_header_bytes,
+                max_headless_connections=config.max_headless_connections,
                 on_refused=service.connection_refused,
             ),  # as `gateway serve` runs it
             lifespan="on",

@@ -191,10 +191,14 @@ def test_a_connection_over_max_connections_gets_503_and_is_closed_and_audited(se
     """A client that opens connections and holds them cannot use up the service's file descriptors: beyond
     max_connections each new one is answered 503 service.too_many_connections (the gateway's error body,
     Retry-After) and closed before anything of it is read; the refusals are audited, summarised, and the
-    service answers again as soon as a connection is freed."""
-    server = serve(max_connections=3)
+    service answers again as soon as a connection is freed. The held connections have each sent a whole head
+    (their bodies never come): idle ones past max_headless_connections would be closed to make room
+    (test_service_idle_connections.py)."""
+    server = serve(max_connections=3, max_headless_connections=3)
     host, port = server.url.removeprefix("http://").split(":")
     held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+    for sock in held:
+        sock.sendall(b"POST /v1/decisions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
     try:
         time.sleep(0.3)  # the server has accepted all three
         answers = []
