@@ -1,17 +1,24 @@
 """What ``GET /readyz`` asks the engine (is it reachable, are the policies' images present), remembered for a
 second: the endpoint is unauthenticated, so without this every call from anyone is a round trip to the engine.
 
-The trail's check is not remembered: it is local and cheap, and a full disk must show at once.
+The trail's check (:func:`trail_check`) is not remembered: it is local and cheap, and a full disk must show at
+once. It fails while the trail cannot create a file, and while its file system is below the free-space
+watermark, where every request is refused with 507 (``audit.low_space``): out of rotation until there is room.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-__all__ = ["Check", "EngineState", "ImageLookup", "ask_engine"]
+from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway.errors import AuditUnavailableError
+
+__all__ = ["Check", "EngineState", "ImageLookup", "ask_engine", "trail_check"]
 
 Check = tuple[bool, str]
 """A check's outcome and, when it failed, why (for the log)."""
@@ -62,3 +69,27 @@ class EngineState:
             answer = self._ask(wanted)
             self._last = (now, wanted, answer)
             return dict(answer)
+
+
+def trail_check(audit: AuditSink) -> Check:
+    """``audit``: the trail can create a file in its directory, and its file system is at or above its
+    watermark (below it, new work is refused). A sink without a directory (in memory) passes."""
+    directory = getattr(audit, "directory", None)
+    if directory is None:
+        return True, ""
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.fspath(directory), prefix=".readyz-"):
+            pass
+    except OSError as exc:
+        return False, f"{directory}: {exc.strerror or exc}"
+    if isinstance(audit, JsonlAuditTrail):
+        try:
+            free, watermark = audit.space()
+        except AuditUnavailableError as exc:
+            return False, exc.message
+        if free < watermark:
+            return False, (
+                f"{directory}: {free} bytes free, below the trail's watermark of {watermark} bytes "
+                f"({audit.min_free}): new work is refused (507) until there is room"
+            )
+    return True, ""

@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -59,7 +57,7 @@ from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
 from gateway.service.metrics import ServiceMetrics
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
 from gateway.service.quotas import QuotaGate, Refusals, default_global_bound
-from gateway.service.readiness import EngineState, ask_engine
+from gateway.service.readiness import EngineState, ask_engine, trail_check
 
 if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
@@ -280,10 +278,11 @@ class Service:
     def readiness(self) -> dict[str, tuple[bool, str]]:
         """``GET /readyz``: each check's outcome and, when it failed, why (for the log): the engine answers,
         every policy's default image is present (both :class:`~gateway.service.readiness.EngineState`), the trail is
-        writable. Blocking: call it in a worker thread."""
+        writable and above its free-space watermark (:func:`~gateway.service.readiness.trail_check`). Blocking:
+        call it in a worker thread."""
         images = sorted({compiled.policy.images.default for compiled in self.gateway.policies})
         checks = self.engine_state(images)  # remembered for a second: /readyz is open to anyone
-        checks["audit"] = _audit_writable(self.gateway)
+        checks["audit"] = trail_check(self.gateway.audit)
         return checks
 
     def connection_refused(self, error: GatewayError, request_id: str) -> None:
@@ -377,15 +376,3 @@ def policy_set(
         if policy is not None:
             by_name[principal.name] = policy
     return PolicySet.of(default, by_name, strict=True), kept
-
-
-def _audit_writable(gateway: Gateway) -> tuple[bool, str]:
-    directory = getattr(gateway.audit, "directory", None)
-    if directory is None:
-        return True, ""
-    try:
-        with tempfile.NamedTemporaryFile(dir=os.fspath(directory), prefix=".readyz-"):
-            pass
-    except OSError as exc:
-        return False, f"{directory}: {exc.strerror or exc}"
-    return True, ""

@@ -110,3 +110,19 @@ def test_below_the_watermark_refusals_leave_the_reserve_alone_and_are_counted(
     server.stop()
     new = [r["event_type"] for r in server.records()[written:]]
     assert new == ["gateway.stop"]  # the stop record, from the reserve; no refusal or summary
+
+
+def test_readyz_fails_while_the_trail_is_below_its_watermark(
+    low_space: tuple[Server, Path, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: /readyz said 200 while every principal got 507 (the trail could still create a file)."""
+    server, fs, _olga = low_space
+    with server.client() as anonymous:
+        response = anonymous.get("/readyz")
+        assert response.status_code == 503, response.text
+        body = response.json()
+        assert body["code"] == "service.not_ready"
+        assert body["checks"]["audit"] == "failed"
+        assert "watermark" in caplog.text  # the reason, in the server log
+        (fs / "ballast").unlink()
+        assert anonymous.get("/readyz").status_code == 200  # ready again once there is room

@@ -1,10 +1,14 @@
-"""The engine's state for ``GET /readyz`` is remembered for a second (a fake clock, a counting engine)."""
+"""The engine's state for ``GET /readyz`` is remembered for a second (a fake clock, a counting engine); the trail's
+check fails below its watermark."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
-from gateway.service.readiness import Check, EngineState, ask_engine
+from gateway.audit import JsonlAuditTrail, MemoryAuditSink
+from gateway.service.readiness import Check, EngineState, ask_engine, trail_check
 
 
 class Clock:
@@ -65,3 +69,19 @@ def test_a_caller_cannot_change_the_remembered_answer() -> None:
     state = _state(engine, clock)
     state(["a"])["engine"] = (False, "edited")
     assert state(["a"])["engine"] == (True, "")
+
+
+def test_the_trail_check_fails_below_the_watermark_with_the_reason(tmp_path: Path) -> None:
+    """A trail that can create files but whose file system is below its watermark is not ready: every request
+    would get 507. A sink in memory has no disk to check."""
+    fs = os.statvfs(tmp_path)
+    with JsonlAuditTrail(tmp_path / "roomy") as roomy:
+        roomy.append("gateway.start", {})
+        assert trail_check(roomy) == (True, "")
+    with JsonlAuditTrail(tmp_path / "full", min_free=fs.f_blocks * fs.f_frsize) as full:
+        full.append("gateway.start", {})
+        ok, why = trail_check(full)
+    assert not ok
+    assert "below the trail's watermark" in why
+    assert str(tmp_path / "full") in why
+    assert trail_check(MemoryAuditSink()) == (True, "")
