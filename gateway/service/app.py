@@ -78,6 +78,7 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/policy", endpoints.policy, methods=["GET"], middleware=bearer),
         Route("/v1/tools", endpoints.tools, methods=["GET"], middleware=bearer),
         Route("/v1/audit/records", endpoints.audit_records, methods=["GET"], middleware=bearer),
+        Route("/v1/reload", endpoints.reload, methods=["POST"], middleware=bearer),
         Route("/metrics", endpoints.metrics, methods=["GET"], middleware=bearer),
         Route("/healthz", endpoints.healthz, methods=["GET"]),
         Route("/readyz", endpoints.readyz, methods=["GET"]),

@@ -39,7 +39,7 @@ from gateway.service.auth import caller_of
 from gateway.service.bodies import JSON_MEDIA_TYPE, read_json_body
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.service.openapi import openapi_document
-from gateway.service.operator import NDJSON, audit_filters, audit_lines, require_operator
+from gateway.service.operator import NDJSON, audit_filters, audit_lines, reload_answer, require_operator
 from gateway.service.principals import Quotas
 from gateway.service.replies import Reply, error_reply, gateway_error_reply
 from gateway.service.service import Service
@@ -298,6 +298,14 @@ async def audit_records(request: Request, caller: Caller, request_id: str) -> Re
     await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
     lines = audit_lines(service, audit_filters(request.query_params))
     return StreamingResponse(lines, media_type=NDJSON, headers={"X-Request-Id": request_id})
+
+
+@counted("/v1/reload")
+@v1
+async def reload(request: Request, caller: Caller, request_id: str) -> Response:
+    service = Service.of(request)
+    await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+    return _json(200, await run_in_threadpool(reload_answer, service), request_id)
 
 
 @counted("/metrics")

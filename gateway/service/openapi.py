@@ -286,6 +286,20 @@ def _document() -> dict[str, Any]:
                 ),
             }
         },
+        "/v1/reload": {
+            "post": {
+                "operationId": "reload",
+                "summary": "Operators only: reload the principals and policies as SIGHUP does; the answer says whether "
+                "they applied and which token ids the service now accepts (`gateway principals revoke --service`).",
+                "security": auth,
+                "responses": _responses(
+                    _body(_ref("Api", "/$defs/reloadAnswer"), "Reloaded, or rejected (applied false)."),
+                    *v1,
+                    "403",
+                    "503",
+                ),
+            }
+        },
         "/metrics": {
             "get": {
                 "operationId": "metrics",

@@ -1,4 +1,4 @@
-"""The operator-only endpoints: ``GET /metrics`` and ``GET /v1/audit/records``.
+"""The operator-only endpoints: ``GET /metrics``, ``GET /v1/audit/records`` and ``POST /v1/reload``.
 
 Only principals with role ``operator`` may call them; an agent's call is refused with 403 ``auth.forbidden``
 and recorded as ``auth.forbidden`` (naming the principal and its token's public id; summarised per principal
@@ -12,12 +12,18 @@ unknown parameter: 422 ``request.invalid`` whose ``errors`` name each parameter 
 the matching records as JSON lines (``application/x-ndjson``), each line exactly as stored in the trail, so that
 its hash can be checked. The trail is read a line at a time and sent in bounded chunks: memory does not grow
 with the trail.
+
+``POST /v1/reload`` reloads the principals and policies as SIGHUP does and answers what came of it
+(:func:`reload_answer`): whether the new ones are active, and the ids of the tokens the service now accepts, so
+that ``gateway principals revoke --service`` can confirm a revocation applied rather than assume it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from starlette.datastructures import QueryParams
 
@@ -27,7 +33,7 @@ from gateway.audit.query import QueryFilters, parse_time, query_trail_lines
 from gateway.errors import AuditError, ForbiddenError, GatewayError, Problem, RequestError
 from gateway.service.service import Service
 
-__all__ = ["NDJSON", "QUERY_PARAMETERS", "audit_filters", "audit_lines", "require_operator"]
+__all__ = ["NDJSON", "QUERY_PARAMETERS", "audit_filters", "audit_lines", "reload_answer", "require_operator"]
 
 NDJSON = "application/x-ndjson"
 QUERY_PARAMETERS = (
@@ -123,3 +129,22 @@ def _chunks(lines: Iterator[tuple[bytes, object]]) -> Iterator[bytes]:
             buffer.clear()
     if buffer:
         yield bytes(buffer)
+
+
+def reload_answer(service: Service) -> dict[str, Any]:
+    """``POST /v1/reload``: reload (:meth:`Service.reload_report`), then ``applied`` (the new principals and
+    policies are active), ``reloaded_at``, the principals file read (``source``), the ids of every token the
+    service accepts now (``token_ids``: public ids, never a token or a digest), and ``problems`` (rejected: the
+    last good ones stay active) or ``kept`` (policy files that failed, whose last good policies stay). Blocking:
+    call it in a worker thread."""
+    report = service.reload_report()
+    answer: dict[str, Any] = {
+        "applied": report["ok"],
+        "reloaded_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "source": report["source"],
+        "token_ids": sorted(service.principals.by_token_id),
+    }
+    for key in ("problems", "kept"):
+        if key in report:
+            answer[key] = report[key]
+    return answer

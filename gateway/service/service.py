@@ -4,9 +4,9 @@ needs around it (quotas, decision workers, metrics, bounded refusal records, anc
 :class:`Service` knows nothing of HTTP; :func:`gateway.service.app.build_app` serves it (``app.state.service``,
 read back by :meth:`Service.of`).
 
-Reload (SIGHUP, :meth:`Service.reload`) re-reads the principals file and every policy it names (plus the
-default policy). A principals file that fails validation rejects the whole reload: the last good principals
-and policies stay active. A policy file that fails (``policy.rejected``) does not hold back the principals'
+Reload (SIGHUP or ``POST /v1/reload``, :meth:`Service.reload`) re-reads the principals file and every policy it
+names (plus the default policy). A principals file that fails validation rejects the whole reload: the last good
+principals and policies stay active. A policy file that fails (``policy.rejected``) does not hold back the principals'
 token changes: the policy it would replace stays active (a new principal without one is refused). Both
 outcomes are audited as ``policy.reloaded`` (``ok`` true with the new default policy's name and sha256, every
 policy loaded and the ``kept`` ones; ``ok`` false with the rejected ``source`` and its ``problems``).
@@ -116,6 +116,7 @@ class Service:
         while every request, new ones too, is still served, so that a load balancer stops sending first."""
         self._loop: asyncio.AbstractEventLoop | None = None
         """The event loop serving the service (:meth:`running`): where :attr:`quota_gate` lives."""
+        self._reload_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -239,9 +240,18 @@ class Service:
             return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
 
     def reload(self) -> bool:
-        """SIGHUP: reload the principals and policies (see the module); True when the new ones are active. The
-        decision workers get the new policies. A file where no token is left is applied too (unlike at start):
-        revoking every token is an incident response, and everyone then gets 401."""
+        """SIGHUP: reload the principals and policies (see the module); True when the new ones are active."""
+        return bool(self.reload_report()["ok"])
+
+    def reload_report(self) -> dict[str, Any]:
+        """Reload (see the module), one reload at a time (else an older file read last could undo a revocation);
+        the ``policy.reloaded`` record's data (``ok``: the new ones are active). The decision workers get the new
+        policies. A file where no token is left is applied too (unlike at start): revoking every token is an
+        incident response, and everyone then gets 401."""
+        with self._reload_lock:
+            return self._reload()
+
+    def _reload(self) -> dict[str, Any]:
         gateway = self.gateway
         source = str(self.config.principals or principals_path_from_env())
         try:
@@ -251,8 +261,9 @@ class Service:
             rejected = getattr(exc, "source", None) or source
             problems = [str(p) for p in exc.problems] or [exc.message]
             _log.warning("reload rejected (%s): the last good principals and policies stay active", exc.message)
-            self._audit_reload({"ok": False, "source": str(rejected), "problems": problems})
-            return False
+            data: dict[str, Any] = {"ok": False, "source": str(rejected), "problems": problems}
+            self._audit_reload(data)
+            return data
         self.principals = principals
         gateway.policies = policies
         if self._loop is not None:  # the quota gate lives on the event loop's thread
@@ -267,7 +278,7 @@ class Service:
         self._audit_reload({**data, "principals": len(principals)}, policy=policy)
         _log.info("reloaded %d principal(s) and %d policy(ies) from %s", len(principals), len(loaded), source)
         self.decisions.policies_changed(policies)
-        return True
+        return {**data, "principals": len(principals)}
 
     def _audit_reload(self, data: dict[str, Any], **extra: Any) -> None:
         try:

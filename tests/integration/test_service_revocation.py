@@ -8,6 +8,9 @@ the reload happens while they wait (``Service.reload``, what SIGHUP calls). No t
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator, FormatChecker
+from serve_process import ServeProcess, serve_env
 
-from gateway.resources import policies_dir
+from gateway.resources import load_schema, policies_dir
 from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas
 from tests.integration.conftest import default_policy_variant
 
@@ -169,3 +174,104 @@ def test_a_revocation_applies_even_when_another_policy_file_fails(
     assert reloaded["data"]["kept"] == [{"principal": "strict", "source": str(tmp_path / "strict.yaml")}]
     (rejected,) = server.records("policy.rejected")
     assert rejected["data"]["source"] == str(tmp_path / "strict.yaml")
+
+
+# --- `gateway principals revoke --service`: says whether the running service applied it (issue 28, M1) ---------
+
+
+def _revoke(operator: str, *argv: str) -> tuple[int, dict[str, Any]]:
+    """``gateway principals revoke ... --json`` in a subprocess, as an operator runs it (its token in
+    ``$GATEWAY_OPERATOR_TOKEN``): its status and its JSON."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "principals", "revoke", *argv, "--json"],
+        check=False, capture_output=True, text=True, timeout=120, env=serve_env({"GATEWAY_OPERATOR_TOKEN": operator}),
+    )  # fmt: skip
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.fixture
+def served(serve_process: Callable[..., ServeProcess], tmp_path: Path) -> tuple[ServeProcess, dict[str, str]]:
+    """A real ``gateway serve`` with an operator ``ops`` and an agent ``agent``, both answered 200."""
+    store = PrincipalsStore(tmp_path / "principals.yaml")
+    tokens = {
+        "ops": store.add("ops", policy=str(policies_dir() / "default.yaml"), role="operator"),
+        "agent": store.add("agent", policy=str(policies_dir() / "default.yaml")),
+    }
+    process = serve_process()
+    for token in tokens.values():
+        assert _policy_status(process.url, token) == 200
+    return process, tokens
+
+
+def _policy_status(url: str, token: str) -> int:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        return client.get("/v1/policy").status_code
+
+
+def test_revoke_tells_the_running_service_and_confirms_it_applied(served: tuple[ServeProcess, dict[str, str]]) -> None:
+    process, tokens = served
+    status, report = _revoke(tokens["ops"], "agent", "--principals", str(process.principals), "--service", process.url)
+    assert status == 0, report
+    assert report["applied"] is True
+    assert report["service"] == process.url
+    assert report["revoked_token_ids"] == [tokens["agent"].split("_")[1]]
+    assert report["reloaded_at"]
+    assert _policy_status(process.url, tokens["agent"]) == 401  # what "applied" claims
+    assert _policy_status(process.url, tokens["ops"]) == 200
+    (reloaded,) = process.events("policy.reloaded")
+    assert reloaded["data"]["ok"] is True
+
+
+def test_revoke_without_a_service_says_it_is_not_applied_yet(served: tuple[ServeProcess, dict[str, str]]) -> None:
+    process, tokens = served
+    status, report = _revoke(tokens["ops"], "agent", "--principals", str(process.principals))
+    assert status == 3, report
+    assert report["applied"] is False
+    assert "no running service was told" in report["reason"]
+    assert _policy_status(process.url, tokens["agent"]) == 200  # true: nothing told the service
+
+
+def test_revoke_in_a_file_the_service_does_not_serve_is_not_applied(
+    served: tuple[ServeProcess, dict[str, str]], tmp_path: Path
+) -> None:
+    """The operator revoked in a copy (another path than the service's): the service reloads its own file and
+    still accepts the token; the CLI says so instead of "applied"."""
+    process, tokens = served
+    copy = tmp_path / "elsewhere.yaml"
+    copy.write_bytes(process.principals.read_bytes())
+    status, report = _revoke(tokens["ops"], "agent", "--principals", str(copy), "--service", process.url)
+    assert status == 4, report
+    assert report["applied"] is False
+    assert "still accepts" in report["reason"]
+    assert _policy_status(process.url, tokens["agent"]) == 200
+
+
+def test_revoke_with_no_service_listening_says_not_applied(served: tuple[ServeProcess, dict[str, str]]) -> None:
+    process, tokens = served
+    url = process.url
+    assert process.stop() == 0
+    status, report = _revoke(tokens["ops"], "agent", "--principals", str(process.principals), "--service", url)
+    assert status == 4, report
+    assert report["applied"] is False
+    assert "could not reach" in report["reason"]
+
+
+def test_only_an_operator_may_reload_over_http(served: tuple[ServeProcess, dict[str, str]]) -> None:
+    process, tokens = served
+    with httpx.Client(base_url=process.url, headers={"Authorization": f"Bearer {tokens['agent']}"}) as agent:
+        refused = agent.post("/v1/reload")
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["code"] == "auth.forbidden"
+    with httpx.Client(base_url=process.url) as anonymous:
+        assert anonymous.post("/v1/reload").status_code == 401
+    assert process.events("policy.reloaded") == []  # neither reloaded anything
+    with httpx.Client(base_url=process.url, headers={"Authorization": f"Bearer {tokens['ops']}"}) as operator:
+        answered = operator.post("/v1/reload")
+    assert answered.status_code == 200, answered.text
+    api = load_schema("api")
+    Draft202012Validator({**api, "$ref": "#/$defs/reloadAnswer"}, format_checker=FormatChecker()).validate(
+        answered.json()
+    )  # the documented shape (GET /openapi.json references it)
+    ids = {token.split("_")[1] for token in tokens.values()}
+    assert (answered.json()["applied"], set(answered.json()["token_ids"])) == (True, ids)

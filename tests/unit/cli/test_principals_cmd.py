@@ -74,15 +74,16 @@ def test_add_list_rotate_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert loaded.authenticate(ops_token) is not None  # rotating alice leaves ops alone
 
     rc, out, err = _run(capsys, "principals", "revoke", "alice", "--principals", file)
-    assert (rc, out) == (0, "")
+    assert (rc, out) == (3, "")  # written, but no running service was told (issue 28, M1)
     assert "revoked every token of 'alice'" in err
+    assert "NOT yet applied: no running service was told" in err
     loaded = load_principals(file)
     assert loaded.authenticate(second) is None
     rc, out, _ = _run(capsys, "principals", "list", "--principals", file)
     assert "tokens: none (revoked" in out
 
     rc, out, err = _run(capsys, "principals", "revoke", "alice", "--remove", "--principals", file)
-    assert rc == 0
+    assert rc == 3
     assert "removed principal 'alice'" in err
     assert [p.name for p in load_principals(file)] == ["ops"]
     for clear in (first, second, ops_token):
@@ -154,3 +155,40 @@ def test_the_environment_and_the_working_directory_pick_the_file_and_policies_ar
     assert _run(capsys, "principals", "add", "you", "--policy", "pol.yaml")[0] == 0
     assert [p.name for p in load_principals(other)] == ["you"]
     assert [p.name for p in load_principals(tmp_path / "principals.yaml")] == ["me"]
+
+
+def test_revoke_with_a_service_but_no_operator_token_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked before the file is written: a revocation never half happens for want of the token."""
+    file = tmp_path / "p.yaml"
+    assert (
+        _run(capsys, "principals", "add", "alice", "--policy", str(default_policy_path()), "--principals", str(file))[0]
+        == 0
+    )
+    before = file.read_bytes()
+    monkeypatch.delenv("GATEWAY_OPERATOR_TOKEN", raising=False)
+    rc, out, err = _run(
+        capsys, "principals", "revoke", "alice", "--principals", str(file), "--service", "http://127.0.0.1:9"
+    )
+    assert (rc, out) == (2, "")
+    assert "$GATEWAY_OPERATOR_TOKEN" in err
+    assert "nothing was changed" in err
+    assert file.read_bytes() == before
+
+
+def test_revoke_json_says_not_applied_when_no_service_was_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "p.yaml"
+    token = _run(
+        capsys, "principals", "add", "alice", "--policy", str(default_policy_path()), "--principals", str(file)
+    )[1]
+    rc, out, _ = _run(capsys, "principals", "revoke", "alice", "--principals", str(file), "--json")
+    assert rc == 3
+    report = json.loads(out)
+    assert report["applied"] is False
+    assert report["service"] is None
+    assert report["revoked_token_ids"] == [token.split("_")[1]]
+    assert report["file"] == str(file)
+    assert "no running service was told" in report["reason"]
