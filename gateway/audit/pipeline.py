@@ -7,12 +7,18 @@ this same pipeline, so what a unit test sees in memory is byte for byte what the
 
 Redaction rules (each erased path is listed in the record's ``redacted``):
 
-* ``request.received``: ``data.request.code`` is kept up to ``code_max_bytes`` UTF-8 bytes (cut beyond, with
-  ``code_truncated``), plus ``code_sha256`` and ``code_bytes`` of the whole code; ``data.request.files``
-  becomes ``[{"name", "sha256", "bytes"}]`` (contents never kept); ``data.request.env`` becomes
-  ``env_names`` (values never kept).
-* ``policy.decision``: values of ``data.decision.options.environment`` become ``"<redacted>"``, and the
-  ``got`` of any rule result whose path is under ``$.env`` keeps names only.
+* ``request.received``: ``data.request.code`` is kept up to ``code_max_bytes`` bytes *as stored* (JSON-escaped:
+  a control character takes 6 bytes, a character beyond the BMP 12; cut beyond, with ``code_truncated``), plus
+  ``code_sha256`` and ``code_bytes`` (UTF-8) of the whole code; ``data.request.files`` becomes
+  ``[{"name", "sha256", "bytes"}]`` (contents never kept); ``data.request.env`` becomes ``env_names`` (values
+  never kept); any other string of the request (a file or mount name, metadata) longer than
+  :data:`STRING_MAX_BYTES` as stored keeps a prefix that fits. The erased paths are listed one by one only
+  while they are short (:func:`_erased_paths`). So a request costs the code cap plus a bounded rest, whatever
+  characters it holds.
+* ``policy.decision``: values of ``data.decision.options.environment`` become ``"<redacted>"``, the
+  ``got`` of any rule result whose path is under ``$.env`` keeps names only, and the strings of each rule result
+  (which quote the request) are cut to :data:`STRING_MAX_BYTES` as stored.
+* ``request.invalid``: the strings of each of ``data.problems`` (which quote the request) are cut likewise.
 * every event: any list under ``data`` keeps at most :data:`LIST_MAX_ITEMS` items and :data:`LIST_MAX_BYTES`
   bytes; a cut list ``k`` gains ``k_omitted: {"count", "sha256"}`` (:func:`bound_lists`), so no caller input
   can make one record unbounded.
@@ -45,6 +51,7 @@ __all__ = [
     "LIST_MAX_BYTES",
     "LIST_MAX_ITEMS",
     "REDACTED",
+    "STRING_MAX_BYTES",
     "Processor",
     "RecordPipeline",
     "SealedRecord",
@@ -55,6 +62,7 @@ __all__ = [
     "normalise",
     "redactor",
     "stamper",
+    "stored_prefix",
     "utc_timestamp",
 ]
 
@@ -69,6 +77,9 @@ LIST_MAX_ITEMS: Final = 32
 """At most this many items of any list are kept in a record; the rest become ``<key>_omitted``."""
 LIST_MAX_BYTES: Final = 8192
 """...and at most this many bytes of them (canonical JSON), so 32 long names cannot blow a record up either."""
+
+STRING_MAX_BYTES: Final = 1024
+"""A request's strings other than its code keep at most this many bytes as stored (JSON-escaped)."""
 
 _REDACTED_MAX: Final = 4 * LIST_MAX_ITEMS
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -262,6 +273,36 @@ def _sha256_text(value: Any) -> tuple[str, int]:
     return hashlib.sha256(raw).hexdigest(), len(raw)
 
 
+def stored_prefix(text: str, max_bytes: int) -> str:
+    """The longest prefix of ``text`` whose stored form (the JSON string as a record holds it, ASCII-escaped,
+    without its quotes) is at most ``max_bytes``: ``text`` itself when it fits."""
+    if len(text) <= max_bytes // 12 or audit_body_size(text) - 2 <= max_bytes:
+        return text  # no character takes more than 12 bytes escaped (a surrogate pair)
+    low, high = 0, min(len(text), max_bytes)  # every character takes at least one byte
+    while low < high:  # the stored size grows with the prefix: the longest one that fits
+        middle = (low + high + 1) // 2
+        if audit_body_size(text[:middle]) - 2 <= max_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
+
+
+def _cap_strings(value: Any, path: str, erased: list[str]) -> Any:
+    """``value`` with every string longer than :data:`STRING_MAX_BYTES` as stored cut to a prefix that fits
+    (its path listed in ``erased``)."""
+    if isinstance(value, str):
+        kept = stored_prefix(value, STRING_MAX_BYTES)
+        if len(kept) < len(value):
+            erased.append(path)
+        return kept
+    if isinstance(value, dict):
+        return {key: _cap_strings(item, json_path(path, key), erased) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cap_strings(item, json_path(path, index), erased) for index, item in enumerate(value)]
+    return value
+
+
 def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[str]) -> None:
     base = "$.data.request"
     code = request.get("code")
@@ -269,9 +310,10 @@ def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[s
         raw = code.encode("utf-8", "surrogatepass")
         request["code_sha256"] = hashlib.sha256(raw).hexdigest()
         request["code_bytes"] = len(raw)
-        request["code_truncated"] = len(raw) > code_max_bytes
-        if len(raw) > code_max_bytes:
-            request["code"] = raw[:code_max_bytes].decode("utf-8", "ignore")
+        kept = stored_prefix(code, code_max_bytes)
+        request["code_truncated"] = len(kept) < len(code)
+        if request["code_truncated"]:
+            request["code"] = kept
             erased.append(json_path(base, "code"))
     files = request.get("files")
     if isinstance(files, dict):
@@ -286,13 +328,22 @@ def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[s
         request["env_names"] = sorted(env)
         erased.extend(_erased_paths(json_path(base, "env"), sorted(env)))
         del request["env"]
+    for key in list(request):
+        if key not in _REQUEST_OWN_CAPS:
+            request[key] = _cap_strings(request[key], json_path(base, key), erased)
+
+
+_REQUEST_OWN_CAPS: Final = frozenset({"code", "code_sha256", "code_bytes", "code_truncated"})
+"""Members of a recorded request that :func:`_cap_strings` leaves alone: the code has a cap of its own."""
 
 
 def _erased_paths(base: str, keys: list[str]) -> list[str]:
-    """One path per erased member, or only ``base`` when there are more than a record lists of anything."""
+    """One path per erased member, or only ``base`` when there are more than a record lists of anything or their
+    paths together take more than :data:`LIST_MAX_BYTES` as stored (long names)."""
     if len(keys) > LIST_MAX_ITEMS:
         return [base]
-    return [json_path(base, key) for key in keys]
+    paths = [json_path(base, key) for key in keys]
+    return paths if audit_body_size(paths) <= LIST_MAX_BYTES else [base]
 
 
 def _names_only(got: Any) -> Any:
@@ -332,6 +383,8 @@ def _redact_decision(decision: dict[str, Any], erased: list[str]) -> None:
             if under_env and result.get("got") is not None:
                 result["got"] = _names_only(result["got"])
                 erased.append(json_path(json_path(json_path(base, group), index), "got"))
+            # a result names what the request held (a file name of 4,096 control characters): its strings are cut
+            results[index] = _cap_strings(result, json_path(json_path(base, group), index), erased)
 
 
 def redactor(code_max_bytes: int) -> Processor:
@@ -346,6 +399,10 @@ def redactor(code_max_bytes: int) -> Processor:
             _redact_request(data["request"], code_max_bytes, erased)
         if record["event_type"] == "policy.decision" and isinstance(data.get("decision"), dict):
             _redact_decision(data["decision"], erased)
+        if record["event_type"] == "request.invalid" and isinstance(data.get("problems"), list):
+            problems = data["problems"]  # each quotes the request (an unknown key of 4,096 control characters)
+            for index, problem in enumerate(problems[:LIST_MAX_ITEMS]):  # the rest is cut by bound_lists
+                problems[index] = _cap_strings(problem, json_path("$.data.problems", index), erased)
         record["redacted"] = sorted(erased)
         return record
 

@@ -21,6 +21,12 @@ refill). A pool is rebuilt when the policies change (:meth:`WarmPool.configure`)
 policy's sha256, so a container made under an old policy version never serves a request of the new one, and
 the old profiles' containers are destroyed.
 
+The profiles' pools share the host's slots by how busy each is lately (its claims, halved every
+``_BUSY_HALF_LIFE_S``): the fillers refill the busiest pool first, and when the host is full, the pool of a
+profile at least twice as busy takes the slot of an idle container of the quieter one (removed; the margin
+keeps two pools used alike from taking each other's slots in turn). A policy whose pool is never used thus
+never keeps the slots its busiest neighbour needs.
+
 Every pooled container holds one of the host's execution slots (``gateway.slots``) from its creation until
 the request that claimed it has finished, so the pool counts against the host's bound. An idle pooled
 container never holds a slot a live run needs: a cold run that finds every slot taken removes an idle
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -68,6 +75,8 @@ _YIELD_GAP_S = 0.25
 """After giving an idle container's slot up, the pool waits this long before giving up another (the waiting
 run takes the freed slot within its own poll, at most 0.2 s: one run waiting costs one container)."""
 _FILLERS = 2
+_BUSY_HALF_LIFE_S = 60.0
+"""A profile's claims count half as much for sharing the host's slots after this long."""
 
 
 def default_profile(policy: Policy) -> SandboxProfile:
@@ -96,10 +105,20 @@ class _Pool:
     retry_at: float = 0.0
     last_error: str | None = None
     closed: bool = False
+    busy: float = 0.0
+    """The profile's claims as of ``busy_at``, each halved every ``_BUSY_HALF_LIFE_S`` since it was made."""
+    busy_at: float = 0.0
 
     @property
     def deficit(self) -> int:
         return self.target - len(self.ready) - self.creating
+
+    def busyness(self, now: float) -> float:
+        """How busy the profile is lately: its claims, each halved every ``_BUSY_HALF_LIFE_S`` since."""
+        return self.busy * math.pow(0.5, (now - self.busy_at) / _BUSY_HALF_LIFE_S)
+
+    def claimed(self, now: float) -> None:
+        self.busy, self.busy_at = self.busyness(now) + 1.0, now
 
 
 @dataclass
@@ -270,6 +289,7 @@ class WarmPool:
     def _take_ready(self, pool: _Pool) -> _Ready | None:
         """A ready container of ``pool``, after the burst response when there is none (lock held)."""
         pool.target = max(pool.target, pool.config.size)
+        pool.claimed(self._clock())
         ready = self._pop(pool)
         if ready is None:
             # Burst: grow towards max, and wait for a refill when the policy says so.
@@ -302,7 +322,7 @@ class WarmPool:
                 slot = self.slots.try_take()
                 if slot is not None:
                     return slot
-                victim = self._take_idle()
+                victim = self._take_idle(self._clock())
                 if victim is None:
                     return self.slots.take()
                 self._discard(victim)
@@ -311,13 +331,14 @@ class WarmPool:
                 self._waiting -= 1
                 self._cond.notify_all()
 
-    def _take_idle(self) -> _Ready | None:
-        """The idle container to give up for a live run: the oldest one (taken out of its pool), or None."""
+    def _take_idle(self, now: float, below: float = float("inf")) -> _Ready | None:
+        """The idle container to give up: the oldest of the quietest pool less busy than ``below`` (taken out
+        of its pool), or None."""
         with self._cond:
-            pools = [p for p in self._pools.values() if p.ready]
+            pools = [p for p in self._pools.values() if p.ready and p.busyness(now) < below]
             if not pools:
                 return None
-            return min(pools, key=lambda p: p.ready[0].since).ready.popleft()
+            return min(pools, key=lambda p: (p.busyness(now), p.ready[0].since)).ready.popleft()
 
     # -- filling ---------------------------------------------------------------------------------------
 
@@ -366,11 +387,7 @@ class WarmPool:
             while not self._closed:
                 expired = self._expire()
                 if expired:
-                    self._cond.release()
-                    try:
-                        self._discard_all(expired)
-                    finally:
-                        self._cond.acquire()
+                    self._discard_unlocked(expired)
                     continue
                 now = self._clock()
                 if self._paused:
@@ -378,19 +395,30 @@ class WarmPool:
                     continue
                 if self._yield_slot(now):
                     continue
-                pool = next((p for p in self._pools.values() if p.deficit > 0 and p.retry_at <= now), None)
+                pool = self._neediest(now)
                 if self._waiting:
                     pool = None  # a cold run waits for a slot: it goes first
                 if pool is None:
                     self._cond.wait(self._idle_wait(now))
                     continue
                 slot = self.slots.try_take()
-                if slot is None:  # the host is full: a run ends, or another process frees one
+                if slot is not None:
+                    pool.creating += 1
+                    return pool, slot
+                # The host is full: an idle container of a profile at most half as busy gives its slot to this
+                # pool, else a run ends or another process frees one.
+                victim = self._take_idle(now, below=pool.busyness(now) / 2)
+                if victim is None:
                     self._cond.wait(_SLOT_POLL_S)
                     continue
-                pool.creating += 1
-                return pool, slot
+                self._discard_unlocked([victim])
         return None
+
+    def _neediest(self, now: float) -> _Pool | None:
+        """The pool to refill next: the busiest lately of those short of their target, then the one with the
+        fewest containers (lock held)."""
+        short = [p for p in self._pools.values() if p.deficit > 0 and p.retry_at <= now]
+        return max(short, key=lambda p: (p.busyness(now), -len(p.ready) - p.creating), default=None)
 
     def _yield_slot(self, now: float) -> bool:
         """When a run on the host waits for a slot: give the slot of an idle container up (remove it) unless
@@ -400,15 +428,11 @@ class WarmPool:
             return False  # nothing to give up, nothing to refill: no need to ask
         if not self.slots.wanted():
             return False
-        victim = self._take_idle() if now >= self._yield_at else None
+        victim = self._take_idle(now) if now >= self._yield_at else None
         if victim is None:
             self._cond.wait(_YIELD_POLL_S)
             return True
-        self._cond.release()
-        try:
-            self._discard_all([victim])
-        finally:
-            self._cond.acquire()
+        self._discard_unlocked([victim])
         self._yield_at = self._clock() + _YIELD_GAP_S
         return True
 
@@ -444,6 +468,14 @@ class WarmPool:
         for ready in items:
             with contextlib.suppress(Exception):
                 self._discard(ready)
+
+    def _discard_unlocked(self, items: Iterable[_Ready]) -> None:
+        """Destroy ``items`` with the lock released during the engine's calls (held before and after)."""
+        self._cond.release()
+        try:
+            self._discard_all(items)
+        finally:
+            self._cond.acquire()
 
     @contextlib.contextmanager
     def paused(self, timeout_s: float = 60.0) -> Iterator[None]:

@@ -7,6 +7,8 @@ is the worst case for JSON escaping costs a bounded line; a principal's trail by
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.audit.pipeline import LIST_MAX_BYTES
 from gateway.audit.records import view_record
 from gateway.resources import policies_dir
 from gateway.service.principals import PrincipalsStore
@@ -126,3 +129,63 @@ def test_readyz_fails_while_the_trail_is_below_its_watermark(
         assert "watermark" in caplog.text  # the reason, in the server log
         (fs / "ballast").unlink()
         assert anonymous.get("/readyz").status_code == 200  # ready again once there is room
+
+
+CODE_CAP = 4096
+"""``GATEWAY_AUDIT_CODE_MAX_BYTES`` of the escaping tests: small, so that the worst case fits a small body."""
+RECEIVED_BOUND = 4 * LIST_MAX_BYTES
+"""A request without code costs at most this: its lists (files, mounts) are bounded in bytes, each string of it
+is cut to a prefix (STRING_MAX_BYTES), and the paths of what was erased are listed only while they are short."""
+
+
+def _line_sizes(server: Server, event_type: str) -> list[int]:
+    """The stored length in bytes of each line of ``event_type`` in the trail."""
+    sizes = []
+    for segment in sorted(server.audit_dir.glob("trail-*.jsonl")):
+        for line in segment.read_bytes().splitlines():
+            if json.loads(line)["event_type"] == event_type:
+                sizes.append(len(line) + 1)
+    return sizes
+
+
+def test_code_that_is_the_worst_case_for_escaping_is_stored_within_the_cap(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: code was capped in UTF-8 bytes but stored JSON-escaped: 4,096 control characters (one byte each)
+    made a 25,300-byte ``request.received`` line under a 4,096-byte cap, six times the cap."""
+    monkeypatch.setenv("GATEWAY_AUDIT_CODE_MAX_BYTES", str(CODE_CAP))
+    server = serve(max_body_bytes=1 << 20)
+    worst = "\x01" * CODE_CAP
+    astral = "\U0001f600" * (CODE_CAP // 4)  # 4 UTF-8 bytes, 12 escaped (a surrogate pair)
+    with server.client(server.tokens["alice"]) as alice:
+        for code in (worst, astral, "x" * (4 * CODE_CAP)):
+            assert alice.post("/v1/decisions", json={"code": code}).status_code == 200
+    server.stop()
+    sizes = _line_sizes(server, "request.received")
+    assert len(sizes) == 3
+    assert max(sizes) <= CODE_CAP + 2048, sizes  # the cap, plus the envelope and the code's digest
+    stored = [r["data"]["request"] for r in server.records("request.received")]
+    assert [(r["code_truncated"], r["code_bytes"]) for r in stored] == [
+        (True, CODE_CAP), (True, CODE_CAP), (True, 4 * CODE_CAP)
+    ]  # fmt: skip
+    assert stored[0]["code_sha256"] == hashlib.sha256(worst.encode()).hexdigest()
+    assert worst.startswith(stored[0]["code"])
+    assert astral.startswith(stored[1]["code"])
+
+
+def test_long_names_in_files_and_mounts_cost_a_bounded_record(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: 32 files named with 4,000 control characters each made a 794 KB ``request.received`` (each
+    name listed, escaped, in ``redacted``), and a mount's 4,096-character source was kept whole."""
+    monkeypatch.setenv("GATEWAY_AUDIT_CODE_MAX_BYTES", str(CODE_CAP))
+    server = serve(max_body_bytes=1 << 20)
+    files = {"\x01" * 4000 + str(i): "" for i in range(32)}
+    mounts = [{"source": "/" + "\x01" * 4000, "target": "/" + "\x02" * 4000}]
+    with server.client(server.tokens["alice"]) as alice:
+        for request in ({"code": "x", "files": files}, {"code": "x", "mounts": mounts}):
+            assert alice.post("/v1/decisions", json=request).status_code == 200
+    server.stop()
+    sizes = _line_sizes(server, "request.received")
+    assert len(sizes) == 2
+    assert max(sizes) <= RECEIVED_BOUND, sizes

@@ -325,3 +325,43 @@ def test_a_live_run_in_another_process_takes_a_slot_from_an_idle_pool(
         for cid in _pooled_ids(engine, instance):
             with contextlib.suppress(Exception):  # AutoRemove may be removing it already
                 engine.api.remove_container(cid, force=True)
+
+
+def test_the_busiest_policys_pool_is_not_starved_by_an_idle_one(engine: Any, runtime: str, tmp_path: Path) -> None:
+    """Two policies' pools share a host of two slots. The first one served fills both and is never used; the
+    other principal's policy is. Its pool must get the host's slots (the idle policy's containers give way,
+    removed), instead of every one of its requests running cold."""
+    from gateway import Caller
+    from gateway.runner.docker.options import pool_key
+    from gateway.runner.pool import default_profile
+
+    idle = _policy(runtime)
+    busy = load_policy_text(Path(idle.source).read_text().replace("idle_s: 300", "idle_s: 301"))
+    busy_key = pool_key(default_profile(busy))
+    runner = DockerRunner(engine)
+    policies = PolicySet.of(idle, {"busy": busy})
+    gw = Gateway(
+        policies, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path, 2, 30.0), pool=PoolConfig(size=2)
+    )
+    caller = Caller(principal="busy", token_id="t-busy")
+
+    def busy_ready() -> list[str]:
+        found = engine.api.containers(
+            all=True, filters={"label": [f"{POOL_LABEL}={busy_key}", f"{INSTANCE_LABEL}={runner.instance}"]}
+        )
+        return [str(c["Id"]) for c in found]
+
+    with gw:
+        pool = gw.pool
+        assert pool is not None
+        assert _eventually(lambda: pool.stats().ready == 2)  # the host is full
+        first = gw.execute({"code": "print(2+2)"}, caller=caller)
+        assert first.to_dict()["stdout"] == "4\n", first.to_dict()
+        # Both slots to the busy policy's pool, both containers ready (the engine lists one while it starts).
+        assert _eventually(lambda: len(busy_ready()) == 2 and pool.stats().ready == 2), (busy_ready(), pool.stats())
+        before = set(_pooled_ids(engine, runner.instance))
+        second = gw.execute({"code": "print(2+2)"}, caller=caller)
+        assert second.to_dict()["pool"] == "hit"
+        assert second.outcome is not None
+        assert second.outcome.container_id in before
+    assert not _pooled_ids(engine, runner.instance)

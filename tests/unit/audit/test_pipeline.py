@@ -269,12 +269,13 @@ def test_caller_data_is_not_mutated() -> None:
 
 
 def test_code_is_kept_up_to_the_cap_and_digested_in_full() -> None:
-    code = "é" * 40  # 80 UTF-8 bytes; a cap of 11 falls inside a character
-    sink = MemoryAuditSink(code_max_bytes=11)
+    """The cap is on the code as stored: "é" is 2 UTF-8 bytes but 6 stored (\u00e9), so a cap of 13 keeps 2."""
+    code = "é" * 40  # 80 UTF-8 bytes, 240 stored; a cap of 13 falls inside the third character
+    sink = MemoryAuditSink(code_max_bytes=13)
     sink.append("request.received", {"request": {"code": code}})
     sink.append("request.received", {"request": {"code": "short"}})
     cut, whole = (r["data"]["request"] for r in sink.records)
-    assert cut["code"] == "é" * 5
+    assert cut["code"] == "é" * 2
     assert cut["code_truncated"] is True
     assert cut["code_bytes"] == 80
     assert cut["code_sha256"] == hashlib.sha256(code.encode()).hexdigest()
@@ -368,3 +369,65 @@ def test_a_list_inside_a_list_kept_whole_is_still_cut_by_its_item_count() -> Non
     assert len(kept) == 1  # the first item is kept whatever its size ...
     assert len(kept[0]["lines"]) < 90  # ... and the lists inside it are still sized
     assert "$.data.problems[0].lines" in sink.records[1]["redacted"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["\x01" * 5000, "\U0001f600" * 2000, "é" * 5000, '"\\' * 3000, "\n" * 5000, "x" * 5000, "a\x01\U0001f600é" * 900],
+)
+def test_code_is_capped_as_stored_whatever_its_characters(code: str) -> None:
+    """Before: the cap counted UTF-8 bytes, and 4,096 control characters were stored as 24,576 bytes."""
+    from gateway.audit.pipeline import stored_prefix
+    from gateway.canonical import audit_body_size
+
+    cap = 4096
+    sink = MemoryAuditSink(code_max_bytes=cap)
+    sink.append("request.received", {"request": {"code": code}})
+    (record,) = sink.records
+    stored = record["data"]["request"]
+    assert audit_body_size(stored["code"]) - 2 <= cap
+    assert code.startswith(stored["code"])
+    assert audit_body_size(code[: len(stored["code"]) + 1]) - 2 > cap  # the longest prefix that fits
+    assert stored["code_truncated"] is True
+    assert stored["code_bytes"] == len(code.encode())
+    assert stored["code_sha256"] == hashlib.sha256(code.encode()).hexdigest()
+    assert audit_body_size(record) <= cap + 1024
+    assert stored_prefix(code, 10**9) == code
+
+
+def test_long_names_and_strings_of_a_request_cost_a_bounded_record() -> None:
+    """Before: 32 file names of 4,000 control characters were each listed, escaped, in ``redacted`` (794 KB),
+    and a mount's source of 4,000 was kept whole; now each string keeps a prefix of at most STRING_MAX_BYTES."""
+    from gateway.audit.pipeline import LIST_MAX_BYTES, STRING_MAX_BYTES
+    from gateway.canonical import audit_body_size
+
+    sink = MemoryAuditSink()
+    files = {"\x01" * 4000 + str(i): "" for i in range(32)}
+    mounts = [{"source": "/" + "\x01" * 4000, "target": "/w"}]
+    sink.append("request.received", {"request": {"code": "x", "files": files, "mounts": mounts}})
+    (record,) = sink.records
+    request = record["data"]["request"]
+    assert audit_body_size(record) <= 3 * LIST_MAX_BYTES
+    assert "$.data.request.files" in record["redacted"]  # one path for the files: theirs are too long to list
+    assert all(audit_body_size(f["name"]) - 2 <= STRING_MAX_BYTES for f in request["files"])
+    assert "$.data.request.mounts[0].source" in record["redacted"]
+    assert request["mounts"][0]["target"] == "/w"
+    assert mounts[0]["source"].startswith(request["mounts"][0]["source"])
+
+
+def test_the_strings_of_rule_results_and_problems_are_capped() -> None:
+    from gateway.audit.pipeline import STRING_MAX_BYTES
+    from gateway.canonical import audit_body_size
+
+    name = "\x01" * 4000
+    sink = MemoryAuditSink()
+    result = {"rule": "files.path", "status": "fail", "path": f"$.files[{name!r}]", "got": name, "message": name}
+    sink.append("policy.decision", {"decision": {"allowed": False, "results": [result], "violations": [result]}})
+    sink.append("request.invalid", {"problems": [{"path": "$", "message": f"unknown key {name!r}"}]})
+    decision, invalid = sink.records
+    for kept in (decision["data"]["decision"]["results"][0], decision["data"]["decision"]["violations"][0]):
+        assert (kept["rule"], kept["status"]) == ("files.path", "fail")
+        assert all(audit_body_size(kept[k]) - 2 <= STRING_MAX_BYTES for k in ("path", "got", "message"))
+    assert "$.data.decision.violations[0].got" in decision["redacted"]
+    assert audit_body_size(invalid["data"]["problems"][0]["message"]) - 2 <= STRING_MAX_BYTES
+    assert invalid["redacted"] == ["$.data.problems[0].message"]

@@ -8,14 +8,15 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-from gateway import Gateway, PoolConfig
+from gateway import Caller, Gateway, PoolConfig
 from gateway.audit.memory import MemoryAuditSink
 from gateway.decision import Decision
 from gateway.errors import ContractError, SandboxError, UnsafeOptionsError
@@ -227,6 +228,39 @@ def test_an_idle_pool_gives_a_slot_up_to_a_run_of_another_gateway(policy: Policy
         assert not set(warm_runner.discarded) & (warm_runner.live | set(warm_runner.claimed))
     assert warm_runner.live == set()
     assert live_runner.live == set()
+
+
+def test_the_busiest_profiles_pool_gets_the_slots_of_idle_ones(policy: Policy, tmp_path: Path) -> None:
+    slots = HostSlots(tmp_path / "few", count=2, wait_s=10.0)
+    busy = load_policy_text((policies_dir() / "default.yaml").read_text().replace("idle_s: 300", "idle_s: 301"))
+    runner = _Watching()
+    policies = PolicySet.of(policy, {"busy": busy})
+    caller = Caller(principal="busy", token_id="t")
+    with Gateway(policies, runner=runner, audit=MemoryAuditSink(), slots=slots, pool=PoolConfig(size=2)) as gw:
+        pool = _pool(gw)
+        assert _eventually(lambda: pool.stats().ready == 2)  # the host is full
+        quiet = [p for p in pool._pools.values() if p.profile.policy == policy.ref]
+        runner.watched = {r.sandbox.container_id for p in quiet for r in p.ready}
+        first = gw.execute({"code": "1"}, caller=caller)
+        assert first.error is None, first.to_dict()["error"]
+        assert runner.all_discarded.wait(WAIT)  # the idle policy's containers gave way, never claimed
+        assert _eventually(lambda: _ready_of(pool, busy) == 2), pool.stats()
+        assert _ready_of(pool, policy) == 0
+        assert [gw.execute({"code": "1"}, caller=caller).to_dict()["pool"] for _ in range(2)] == ["hit"] * 2
+    assert not set(runner.claimed) & runner.watched
+
+
+def _ready_of(pool: WarmPool, policy: Policy) -> int:
+    with pool._cond:
+        return sum(len(p.ready) for p in pool._pools.values() if p.profile.policy == policy.ref)
+
+
+def _eventually(check: Callable[[], bool], tries: int = 400) -> bool:
+    for _ in range(tries):
+        if check():
+            return True
+        time.sleep(0.025)
+    return False
 
 
 def test_a_claim_the_guard_refuses_destroys_the_container_and_fails_closed(policy: Policy, slots: HostSlots) -> None:
