@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -192,3 +194,59 @@ def test_revoke_json_says_not_applied_when_no_service_was_told(
     assert report["revoked_token_ids"] == [token.split("_")[1]]
     assert report["file"] == str(file)
     assert "no running service was told" in report["reason"]
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """A loopback stand-in for the service's ``POST /v1/reload``: it answers ``self.server.answer``."""
+
+    def do_POST(self) -> None:
+        status, body = self.server.answer  # type: ignore[attr-defined]
+        content = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            (200, {"applied": False, "reloaded_at": "2026-01-01T00:00:00.000Z", "source": "p.yaml", "token_ids": [],
+                   "problems": ["p.yaml:3: $.principals: duplicate"]}),
+            "rejected the reload and keeps its last good principals: p.yaml:3: $.principals: duplicate",
+        ),
+        (
+            (403, {"code": "auth.forbidden", "message": "/v1/reload is for operators"}),
+            "refused the reload (HTTP 403, auth.forbidden: /v1/reload is for operators)",
+        ),
+    ],
+    ids=["rejected", "not-an-operator"],
+)  # fmt: skip
+def test_revoke_says_why_the_service_did_not_apply_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    answer: tuple[int, dict[str, object]],
+    reason: str,
+) -> None:
+    file = str(tmp_path / "p.yaml")
+    assert (
+        _run(capsys, "principals", "add", "alice", "--policy", str(default_policy_path()), "--principals", file)[0] == 0
+    )
+    monkeypatch.setenv("GATEWAY_OPERATOR_TOKEN", "agw_00000000_x")
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers) as server:
+        server.answer = answer  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        rc, out, err = _run(capsys, "principals", "revoke", "alice", "--principals", file, "--service", url, "--json")
+        server.shutdown()
+    assert rc == 4
+    report = json.loads(out)
+    assert report["applied"] is False
+    assert reason in report["reason"]
+    assert "NOT yet applied" in err
