@@ -16,11 +16,18 @@ Three bounds, checked in this order when a request arrives:
   longer than ``queue_wait_s`` (server config, default 60 s): then it leaves the queue with 429
   (``queue_wait``) and nothing runs, so the server-side deadline covers the wait too.
 
+Shares: a principal runs at most :meth:`QuotaGate.share` executions at once, its ``max_concurrent`` but never
+more than the global bound less one (at least one): however much it sends, one principal never holds the whole
+service, so another principal's execution starts at once while the service holds runs of only one principal
+(the review measured a 55.7 s wait when the default ``max_concurrent`` 8 was above the bound 4). A principal
+whose ``max_concurrent`` the share cuts is named in a warning at start and at reload
+(:meth:`QuotaGate.share_warning`).
+
 Fairness: whenever a slot frees, it goes to the waiting principal with the **fewest running** executions
 (oldest waiter first among equals), never simply to the oldest waiter. A principal that floods the service
-with long runs holds at most its own ``max_concurrent`` slots and, once another principal is waiting, the
-next free slot goes to that other principal; its own backlog is bounded by its own queue. So the service
-never holds more work than ``global bound + sum of queues``, and no principal can starve another.
+with long runs holds at most its share and, once another principal is waiting, the next free slot goes to that
+other principal; its own backlog is bounded by its own queue. So the service never holds more work than
+``global bound + sum of queues``, and no principal can starve another.
 
 A waiting request whose client goes away (the task is cancelled) leaves the queue; a granted slot is always
 given back (the ``async with`` block). A reload that removes a principal or revokes a token refuses that
@@ -38,7 +45,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +76,7 @@ class _State:
     admitted: deque[float] = field(default_factory=deque)
     """Monotonic times of its requests in the rpm window, oldest first."""
     max_concurrent: int = 1
+    """Its share (:meth:`QuotaGate.share`), as of its latest execution."""
 
 
 class QuotaGate:
@@ -108,6 +116,24 @@ class QuotaGate:
         """Executions of every principal waiting for a slot now (the ``gateway_queue_depth`` gauge)."""
         return sum(len(state.waiting) for state in self._states.values())
 
+    def share(self, quotas: Quotas) -> int:
+        """The most executions of one principal running at once: its ``max_concurrent``, at most the global bound
+        less one, so that a slot is left for the others (at least one: a bound of 1 cannot be shared)."""
+        return min(quotas.max_concurrent, max(1, self.global_bound - 1))
+
+    def share_warning(self, quotas: Mapping[str, Quotas]) -> str | None:
+        """What to tell the operator when the share cuts the ``max_concurrent`` of principals (name -> effective
+        quotas), or None: their setting is at or above the global bound, which would let one hold every slot."""
+        cut = sorted(name for name, given in quotas.items() if given.max_concurrent > self.share(given))
+        if not cut:
+            return None
+        named = ", ".join(cut[:5]) + (f" and {len(cut) - 5} more" if len(cut) > 5 else "")
+        return (
+            f"max_concurrent of principal(s) {named} is at or above the service's bound of {self.global_bound} "
+            f"running executions; each runs at most {max(1, self.global_bound - 1)} at once, so that the others "
+            "always find a slot; lower their max_concurrent (quotas) or raise max_concurrent_executions"
+        )
+
     def count_request(self, principal: str, quotas: Quotas) -> None:
         """Count one request against the principal's rpm; :class:`OverQuotaError` (``rpm``) when it is spent.
         A refused request is not counted (a client that keeps retrying does not push its window on)."""
@@ -131,7 +157,7 @@ class QuotaGate:
         allow, else after waiting in its queue; :class:`OverQuotaError` (``queue``) when the queue is full, the
         error of :meth:`refuse_waiting` when its ``token_id`` is refused while it waits."""
         state = self._state(principal)
-        state.max_concurrent = quotas.max_concurrent
+        state.max_concurrent = self.share(quotas)
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (next(self._tickets), granted, token_id)
         state.waiting.append(entry)
@@ -140,8 +166,8 @@ class QuotaGate:
             state.waiting.remove(entry)
             raise OverQuotaError(
                 f"{principal!r} has {state.running} execution(s) running and {len(state.waiting)} waiting, its "
-                f"quota (max_concurrent {quotas.max_concurrent}, queue {quotas.queue}); the service runs at most "
-                f"{self.global_bound} at once",
+                f"quota (max_concurrent {quotas.max_concurrent}, share {state.max_concurrent}, queue {quotas.queue});"
+                f" the service runs at most {self.global_bound} at once",
                 retry_after_s=QUEUE_RETRY_AFTER_S,
                 quota="queue",
             )
@@ -157,7 +183,7 @@ class QuotaGate:
             if isinstance(exc, TimeoutError):
                 raise OverQuotaError(
                     f"{principal!r} waited {self.queue_wait_s:g} s in its queue without getting an execution slot "
-                    f"({state.running} of its max_concurrent {quotas.max_concurrent} running, {self.running} of the "
+                    f"({state.running} of its share {state.max_concurrent} running, {self.running} of the "
                     f"service's {self.global_bound}); nothing ran",
                     retry_after_s=QUEUE_RETRY_AFTER_S,
                     quota="queue_wait",

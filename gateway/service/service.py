@@ -174,6 +174,7 @@ class Service:
     def start(self) -> None:
         """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
         self.gateway.__enter__()
+        self._warn_of_shares()
         if self.anchors is not None:
             self.anchors.start()
         self.auth_failures.start()
@@ -266,6 +267,7 @@ class Service:
             return data
         self.principals = principals
         gateway.policies = policies
+        self._warn_of_shares()
         if self._loop is not None:  # the quota gate lives on the event loop's thread
             self._loop.call_soon_threadsafe(self.quota_gate.refuse_waiting, self.refusal_of)
         default = policies.default.policy
@@ -279,6 +281,14 @@ class Service:
         _log.info("reloaded %d principal(s) and %d policy(ies) from %s", len(principals), len(loaded), source)
         self.decisions.policies_changed(policies)
         return {**data, "principals": len(principals)}
+
+    def _warn_of_shares(self) -> None:
+        """Log (at start and reload) the principals whose ``max_concurrent`` the quota gate cuts to its share,
+        because it is at or above the global bound (:meth:`~gateway.service.quotas.QuotaGate.share_warning`)."""
+        quotas = {principal.name: principal.effective_quotas(self.config.quotas) for principal in self.principals}
+        warning = self.quota_gate.share_warning(quotas)
+        if warning is not None:
+            _log.warning("%s", warning)
 
     def _audit_reload(self, data: dict[str, Any], **extra: Any) -> None:
         try:

@@ -98,28 +98,29 @@ def test_queue_zero_means_run_now_or_refuse() -> None:
 
 def test_a_freed_slot_goes_to_the_principal_with_fewest_running() -> None:
     async def scenario() -> None:
-        gate = QuotaGate(2)
+        gate = QuotaGate(3)  # mallory's share: 2; bob holds the third slot
         order: list[str] = []
-        gates = {name: asyncio.Event() for name in ("m1", "m2", "m3", "m4", "v")}
+        gates = {name: asyncio.Event() for name in ("b", "m1", "m2", "m3", "m4", "v")}
 
         async def run(principal: str, name: str) -> None:
             async with gate.execution(principal, Quotas(max_concurrent=2, queue=8)):
                 order.append(name)
                 await gates[name].wait()
 
-        tasks = [asyncio.create_task(run("mallory", n)) for n in ("m1", "m2", "m3", "m4")]
+        tasks = [asyncio.create_task(run("bob", "b"))]
+        tasks += [asyncio.create_task(run("mallory", n)) for n in ("m1", "m2", "m3", "m4")]
         await asyncio.sleep(0)
         tasks.append(asyncio.create_task(run("victim", "v")))  # arrives after mallory's two waiters
         await asyncio.sleep(0)
-        assert order == ["m1", "m2"]
+        assert order == ["b", "m1", "m2"]
         gates["m1"].set()
         for _ in range(3):
             await asyncio.sleep(0)
-        assert order == ["m1", "m2", "v"]  # not m3, although m3 waited longer
+        assert order == ["b", "m1", "m2", "v"]  # not m3, although m3 waited longer
         for gate in gates.values():
             gate.set()
         await asyncio.gather(*tasks)
-        assert order == ["m1", "m2", "v", "m3", "m4"]
+        assert order == ["b", "m1", "m2", "v", "m3", "m4"]
 
     asyncio.run(scenario())
 
@@ -329,3 +330,69 @@ def test_dry_runs_count_against_the_rpm_like_executions(tmp_path: Path) -> None:
         (True, 1, "service.over_quota"),  # the execution, counted with the first refusal's interval
     ]
     assert (refused[0]["quota"], refused[0]["path"]) == ("rpm", "/v1/decisions")
+
+
+def test_one_principal_never_holds_every_slot_so_another_starts_at_once() -> None:
+    """M6: under the default quotas a principal's max_concurrent (8) is above the service's bound (4). It holds
+    at most bound - 1 slots however much it sends, so another principal's run starts without waiting for one of
+    its runs to end; a third principal gets the next slot that frees, ahead of the flood's backlog."""
+
+    async def scenario() -> None:
+        gate = QuotaGate(4)
+        held: dict[str, list[asyncio.Event]] = {"mallory": [], "victim": [], "third": []}
+
+        async def run(principal: str) -> None:
+            release = asyncio.Event()
+            async with gate.execution(principal, DEFAULT_QUOTAS):
+                held[principal].append(release)
+                await release.wait()
+
+        flood = [asyncio.create_task(run("mallory")) for _ in range(10)]
+        await asyncio.sleep(0)
+        assert (gate.running_of("mallory"), gate.waiting_of("mallory")) == (3, 7)
+        victim = asyncio.create_task(run("victim"))
+        await asyncio.sleep(0)
+        assert gate.running_of("victim") == 1  # at once: no run of mallory had to end
+        third = asyncio.create_task(run("third"))
+        await asyncio.sleep(0)
+        assert (gate.running, gate.waiting_of("third")) == (4, 1)
+        held["mallory"][0].set()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert (gate.running_of("third"), gate.running_of("mallory")) == (1, 2)  # not mallory's oldest waiter
+        while gate.running:  # everything ends; the flood's backlog runs three at a time at most
+            assert gate.running_of("mallory") <= 3
+            for release in (*held["mallory"], *held["victim"], *held["third"]):
+                release.set()
+            await asyncio.sleep(0)
+        await asyncio.gather(*flood, victim, third)
+        assert gate.running == 0
+
+    asyncio.run(scenario())
+
+
+def test_with_a_global_bound_of_one_a_principal_still_gets_its_slot() -> None:
+    async def scenario() -> None:
+        gate = QuotaGate(1)
+        async with gate.execution("a", DEFAULT_QUOTAS):
+            assert gate.running_of("a") == 1
+
+    asyncio.run(scenario())
+
+
+def test_start_warns_of_a_max_concurrent_the_share_cuts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    principals = tmp_path / "principals.yaml"
+    store = PrincipalsStore(principals)
+    policy = policies_dir() / "default.yaml"
+    store.add("alice", policy=policy)  # the default max_concurrent, 8
+    store.add("bob", policy=policy, quotas=Quotas(max_concurrent=1), quotas_set=frozenset({"max_concurrent"}))
+    config = ServerConfig(
+        principals=principals, audit_dir=tmp_path / "audit", decision_workers=0, max_concurrent_executions=2
+    )
+    service = Service.from_config(config, runner=FakeRunner)
+    with caplog.at_level("WARNING", logger="gateway.service"), TestClient(build_app(service)):
+        pass
+    (warning,) = [r.getMessage() for r in caplog.records if "max_concurrent" in r.getMessage()]
+    assert "principal(s) alice is at or above the service's bound of 2" in warning
+    assert "each runs at most 1 at once" in warning
+    assert QuotaGate(2).share_warning({"bob": Quotas(max_concurrent=1)}) is None
