@@ -22,6 +22,7 @@ __all__ = [
     "AuditSpaceError",
     "AuditUnavailableError",
     "AuthenticationError",
+    "BodiesInFlightError",
     "BodyTimeoutError",
     "BodyTooLargeError",
     "CancelledRunError",
@@ -320,6 +321,15 @@ class TooManyConnectionsError(ServiceError):
     hint = "retry shortly; close idle connections, or raise max_connections in the server config"
 
 
+class BodiesInFlightError(ServiceError):
+    """The request bodies the service holds at once would pass its bound (``max_body_bytes_in_flight``) with
+    this one: answered 503 before its body is read, so that many large bodies at once cannot exhaust the
+    service's memory; nothing ran."""
+
+    code = "service.bodies_in_flight"
+    hint = "retry in a few seconds; an operator may raise max_body_bytes_in_flight in the server config"
+
+
 class ServiceStoppingError(ServiceError):
     """The service stopped while the request was in flight and its grace (``grace_s``) was over: the request
     was cancelled (a run of it killed and removed) and answered 503."""
@@ -505,6 +515,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (ServiceUnreachableError, EXIT_GATEWAY_FAILURE, 503),
     (DecisionWorkerError, EXIT_GATEWAY_FAILURE, 503),
     (TooManyConnectionsError, EXIT_GATEWAY_FAILURE, 503),
+    (BodiesInFlightError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceStoppingError, EXIT_GATEWAY_FAILURE, 503),
     (ServiceError, EXIT_GATEWAY_FAILURE, 500),
     (ContractError, EXIT_GATEWAY_FAILURE, 500),

@@ -76,6 +76,10 @@ class ServerConfig:
     audit_dir: Path | None = None
     """None: ``GATEWAY_AUDIT_DIR``, then ``./audit``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes_in_flight: int | None = None
+    """The bytes of request bodies the service holds at once, one principal at most half (past them: 429 or 503
+    before the body is read; :class:`gateway.service.bodies.BodyBudget`). None:
+    :func:`gateway.service.bodies.default_body_budget`."""
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     """The most bytes of a request's head (request line and headers); past it, 431 ``request.header_too_large``
     and the connection is closed (:mod:`gateway.service.deadlines`)."""
@@ -136,6 +140,12 @@ class ServerConfig:
                 f"{given} is set but {missing} is not: TLS needs both the certificate and its private key",
                 hint="pass both --tls-cert FILE and --tls-key FILE (or both config keys), or neither",
             )
+        if self.max_body_bytes_in_flight is not None and self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ServerConfigError(
+                f"max_body_bytes_in_flight {self.max_body_bytes_in_flight} is below max_body_bytes "
+                f"{self.max_body_bytes}: a body of the largest size would always be refused",
+                hint="set max_body_bytes_in_flight to a few times max_body_bytes, or leave it unset (the default)",
+            )
 
     def with_overrides(self, **flags: Any) -> ServerConfig:
         """This configuration with every flag that was given (not None) replacing its key."""
@@ -180,6 +190,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         policy=path("policy"),
         audit_dir=path("audit_dir"),
         max_body_bytes=data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        max_body_bytes_in_flight=data.get("max_body_bytes_in_flight"),
         max_header_bytes=data.get("max_header_bytes", DEFAULT_MAX_HEADER_BYTES),
         max_connections=data.get("max_connections"),
         max_headless_connections=data.get("max_headless_connections"),

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway import Caller, ExecutionResult
 from gateway.errors import (
     AuthenticationError,
+    BodiesInFlightError,
     DecisionWorkerError,
     GatewayError,
     MalformedRequestError,
@@ -36,7 +37,7 @@ from gateway.errors import (
 )
 from gateway.policy import Policy
 from gateway.service.auth import caller_of
-from gateway.service.bodies import JSON_MEDIA_TYPE, read_json_body
+from gateway.service.bodies import JSON_MEDIA_TYPE, BodyHold, read_json_body
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.service.openapi import openapi_document
 from gateway.service.operator import NDJSON, audit_filters, audit_lines, reload_answer, require_operator
@@ -168,13 +169,23 @@ def _note_refused(exc: GatewayError, request: Request, caller: Caller, request_i
     )
 
 
-async def _read_body(request: Request, caller: Caller, request_id: str, *, check_json: bool = True) -> bytes:
-    """The JSON body; one it cannot take is refused (:func:`_note_refused`). ``check_json=False``: whether it
-    is JSON is left to a decision worker (:func:`_checked`)."""
-    config = Service.of(request).config
+async def _read_body(
+    request: Request, caller: Caller, request_id: str, *, check_json: bool = True
+) -> tuple[bytes, BodyHold]:
+    """The JSON body and its hold of the service's body budget (release it once the request no longer holds
+    the body); one it cannot take, or one the budget has no room for, is refused (:func:`_note_refused`).
+    ``check_json=False``: whether it is JSON is left to a decision worker (:func:`_checked`)."""
+    service = Service.of(request)
+    config = service.config
+
+    def hold(size: int) -> BodyHold:
+        return service.bodies.take(caller.principal, size)
+
     try:
-        return await read_json_body(request, config.max_body_bytes, config.body_read_s, check_json=check_json)
-    except RequestError as exc:
+        return await read_json_body(
+            request, config.max_body_bytes, config.body_read_s, hold=hold, check_json=check_json
+        )
+    except (RequestError, OverQuotaError, BodiesInFlightError) as exc:
         _note_refused(exc, request, caller, request_id)
         raise
 
@@ -216,7 +227,23 @@ async def executions(request: Request, caller: Caller, request_id: str) -> Respo
     quotas = service.quotas_of(caller)
     if (over := _admit(request, caller, request_id, quotas)) is not None:
         return over
-    body = await _read_body(request, caller, request_id, check_json=False)
+    body, held = await _read_body(request, caller, request_id, check_json=False)
+    streaming = False
+    try:
+        response = await _execute(request, caller, request_id, quotas=quotas, body=body, held=held)
+        streaming = isinstance(response, EventStreamExecution)  # its stream releases the body when its run ends
+        return response
+    finally:
+        if not streaming:
+            held.release()
+
+
+async def _execute(
+    request: Request, caller: Caller, request_id: str, *, quotas: Quotas, body: bytes, held: BodyHold
+) -> Response:
+    """An execution whose body was read: its intake, a slot, the run; ``held`` is released by a streamed
+    response when its run ends (by :func:`executions` otherwise)."""
+    service = Service.of(request)
     metrics, started = service.metrics, time.perf_counter()
     # Parsed and checked in a decision worker: this process parses only valid requests (bounded by the schema).
     invalid = await _checked(service.decisions.intake(body, caller), request, caller, request_id)
@@ -242,6 +269,7 @@ async def executions(request: Request, caller: Caller, request_id: str) -> Respo
     if wants_events(request):
         # The stream runs after this handler returns: it holds the slot until its run has ended.
         async def run_ended() -> None:
+            held.release()
             metrics.running_executions.dec()
             await admitted.__aexit__(None, None, None)
 
@@ -267,10 +295,13 @@ async def decisions(request: Request, caller: Caller, request_id: str) -> Respon
     service = Service.of(request)
     if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
         return over
-    body = await _read_body(request, caller, request_id, check_json=False)  # a worker parses it
-    service.refuse_gone(caller, request_id=request_id, path=request.url.path)  # gone while the body was read?
-    started = time.perf_counter()
-    answer = await _checked(service.decisions.decide(body, caller), request, caller, request_id)
+    body, held = await _read_body(request, caller, request_id, check_json=False)  # a worker parses it
+    try:
+        service.refuse_gone(caller, request_id=request_id, path=request.url.path)  # gone while the body was read?
+        started = time.perf_counter()
+        answer = await _checked(service.decisions.decide(body, caller), request, caller, request_id)
+    finally:
+        held.release()
     service.metrics.decision_seconds.labels(str(answer.status)).observe(time.perf_counter() - started)
     if answer.violations is not None:
         service.metrics.denied(answer.violations, dry_run=True)
@@ -356,8 +387,11 @@ async def mcp_body(request: Request, caller: Caller) -> bytes:
     """An MCP message's body: read with the /v1 bounds, then checked by a decision worker (JSON, at most
     MESSAGE_MAX_VALUES values) before the SDK parses it in this event loop."""
     request_id = new_request_id()
-    body = await _read_body(request, caller, request_id, check_json=False)
-    await _checked(Service.of(request).decisions.message(body, caller), request, caller, request_id)
+    body, held = await _read_body(request, caller, request_id, check_json=False)
+    try:
+        await _checked(Service.of(request).decisions.message(body, caller), request, caller, request_id)
+    finally:
+        held.release()  # counted while it is read and checked; the MCP SDK holds it for one message from here
     return body
 
 

@@ -10,6 +10,8 @@ default one: several services may run in one process, as the tests do). What it 
 - ``gateway_running_executions``: executions this service is running now;
 - ``gateway_queue_depth``: requests waiting for an execution slot, read from the service's quota gate
   (``QuotaGate.waiting``) at each scrape;
+- ``gateway_body_bytes_in_flight``: bytes of request bodies the service holds now, read from its body budget
+  (``BodyBudget.held``) at each scrape;
 - ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule;
 - ``gateway_audit_low_space_refused_total{event_type}``: records the service's trail refused below its
   free-space watermark (new work answered 507, refusal records dropped);
@@ -80,6 +82,12 @@ class ServiceMetrics:
             registry=self.registry,
         )
         """Read from the service's quota gate at each scrape (``set_function``)."""
+        self.body_bytes_in_flight = Gauge(
+            "gateway_body_bytes_in_flight",
+            "Bytes of request bodies the service holds now (bounded by max_body_bytes_in_flight).",
+            registry=self.registry,
+        )
+        """Read from the service's body budget at each scrape (``set_function``)."""
         self.denials = Counter(
             "gateway_denials",
             "Policy denials, one count per violated rule (dry_run: from POST /v1/decisions).",

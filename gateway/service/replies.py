@@ -119,6 +119,7 @@ def gateway_error_reply(exc: GatewayError, request_id: str, **extra: Any) -> Rep
     headers = {"WWW-Authenticate": 'Bearer realm="gateway"'} if status == 401 else None
     if isinstance(exc, OverQuotaError):
         headers = {"Retry-After": str(exc.retry_after_s)}
+        extra = {"quota": exc.quota, "retry_after_s": exc.retry_after_s, **extra}
     return error_reply(status, exc.code, exc.message, request_id, headers=headers, **extra)
 
 

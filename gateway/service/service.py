@@ -51,6 +51,7 @@ from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
 from gateway.runner.interface import OnOutput
 from gateway.service.authlog import AuthFailures, ForbiddenCalls
+from gateway.service.bodies import BodyBudget, default_body_budget
 from gateway.service.config import ServerConfig
 from gateway.service.decisions import DecisionWorkers, default_decision_workers
 from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
@@ -96,6 +97,12 @@ class Service:
         )
         """Quotas and the global bound, enforced before any work starts (:mod:`gateway.service.quotas`)."""
         self.metrics.queue_depth.set_function(self.quota_gate.waiting)
+        self.bodies = BodyBudget(
+            config.max_body_bytes_in_flight or default_body_budget(config.max_body_bytes, self.quota_gate.global_bound),
+            largest=config.max_body_bytes,
+        )
+        """The bytes of request bodies held at once (:mod:`gateway.service.bodies`)."""
+        self.metrics.body_bytes_in_flight.set_function(lambda: self.bodies.held)
         if gateway.pool is not None:
             self.metrics.watch_pool(gateway.pool)
         if isinstance(gateway.audit, JsonlAuditTrail):
