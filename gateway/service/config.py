@@ -22,6 +22,7 @@ from jsonschema import Draft202012Validator
 from gateway.errors import Problem, ServerConfigError
 from gateway.resources import load_schema
 from gateway.service.principals import DEFAULT_QUOTAS, Quotas
+from gateway.service.trailbudget import DEFAULT_TRAIL_BYTES_PER_MINUTE
 from gateway.validation import load_yaml_checked
 from gateway.yamlstrict import read_capped
 
@@ -118,6 +119,9 @@ class ServerConfig:
     pool: bool = False
     """Keep a warm pool, sized by each policy's ``spec.pool`` (``gateway.runner.pool``)."""
     auth_failure_interval_s: float = 60.0
+    trail_bytes_per_minute: int = DEFAULT_TRAIL_BYTES_PER_MINUTE
+    """The bytes each principal's requests may add to the trail in a sliding minute; past them, 429
+    (``trail_bytes``) until enough leave the window (:mod:`gateway.service.trailbudget`)."""
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with; requires ``tls_key``."""
     tls_key: Path | None = None
@@ -200,6 +204,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
             queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
         ),
         max_concurrent_executions=data.get("max_concurrent_executions"),
+        trail_bytes_per_minute=data.get("trail_bytes_per_minute", DEFAULT_TRAIL_BYTES_PER_MINUTE),
         decision_workers=data.get("decision_workers"),
         pool=bool(data.get("pool", False)),
         tls_cert=path("tls_cert"),

@@ -204,9 +204,12 @@ async def _checked(job: Awaitable[T], request: Request, caller: Caller, request_
 
 
 def _admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
-    """Count the request against the caller's rpm (before its body is read); over it, the 429."""
+    """Count the request against the caller's rpm (before its body is read); over it, or over the caller's
+    trail byte budget, the 429."""
+    service = Service.of(request)
     try:
-        Service.of(request).quota_gate.count_request(caller.principal, quotas)
+        service.trail_budget.check(caller.principal)
+        service.quota_gate.count_request(caller.principal, quotas)
     except OverQuotaError as exc:
         return _over_quota(exc, request, caller, request_id)
     return None
@@ -402,6 +405,7 @@ async def mcp_admission(request: Request, caller: Caller) -> AsyncIterator[None]
     service = Service.of(request)
     quotas = service.quotas_of(caller)
     try:
+        service.trail_budget.check(caller.principal)
         service.quota_gate.count_request(caller.principal, quotas)
         async with service.quota_gate.execution(caller.principal, quotas, token_id=caller.token_id):
             yield

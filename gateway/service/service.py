@@ -59,6 +59,7 @@ from gateway.service.metrics import ServiceMetrics
 from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
 from gateway.service.quotas import QuotaGate, Refusals, default_global_bound
 from gateway.service.readiness import EngineState, ask_engine, trail_check
+from gateway.service.trailbudget import TrailBudget, TrailMeter, TrailTail
 
 if TYPE_CHECKING:
     from starlette.requests import HTTPConnection
@@ -110,6 +111,9 @@ class Service:
         self.refusals = Refusals(gateway.audit, interval_s=config.auth_failure_interval_s)
         self.forbidden = ForbiddenCalls(gateway.audit, interval_s=config.auth_failure_interval_s)
         """``auth.forbidden``, summarised per principal and path (:mod:`gateway.service.authlog`)."""
+        self.trail_budget = TrailBudget(config.trail_bytes_per_minute)
+        """Each principal's trail bytes per minute (:mod:`gateway.service.trailbudget`), charged by the meter."""
+        self._trail_meter: TrailMeter | None = None
         self.anchors = anchor_writer(config, gateway.audit)
         """Writes the trail's head every N records or T seconds when the configuration asks (``audit_anchor``)."""
         workers = config.decision_workers if config.decision_workers is not None else default_decision_workers()
@@ -179,12 +183,16 @@ class Service:
         return self.principals.get(caller.principal).effective_quotas(self.config.quotas)
 
     def start(self) -> None:
-        """Record the start (``gateway.start``, ``policy.loaded`` for each policy) and start the auth log."""
+        """Record the start (``gateway.start``, ``policy.loaded`` for each policy), start the auth log and the
+        trail meter."""
         self.gateway.__enter__()
         self._warn_of_shares()
         if self.anchors is not None:
             self.anchors.start()
         self.auth_failures.start()
+        if isinstance(self.gateway.audit, JsonlAuditTrail):
+            self._trail_meter = TrailMeter(TrailTail(self.gateway.audit.directory), self.trail_budget)
+            self._trail_meter.start()
         reap_stale(self.gateway)
 
     @contextlib.asynccontextmanager
@@ -329,6 +337,8 @@ class Service:
             self.refusals.stop()
             self.forbidden.stop()
             self.auth_failures.stop()
+            if self._trail_meter is not None:
+                self._trail_meter.stop()
         finally:
             try:
                 self.gateway.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.audit.pipeline import LIST_MAX_BYTES
 from gateway.audit.records import view_record
 from gateway.resources import policies_dir
-from gateway.service.principals import PrincipalsStore
+from gateway.service.principals import PrincipalsStore, Quotas
 
 if TYPE_CHECKING:
     from conftest import Server
@@ -189,3 +190,47 @@ def test_long_names_in_files_and_mounts_cost_a_bounded_record(
     sizes = _line_sizes(server, "request.received")
     assert len(sizes) == 2
     assert max(sizes) <= RECEIVED_BOUND, sizes
+
+
+def _bytes_of(server: Server, principal: str) -> int:
+    total = 0
+    for segment in sorted(server.audit_dir.glob("trail-*.jsonl")):
+        for line in segment.read_bytes().splitlines(keepends=True):
+            if json.loads(line)["principal"] == principal:
+                total += len(line)
+    return total
+
+
+def test_past_its_trail_byte_budget_a_principal_is_refused_and_the_refusals_are_summarised(
+    serve: Callable[..., Server],
+) -> None:
+    """Before: nothing bounded the bytes a principal's requests wrote (dry runs of escaped code: 122 MB/min);
+    here 300 dry runs of 4,096 control characters went through (about 32 KB each), never a 429."""
+    budget = 128 * 1024
+    server = serve(max_body_bytes=1 << 20, trail_bytes_per_minute=budget, quotas=Quotas(rpm=10_000))
+    request = {"code": "\x01" * 4096}
+    refused = None
+    with server.client(server.tokens["alice"]) as alice:
+        for _ in range(300):  # the meter charges every half second: a bounded, self-stopping flood
+            response = alice.post("/v1/decisions", json=request)
+            if response.status_code == 429:
+                refused = response
+                break
+            assert response.status_code == 200, response.text
+            time.sleep(0.01)
+        assert refused is not None, "no 429 after 300 dry runs"
+        body = refused.json()
+        assert (body["code"], body["quota"]) == ("service.over_quota", "trail_bytes")
+        assert int(refused.headers["Retry-After"]) >= 1
+        written = _bytes_of(server, "alice")
+        assert written >= budget
+        for _ in range(50):
+            assert alice.post("/v1/decisions", json=request).status_code == 429
+    with server.client(server.tokens["bob"]) as bob:
+        assert bob.post("/v1/decisions", json=request).status_code == 200  # a budget of its own
+    server.stop()
+    assert _bytes_of(server, "alice") - written <= 2048  # the refusals wrote one summarised record, not 50
+    over = [r for r in server.records("request.refused") if r["data"].get("quota") == "trail_bytes"]
+    assert len(over) == 1, over
+    for record in server.records("request.refused"):
+        view_record(record)
