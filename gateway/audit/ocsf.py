@@ -387,6 +387,7 @@ def _generic(view: AuditRecordView, ev: _Event) -> None:
         ev.operation = text("path") or "operator endpoint"
         ev.message = f"forbidden: role {text('role')} called {text('path')} (needs {text('required_role')})"
         ev.status_detail = f"needs role {text('required_role')}"
+        ev.extra = {"count": count()}  # summarised per principal and path: a summary stands for many calls
     elif kind == "auth.failed":
         ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
         ev.action_id, ev.disposition_id = _DENIED, _D_UNAUTHORIZED

@@ -107,7 +107,12 @@ EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
         "agent-1",
     ),
     ("auth.failed", {"count": 3, "summary": "3 failed bearer-token checks", "reason": "unknown token"}, None, None),
-    ("auth.forbidden", {"role": "agent", "required_role": "operator", "path": "/v1/audit/records"}, None, "agent-1"),
+    (
+        "auth.forbidden",
+        {"role": "agent", "required_role": "operator", "path": "/v1/audit/records", "count": 5, "summary": True},
+        None,
+        "agent-1",
+    ),
     ("containers.reaped", {"container_ids": ["c" * 64, "d" * 64]}, None, None),
     (
         "container.left",
@@ -264,6 +269,7 @@ def test_an_invalid_request_and_a_forbidden_call_are_not_allowed(
     (forbidden,) = _by_code(events, "auth.forbidden")
     assert (forbidden["status_id"], forbidden["action"], forbidden["disposition"]) == (2, "Denied", "Unauthorized")
     assert (forbidden["action_id"], forbidden["disposition_id"]) == (2, 26)
+    assert forbidden["count"] == 5  # a summary stands for the calls it counts
 
 
 def test_secrets_and_code_never_reach_the_export(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
