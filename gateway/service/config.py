@@ -198,11 +198,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         max_header_bytes=data.get("max_header_bytes", DEFAULT_MAX_HEADER_BYTES),
         max_connections=data.get("max_connections"),
         max_headless_connections=data.get("max_headless_connections"),
-        quotas=Quotas(
-            max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
-            rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),
-            queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
-        ),
+        quotas=Quotas(**{**DEFAULT_QUOTAS.to_dict(), **quotas}),  # the schema admits only Quotas' fields
         max_concurrent_executions=data.get("max_concurrent_executions"),
         trail_bytes_per_minute=data.get("trail_bytes_per_minute", DEFAULT_TRAIL_BYTES_PER_MINUTE),
         decision_workers=data.get("decision_workers"),

@@ -1,13 +1,20 @@
 """Admission control of the service: per-principal quotas and one global bound on running executions, enforced
 before any work starts.
 
-Three bounds, checked in this order when a request arrives:
+Four bounds, checked in this order when a request arrives:
 
-* **Requests per minute** (``rpm``): a sliding 60 s window of the principal's admitted requests. Every
-  authenticated ``POST /v1/executions`` *and* ``POST /v1/decisions`` counts, allowed or denied by policy (each
-  writes audit records and costs a policy evaluation, so a flood of dry runs or of denied requests is work
-  too); the read-only ``GET`` endpoints do not. A request over it is refused at once with 429
-  ``service.over_quota`` and ``Retry-After`` = the seconds until the oldest request in the window leaves it.
+* **Requests per minute** (``all_rpm``): a sliding 60 s window of every authenticated request of the principal,
+  counted when its token authenticates (:class:`~gateway.service.auth.BearerTokens`): the ``GET`` endpoints,
+  ``/metrics`` (a 403 too), ``/mcp`` messages that run nothing (``initialize``, ``tools/list``, ``ping``) and
+  the runs below. None of them is free (authentication, a body read and checked, a record), so no principal can
+  spend the service's CPU without bound; each principal has its own window, so an operator's dashboard that
+  polls ``/metrics`` spends its own minute, never its agents'.
+* **Runs per minute** (``rpm``, smaller; an ``all_rpm`` below it counts as ``rpm``): a sliding 60 s window of
+  the principal's admitted executions and dry runs: every ``POST /v1/executions``, ``POST /v1/decisions`` and
+  MCP tool call counts, allowed or denied by policy (each writes audit records and costs a policy evaluation,
+  so a flood of dry runs or of denied requests is work too). Over either window a request is refused at once
+  with 429 ``service.over_quota`` (quota ``all_rpm`` or ``rpm``) and ``Retry-After`` = the seconds until the
+  oldest request in the window leaves it.
 * **Concurrent executions** of the principal (``max_concurrent``) and of the whole service
   (``max_concurrent_executions`` in the server config, default :func:`default_global_bound`: two per core).
   An execution that cannot start waits in its principal's queue;
@@ -74,7 +81,9 @@ class _State:
     waiting: deque[tuple[int, asyncio.Future[None], str | None]] = field(default_factory=deque)
     """(ticket, future, token id) of its executions waiting for a slot, oldest first."""
     admitted: deque[float] = field(default_factory=deque)
-    """Monotonic times of its requests in the rpm window, oldest first."""
+    """Monotonic times of its runs in the rpm window, oldest first."""
+    requests: deque[float] = field(default_factory=deque)
+    """Monotonic times of its requests in the all_rpm window, oldest first."""
     max_concurrent: int = 1
     """Its share (:meth:`QuotaGate.share`), as of its latest execution."""
 
@@ -135,21 +144,30 @@ class QuotaGate:
         )
 
     def count_request(self, principal: str, quotas: Quotas) -> None:
-        """Count one request against the principal's rpm; :class:`OverQuotaError` (``rpm``) when it is spent.
-        A refused request is not counted (a client that keeps retrying does not push its window on)."""
+        """Count one execution or dry run against the principal's rpm; :class:`OverQuotaError` (``rpm``) when it
+        is spent. A refused request is not counted (a client that keeps retrying does not push its window on)."""
         state = self._state(principal)
+        self._count(principal, state.admitted, quotas.rpm, "rpm", "executions and dry runs")
+
+    def count_authenticated(self, principal: str, quotas: Quotas) -> None:
+        """Count one authenticated request of any kind against the principal's all_rpm (never below its rpm: the
+        runs count in both); :class:`OverQuotaError` (``all_rpm``) when it is spent, and then it is not counted."""
+        state = self._state(principal)
+        self._count(principal, state.requests, max(quotas.all_rpm, quotas.rpm), "all_rpm", "requests")
+
+    def _count(self, principal: str, window: deque[float], limit: int, quota: str, what: str) -> None:
         now = self._clock()
-        while state.admitted and now - state.admitted[0] >= RPM_WINDOW_S:
-            state.admitted.popleft()
-        if len(state.admitted) >= quotas.rpm:
-            frees_in = state.admitted[len(state.admitted) - quotas.rpm] + RPM_WINDOW_S - now
+        while window and now - window[0] >= RPM_WINDOW_S:
+            window.popleft()
+        if len(window) >= limit:
+            frees_in = window[len(window) - limit] + RPM_WINDOW_S - now
             raise OverQuotaError(
-                f"{principal!r} made {len(state.admitted)} requests in the last minute; its quota is {quotas.rpm} "
-                "requests per minute",
+                f"{principal!r} made {len(window)} {what} in the last minute; its quota ({quota}) is {limit} "
+                f"{what} per minute",
                 retry_after_s=math.ceil(frees_in),
-                quota="rpm",
+                quota=quota,
             )
-        state.admitted.append(now)
+        window.append(now)
 
     @contextlib.asynccontextmanager
     async def execution(self, principal: str, quotas: Quotas, *, token_id: str | None = None) -> AsyncIterator[None]:
@@ -250,13 +268,20 @@ class Refusals:
         for the connections refused before any request was read."""
 
     def note(
-        self, error: GatewayError, *, principal: str | None, token_id: str | None, request_id: str, path: str | None
+        self,
+        error: GatewayError,
+        *,
+        principal: str | None,
+        token_id: str | None,
+        request_id: str | None,
+        path: str | None,
     ) -> None:
         """One refusal: an :class:`OverQuotaError` (429), a body the service could not take (400, 408, 413,
         415) or a job its decision worker did not answer (503 ``service.decision_failed``), for the authenticated
         ``principal``; or a connection over the service's bound (503
         ``service.too_many_connections``), refused before any request or principal was read (``principal``,
-        ``token_id`` and ``path`` None)."""
+        ``token_id`` and ``path`` None). ``request_id`` None: refused before any request id was given (over
+        ``all_rpm``, at authentication)."""
         now = self._clock()
         key = (principal, error.code)
         summary: tuple[float, int] | None = None

@@ -72,11 +72,7 @@ def _principal(raw: dict[str, Any]) -> Principal:
         name=raw["name"],
         role=cast(Role, raw["role"]),
         policy=Path(raw["policy"]),
-        quotas=Quotas(
-            max_concurrent=quotas.get("max_concurrent", DEFAULT_QUOTAS.max_concurrent),
-            rpm=quotas.get("rpm", DEFAULT_QUOTAS.rpm),
-            queue=quotas.get("queue", DEFAULT_QUOTAS.queue),
-        ),
+        quotas=Quotas(**{**DEFAULT_QUOTAS.to_dict(), **quotas}),  # the schema admits only Quotas' fields
         tokens=tuple(
             TokenRecord(t["id"], t["sha256"], datetime.fromisoformat(t["created"]).astimezone(UTC))
             for t in raw["tokens"]

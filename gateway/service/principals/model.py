@@ -93,14 +93,19 @@ class Quotas:
     """How much of the service one principal may use."""
 
     max_concurrent: int = 8
-    """Executions of this principal running at once."""
+    """Executions of this principal running at once (at most the service's global bound less one,
+    :meth:`~gateway.service.quotas.QuotaGate.share`)."""
     rpm: int = 600
-    """Requests per minute."""
+    """Executions and dry runs per minute (``POST /v1/executions``, ``POST /v1/decisions``, MCP tool calls)."""
+    all_rpm: int = 3000
+    """Authenticated requests of any kind per minute: the reads, ``/metrics`` and MCP messages that run nothing,
+    and the runs ``rpm`` counts too. Larger than ``rpm``, so that a principal's polling does not spend its runs
+    (a value below ``rpm`` counts as ``rpm``)."""
     queue: int = 32
     """Requests that may wait for an execution slot; beyond it the service answers 429."""
 
     def to_dict(self) -> dict[str, int]:
-        return {"max_concurrent": self.max_concurrent, "rpm": self.rpm, "queue": self.queue}
+        return {"max_concurrent": self.max_concurrent, "rpm": self.rpm, "all_rpm": self.all_rpm, "queue": self.queue}
 
 
 DEFAULT_QUOTAS = Quotas()

@@ -1,5 +1,6 @@
 """gateway.service.auth: the bearer backend's user for each kind of token, the reason each failure is recorded
-with, the 401 of an endpoint behind it, and no token read (nor failure recorded) on an open route."""
+with, the 401 of an endpoint behind it, the 429 past the principal's all_rpm, and no token read (nor failure
+recorded) on an open route."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from gateway import Caller
+from gateway.audit import MemoryAuditSink
 from gateway.errors import AuthenticationError
 from gateway.resources import default_policy_path
 from gateway.service.auth import BearerTokens, CallerUser, caller_of
 from gateway.service.endpoints import v1
-from gateway.service.principals import PrincipalsStore
+from gateway.service.principals import DEFAULT_QUOTAS, PrincipalsStore, Quotas
+from gateway.service.quotas import QuotaGate, Refusals
 
 
 @dataclass
@@ -52,6 +55,7 @@ def served(tmp_path: Path) -> tuple[TestClient, Failures, dict[str, str]]:
     tokens = {
         "alice": store.add("alice", policy=default_policy_path()),
         "bob": store.add("bob", policy=default_policy_path()),
+        "carl": store.add("carl", policy=default_policy_path(), quotas=Quotas(rpm=1, all_rpm=2)),
     }
     store.revoke("bob")
     failures = Failures()
@@ -63,7 +67,10 @@ def served(tmp_path: Path) -> tuple[TestClient, Failures, dict[str, str]]:
             Route("/healthz", open_endpoint),
         ]
     )
-    app.state.service = SimpleNamespace(principals=store.load(), auth_failures=failures)
+    app.state.service = SimpleNamespace(
+        principals=store.load(), auth_failures=failures, config=SimpleNamespace(quotas=DEFAULT_QUOTAS),
+        quota_gate=QuotaGate(4), refusals=Refusals(MemoryAuditSink()),
+    )  # fmt: skip
     return TestClient(app), failures, tokens
 
 
@@ -132,3 +139,15 @@ def test_an_open_route_reads_no_token(served: tuple[TestClient, Failures, dict[s
 def test_caller_of_a_connection_without_a_user_is_an_authentication_error() -> None:
     with pytest.raises(AuthenticationError):
         caller_of(Request({"type": "http", "method": "GET", "path": "/x", "headers": []}))
+
+
+def test_past_its_all_rpm_a_valid_token_is_answered_429(served: tuple[TestClient, Failures, dict[str, str]]) -> None:
+    client, failures, tokens = served
+    headers = {"Authorization": f"Bearer {tokens['carl']}"}
+    answers = [client.get("/v1/whoami", headers=headers) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    body = answers[2].json()
+    assert (body["code"], body["quota"]) == ("service.over_quota", "all_rpm")
+    assert answers[2].headers["Retry-After"] == str(body["retry_after_s"])
+    assert failures.noted == []  # not an authentication failure
+    assert client.get("/v1/whoami", headers={"Authorization": f"Bearer {tokens['alice']}"}).status_code == 200

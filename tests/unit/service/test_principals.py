@@ -107,7 +107,7 @@ def test_schema_errors_name_file_line_and_path() -> None:
         "p.yaml:6: $.principals[0].policy: 'relative/p.yaml' is not an absolute path; "
         "`gateway principals add` stores the policy as an absolute path",
         "p.yaml:7: $.principals[0].quotas.burst: unknown field 'burst'; allowed fields here: "
-        "max_concurrent, queue, rpm",
+        "all_rpm, max_concurrent, queue, rpm",
         "p.yaml:7: $.principals[0].quotas.max_concurrent: 0 is less than the minimum of 1",
         "p.yaml:9: $.principals[0].tokens[0].created: 'yesterday' is not a 'date-time'",
         "p.yaml:9: $.principals[0].tokens[0].id: 'XYZ' does not match '^[0-9a-f]{8}$'",

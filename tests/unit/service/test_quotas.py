@@ -396,3 +396,65 @@ def test_start_warns_of_a_max_concurrent_the_share_cuts(tmp_path: Path, caplog: 
     assert "principal(s) alice is at or above the service's bound of 2" in warning
     assert "each runs at most 1 at once" in warning
     assert QuotaGate(2).share_warning({"bob": Quotas(max_concurrent=1)}) is None
+
+
+def test_all_rpm_is_a_window_of_its_own_beside_rpm() -> None:
+    clock = Clock()
+    gate = QuotaGate(4, clock=clock)
+    quotas = Quotas(rpm=1, all_rpm=3)
+    gate.count_authenticated("a", quotas)
+    gate.count_request("a", quotas)  # a run: one request and one run
+    with pytest.raises(OverQuotaError) as info:
+        gate.count_request("a", quotas)
+    assert info.value.quota == "rpm"
+    clock.now += 15
+    gate.count_authenticated("a", quotas)
+    gate.count_authenticated("a", quotas)
+    with pytest.raises(OverQuotaError) as info:
+        gate.count_authenticated("a", quotas)
+    assert (info.value.quota, info.value.retry_after_s) == ("all_rpm", 45)  # the first leaves at +60 s
+    assert "made 3 requests in the last minute; its quota (all_rpm) is 3" in info.value.message
+    gate.count_authenticated("b", quotas)  # another principal's minute is its own
+
+
+def test_every_authenticated_request_counts_against_all_rpm(tmp_path: Path) -> None:
+    """The real application, no engine: reads, /metrics and /mcp count; over all_rpm, 429 with Retry-After,
+    one request.refused record for the interval; the runs window (rpm) is untouched by the reads."""
+    principals = tmp_path / "principals.yaml"
+    quotas = Quotas(rpm=2, all_rpm=4)
+    token = PrincipalsStore(principals).add("alice", policy=policies_dir() / "default.yaml", quotas=quotas)
+    config = ServerConfig(principals=principals, audit_dir=tmp_path / "audit", decision_workers=0)
+    service = Service.from_config(config, runner=FakeRunner)
+    headers = {"Authorization": f"Bearer {token}"}
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}
+    mcp_headers = {**headers, "Accept": "application/json, text/event-stream"}
+    with TestClient(build_app(service)) as client:
+        answers = [
+            client.get("/v1/policy", headers=headers),
+            client.get("/metrics", headers=headers),  # an agent: 403, a request all the same
+            client.post("/mcp", json=ping, headers=mcp_headers),
+            client.get("/v1/tools", headers=headers),
+            client.get("/v1/tools", headers=headers),
+            client.post("/mcp", json=ping, headers=mcp_headers),
+        ]
+        assert [a.status_code for a in answers] == [200, 403, 200, 200, 429, 429]
+        over = answers[-1]
+        assert (over.json()["code"], over.json()["quota"]) == ("service.over_quota", "all_rpm")
+        assert over.headers["Retry-After"] == str(over.json()["retry_after_s"])
+        assert service.quota_gate.waiting() == 0
+    records = [json.loads(line) for path in sorted((tmp_path / "audit").glob("trail-*.jsonl"))
+               for line in path.read_text().splitlines()]  # fmt: skip
+    refused = [(r["data"]["count"], r["data"]["summary"], r["data"].get("quota")) for r in records
+               if r["event_type"] == "request.refused"]  # fmt: skip
+    assert refused == [(1, False, "all_rpm"), (1, True, None)]
+
+
+def test_an_all_rpm_below_rpm_counts_as_rpm() -> None:
+    """A principal whose rpm was lifted (a benchmark, a batch user) is not held back by the default all_rpm."""
+    gate = QuotaGate(4, clock=Clock())
+    quotas = Quotas(rpm=5, all_rpm=2)
+    for _ in range(5):
+        gate.count_authenticated("a", quotas)
+    with pytest.raises(OverQuotaError) as info:
+        gate.count_authenticated("a", quotas)
+    assert info.value.quota == "all_rpm"
