@@ -236,8 +236,10 @@ class Gateway:
         """Check a request as :meth:`execute` does first, and nothing more: ``None`` when it is valid (nothing
         is recorded; execute it), else the result of the invalid request, audited as ``request.invalid``. The
         service checks an execution's body this way in a decision worker, so that its own process parses only
-        valid requests, whose size the request schema bounds."""
-        checked = self._intake(request, uuid.uuid4().hex, caller)
+        valid requests, whose size the request schema bounds. One check more than :meth:`execute` makes: code
+        larger than any policy of the set accepts (:attr:`PolicySet.code_size_ceiling`) is refused here (413
+        ``request.code_too_large``), so that it never waits for a slot to be denied."""
+        checked = self._intake(request, uuid.uuid4().hex, caller, max_code_bytes=self.policies.code_size_ceiling)
         return checked if isinstance(checked, ExecutionResult) else None
 
     def execute(
@@ -332,11 +334,11 @@ class Gateway:
     # -- stages ----------------------------------------------------------------------------------------
 
     def _intake(
-        self, raw: RawRequest, request_id: str, caller: Caller | None = None
+        self, raw: RawRequest, request_id: str, caller: Caller | None = None, *, max_code_bytes: int | None = None
     ) -> ExecutionRequest | ExecutionResult:
         """The parsed request (attributed to ``caller``), or the result of an invalid one (``request.invalid``)."""
         try:
-            request = raw if isinstance(raw, ExecutionRequest) else parse_request(raw)
+            request = raw if isinstance(raw, ExecutionRequest) else parse_request(raw, max_code_bytes=max_code_bytes)
             if caller is not None:
                 if request.principal not in (None, caller.principal):
                     problem = Problem(

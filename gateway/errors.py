@@ -27,6 +27,7 @@ __all__ = [
     "BodyTooLargeError",
     "CancelledRunError",
     "CapacityError",
+    "CodeTooLargeError",
     "ContainerLeftError",
     "ContractError",
     "DecisionWorkerError",
@@ -231,6 +232,14 @@ class BodyTooLargeError(RequestError):
 
     code = "request.too_large"
     hint = "send a smaller request (the limit is the server's max_body_bytes)"
+
+
+class CodeTooLargeError(BodyTooLargeError):
+    """A request's ``code`` is larger than any policy of the service accepts (the largest ``limits.code_size``
+    of its policy set): refused at intake, before the request waits for a slot or is decided (413)."""
+
+    code = "request.code_too_large"
+    hint = "send at most your policy's ceiling (GET /v1/policy: ceilings.limits.code_size); larger data as files"
 
 
 class HeadTooLargeError(RequestError):

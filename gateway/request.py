@@ -16,6 +16,9 @@ which reports what it finds as a :class:`RequestError` and nothing else:
 4. *Build* the request, with the checks a schema cannot state: no line breaks where a pattern's ``$`` would
    let a trailing one through, no bind-syntax characters in mount paths, sizes parsed into bytes, the total
    size of ``metadata`` (:data:`MAX_METADATA_BYTES`).
+
+A caller may bound ``code`` too (``max_code_bytes``, after step 2): the service passes the largest
+``limits.code_size`` of its policies, so that code no policy accepts is refused before it waits for anything.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 import jsonschema_rs
 from jsonschema import Draft202012Validator
 
-from gateway.errors import Problem, RequestError
+from gateway.errors import CodeTooLargeError, Problem, RequestError
 from gateway.resources import load_schema
 from gateway.sizes import SizeError, parse_size
 from gateway.validation import problems_from_error
@@ -435,15 +438,32 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
     )
 
 
+def _check_code_size(doc: Any, max_code_bytes: int, source: str) -> None:
+    """:class:`CodeTooLargeError` for ``code`` above ``max_code_bytes`` (UTF-8), before the schema is asked."""
+    code = doc.get("code") if isinstance(doc, dict) else None
+    if isinstance(code, str) and (size := _utf8_size(code)) > max_code_bytes:
+        message = (
+            f"code is {size} bytes (UTF-8); no policy of this gateway accepts more than {max_code_bytes} "
+            "(limits.code_size)"
+        )
+        problem = Problem(message, path="$.code", source=source, code=CodeTooLargeError.code)
+        raise CodeTooLargeError(f"invalid request: {message}", problems=[problem])
+
+
 def parse_request(
     data: Mapping[str, Any] | str | bytes | bytearray,
     *,
     source: str = "<request>",
     max_bytes: int = MAX_REQUEST_BYTES,
+    max_code_bytes: int | None = None,
 ) -> ExecutionRequest:
-    """Validate ``data`` into an :class:`ExecutionRequest`; raise :class:`RequestError` listing every problem."""
+    """Validate ``data`` into an :class:`ExecutionRequest`; raise :class:`RequestError` listing every problem.
+    ``max_code_bytes``: code above it is refused first (:class:`CodeTooLargeError`, 413): the service's bound,
+    the largest ``limits.code_size`` of its policies (:attr:`gateway.PolicySet.code_size_ceiling`)."""
     raw = _decode(data, source, max_bytes) if isinstance(data, str | bytes | bytearray) else data
     doc = _copy_checked(raw, source)
+    if max_code_bytes is not None:
+        _check_code_size(doc, max_code_bytes, source)
     problems = schema_problems(doc, source=source)
     if problems:
         raise RequestError(f"invalid request: {len(problems)} problem(s)", problems=problems)

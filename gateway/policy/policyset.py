@@ -16,7 +16,7 @@ from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy
 from gateway.policy.paths import rw_overlaps
 
-__all__ = ["PolicySet"]
+__all__ = ["PolicySet", "code_size_ceiling"]
 
 
 def _refuse_shared_rw_roots(default: Policy, principals: Mapping[str, Policy]) -> None:
@@ -38,6 +38,17 @@ def _refuse_shared_rw_roots(default: Policy, principals: Mapping[str, Policy]) -
     ]
     if problems:
         raise PolicyError("policies of the set share a writable mount tree", problems=problems)
+
+
+def code_size_ceiling(policy: Policy) -> int | None:
+    """The most UTF-8 bytes of code ``policy`` lets any request send (rule ``limits.code_size``): its ``max``
+    raised by any of its exceptions (expired ones too: a bound, not a decision), or in audit mode its
+    ``hard_max`` (the loader requires one there: what was sent cannot be clamped); None without one."""
+    limit = policy.limits.code_size
+    if limit.mode == "audit":
+        return None if limit.hard_max is None else int(limit.hard_max)
+    raised = (ceiling for exc in policy.exceptions for name, ceiling in exc.limits if name == "code_size")
+    return int(max((limit.max, *raised)))
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,15 @@ class PolicySet:
                 hint="ask the operator for a token of a current principal (`gateway principals add|rotate`)",
             )
         return self.default
+
+    @property
+    def code_size_ceiling(self) -> int | None:
+        """The most UTF-8 bytes of code that any policy of the set (the default too, even in a strict set: a
+        bound, the same in a decision worker's set) lets a request send (:func:`code_size_ceiling` of each);
+        None when one of them sets no bound. Code above it is denied whoever sends it, so the service
+        refuses it at intake, before it waits for a slot (:meth:`gateway.Gateway.intake`)."""
+        ceilings = [code_size_ceiling(compiled.policy) for compiled in self]
+        return None if None in ceilings else max(c for c in ceilings if c is not None)
 
     def __iter__(self) -> Iterator[CompiledPolicy]:
         """Every distinct policy of the set, the default first."""

@@ -132,7 +132,11 @@ _ERRORS: dict[str, tuple[str, str]] = {
     "404": ("NotFound", "No such endpoint (http.not_found)."),
     "405": ("MethodNotAllowed", "The endpoint does not take this method (http.method_not_allowed)."),
     "408": ("BodyTimeout", "The body did not arrive within body_read_s (request.timeout)."),
-    "413": ("TooLarge", "The body is larger than max_body_bytes (request.too_large)."),
+    "413": (
+        "TooLarge",
+        "The body is larger than max_body_bytes (request.too_large), or an execution's code larger than any policy "
+        "of the service accepts (request.code_too_large, at $.code: refused before it waits for a slot).",
+    ),
     "415": ("MediaType", "The body is not application/json in UTF-8 (request.media_type)."),
     "422": (
         "Invalid",
@@ -140,8 +144,9 @@ _ERRORS: dict[str, tuple[str, str]] = {
     ),
     "429": (
         "OverQuota",
-        "Over a quota of the principal (service.over_quota): requests per minute spent, or its queue of waiting "
-        "executions full; nothing ran. Retry-After says when to retry.",
+        "Over a quota of the principal (service.over_quota): requests per minute spent, its queue of waiting "
+        "executions full, or its request bodies in flight at its half of max_body_bytes_in_flight (quota "
+        "body_bytes, before the body is read); nothing ran. Retry-After says when to retry.",
     ),
     "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
@@ -149,7 +154,8 @@ _ERRORS: dict[str, tuple[str, str]] = {
         "Unavailable",
         "The engine is down, the image missing, no capacity, or the audit trail unwritable: fail closed. Also the "
         "answer to a connection beyond the service's max_connections (service.too_many_connections, Retry-After), "
-        "sent before its request is read.",
+        "sent before its request is read, and to a body the service's max_body_bytes_in_flight has no room for "
+        "(service.bodies_in_flight), before the body is read.",
     ),
     "507": ("AuditLowSpace", "The trail's file system is below its free-space watermark (audit.low_space)."),
 }
@@ -210,7 +216,7 @@ def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
 def _document() -> dict[str, Any]:
     schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
     auth: list[dict[str, list[str]]] = [{"bearer": []}]
-    v1 = ("401", "405")
+    v1 = ("401", "405", "429")  # every authenticated request counts against its all_rpm
     body = ("400", "408", "413", "415", "422")
     request_body = {"required": True, "content": {_JSON: {"schema": _ref("ExecutionRequest")}}}
     paths: dict[str, Any] = {

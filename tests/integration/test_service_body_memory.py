@@ -18,12 +18,18 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 from serve_process import ServeProcess, until
 
 from gateway.resources import policies_dir
 from gateway.service.principals import PrincipalsStore, Quotas
+from tests.integration.conftest import default_policy_variant
+
+if TYPE_CHECKING:
+    from conftest import Server
 
 MIB = 1024 * 1024
 BODY = 4 * MIB
@@ -130,3 +136,71 @@ def test_bodies_in_flight_stay_within_the_budget(tmp_path: Path, serve_process: 
         for attacker in attackers:
             attacker.close()
     until(lambda: _held(server, operator) == 0, "the bodies' bytes to come back once their clients left")
+
+
+# --- code above every policy's ceiling, refused before the queue -------------------------------------------------
+
+
+def _code(size: int) -> str:
+    return "#" * size
+
+
+def _post(server: Server, who: str, body: dict[str, object]) -> httpx.Response:
+    with server.client(server.tokens[who]) as client:
+        return client.post("/v1/executions", json=body)
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "decision-worker"])
+def test_code_above_every_policys_ceiling_is_refused_before_the_queue(
+    tmp_path: Path, serve: Callable[..., Server], workers: int
+) -> None:
+    """alice (code_size 64k, one slot, no queue) is running; bob's policy has the set's largest ceiling, 256k.
+    alice's 300 KiB of code is refused at intake, 413 request.code_too_large with $.code and that ceiling,
+    although her slot is taken (before the fix: 429, it went for the queue and would have been held there).
+    The ceiling follows the policy set across reloads: raised, the same request reaches her own policy (403);
+    lowered, 100 KiB is refused at intake. The intake runs in a decision worker (which gets the reloaded
+    policies) or, without one, in the service's process."""
+    here = tmp_path / "own"  # the serve fixture's principals file is tmp_path's
+    here.mkdir()
+    small = default_policy_variant(here, "small", ("code_size: {max: 256k}", "code_size: {max: 64k}"))
+    roomy = default_policy_variant(here, "roomy")
+    store = PrincipalsStore(here / "principals.yaml")
+    tokens = {
+        "alice": store.add("alice", policy=str(small), role="agent", quotas=Quotas(max_concurrent=1, queue=0)),
+        "bob": store.add("bob", policy=str(roomy), role="agent"),
+    }
+    # The service's default policy counts too (a bound over the whole set, as a decision worker's set has it).
+    server = serve(principals=here / "principals.yaml", policy=small, max_body_bytes=4 * MIB, decision_workers=workers)
+    until(lambda: server.service.decisions.ready == workers, "the decision workers")  # the intake runs there
+    server.tokens = tokens
+    runs: list[httpx.Response] = []
+    running = threading.Thread(
+        target=lambda: runs.append(_post(server, "alice", {"code": "import time; time.sleep(3)"}))
+    )
+    running.start()
+    try:
+        until(lambda: server.service.quota_gate.running_of("alice") == 1, "alice's run to take her slot")
+        refused = _post(server, "alice", {"code": _code(300 * 1024)})
+        assert refused.status_code == 413, refused.text
+        body = refused.json()
+        assert body["code"] == "request.code_too_large", body
+        (error,) = body["errors"]
+        assert error["path"] == "$.code"
+        assert "307200 bytes" in error["message"], error
+        assert "262144" in error["message"], error
+        queued = _post(server, "alice", {"code": _code(100 * 1024)})  # within the set's ceiling: on to the queue
+        assert (queued.status_code, queued.json().get("quota")) == (429, "queue"), queued.text
+    finally:
+        running.join(60)
+    assert [run.status_code for run in runs] == [200], runs
+
+    roomy.write_text(roomy.read_text().replace("code_size: {max: 256k}", "code_size: {max: 512k}"))
+    assert server.service.reload()
+    decided = _post(server, "alice", {"code": _code(300 * 1024)})
+    assert (decided.status_code, decided.json()["code"]) == (403, "policy.denied"), decided.text
+
+    roomy.write_text(roomy.read_text().replace("code_size: {max: 512k}", "code_size: {max: 64k}"))
+    assert server.service.reload()
+    lowered = _post(server, "bob", {"code": _code(100 * 1024)})
+    assert (lowered.status_code, lowered.json()["code"]) == (413, "request.code_too_large"), lowered.text
+    assert "65536" in lowered.json()["errors"][0]["message"]
