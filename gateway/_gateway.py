@@ -24,6 +24,7 @@ from typing import Any
 from opentelemetry import trace
 
 from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway.audit.interrupted import mark_interrupted
 from gateway.decision import Assembler, Decision, RuleResult, evaluate
 from gateway.errors import (
     AuditUnavailableError,
@@ -93,7 +94,8 @@ class Gateway:
 
     Construct it with :meth:`from_env` for the embedded defaults, or pass a policy (or :class:`PolicySet`), a
     runner and an audit sink (tests pass a fake runner and an in-memory sink). Use it as a context manager so
-    that the trail records the gateway's start and stop. :meth:`close` closes only what the Gateway itself
+    that the trail records the gateway's start and stop (and, at the start, an interrupted outcome for each run
+    a killed gateway left open: :mod:`gateway.audit.interrupted`). :meth:`close` closes only what the Gateway itself
     created (:meth:`from_env` creates its trail and runner); a runner or sink passed in stays its owner's.
     ``slots`` bounds concurrent sandboxes host-wide (default: :meth:`HostSlots.from_env`, shared by every
     gateway process on the host).
@@ -205,6 +207,8 @@ class Gateway:
         for compiled in self.policies:
             ref = _ref(compiled.policy)
             self._append("policy.loaded", {**ref, "source": compiled.policy.source}, policy=ref)
+        if isinstance(self.audit, JsonlAuditTrail):
+            mark_interrupted(self.audit)  # the runs a killed gateway left without an outcome
         return self
 
     def __exit__(self, *exc: object) -> None:

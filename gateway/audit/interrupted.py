@@ -1,0 +1,225 @@
+"""Runs a dead gateway left open: at start, each gets an ``execution.outcome`` with ``gateway.interrupted``.
+
+A run's ``policy.decision`` is recorded before its sandbox starts and its ``execution.outcome`` after; a gateway
+killed in between (SIGKILL, the OOM killer, a power cut) leaves the decision without an outcome.
+
+:func:`mark_interrupted` runs when a gateway starts (:meth:`gateway.Gateway.__enter__`, after the start record:
+the service, ``gateway run``, ``gateway mcp`` and every other writer). It finds each decision that allowed a
+real run (not a dry run), has no outcome and was written by a process that is gone (:func:`writer_gone`), and
+appends for it an ``execution.outcome`` with the decision's request id, principal and policy, ``exit_code``
+null, ``duration_ms`` 0 (unknown), the error ``gateway.interrupted`` and ``interrupted``: the decision
+(``seq``, ``event_id``, ``hash``) and the instance that wrote it (``host``, ``pid``); the record's own
+``timestamp`` and ``gateway`` say when and by whom it was found. Reports count it among the error codes, the
+OCSF export as a failed API activity correlated with the decision by request id.
+
+Bound: only the trail's last :data:`SCAN_SEGMENTS` segments are read (at most twice ``segment_max_bytes``,
+128 MiB by default), a line at a time; a line is parsed only when it is a decision still without an outcome
+at the end of that window, so the cost is a read of the window plus the parse of its open decisions. A run
+decided before the window (one that outlived a whole segment of records and then died) stays unmarked.
+
+Concurrent starts: the scan and its appends hold :data:`SCAN_LOCK_NAME` in the trail directory (``flock``), so
+a second start sees the first one's outcomes and writes none twice. The trail's own lock file cannot serve:
+the writer takes it for each append through its own descriptor, and two descriptors of one process exclude
+each other.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import socket
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from gateway.audit.segments import list_segments
+from gateway.errors import AuditUnavailableError
+
+if TYPE_CHECKING:
+    from gateway.audit.interface import AuditReceipt
+    from gateway.audit.jsonl import JsonlAuditTrail
+
+__all__ = ["INTERRUPTED", "SCAN_LOCK_NAME", "SCAN_SEGMENTS", "mark_interrupted", "process_start", "writer_gone"]
+
+INTERRUPTED: Final = "gateway.interrupted"
+"""The error code of the outcome written for a run whose gateway died before recording one."""
+SCAN_SEGMENTS: Final = 2
+"""How many of the trail's newest segments a start reads for open decisions."""
+SCAN_LOCK_NAME: Final = ".interrupted.lock"
+"""Lock file in the trail directory held (``flock``, exclusive) while a start scans and marks."""
+
+_KIND: Final = b'"event_type":"'
+_REQUEST: Final = b'"request_id":"'
+_DRY_RUN: Final = b'"dry_run":'
+_DECISION: Final = b"policy.decision"
+_OUTCOME: Final = b"execution.outcome"
+
+WriterGone = Callable[[str, int, str], bool]
+"""``(host, pid, timestamp of the record) -> bool``: whether the process that wrote the record is gone."""
+
+
+def mark_interrupted(trail: JsonlAuditTrail, *, gone: WriterGone | None = None) -> list[AuditReceipt]:
+    """Append an interrupted ``execution.outcome`` for each open run of a gone writer (see the module); the
+    receipts of the records written. ``gone``: the liveness rule (default :func:`writer_gone`).
+
+    Raises :class:`~gateway.errors.AuditUnavailableError` when the trail cannot be read or written."""
+    is_gone = gone if gone is not None else writer_gone
+    directory = trail.directory
+    try:
+        lock_fd = os.open(directory / SCAN_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    except OSError as exc:
+        raise AuditUnavailableError(f"cannot open {directory / SCAN_LOCK_NAME}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            open_runs = [decision for decision in _open_decisions(directory) if _of_gone(decision, is_gone)]
+        except OSError as exc:
+            raise AuditUnavailableError(f"cannot read the audit trail in {directory}: {exc.strerror or exc}") from exc
+        return trail.append_built([_outcome_of(trail, decision) for decision in open_runs])
+    finally:
+        os.close(lock_fd)  # releases the lock
+
+
+def _open_decisions(directory: Path) -> Iterator[dict[str, Any]]:
+    """The decisions of real runs in the window that no outcome follows, parsed, in trail order."""
+    open_lines: dict[str, tuple[Path, int]] = {}  # request id -> where its decision line starts
+    for _index, path in list_segments(directory)[-SCAN_SEGMENTS:]:
+        offset = 0
+        with path.open("rb", buffering=1 << 20) as fh:
+            for line in fh:
+                kind, request_id = _kind_and_request(line)
+                if request_id is not None:
+                    if kind == _DECISION and not _dry_run(line):
+                        open_lines[request_id] = (path, offset)
+                    elif kind == _OUTCOME:
+                        open_lines.pop(request_id, None)
+                offset += len(line)
+    for path, offset in open_lines.values():
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            line = fh.readline()
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # not a whole record: verify reports it; nothing to mark
+        decision = record.get("data", {}).get("decision")
+        if isinstance(decision, dict) and decision.get("allowed") is True:
+            yield record
+
+
+def _kind_and_request(line: bytes) -> tuple[bytes, str | None]:
+    """A line's ``event_type`` and ``request_id`` read from its bytes, without parsing it: in a canonical
+    record both are top-level members after ``data`` whose later siblings hold no object with such a key (and
+    a quote inside a JSON string is escaped), so their last occurrences are the top-level ones."""
+    at = line.rfind(_KIND)
+    if at < 0:
+        return b"", None
+    start = at + len(_KIND)
+    kind = line[start : line.find(b'"', start)]
+    at = line.rfind(_REQUEST)
+    if at < 0:
+        return kind, None
+    start = at + len(_REQUEST)
+    return kind, line[start : line.find(b'"', start)].decode("ascii", "replace")
+
+
+def _dry_run(line: bytes) -> bool:
+    """Whether a decision's line says ``dry_run: true`` (``data.dry_run``: the last member of that name, as the
+    ones after it in ``data`` and the envelope hold no object with such a key)."""
+    at = line.rfind(_DRY_RUN)
+    return at >= 0 and line.startswith(b"true", at + len(_DRY_RUN))
+
+
+def _of_gone(record: dict[str, Any], gone: WriterGone) -> bool:
+    writer = record.get("gateway")
+    if not isinstance(writer, dict):
+        return False
+    host, pid, written = writer.get("host"), writer.get("pid"), record.get("timestamp")
+    return isinstance(host, str) and type(pid) is int and isinstance(written, str) and gone(host, pid, written)
+
+
+def _outcome_of(trail: JsonlAuditTrail, decision: dict[str, Any]) -> dict[str, Any]:
+    """The interrupted ``execution.outcome`` of one open decision, built (not yet chained)."""
+    writer = decision["gateway"]
+    plan = decision["data"]["decision"].get("plan")
+    image = plan.get("image") if isinstance(plan, dict) else None
+    data: dict[str, Any] = {
+        "exit_code": None,
+        "timed_out": False,
+        "oom_killed": False,
+        "duration_ms": 0,
+        "container_id": None,
+        "pool": None,
+        "image_id": None,
+        "error": {
+            "code": INTERRUPTED,
+            "message": f"the gateway process that decided this run (pid {writer['pid']} on {writer['host']}) "
+            "ended before it recorded the run's outcome: what the program did is unknown (its sandbox ended with "
+            "it; `gateway reap` removes a container left behind)",
+        },
+        "interrupted": {
+            "decision": {"seq": decision["seq"], "event_id": decision["event_id"], "hash": decision["hash"]},
+            "instance": {"host": writer["host"], "pid": writer["pid"]},
+        },
+    }
+    if isinstance(image, str):
+        data["image"] = image
+    caller = decision["data"].get("caller")
+    if isinstance(caller, dict):
+        data["caller"] = caller
+    policy = decision.get("policy")
+    return trail.build(
+        "execution.outcome", data, request_id=decision["request_id"], principal=decision.get("principal"),
+        policy=policy if isinstance(policy, dict) else None,
+    )  # fmt: skip
+
+
+def writer_gone(host: str, pid: int, written_at: str) -> bool:
+    """Whether the process that wrote a record at ``written_at`` (the record's timestamp) as ``pid`` on ``host``
+    is gone: the host is this one and ``pid`` names no process (or a zombie), or a process that started after
+    the record was written (the pid was reused: a gateway restarted as PID 1 of its container). A writer on
+    another host, or one whose start cannot be read, is never taken for gone."""
+    if host != socket.gethostname():
+        return False
+    started = process_start(pid)
+    if started is None:
+        return True
+    try:
+        written = datetime.fromisoformat(written_at).timestamp()
+    except ValueError:
+        return False
+    return started > written
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (unix time, never later than the truth: the boot time is read in whole
+    seconds); ``None`` when there is no such process or it is a zombie; ``-inf`` when it exists but its start
+    cannot be read (no ``/proc``)."""
+    if pid <= 0:
+        return -math.inf  # not a process id: 0 and negative numbers name process groups
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's process: it exists
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        boot = _boot_time()
+    except (OSError, ValueError):
+        return -math.inf
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": the name may hold spaces
+    if fields[0] == b"Z":
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> int:
+    with open("/proc/stat", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"btime "):
+                return int(line.split()[1])
+    raise ValueError("no btime in /proc/stat")

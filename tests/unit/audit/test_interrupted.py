@@ -1,0 +1,142 @@
+"""Runs a dead gateway left open: one interrupted outcome each, for real runs only, under the scan lock, within
+the last two segments; and the liveness rule (dead pid, reused pid, another host)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from gateway.audit import verify_trail
+from gateway.audit.interrupted import INTERRUPTED, SCAN_LOCK_NAME, mark_interrupted, writer_gone
+from gateway.audit.jsonl import JsonlAuditTrail
+from gateway.resources import load_schema
+
+POLICY = {"name": "default", "sha256": "a" * 64}
+CALLER = {"principal": "alice", "token_id": "0a1b2c3d"}
+
+
+def _gone(_host: str, _pid: int, _written: str) -> bool:
+    return True
+
+
+def _alive(_host: str, _pid: int, _written: str) -> bool:
+    return False
+
+
+def _decide(trail: JsonlAuditTrail, request_id: str, *, allowed: bool = True, dry_run: bool = False) -> None:
+    decision = {"allowed": allowed, "plan": {"image": "img:1"} if allowed else None}
+    data = {"decision": decision, "dry_run": dry_run, "caller": CALLER}
+    trail.append("policy.decision", data, request_id=request_id, principal="alice", policy=POLICY)
+
+
+def _finish(trail: JsonlAuditTrail, request_id: str) -> None:
+    data = {"exit_code": 0, "timed_out": False, "oom_killed": False, "duration_ms": 5, "error": None}
+    trail.append("execution.outcome", data, request_id=request_id, principal="alice", policy=POLICY)
+
+
+def _records(directory: Path) -> list[dict[str, Any]]:
+    paths = sorted(directory.glob("trail-*.jsonl"))
+    return [json.loads(line) for path in paths for line in path.read_bytes().splitlines()]
+
+
+def _interrupted(directory: Path) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in _records(directory)
+        if r["event_type"] == "execution.outcome" and (r["data"]["error"] or {}).get("code") == INTERRUPTED
+    ]
+
+
+def test_only_an_allowed_real_run_without_an_outcome_is_marked_and_only_once(tmp_path: Path) -> None:
+    with JsonlAuditTrail(tmp_path) as trail:
+        _decide(trail, "open")
+        _decide(trail, "finished")
+        _finish(trail, "finished")
+        _decide(trail, "dry", dry_run=True)
+        _decide(trail, "denied", allowed=False)
+        receipts = mark_interrupted(trail, gone=_gone)
+        again = mark_interrupted(trail, gone=_gone)
+    assert len(receipts) == 1
+    assert again == []
+    (marked,) = _interrupted(tmp_path)
+    decision = next(r for r in _records(tmp_path) if r["request_id"] == "open")
+    assert marked["request_id"] == "open"
+    assert marked["principal"] == "alice"
+    assert marked["policy"] == POLICY
+    assert marked["data"]["caller"] == CALLER
+    assert marked["data"]["image"] == "img:1"
+    assert marked["data"]["exit_code"] is None
+    assert marked["data"]["interrupted"] == {
+        "decision": {"seq": decision["seq"], "event_id": decision["event_id"], "hash": decision["hash"]},
+        "instance": {"host": decision["gateway"]["host"], "pid": decision["gateway"]["pid"]},
+    }
+    validator = jsonschema.Draft202012Validator(load_schema("audit-record"))
+    assert not sorted(validator.iter_errors(marked), key=str)
+    assert verify_trail(tmp_path).ok
+
+
+def test_a_live_writer_s_open_run_is_left_alone(tmp_path: Path) -> None:
+    with JsonlAuditTrail(tmp_path) as trail:
+        _decide(trail, "running")
+        assert mark_interrupted(trail, gone=_alive) == []
+    assert _interrupted(tmp_path) == []
+
+
+def test_the_scan_and_its_appends_hold_the_scan_lock(tmp_path: Path) -> None:
+    """A second start blocks on the lock while the first scans: it then sees the first one's outcomes."""
+    held: list[bool] = []
+
+    def gone_while_checking_the_lock(_host: str, _pid: int, _written: str) -> bool:
+        fd = os.open(tmp_path / SCAN_LOCK_NAME, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.append(True)
+        else:
+            held.append(False)
+        finally:
+            os.close(fd)
+        return True
+
+    with JsonlAuditTrail(tmp_path) as trail:
+        _decide(trail, "open")
+        mark_interrupted(trail, gone=gone_while_checking_the_lock)
+    assert held == [True]
+
+
+def test_only_the_last_two_segments_are_read(tmp_path: Path) -> None:
+    with JsonlAuditTrail(tmp_path, segment_max_bytes=1) as trail:  # one record per segment
+        _decide(trail, "too-old")
+        _decide(trail, "older")
+        _decide(trail, "newest")
+        mark_interrupted(trail, gone=_gone)
+    assert sorted(r["request_id"] for r in _interrupted(tmp_path)) == ["newest", "older"]
+
+
+def test_a_record_of_another_host_is_never_taken_for_a_dead_writer() -> None:
+    assert writer_gone(socket.gethostname() + "-elsewhere", 999_999_999, "2000-01-01T00:00:00.000000Z") is False
+
+
+def test_a_pid_with_no_process_is_a_dead_writer() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert writer_gone(socket.gethostname(), child.pid, "2000-01-01T00:00:00.000000Z") is True
+
+
+def test_a_live_process_is_the_writer_of_records_after_its_start_only() -> None:
+    """This process wrote a record now: alive. A record with its pid from before it started: the pid was
+    reused (a gateway restarted as its container's PID 1), so that record's writer is gone."""
+    host, pid = socket.gethostname(), os.getpid()
+    assert writer_gone(host, pid, "2099-01-01T00:00:00.000000Z") is False
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc: a process's start time cannot be read here")
+    assert writer_gone(host, pid, "2000-01-01T00:00:00.000000Z") is True
