@@ -386,16 +386,18 @@ async def openapi(request: Request) -> Response:
 # --- /mcp's hooks ----------------------------------------------------------------------------------------------
 
 
-async def mcp_body(request: Request, caller: Caller) -> bytes:
+async def mcp_body(request: Request, caller: Caller) -> tuple[bytes, BodyHold]:
     """An MCP message's body: read with the /v1 bounds, then checked by a decision worker (JSON, at most
-    MESSAGE_MAX_VALUES values) before the SDK parses it in this event loop."""
+    MESSAGE_MAX_VALUES values) before the SDK parses it in this event loop; and its hold of the body budget,
+    which the endpoint releases when the request ends."""
     request_id = new_request_id()
     body, held = await _read_body(request, caller, request_id, check_json=False)
     try:
         await _checked(Service.of(request).decisions.message(body, caller), request, caller, request_id)
-    finally:
-        held.release()  # counted while it is read and checked; the MCP SDK holds it for one message from here
-    return body
+    except BaseException:
+        held.release()
+        raise
+    return body, held
 
 
 @contextlib.asynccontextmanager

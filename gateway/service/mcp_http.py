@@ -4,9 +4,10 @@ The same server as ``gateway mcp`` (:func:`gateway.service.mcp.build_server`, on
 but each HTTP request is its caller's: the route authenticates the bearer token exactly like a ``/v1`` call
 (:mod:`gateway.service.auth`; 401 with the error body and ``WWW-Authenticate`` before the MCP layer sees
 anything, failures in the ``auth.failed`` summaries), its body is read with the same bounds (``max_body_bytes``,
-``body_read_s``, JSON; refusals audited as ``request.refused``) before the SDK sees it, and the tool's calls run
-through the service's Gateway with that :class:`~gateway.Caller`, so they are decided under the principal's own
-policy, pass the same checks (quotas included) and are audited with the principal and its token id.
+``body_read_s``, JSON, the body budget until the request ends; refusals audited as ``request.refused``) before the
+SDK sees it, and the tool's calls run through the service's Gateway with that :class:`~gateway.Caller`, so they
+are decided under the principal's own policy, pass the same checks (quotas included) and are audited with the
+principal and its token id.
 ``tools/list`` states the caller's ceilings.
 
 The transport runs stateless (the SDK's ``StreamableHTTPSessionManager(stateless=True)``): every POST carries
@@ -30,12 +31,14 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import Caller, Gateway
 from gateway.errors import GatewayError
 from gateway.service.auth import caller_of
+from gateway.service.bodies import BodyHold
 from gateway.service.mcp import build_server
 from gateway.tool import ToolHandler
 
 __all__ = ["McpEndpoint"]
 
-ReadBody = Callable[[Request, Caller], Awaitable[bytes]]
+ReadBody = Callable[[Request, Caller], Awaitable[tuple[bytes, BodyHold]]]
+"""The body, read and checked, and its hold of the service's body budget (released when the request ends)."""
 Admit = Callable[[Request, Caller], AbstractAsyncContextManager[None]]
 ErrorResponse = Callable[[GatewayError], Response]
 
@@ -78,11 +81,14 @@ class McpEndpoint:
         try:
             caller = caller_of(request)  # 401 for a token that did not authenticate
             # Read here, bounded like every /v1 body (size, deadline, JSON): the SDK would read any size.
-            body = await self._read_body(request, caller)
+            body, held = await self._read_body(request, caller)
         except GatewayError as exc:
             await self._error(exc)(scope, receive, send)
             return
-        await self._manager.handle_request(scope, _replay(body, receive), send)
+        try:  # the SDK holds the message until the request ends (a tool call: its run, its wait for a slot)
+            await self._manager.handle_request(scope, _replay(body, receive), send)
+        finally:
+            held.release()
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

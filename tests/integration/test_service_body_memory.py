@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
 import httpx
+import httpx2
 import pytest
 from serve_process import ServeProcess, until
 
@@ -204,3 +206,40 @@ def test_code_above_every_policys_ceiling_is_refused_before_the_queue(
     lowered = _post(server, "bob", {"code": _code(100 * 1024)})
     assert (lowered.status_code, lowered.json()["code"]) == (413, "request.code_too_large"), lowered.text
     assert "65536" in lowered.json()["errors"][0]["message"]
+
+
+def test_an_mcp_tool_calls_body_is_held_until_its_run_ends(server: Server) -> None:
+    """A tool call over /mcp holds its body in the budget for as long as its request runs (the SDK holds the
+    parsed message that long), not only while the body is read and checked: many large calls waiting for a
+    slot are bounded like POST /v1/executions."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from gateway.tool import TOOL_NAME
+
+    code = "import time\nprint('ready', flush=True)\ntime.sleep(4)\n" + "#" * 1000
+    held_while_running: list[int] = []
+
+    async def call() -> None:
+        headers = {"Authorization": f"Bearer {server.tokens['alice']}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60)) as http,
+            streamable_http_client(f"{server.url}/mcp", http_client=http) as (read, write),
+            ClientSession(read, write) as client,
+        ):
+            await client.initialize()
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    while server.service.quota_gate.running_of("alice") < 1:  # the call holds its slot
+                        await anyio.sleep(0.05)
+                    held_while_running.append(server.service.bodies.held)
+
+                group.start_soon(watch)
+                result = await client.call_tool(TOOL_NAME, {"code": code, "timeout": 30})
+            assert result.is_error is False, result
+
+    anyio.run(call)
+    assert held_while_running, "the run was never seen"
+    assert held_while_running[0] > len(code), held_while_running  # the tools/call body, held while it ran
+    until(lambda: server.service.bodies.held == 0, "the body's bytes to come back after the call")
