@@ -216,7 +216,7 @@ def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
 def _document() -> dict[str, Any]:
     schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
     auth: list[dict[str, list[str]]] = [{"bearer": []}]
-    v1 = ("401", "405")
+    v1 = ("401", "405", "429")  # every authenticated request counts against its all_rpm
     body = ("400", "408", "413", "415", "422")
     request_body = {"required": True, "content": {_JSON: {"schema": _ref("ExecutionRequest")}}}
     paths: dict[str, Any] = {
