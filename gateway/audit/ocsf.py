@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
+from gateway.audit.interrupted import INTERRUPTED
 from gateway.audit.records import (
     AuditRecordView,
     ExecutionOutcomeView,
@@ -315,6 +316,10 @@ def _outcome(view: ExecutionOutcomeView, ev: _Event) -> None:
         ev.status_code = str(view.exit_code)
     ev.message = f"request {view.request_id} ran: exit {view.exit_code}" + (f" ({', '.join(kills)})" if kills else "")
     response: dict[str, Any] = {"message": "ran" if view.error_code is None else "failed"}
+    interrupted = view.data.get("interrupted") if view.error_code == INTERRUPTED else None
+    if interrupted is not None:  # its gateway died mid-run: a later start wrote this outcome
+        ev.message = f"request {view.request_id} was interrupted: its gateway ended before recording the outcome"
+        response["message"] = "interrupted"
     if view.exit_code is not None:
         response["code"] = view.exit_code
     if view.error_code is not None:
@@ -331,11 +336,13 @@ def _outcome(view: ExecutionOutcomeView, ev: _Event) -> None:
             container["data"] = {"image": view.image, "image_id": view.image_id}
         resources.append(container)
     ev.resources = resources or None
-    ev.extra = {"duration": view.duration_ms}
+    ev.extra = {"duration": view.duration_ms} if interrupted is None else {}  # an interrupted run's is unknown
     ev.unmapped = {
         "kills": kills,
         "files": [_file(f) for f in view.files],
     }
+    if interrupted is not None:
+        ev.unmapped["interrupted"] = interrupted  # the decision left open (seq, event_id, hash), the dead instance
 
 
 def _pulled(view: ImagePulledView, ev: _Event) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from gateway.audit.interrupted import INTERRUPTED
 from gateway.audit.records import (
     NOT_PASSED,
     AuditRecordView,
@@ -374,7 +375,8 @@ class Aggregate:
     def _outcome(self, view: ExecutionOutcomeView) -> None:
         self._seen_policy(view, decision=False)
         self.executions += 1
-        self.durations.add(view.duration_ms)
+        if view.error_code != INTERRUPTED:  # its gateway died mid-run: how long it ran is unknown (recorded as 0)
+            self.durations.add(view.duration_ms)
         self.exit_codes[_capped(self.exit_codes, view.exit_code)] += 1
         self.timed_out += view.timed_out
         self.oom_killed += view.oom_killed

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.audit import EVENT_TYPES, JsonlAuditTrail, ocsf_export, verify_trail
+from gateway.audit.interrupted import mark_interrupted
 from gateway.audit.ocsf import MAPPING, OCSF_VERSION, to_ocsf
 from gateway.audit.ocsf_export import export_ocsf
 from gateway.cli import main
@@ -475,3 +476,23 @@ def test_a_sandbox_left_after_its_result_is_a_failed_delete(trail: Path, capsys:
     assert (left["class_uid"], left["activity_id"], left["status_id"]) == (6003, 4, 2)
     assert left["status_code"] == "runner.container_left"
     assert left["status_detail"] == "removal failed: engine busy"
+
+
+def test_an_interrupted_run_is_a_failed_outcome_that_names_its_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "audit"
+    with JsonlAuditTrail(directory) as writer:
+        writer.append("policy.decision", _decision(allowed=True), request_id="r-9", principal="agent-1", policy=POLICY)
+        mark_interrupted(writer, gone=lambda _host, _pid, _written: True)
+    decision = _lines(directory)[0]
+    _rc, events, _err = _export(capsys, "--trail", str(directory))
+    (outcome,) = _by_code(events, "execution.outcome")
+    validate_event(outcome)
+    assert outcome["metadata"]["correlation_uid"] == "r-9"
+    assert outcome["status_id"] == 2
+    assert outcome["status_detail"].startswith("gateway.interrupted: ")
+    assert outcome["api"]["response"]["message"] == "interrupted"
+    assert "interrupted" in outcome["message"]
+    assert "duration" not in outcome  # unknown, not 0
+    assert outcome["unmapped"]["gateway"]["interrupted"]["decision"]["seq"] == decision["seq"]

@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 
 from gateway._workers import WorkerPool
 from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.audit.interrupted import mark_interrupted
 from gateway.cli import main
 from gateway.errors import AuditIntegrityError
 from gateway.report import Progress, ReportFilters, aggregate, build_report, load_catalogue, render
@@ -440,3 +441,14 @@ class _OtherVersionPool(WorkerPool):
 
     def map(self, tasks: Iterable[bytes], decode: Callable[[bytes], _T]) -> Iterator[_T]:
         return super().map(tasks, lambda _answer: decode(_FROM_ANOTHER_VERSION))
+
+
+def test_an_interrupted_run_counts_as_an_execution_and_error_but_not_as_a_duration(trail: Path) -> None:
+    before = build_report([trail], now=NOW).to_dict()
+    _append_decision(trail, "req-cut", decision_dict(), START + timedelta(hours=1))
+    with JsonlAuditTrail(trail) as sink:
+        assert len(mark_interrupted(sink, gone=lambda _host, _pid, _written: True)) == 1
+    after = build_report([trail], now=NOW).to_dict()
+    assert after["outcomes"]["executions"] == before["outcomes"]["executions"] + 1
+    assert {"code": "gateway.interrupted", "count": 1} in after["outcomes"]["error_codes"]
+    assert after["durations_ms"] == before["durations_ms"]  # how long it ran is unknown: not a 0 ms run
