@@ -140,3 +140,39 @@ def test_a_live_process_is_the_writer_of_records_after_its_start_only() -> None:
     if not Path("/proc/self/stat").exists():
         pytest.skip("no /proc: a process's start time cannot be read here")
     assert writer_gone(host, pid, "2000-01-01T00:00:00.000000Z") is True
+
+
+_ROOT = Path(__file__).resolve().parents[3]
+_WRITE_DECISION = """
+import sys
+from gateway.audit.jsonl import JsonlAuditTrail
+with JsonlAuditTrail(sys.argv[1]) as trail:
+    data = {"decision": {"allowed": True, "plan": {"image": "img:1"}}, "dry_run": False}
+    trail.append("policy.decision", data, request_id="open", principal="alice", policy=None)
+"""
+_START = """
+import pathlib, sys, time
+from gateway.audit.interrupted import mark_interrupted
+from gateway.audit.jsonl import JsonlAuditTrail
+go, deadline = pathlib.Path(sys.argv[2]), time.monotonic() + 30
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.001)
+with JsonlAuditTrail(sys.argv[1]) as trail:
+    print(len(mark_interrupted(trail)))
+"""
+
+
+def test_concurrent_starts_of_several_processes_mark_a_dead_process_s_run_once(tmp_path: Path) -> None:
+    """The decision's writer is a real process that has exited; four processes start on the trail at once,
+    each with the real liveness rule: one outcome in all."""
+    trail, go = tmp_path / "audit", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(_ROOT)}
+    subprocess.run([sys.executable, "-c", _WRITE_DECISION, str(trail)], check=True, env=env, timeout=60)
+    starts = [
+        subprocess.Popen([sys.executable, "-c", _START, str(trail), str(go)], stdout=subprocess.PIPE, env=env)
+        for _ in range(4)
+    ]
+    go.touch()
+    counts = [int(start.communicate(timeout=60)[0]) for start in starts]
+    assert sorted(counts) == [0, 0, 0, 1]
+    assert [r["request_id"] for r in _interrupted(trail)] == ["open"]
