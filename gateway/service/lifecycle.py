@@ -7,6 +7,8 @@
 * :func:`reap_stale` removes, at start-up, only the containers of gateway instances that are no longer alive
   (an instance id names its host and process: same host and no such process) or that are past their
   deadline plus the grace; another live instance's sandboxes are left alone. Audited as ``containers.reaped``.
+  (The runs such an instance left without an outcome are marked ``gateway.interrupted`` by the Gateway's own
+  start, before this: :mod:`gateway.audit.interrupted`.)
 * :func:`anchor_writer` is the :class:`~gateway.audit.anchor.AnchorWriter` the configuration asks for
   (``audit_anchor``): started with the service, stopped after its stop record (a last anchor).
 """
