@@ -144,9 +144,11 @@ _ERRORS: dict[str, tuple[str, str]] = {
     ),
     "429": (
         "OverQuota",
-        "Over a quota of the principal (service.over_quota): requests per minute spent, its queue of waiting "
-        "executions full, or its request bodies in flight at its half of max_body_bytes_in_flight (quota "
-        "body_bytes, before the body is read); nothing ran. Retry-After says when to retry.",
+        "Over a quota of the principal (service.over_quota, the quota named): its executions and dry runs per "
+        "minute (rpm) or its authenticated requests per minute (all_rpm) spent, its queue of waiting executions "
+        "full or its wait in it over (queue_wait), its audit bytes per minute spent (trail_bytes), or its request "
+        "bodies in flight at its half of max_body_bytes_in_flight (body_bytes, before the body is read); nothing "
+        "ran. Retry-After says when to retry.",
     ),
     "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
@@ -155,7 +157,7 @@ _ERRORS: dict[str, tuple[str, str]] = {
         "The engine is down, the image missing, no capacity, or the audit trail unwritable: fail closed. Also the "
         "answer to a connection beyond the service's max_connections (service.too_many_connections, Retry-After), "
         "sent before its request is read, and to a body the service's max_body_bytes_in_flight has no room for "
-        "(service.bodies_in_flight), before the body is read.",
+        "(service.bodies_in_flight, Retry-After), before the body is read.",
     ),
     "507": ("AuditLowSpace", "The trail's file system is below its free-space watermark (audit.low_space)."),
 }

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway import ExecutionResult
-from gateway.errors import GatewayError, MalformedRequestError, OverQuotaError, RequestError, http_status_for
+from gateway.errors import (
+    BodiesInFlightError,
+    GatewayError,
+    MalformedRequestError,
+    OverQuotaError,
+    RequestError,
+    http_status_for,
+)
 
 __all__ = [
     "MESSAGE_MAX_VALUES",
@@ -111,8 +118,13 @@ def _problems(exc: GatewayError) -> list[dict[str, Any]]:
     ]
 
 
+BODIES_RETRY_AFTER_S: Final = 1
+"""``Retry-After`` of a 503 ``service.bodies_in_flight``: room comes back as soon as other requests end."""
+
+
 def gateway_error_reply(exc: GatewayError, request_id: str, **extra: Any) -> Reply:
-    """The error body of ``exc`` (401 with ``WWW-Authenticate``, 429 with ``Retry-After``, 422 with ``errors``)."""
+    """The error body of ``exc`` (401 with ``WWW-Authenticate``, 429 and a full body budget's 503 with
+    ``Retry-After``, 422 with ``errors``)."""
     status = http_status_for(exc)
     if isinstance(exc, RequestError):
         extra["errors"] = _problems(exc)
@@ -120,6 +132,8 @@ def gateway_error_reply(exc: GatewayError, request_id: str, **extra: Any) -> Rep
     if isinstance(exc, OverQuotaError):
         headers = {"Retry-After": str(exc.retry_after_s)}
         extra = {"quota": exc.quota, "retry_after_s": exc.retry_after_s, **extra}
+    elif isinstance(exc, BodiesInFlightError):  # the budget frees as bodies finish: shortly
+        headers = {"Retry-After": str(BODIES_RETRY_AFTER_S)}
     return error_reply(status, exc.code, exc.message, request_id, headers=headers, **extra)
 
 

@@ -56,7 +56,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, engine: Any) -> Iterator[Live
 EXAMPLES = {"/v1/executions": 6}
 """Allowed execution requests start containers: few of them. Every other operation gets DEFAULT_EXAMPLES."""
 DEFAULT_EXAMPLES = 40
-OPERATOR_PATHS = ("/v1/audit/records", "/metrics")
+OPERATOR_PATHS = ("/v1/audit/records", "/metrics", "/v1/reload")
 """Operator-only endpoints, fuzzed with the operator's token (an agent's gets 403 whatever it sends)."""
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gateway.errors import MalformedRequestError
-from gateway.service.replies import MESSAGE_MAX_VALUES, check_json_body
+from gateway.errors import BodiesInFlightError, MalformedRequestError, ServiceStoppingError
+from gateway.service.replies import BODIES_RETRY_AFTER_S, MESSAGE_MAX_VALUES, check_json_body, gateway_error_reply
 
 
 def _values(n: int) -> bytes:
@@ -43,3 +43,12 @@ def test_without_a_bound_any_json_passes_and_text_that_is_not_json_never_does() 
     check_json_body(b"[" + b",".join([b"[]"] * 10_000) + b"]")
     with pytest.raises(MalformedRequestError, match="the body is not JSON"):
         check_json_body(b'{"code": ', max_values=MESSAGE_MAX_VALUES)
+
+
+def test_a_full_body_budget_says_when_to_retry_and_a_stop_does_not() -> None:
+    full = gateway_error_reply(BodiesInFlightError("no room"), "req-1")
+    assert full.status == 503
+    assert full.headers == {"Retry-After": str(BODIES_RETRY_AFTER_S)}
+    stopping = gateway_error_reply(ServiceStoppingError("stopping"), "req-2")
+    assert stopping.status == 503
+    assert not stopping.headers
