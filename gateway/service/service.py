@@ -56,7 +56,13 @@ from gateway.service.config import ServerConfig
 from gateway.service.decisions import DecisionWorkers, default_decision_workers
 from gateway.service.lifecycle import Inflight, anchor_writer, reap_stale
 from gateway.service.metrics import ServiceMetrics
-from gateway.service.principals import Principals, Quotas, load_principals, principals_path_from_env
+from gateway.service.principals import (
+    DEFAULT_QUOTAS,
+    Principals,
+    Quotas,
+    load_principals,
+    principals_path_from_env,
+)
 from gateway.service.quotas import QuotaGate, Refusals, default_global_bound
 from gateway.service.readiness import EngineState, ask_engine, trail_check
 from gateway.service.trailbudget import TrailBudget, TrailMeter, TrailTail
@@ -298,9 +304,14 @@ class Service:
         return {**data, "principals": len(principals)}
 
     def _warn_of_shares(self) -> None:
-        """Log (at start and reload) the principals whose ``max_concurrent`` the quota gate cuts to its share,
-        because it is at or above the global bound (:meth:`~gateway.service.quotas.QuotaGate.share_warning`)."""
-        quotas = {principal.name: principal.effective_quotas(self.config.quotas) for principal in self.principals}
+        """Log (at start and reload) the principals whose configured ``max_concurrent`` the quota gate cuts to
+        its share, because it is at or above the global bound
+        (:meth:`~gateway.service.quotas.QuotaGate.share_warning`). The built-in default (8) is not named, where
+        it comes from: it means as many as the share allows, so a small host's default start stays quiet."""
+        effective = {principal.name: principal.effective_quotas(self.config.quotas) for principal in self.principals}
+        quotas = {
+            name: given for name, given in effective.items() if given.max_concurrent != DEFAULT_QUOTAS.max_concurrent
+        }
         warning = self.quota_gate.share_warning(quotas)
         if warning is not None:
             _log.warning("%s", warning)

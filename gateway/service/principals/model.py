@@ -94,7 +94,8 @@ class Quotas:
 
     max_concurrent: int = 8
     """Executions of this principal running at once (at most the service's global bound less one,
-    :meth:`~gateway.service.quotas.QuotaGate.share`)."""
+    :meth:`~gateway.service.quotas.QuotaGate.share`; start and reload warn of any other value than this default
+    that the share cuts)."""
     rpm: int = 600
     """Executions and dry runs per minute (``POST /v1/executions``, ``POST /v1/decisions``, MCP tool calls)."""
     all_rpm: int = 3000

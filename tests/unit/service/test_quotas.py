@@ -380,22 +380,42 @@ def test_with_a_global_bound_of_one_a_principal_still_gets_its_slot() -> None:
     asyncio.run(scenario())
 
 
-def test_start_warns_of_a_max_concurrent_the_share_cuts(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def _share_warnings(tmp_path: Path, caplog: pytest.LogCaptureFixture, config_quotas: Quotas) -> list[str]:
+    """The share warnings of a service with a bound of 2 over alice (no quota of her own), bob (max_concurrent 1)
+    and carol (max_concurrent 5), whose config file's quotas are ``config_quotas``."""
     principals = tmp_path / "principals.yaml"
     store = PrincipalsStore(principals)
     policy = policies_dir() / "default.yaml"
-    store.add("alice", policy=policy)  # the default max_concurrent, 8
+    store.add("alice", policy=policy, quotas_set=frozenset())  # as `gateway principals add` with no quota flag
     store.add("bob", policy=policy, quotas=Quotas(max_concurrent=1), quotas_set=frozenset({"max_concurrent"}))
+    store.add("carol", policy=policy, quotas=Quotas(max_concurrent=5), quotas_set=frozenset({"max_concurrent"}))
     config = ServerConfig(
-        principals=principals, audit_dir=tmp_path / "audit", decision_workers=0, max_concurrent_executions=2
+        principals=principals,
+        audit_dir=tmp_path / "audit",
+        decision_workers=0,
+        max_concurrent_executions=2,
+        quotas=config_quotas,
     )
     service = Service.from_config(config, runner=FakeRunner)
     with caplog.at_level("WARNING", logger="gateway.service"), TestClient(build_app(service)):
         pass
-    (warning,) = [r.getMessage() for r in caplog.records if "max_concurrent" in r.getMessage()]
-    assert "principal(s) alice is at or above the service's bound of 2" in warning
+    return [r.getMessage() for r in caplog.records if "max_concurrent" in r.getMessage()]
+
+
+def test_start_warns_of_a_configured_max_concurrent_the_share_cuts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (warning,) = _share_warnings(tmp_path, caplog, DEFAULT_QUOTAS)
+    assert "principal(s) carol is at or above the service's bound of 2" in warning  # not alice: the default
     assert "each runs at most 1 at once" in warning
     assert QuotaGate(2).share_warning({"bob": Quotas(max_concurrent=1)}) is None
+
+
+def test_a_max_concurrent_set_in_the_config_file_is_named_for_whoever_takes_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (warning,) = _share_warnings(tmp_path, caplog, Quotas(max_concurrent=3))
+    assert "principal(s) alice, carol is at or above" in warning
 
 
 def test_all_rpm_is_a_window_of_its_own_beside_rpm() -> None:
