@@ -31,13 +31,15 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from gateway.audit.records import PolicyDecisionView, view_record
 from gateway.audit.segments import list_segments
-from gateway.errors import AuditUnavailableError
+from gateway.errors import AuditIntegrityError, AuditUnavailableError
 
 if TYPE_CHECKING:
     from gateway.audit.interface import AuditReceipt
@@ -53,7 +55,7 @@ SCAN_LOCK_NAME: Final = ".interrupted.lock"
 """Lock file in the trail directory held (``flock``, exclusive) while a start scans and marks."""
 
 _KIND: Final = b'"event_type":"'
-_REQUEST: Final = b'"request_id":"'
+_REQUEST: Final = b'"request_id":'
 _DRY_RUN: Final = b'"dry_run":'
 _DECIDED: Final = b'"decision":{"allowed":'
 _DECISION: Final = b"policy.decision"
@@ -61,6 +63,22 @@ _OUTCOME: Final = b"execution.outcome"
 
 WriterGone = Callable[[str, int, str], bool]
 """``(host, pid, timestamp of the record) -> bool``: whether the process that wrote the record is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenRun:
+    """What the interrupted outcome says of one open decision."""
+
+    request_id: str
+    principal: str | None
+    policy: dict[str, str] | None
+    decision: dict[str, Any]
+    """``seq``, ``event_id`` and ``hash`` of the decision."""
+    host: str
+    pid: int
+    timestamp: str
+    image: str | None
+    caller: Any
 
 
 def mark_interrupted(trail: JsonlAuditTrail, *, gone: WriterGone | None = None) -> list[AuditReceipt]:
@@ -77,16 +95,16 @@ def mark_interrupted(trail: JsonlAuditTrail, *, gone: WriterGone | None = None) 
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            open_runs = [decision for decision in _open_decisions(directory) if _of_gone(decision, is_gone)]
+            runs = [run for run in _open_runs(directory) if is_gone(run.host, run.pid, run.timestamp)]
         except OSError as exc:
             raise AuditUnavailableError(f"cannot read the audit trail in {directory}: {exc.strerror or exc}") from exc
-        return trail.append_built([_outcome_of(trail, decision) for decision in open_runs])
+        return trail.append_built([_outcome_of(trail, run) for run in runs])
     finally:
         os.close(lock_fd)  # releases the lock
 
 
-def _open_decisions(directory: Path) -> Iterator[dict[str, Any]]:
-    """The decisions of real runs in the window that no outcome follows, parsed, in trail order."""
+def _open_runs(directory: Path) -> Iterator[_OpenRun]:
+    """The decisions of real runs in the window that no outcome follows, in trail order."""
     open_lines: dict[str, tuple[Path, int]] = {}  # request id -> where its decision line starts
     for _index, path in list_segments(directory)[-SCAN_SEGMENTS:]:
         offset = 0
@@ -103,13 +121,29 @@ def _open_decisions(directory: Path) -> Iterator[dict[str, Any]]:
         with path.open("rb") as fh:
             fh.seek(offset)
             line = fh.readline()
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # not a whole record: verify reports it; nothing to mark
-        decision = record.get("data", {}).get("decision")
-        if isinstance(decision, dict) and decision.get("allowed") is True:
-            yield record
+        run = _open_run(line)
+        if run is not None:
+            yield run
+
+
+def _open_run(line: bytes) -> _OpenRun | None:
+    """The open run a decision's line records; None when it decided none, or is not a well-formed record
+    (``gateway audit verify`` names that one; a start marks nothing for it)."""
+    try:
+        view = view_record(json.loads(line))
+        if not isinstance(view, PolicyDecisionView) or not view.allowed or view.dry_run:
+            return None
+        writer = view.gateway
+        if writer is None or view.request_id is None:
+            return None
+        policy = None if view.policy is None else {"name": view.policy.name, "sha256": view.policy.sha256}
+        decision = {"seq": view.seq, "event_id": view.event_id, "hash": view.hash}
+    except (ValueError, AuditIntegrityError):  # not JSON, or not the shape of a decision record
+        return None
+    return _OpenRun(
+        view.request_id, view.principal, policy, decision, writer.host, writer.pid, view.timestamp, view.image,
+        view.data.get("caller"),
+    )  # fmt: skip
 
 
 def _kind_and_request(line: bytes) -> tuple[bytes, str | None]:
@@ -122,9 +156,9 @@ def _kind_and_request(line: bytes) -> tuple[bytes, str | None]:
     start = at + len(_KIND)
     kind = line[start : line.find(b'"', start)]
     at = line.rfind(_REQUEST)
-    if at < 0:
-        return kind, None
-    start = at + len(_REQUEST)
+    if at < 0 or line[at + len(_REQUEST) : at + len(_REQUEST) + 1] != b'"':
+        return kind, None  # none, or null
+    start = at + len(_REQUEST) + 1
     return kind, line[start : line.find(b'"', start)].decode("ascii", "replace")
 
 
@@ -140,19 +174,8 @@ def _maybe_a_run(line: bytes) -> bool:
     return at < 0 or not line.startswith(b"false", at + len(_DECIDED))
 
 
-def _of_gone(record: dict[str, Any], gone: WriterGone) -> bool:
-    writer = record.get("gateway")
-    if not isinstance(writer, dict):
-        return False
-    host, pid, written = writer.get("host"), writer.get("pid"), record.get("timestamp")
-    return isinstance(host, str) and type(pid) is int and isinstance(written, str) and gone(host, pid, written)
-
-
-def _outcome_of(trail: JsonlAuditTrail, decision: dict[str, Any]) -> dict[str, Any]:
-    """The interrupted ``execution.outcome`` of one open decision, built (not yet chained)."""
-    writer = decision["gateway"]
-    plan = decision["data"]["decision"].get("plan")
-    image = plan.get("image") if isinstance(plan, dict) else None
+def _outcome_of(trail: JsonlAuditTrail, run: _OpenRun) -> dict[str, Any]:
+    """The interrupted ``execution.outcome`` of one open run, built (not yet chained)."""
     data: dict[str, Any] = {
         "exit_code": None,
         "timed_out": False,
@@ -163,25 +186,17 @@ def _outcome_of(trail: JsonlAuditTrail, decision: dict[str, Any]) -> dict[str, A
         "image_id": None,
         "error": {
             "code": INTERRUPTED,
-            "message": f"the gateway process that decided this run (pid {writer['pid']} on {writer['host']}) "
-            "ended before it recorded the run's outcome: what the program did is unknown (its sandbox ended with "
-            "it; `gateway reap` removes a container left behind)",
+            "message": f"the gateway process that decided this run (pid {run.pid} on {run.host}) ended before it "
+            "recorded the run's outcome: what the program did is unknown (its sandbox ended with it; `gateway "
+            "reap` removes a container left behind)",
         },
-        "interrupted": {
-            "decision": {"seq": decision["seq"], "event_id": decision["event_id"], "hash": decision["hash"]},
-            "instance": {"host": writer["host"], "pid": writer["pid"]},
-        },
+        "interrupted": {"decision": run.decision, "instance": {"host": run.host, "pid": run.pid}},
     }
-    if isinstance(image, str):
-        data["image"] = image
-    caller = decision["data"].get("caller")
-    if isinstance(caller, dict):
-        data["caller"] = caller
-    policy = decision.get("policy")
-    return trail.build(
-        "execution.outcome", data, request_id=decision["request_id"], principal=decision.get("principal"),
-        policy=policy if isinstance(policy, dict) else None,
-    )  # fmt: skip
+    if run.image is not None:
+        data["image"] = run.image
+    if isinstance(run.caller, Mapping):
+        data["caller"] = run.caller
+    return trail.build("execution.outcome", data, request_id=run.request_id, principal=run.principal, policy=run.policy)
 
 
 def writer_gone(host: str, pid: int, written_at: str) -> bool:

@@ -84,6 +84,18 @@ def test_only_an_allowed_real_run_without_an_outcome_is_marked_and_only_once(tmp
     assert verify_trail(tmp_path).ok
 
 
+def test_a_malformed_decision_is_left_to_verify_and_the_start_goes_on(tmp_path: Path) -> None:
+    """A decision without the schema's shape (``allowed`` not a boolean) or without a request id is not marked;
+    the well-formed open run after it still is."""
+    with JsonlAuditTrail(tmp_path) as trail:
+        trail.append("policy.decision", {"decision": {"allowed": "yes"}, "dry_run": False}, request_id="odd")
+        nested = {"decision": {"allowed": True, "request_id": "nested"}, "dry_run": False}
+        trail.append("policy.decision", nested, request_id=None)
+        _decide(trail, "open")
+        mark_interrupted(trail, gone=_gone)
+    assert [r["request_id"] for r in _interrupted(tmp_path)] == ["open"]
+
+
 def test_a_live_writer_s_open_run_is_left_alone(tmp_path: Path) -> None:
     with JsonlAuditTrail(tmp_path) as trail:
         _decide(trail, "running")
