@@ -7,13 +7,16 @@ instance, none for a run that finished, none twice at a later start, and the tra
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from serve_process import ServeProcess, until
+from serve_process import ServeProcess, serve_env, until
 
 from gateway.cli import main
 from gateway.resources import policies_dir
@@ -85,3 +88,40 @@ def _kill_then_restart_twice(tmp_path: Path, serve_process: Callable[..., ServeP
 def _call_ignoring_errors(url: str, token: str) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the service is killed under it
         _execute(url, token, "import time; time.sleep(60)")
+
+
+def test_a_killed_gateway_run_is_marked_by_the_next_one_shot_start(
+    tmp_path: Path, engine: Any, managed_containers: Callable[[], list[str]]
+) -> None:
+    """``gateway run`` killed mid-run; the next command on the trail (``gateway check``, a dry run) marks it."""
+    audit = tmp_path / "audit"
+    cli = [sys.executable, "-m", "gateway"]
+    env = serve_env()
+    run = subprocess.Popen(
+        [*cli, "run", "--audit-dir", str(audit), "--timeout", "30", "--code", "import time; time.sleep(60)"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        until(lambda: _events(audit, "policy.decision"), "the run's decision")
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+        for cid in managed_containers():  # a sandbox created, not yet started, when its gateway was killed
+            with contextlib.suppress(Exception):  # already gone
+                engine.api.remove_container(cid, force=True)
+    (decision,) = _events(audit, "policy.decision")
+    check = [*cli, "check", "--audit-dir", str(audit), "-"]
+    subprocess.run(check, input=b'{"code": "print(1)"}', env=env, check=True, capture_output=True, timeout=120)
+    (marked,) = _events(audit, "execution.outcome")
+    assert marked["request_id"] == decision["request_id"]
+    assert marked["data"]["error"]["code"] == INTERRUPTED
+    assert marked["data"]["interrupted"]["instance"]["pid"] == run.pid
+
+
+def _events(audit: Path, kind: str) -> list[dict[str, Any]]:
+    return [
+        record
+        for segment in sorted(audit.glob("trail-*.jsonl"))
+        for line in segment.read_text().splitlines()
+        if (record := json.loads(line))["event_type"] == kind
+    ]
