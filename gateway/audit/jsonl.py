@@ -5,6 +5,7 @@ Layout of a trail directory (see ``audit/README.md``)::
     trail-000001.jsonl   segments, one sealed record per line, rotated by size
     trail-000002.jsonl   the first record of a segment chains to the last of the previous one
     .lock                flock(2): writers exclusive, verifiers shared
+    .interrupted.lock    flock(2): one start at a time marks a dead writer's open runs (:mod:`.interrupted`)
     quarantine/          bytes cut off by ``repair`` (:mod:`gateway.audit.repair`; evidence, never deleted)
 
 Every ``append`` builds its record (the record pipeline), then runs, under a thread lock and the directory's
