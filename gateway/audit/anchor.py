@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gateway._files import whole_file
+from gateway._ticker import Ticker
 from gateway.audit.canonical import LineError, extract_seq, mac, split_line
 from gateway.audit.jsonl import read_tail
 from gateway.audit.pipeline import utc_timestamp
@@ -315,8 +315,8 @@ class AnchorWriter:
         self.every_records = every_records
         self.every_seconds = every_seconds
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        interval = 1.0 if every_seconds is None else max(0.05, min(1.0, every_seconds / 4))
+        self._ticker = Ticker("gateway-anchor", interval, self.poll, join_s=10.0)
         self._written_seq = -1
         self._written_at = 0.0
         self._ident: str | None = None
@@ -326,21 +326,12 @@ class AnchorWriter:
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._written_at = self._clock().timestamp()
-        self._thread = threading.Thread(target=self._loop, name="gateway-anchor", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
         """Stop the thread and anchor the final head (call after the last record, e.g. ``gateway.stop``)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10.0)
-            self._thread = None
+        self._ticker.stop()
         self.poll(force=True)
-
-    def _loop(self) -> None:
-        interval = 1.0 if self.every_seconds is None else max(0.05, min(1.0, self.every_seconds / 4))
-        while not self._stop.wait(interval):
-            self.poll()
 
     def poll(self, *, force: bool = False) -> Path | None:
         """Write an anchor now if the head moved and a threshold is reached (or ``force``); the file or None."""

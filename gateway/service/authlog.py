@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from gateway._ticker import Ticker
 from gateway.audit import AuditSink
 from gateway.errors import GatewayError
 
@@ -54,8 +55,7 @@ class AuthFailures:
         self._since: float | None = None
         """Start of the open interval (the time of its first failure), None when none is open."""
         self._rest = 0
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("gateway-auth-failures", min(interval_s / 4, 1.0), self.flush)
 
     def note(self, reason: FailureReason, *, token_id: str | None, client: str | None, path: str) -> None:
         """One failure: recorded at once when it opens an interval, else counted."""
@@ -90,20 +90,11 @@ class AuthFailures:
             )
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="gateway-auth-failures", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
         self.flush(final=True)
-
-    def _loop(self) -> None:
-        tick = min(self.interval_s / 4, 1.0)
-        while not self._stopped.wait(tick):
-            self.flush()
 
     def _write(self, data: dict[str, Any]) -> None:
         # refused either way; the trail's own failure is reported by /readyz and by every request

@@ -19,6 +19,7 @@ minute; the budget holds such a principal to 16 MiB.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from gateway._ticker import Ticker
 from gateway.audit.segments import list_segments, segment_name
 from gateway.errors import OverQuotaError
 
@@ -159,8 +161,7 @@ class TrailMeter:
         self.tail = tail
         self.budget = budget
         self.tick_s = tick_s
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("gateway-trail-meter", tick_s, self._tick_quietly)
 
     def tick(self) -> None:
         """Read what was appended and charge it (what the thread does every ``tick_s``)."""
@@ -169,18 +170,11 @@ class TrailMeter:
             self.budget.charge(charges)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="gateway-trail-meter", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._ticker.stop()
 
-    def _loop(self) -> None:
-        while not self._stopped.wait(self.tick_s):
-            try:
-                self.tick()
-            except OSError:  # the trail's own failures are the writers' and /readyz's to report
-                continue
+    def _tick_quietly(self) -> None:
+        with contextlib.suppress(OSError):  # the trail's own failures are the writers' and /readyz's to report
+            self.tick()

@@ -165,6 +165,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "_files.py",
             "_lazy.py",
+            "_ticker.py",
             "_version.py",
             "_workers.py",
             "canonical.py",
