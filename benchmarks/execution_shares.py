@@ -17,20 +17,20 @@ import json
 import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
-from gateway.service.app import build_app
 from gateway.service.config import ServerConfig
 from gateway.service.principals import PrincipalsStore
 from gateway.service.service import Service
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service import serve_in_thread  # the benchmark's own server helper, next to this file
 
 
 def _hold(port: int, token: str, run_s: float) -> socket.socket:
@@ -47,40 +47,34 @@ def _hold(port: int, token: str, run_s: float) -> socket.socket:
 
 
 def measure(bound: int, flood: int, run_s: float, victims: int) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="execution-shares-"))
-    store = PrincipalsStore(work / "principals.yaml")
-    policy = str(policies_dir() / "default.yaml")
-    tokens = {name: store.add(name, policy=policy) for name in ("mallory", "victim")}
-    config = ServerConfig(
-        principals=work / "principals.yaml", audit_dir=work / "audit", max_concurrent_executions=bound,
-        queue_wait_s=run_s * 3,
-    )  # fmt: skip
-    service = Service.from_config(config, runner=DockerRunner)
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    gate = service.quota_gate
-    held = [_hold(port, tokens["mallory"], run_s) for _ in range(flood)]
-    try:
-        while gate.running_of("mallory") + gate.waiting_of("mallory") < flood:
-            time.sleep(0.05)
-        latencies, statuses, mallory_running = [], [], []
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=run_s * 4) as client:
-            client.headers["Authorization"] = f"Bearer {tokens['victim']}"
-            for _ in range(victims):
-                mallory_running.append(gate.running_of("mallory"))
-                started = time.perf_counter()
-                answer = client.post("/v1/executions", json={"code": "print(1)"})
-                latencies.append(round(time.perf_counter() - started, 2))
-                statuses.append(answer.status_code)
-    finally:
-        for sock in held:
-            sock.close()
-        server.should_exit = True
-        thread.join(timeout=run_s * 4)
+    with tempfile.TemporaryDirectory(prefix="execution-shares-") as tmp:
+        work = Path(tmp)
+        store = PrincipalsStore(work / "principals.yaml")
+        policy = str(policies_dir() / "default.yaml")
+        tokens = {name: store.add(name, policy=policy) for name in ("mallory", "victim")}
+        config = ServerConfig(
+            principals=work / "principals.yaml", audit_dir=work / "audit", max_concurrent_executions=bound,
+            queue_wait_s=run_s * 3,
+        )  # fmt: skip
+        service = Service.from_config(config, runner=DockerRunner)
+        with serve_in_thread(service, stop_s=run_s * 4) as port:
+            gate = service.quota_gate
+            held = [_hold(port, tokens["mallory"], run_s) for _ in range(flood)]
+            try:
+                while gate.running_of("mallory") + gate.waiting_of("mallory") < flood:
+                    time.sleep(0.05)
+                latencies, statuses, mallory_running = [], [], []
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=run_s * 4) as client:
+                    client.headers["Authorization"] = f"Bearer {tokens['victim']}"
+                    for _ in range(victims):
+                        mallory_running.append(gate.running_of("mallory"))
+                        started = time.perf_counter()
+                        answer = client.post("/v1/executions", json={"code": "print(1)"})
+                        latencies.append(round(time.perf_counter() - started, 2))
+                        statuses.append(answer.status_code)
+            finally:
+                for sock in held:
+                    sock.close()
     return {
         "bound": bound, "flood": flood, "run_s": run_s, "victim_latency_s": latencies, "victim_status": statuses,
         "mallory_running_when_victim_sent": mallory_running,

@@ -18,7 +18,6 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import socket
 import sys
 import tempfile
@@ -27,16 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from service import gateway_serve  # the benchmark's own server helper, next to this file
-
-API_VERSION = "gateway.agent-exec/v1"
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise SystemExit(f"no VmRSS for process {pid}")
+from service import gateway_serve_with, rss_mib  # the benchmark's own server helpers, next to this file
 
 
 class Client:
@@ -82,12 +72,10 @@ def main() -> None:
     size = args.mib * 1024 * 1024
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        config = work / "server.yaml"
-        text = f"apiVersion: {API_VERSION}\nkind: ServerConfig\nmax_body_bytes: {size}\nbody_read_s: 120\n"
+        settings: dict[str, object] = {"max_body_bytes": size, "body_read_s": 120}
         if args.max_body_bytes_in_flight is not None:
-            text += f"max_body_bytes_in_flight: {args.max_body_bytes_in_flight}\n"
-        config.write_text(text)
-        with gateway_serve(work, dict(os.environ), None, config) as (base, token, pid):
+            settings["max_body_bytes_in_flight"] = args.max_body_bytes_in_flight
+        with gateway_serve_with(work, settings) as (base, token, pid):
             port = int(base.rsplit(":", 1)[1])
             before = rss_mib(pid)
             clients = [Client(port, token, size) for _ in range(args.clients)]

@@ -13,7 +13,6 @@ Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/request_heads.py [--connection
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 import tempfile
@@ -21,17 +20,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from service import gateway_serve  # the benchmark's own server helper, next to this file
+from service import gateway_serve_with, rss_mib  # the benchmark's own server helpers, next to this file
 
 CHUNK = 64 * 1024
-API_VERSION = "gateway.agent-exec/v1"
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise SystemExit(f"no VmRSS for process {pid}")
 
 
 def attack(port: int, total: int) -> tuple[socket.socket, int, bytes]:
@@ -61,13 +52,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        config = None
-        if args.max_header_bytes is not None:
-            config = work / "server.yaml"
-            config.write_text(
-                f"apiVersion: {API_VERSION}\nkind: ServerConfig\nmax_header_bytes: {args.max_header_bytes}\n"
-            )
-        with gateway_serve(work, dict(os.environ), None, config) as (base, _token, pid):
+        settings = {} if args.max_header_bytes is None else {"max_header_bytes": args.max_header_bytes}
+        with gateway_serve_with(work, settings) as (base, _token, pid):
             port = int(base.rsplit(":", 1)[1])
             before = rss_mib(pid)
             held = [attack(port, args.mib * 1024 * 1024) for _ in range(args.connections)]

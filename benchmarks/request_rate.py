@@ -15,50 +15,43 @@ import collections
 import json
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
-from gateway.service.app import build_app
 from gateway.service.config import ServerConfig
 from gateway.service.principals import PrincipalsStore, Quotas
 from gateway.service.service import Service
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from service import serve_in_thread  # the benchmark's own server helper, next to this file
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
 
 
 def measure(pairs: int) -> dict[str, int]:
-    work = Path(tempfile.mkdtemp(prefix="request-rate-"))
-    policy = str(policies_dir() / "default.yaml")
-    token = PrincipalsStore(work / "principals.yaml").add(
-        "alice", policy=policy, quotas=Quotas(rpm=300), quotas_set=frozenset({"rpm"})
-    )
-    config = ServerConfig(principals=work / "principals.yaml", audit_dir=work / "audit")
-    service = Service.from_config(config, runner=DockerRunner)
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
     counts: collections.Counter[str] = collections.Counter()
-    started = time.perf_counter()
-    try:
-        headers = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as client:
-            for number in range(pairs):
-                counts[f"GET /v1/policy {client.get('/v1/policy').status_code}"] += 1
-                message = {"jsonrpc": "2.0", "id": number, "method": "tools/list", "params": {}}
-                counts[f"tools/list {client.post('/mcp', json=message, headers=MCP_HEADERS).status_code}"] += 1
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-    return {**dict(sorted(counts.items())), "seconds": round(time.perf_counter() - started)}
+    with tempfile.TemporaryDirectory(prefix="request-rate-") as tmp:
+        work = Path(tmp)
+        policy = str(policies_dir() / "default.yaml")
+        token = PrincipalsStore(work / "principals.yaml").add(
+            "alice", policy=policy, quotas=Quotas(rpm=300), quotas_set=frozenset({"rpm"})
+        )
+        config = ServerConfig(principals=work / "principals.yaml", audit_dir=work / "audit")
+        service = Service.from_config(config, runner=DockerRunner)
+        with serve_in_thread(service) as port:
+            started = time.perf_counter()
+            headers = {"Authorization": f"Bearer {token}"}
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30) as client:
+                for number in range(pairs):
+                    counts[f"GET /v1/policy {client.get('/v1/policy').status_code}"] += 1
+                    message = {"jsonrpc": "2.0", "id": number, "method": "tools/list", "params": {}}
+                    counts[f"tools/list {client.post('/mcp', json=message, headers=MCP_HEADERS).status_code}"] += 1
+            seconds = round(time.perf_counter() - started)
+    return {**dict(sorted(counts.items())), "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,16 +47,20 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import docker
 import httpx
+import uvicorn
+import yaml
 
 from gateway import Gateway
 from gateway.resources import policies_dir
+from gateway.service.app import build_app
 from gateway.service.principals import PrincipalsStore, Quotas
+from gateway.service.service import Service
 from gateway.slots import HostSlots
 
 CODE = "print(2+2)"
@@ -112,6 +116,42 @@ def gateway_serve(
             proc.kill()
             proc.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def gateway_serve_with(work: Path, settings: Mapping[str, object]) -> Iterator[tuple[str, str, int]]:
+    """:func:`gateway_serve` with a server configuration file holding ``settings`` (none: no file)."""
+    config = None
+    if settings:
+        config = work / "server.yaml"
+        document = {"apiVersion": "gateway.agent-exec/v1", "kind": "ServerConfig", **settings}
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
+    with gateway_serve(work, dict(os.environ), None, config) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_in_thread(service: Service, *, stop_s: float = 60) -> Iterator[int]:
+    """``service``'s application on uvicorn in a thread of this process, on a free loopback port (yielded);
+    stopped at the end (waiting at most ``stop_s`` for its requests)."""
+    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=stop_s)
+
+
+def rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid`` (``VmRSS``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"no VmRSS for process {pid}")
 
 
 Client = tuple[Callable[[], bool], Callable[[], None]]
