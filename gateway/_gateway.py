@@ -433,8 +433,7 @@ class Gateway:
             try:
                 sspan.set_attribute("container.image.name", settings.profile.image)
                 sspan.set_attribute("container.runtime", settings.profile.runtime)
-                files = {name: text.encode("utf-8", "surrogatepass") for name, text in request.files.items()}
-                payload = Payload(code=request.code, language=settings.language, files=files)
+                payload = Payload(code=request.code, language=settings.language, files=request.file_contents())
                 _check_not_cancelled(cancel)
                 lease = self.pool.claim(settings, spec) if self.pool is not None else Lease("cold")
                 status = lease.status

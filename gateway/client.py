@@ -1,7 +1,8 @@
 """A Python client for ``gateway serve`` (on ``httpx``): :class:`Client` and :class:`AsyncClient`.
 
 ``Client(base_url, token)`` calls the service as the token's principal. The methods mirror the library, so a
-caller can swap a local :class:`gateway.Gateway` for a remote client:
+caller can swap a local :class:`gateway.Gateway` for a remote client (a request's ``files`` may hold ``bytes``
+in both: they travel as ``{"content": "<base64>", "encoding": "base64"}``):
 
 - :meth:`Client.execute` / :meth:`Client.decide` return a :class:`RemoteResult`, shaped like the
   :class:`gateway.ExecutionResult` that ``Gateway.execute`` / ``Gateway.decide`` return: ``to_dict()`` has the
@@ -48,6 +49,7 @@ from gateway.errors import (
     ServiceUnreachableError,
     exit_code_for,
 )
+from gateway.payload import request_file
 
 __all__ = ["DEFAULT_TIMEOUT", "AsyncClient", "Client", "RemoteResult", "error_from_response"]
 
@@ -279,7 +281,11 @@ def _content(request: RequestBody) -> bytes:
         return request
     if isinstance(request, str):
         return request.encode("utf-8")
-    return json.dumps(dict(request)).encode("utf-8")
+    body = dict(request)
+    files = body.get("files")
+    if isinstance(files, Mapping):  # bytes travel as base64, as the library takes them (Gateway.execute)
+        body["files"] = {name: request_file(c) if isinstance(c, bytes | bytearray) else c for name, c in files.items()}
+    return json.dumps(body).encode("utf-8")
 
 
 def _unreachable(base_url: str, exc: httpx.HTTPError) -> ServiceUnreachableError:

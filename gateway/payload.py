@@ -7,9 +7,11 @@ before anything runs. (The in-container supervisor checks again, as defence in d
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.errors import ContractError, Problem
 
@@ -21,6 +23,7 @@ __all__ = [
     "Payload",
     "file_name_problem",
     "file_name_problems",
+    "request_file",
 ]
 
 LANGUAGES = ("python",)
@@ -81,6 +84,14 @@ def file_name_problems(names: Iterable[str]) -> Iterator[tuple[str, str]]:
             why = "is both a file and the directory of another file"
         if why is not None:
             yield name, why
+
+
+def request_file(content: str | bytes | bytearray | memoryview) -> Any:
+    """How a request carries one file's ``content``: text as itself (UTF-8), bytes as
+    ``{"content": "<base64>", "encoding": "base64"}``. The Python API and the client send ``bytes`` this way."""
+    if isinstance(content, str):
+        return content
+    return {"content": base64.b64encode(content).decode("ascii"), "encoding": "base64"}
 
 
 @dataclass(frozen=True)

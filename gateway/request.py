@@ -15,7 +15,11 @@ which reports what it finds as a :class:`RequestError` and nothing else:
    (see :func:`schema_problems`).
 4. *Build* the request, with the checks a schema cannot state: no line breaks where a pattern's ``$`` would
    let a trailing one through, no bind-syntax characters in mount paths, sizes parsed into bytes, the total
-   size of ``metadata`` (:data:`MAX_METADATA_BYTES`).
+   size of ``metadata`` (:data:`MAX_METADATA_BYTES`), and a binary file's content checked as canonical base64
+   without decoding it: it becomes a :class:`BinaryFile`, whose size is known from its length, so the policy's
+   ``limits.files_size`` bounds the decoded bytes before anything is decoded (only an allowed run decodes it).
+
+The Python API may give a file's content as ``bytes``; step 2 turns it into the base64 form a JSON body carries.
 
 A caller may bound ``code`` too (``max_code_bytes``, after step 2): the service passes the largest
 ``limits.code_size`` of its policies, so that code no policy accepts is refused before it waits for anything.
@@ -23,8 +27,10 @@ A caller may bound ``code`` too (``max_code_bytes``, after step 2): the service 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
@@ -35,6 +41,7 @@ import jsonschema_rs
 from jsonschema import Draft202012Validator
 
 from gateway.errors import CodeTooLargeError, Problem, RequestError
+from gateway.payload import request_file
 from gateway.resources import load_schema
 from gateway.sizes import SizeError, parse_size
 from gateway.validation import problems_from_error
@@ -46,6 +53,7 @@ __all__ = [
     "MAX_PROBLEMS",
     "MAX_REQUEST_BYTES",
     "MAX_VALUES",
+    "BinaryFile",
     "ExecutionRequest",
     "MountRequest",
     "RequestLimits",
@@ -57,12 +65,13 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Requests larger than this are refused before they are decoded or parsed."""
 MAX_DEPTH = 32
 """Maximum nesting of objects/arrays anywhere in a request (``metadata`` is free-form)."""
-MAX_VALUES = 20_000
+MAX_VALUES = 40_000
 """Most JSON values (objects, arrays and scalars; keys not counted) a request may hold. The largest valid request
-holds fewer: 10,001 in ``files``, 1,025 in ``env``, 97 in ``mounts``, about 8,200 in ``metadata`` (16 KiB of compact
-JSON), a few dozen elsewhere (``tests/unit/core/test_request_bounds.py`` builds it). A document with more is refused
-before the schema is asked: python-jsonschema, which explains an invalid request, walks every value (~20-45 us
-each here), so without this bound one 4 MiB body cost a worker 3.5-40 s of CPU."""
+holds fewer: 30,001 in ``files`` (10,000 binary files of three values each), 1,025 in ``env``, 97 in ``mounts``,
+about 8,200 in ``metadata`` (16 KiB of compact JSON), a few dozen elsewhere (``tests/unit/core/test_request_bounds.py``
+builds it). A document with more is refused before the schema is asked: python-jsonschema, which explains an
+invalid request, walks every value (~20-45 us each here), so without this bound one 4 MiB body cost a worker
+3.5-40 s of CPU; with it, at most about 0.8-1.8 s."""
 MAX_PROBLEMS = 100
 """Most schema problems one refusal lists; a last problem says that more were found and not listed."""
 
@@ -84,6 +93,27 @@ def _utf8_size(text: str) -> int:
 
 def _empty() -> Mapping[str, Any]:
     return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryFile:
+    """A file the request sent as base64: its canonical text, checked at intake and decoded only when a run
+    needs the bytes, so that a request's decoded size is judged (``limits.files_size``) before it is decoded."""
+
+    base64: str
+    """Canonical base64 (RFC 4648, standard alphabet, padded, nothing else); :func:`parse_request` checked it."""
+
+    @property
+    def size(self) -> int:
+        """Decoded bytes, from the length alone."""
+        return len(self.base64) // 4 * 3 - (len(self.base64) - len(self.base64.rstrip("=")))
+
+    def decode(self) -> bytes:
+        return base64.b64decode(self.base64)
+
+    def to_dict(self) -> dict[str, str]:
+        """The request's form of this file."""
+        return {"content": self.base64, "encoding": "base64"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +167,9 @@ class ExecutionRequest:
     network: str | None = None
     runtime: str | None = None
     mounts: tuple[MountRequest, ...] = ()
-    files: Mapping[str, str] = field(default_factory=_empty)
-    """Relative file name -> text content, placed under ``/workspace``; read-only."""
+    files: Mapping[str, str | BinaryFile] = field(default_factory=_empty)
+    """Relative file name -> content (UTF-8 text, or bytes sent as base64), placed under ``/workspace``;
+    read-only."""
     env: Mapping[str, str] = field(default_factory=_empty)
     """Environment variables; read-only."""
     principal: str | None = None
@@ -153,8 +184,15 @@ class ExecutionRequest:
 
     @property
     def files_bytes(self) -> int:
-        """Total UTF-8 size of the file contents, which the policy caps."""
-        return sum(_utf8_size(content) for content in self.files.values())
+        """Total size of the file contents in bytes (text as UTF-8, binary decoded), which the policy caps."""
+        return sum(_utf8_size(c) if isinstance(c, str) else c.size for c in self.files.values())
+
+    def file_contents(self) -> dict[str, bytes]:
+        """Every file's bytes, as the sandbox receives them (binary files are decoded here)."""
+        return {
+            name: c.encode("utf-8", "surrogatepass") if isinstance(c, str) else c.decode()
+            for name, c in self.files.items()
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The request as JSON data (sizes in bytes), suitable for the audit trail and re-parsing."""
@@ -169,7 +207,7 @@ class ExecutionRequest:
         if self.mounts:
             out["mounts"] = [{"source": m.source, "target": m.target, "mode": m.mode} for m in self.mounts]
         if self.files:
-            out["files"] = dict(self.files)
+            out["files"] = {name: c if isinstance(c, str) else c.to_dict() for name, c in self.files.items()}
         if self.env:
             out["env"] = dict(self.env)
         if self.metadata:
@@ -239,8 +277,21 @@ a mapping's integers are held to it too, so that every accepted request can be w
 _INT_BOUND = 10**_MAX_INT_DIGITS
 
 
+_PATH_NAME = re.compile("[a-zA-Z][a-zA-Z0-9_]*")
+
+
 def _json_path(keys: _Keys) -> str:
-    return "$" + "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in keys)
+    """The JSON path of ``keys`` as python-jsonschema writes it (``$.files['a.txt'].content``, ``$.mounts[0]``)."""
+    path = "$"
+    for key in keys:
+        if isinstance(key, int):
+            path += f"[{key}]"
+        elif _PATH_NAME.fullmatch(key):
+            path += f".{key}"
+        else:
+            escaped = key.replace("\\", "\\\\").replace("'", "\\'")
+            path += f"['{escaped}']"
+    return path
 
 
 def _is_array(value: Any) -> bool:
@@ -280,6 +331,8 @@ def _copy_checked(doc: Any, source: str) -> Any:
 
     def place(value: Any, parent: Any, slot: str | int, keys: _Keys) -> None:
         nonlocal count
+        if len(keys) == 2 and keys[0] == "files" and isinstance(value, bytes | bytearray | memoryview):
+            value = request_file(value)  # the Python API's bytes, in the form a JSON body carries them
         count += 1
         if count > MAX_VALUES:
             message = f"holds more than {MAX_VALUES} JSON values, more than any valid request; nothing else was checked"
@@ -394,6 +447,42 @@ def _mounts(raw: list[dict[str, str]], bad: _Report) -> tuple[MountRequest, ...]
     return tuple(MountRequest(item["source"], item["target"], item.get("mode", "ro")) for item in raw)
 
 
+_BASE64_BODY = re.compile("[A-Za-z0-9+/]*(={0,2})")
+_BASE64_PAD_BEFORE = {1: "AEIMQUYcgkosw048", 2: "AQgw"}
+"""The characters that may precede 1 or 2 padding characters: those whose unused low bits are zero."""
+_CANONICAL = "canonical base64 (RFC 4648: A-Z a-z 0-9 + /, '=' padding to a multiple of 4, no spaces or line breaks)"
+
+
+def _base64_problem(text: str) -> str | None:
+    """Why ``text`` is not canonical base64, or ``None``; a regular-expression walk, nothing decoded."""
+    body = _BASE64_BODY.fullmatch(text)
+    if body is None:
+        bad = re.search("[^A-Za-z0-9+/=]", text)
+        if bad is not None:
+            return f"is not {_CANONICAL}: {bad.group()!r} at character {bad.start()}"
+        return f"is not {_CANONICAL}: '=' may only pad the end, at most twice"
+    if len(text) % 4:
+        return f"is not {_CANONICAL}: {len(text)} characters, not a multiple of 4 (padding missing?)"
+    pad = len(body.group(1))
+    if pad and text[-pad - 1] not in _BASE64_PAD_BEFORE[pad]:
+        return f"is not {_CANONICAL}: the last character before the padding sets bits that encode nothing"
+    return None
+
+
+def _files(raw: Mapping[str, Any], bad: _Report) -> Mapping[str, str | BinaryFile]:
+    # The schema has checked the shape: a string, or {"content": str, "encoding": "base64"}.
+    files: dict[str, str | BinaryFile] = {}
+    for name, value in raw.items():
+        if isinstance(value, str):
+            files[name] = value
+            continue
+        why = _base64_problem(value["content"])
+        if why is not None:
+            bad(_json_path(("files", name, "content")), why)
+        files[name] = BinaryFile(value["content"])
+    return MappingProxyType(files)
+
+
 def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
     """The request from ``doc``, a schema-valid private copy (so its dicts are wrapped, not copied again)."""
     problems: list[Problem] = []
@@ -408,6 +497,7 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
             bad(f"$.{name}", "must not contain a line break")
     limits = _limits(doc.get("limits", {}), bad)
     mounts = _mounts(doc.get("mounts", []), bad)
+    files = _files(doc.get("files", {}), bad)
     for name in doc.get("env", {}):
         if "\n" in name:
             bad("$.env", f"variable name {name!r} must not contain a line break")
@@ -431,7 +521,7 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
         network=doc.get("network"),
         runtime=doc.get("runtime"),
         mounts=mounts,
-        files=MappingProxyType(doc.get("files", {})),
+        files=files,
         env=MappingProxyType(doc.get("env", {})),
         principal=doc.get("principal"),
         metadata=MappingProxyType(doc.get("metadata", {})),

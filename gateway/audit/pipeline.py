@@ -10,7 +10,8 @@ Redaction rules (each erased path is listed in the record's ``redacted``):
 * ``request.received``: ``data.request.code`` is kept up to ``code_max_bytes`` bytes *as stored* (JSON-escaped:
   a control character takes 6 bytes, a character beyond the BMP 12; cut beyond, with ``code_truncated``), plus
   ``code_sha256`` and ``code_bytes`` (UTF-8) of the whole code; ``data.request.files`` becomes
-  ``[{"name", "sha256", "bytes"}]`` (contents never kept); ``data.request.env`` becomes ``env_names`` (values
+  ``[{"name", "sha256", "bytes"}]`` (contents never kept; a binary file is digested over its decoded bytes and
+  its entry says ``"encoding": "base64"``); ``data.request.env`` becomes ``env_names`` (values
   never kept); any other string of the request (a file or mount name, metadata) longer than
   :data:`STRING_MAX_BYTES` as stored keeps a prefix that fits. The erased paths are listed one by one only
   while they are short (:func:`_erased_paths`). So a request costs the code cap plus a bounded rest, whatever
@@ -30,6 +31,7 @@ a float anywhere else is a programming error and raises :class:`~gateway.audit.c
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import os
 import re
@@ -273,6 +275,27 @@ def _sha256_text(value: Any) -> tuple[str, int]:
     return hashlib.sha256(raw).hexdigest(), len(raw)
 
 
+_BASE64_CHUNK = 1 << 16
+"""Base64 characters decoded at a time for a digest (a multiple of 4)."""
+
+
+def _base64_digest(value: Any) -> tuple[str, int] | None:
+    """sha256 and size of the bytes a binary request file (``{"content": <base64>, "encoding": "base64"}``)
+    carries, decoded a chunk at a time so the bytes are never all held; ``None`` for anything else."""
+    if not (isinstance(value, dict) and value.get("encoding") == "base64" and isinstance(value.get("content"), str)):
+        return None
+    text: str = value["content"]
+    digest, size = hashlib.sha256(), 0
+    try:
+        for start in range(0, len(text), _BASE64_CHUNK):
+            chunk = binascii.a2b_base64(text[start : start + _BASE64_CHUNK], strict_mode=True)
+            digest.update(chunk)
+            size += len(chunk)
+    except (binascii.Error, ValueError):  # never from a parsed request (intake checked it); digest it as JSON
+        return None
+    return digest.hexdigest(), size
+
+
 def stored_prefix(text: str, max_bytes: int) -> str:
     """The longest prefix of ``text`` whose stored form (the JSON string as a record holds it, ASCII-escaped,
     without its quotes) is at most ``max_bytes``: ``text`` itself when it fits."""
@@ -319,8 +342,13 @@ def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[s
     if isinstance(files, dict):
         summary = []
         for name in sorted(files):
-            sha, size = _sha256_text(files[name])
-            summary.append({"name": name, "sha256": sha, "bytes": size})
+            content = files[name]
+            binary = _base64_digest(content)
+            sha, size = binary if binary is not None else _sha256_text(content)
+            entry: dict[str, Any] = {"name": name, "sha256": sha, "bytes": size}
+            if binary is not None:
+                entry["encoding"] = "base64"
+            summary.append(entry)
         request["files"] = summary
         erased.extend(_erased_paths(json_path(base, "files"), sorted(files)))
     env = request.get("env")

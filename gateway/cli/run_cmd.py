@@ -27,6 +27,7 @@ from gateway.errors import (
     RequestError,
     exit_code_for,
 )
+from gateway.payload import request_file
 
 __all__ = ["build_request", "register"]
 
@@ -55,7 +56,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("--runtime", help="container runtime: runc or runsc (gVisor)")
     run.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro|rw]", help="bind mount (repeatable)")
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment (repeatable)")
-    run.add_argument("--file", action="append", default=[], metavar="PATH[:DEST]", help="send a file (repeatable)")
+    run.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH[:DEST]",
+        help="send a file (repeatable; UTF-8 text as text, any other bytes as base64)",
+    )
     run.add_argument("--principal", help="who is asking (agent name)")
     _common(run)
     run.set_defaults(func=_run)
@@ -130,12 +137,26 @@ def build_request(args: argparse.Namespace, stdin_text: str | None = None) -> di
             env[name] = value
         req["env"] = env
     if args.file:
-        files: dict[str, str] = {}
+        files: dict[str, Any] = {}
         for item in args.file:
             path, _, dest = item.partition(":")
-            files[dest or Path(path).name] = _read_text(Path(path), "--file")
+            files[dest or Path(path).name] = _read_file(Path(path))
         req["files"] = files
     return req
+
+
+def _read_file(path: Path) -> Any:
+    """A ``--file``'s content as a request carries it: UTF-8 text as text, any other bytes as base64."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise RequestError(f"--file {str(path)!r} does not exist") from exc
+    except OSError as exc:
+        raise RequestError(f"--file {str(path)!r} cannot be read: {exc.strerror}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return request_file(data)
 
 
 def _read_text(path: Path, what: str) -> str:

@@ -100,9 +100,11 @@ def _size_cap_rule(
     limit: Callable[[Policy], Limit],
     size: Callable[[Context], int],
     *,
+    measured: str,
     example: str,
 ) -> Rule:
-    """A rule that caps how many bytes of code or files a request sends. What was sent cannot be clamped, so
+    """A rule that caps how many bytes of code or files a request sends (``measured`` says how they are
+    counted). What was sent cannot be clamped, so
     in audit mode (where the loader requires ``hard_max``) a request above ``max`` is a warning and one above
     ``hard_max`` is denied."""
 
@@ -127,7 +129,7 @@ def _size_cap_rule(
 
     return Rule(
         rule_id, check, lambda p: limit(p).mode, path,
-        checks=f"the bytes of {what} a request sends are at most the ceiling (UTF-8)",
+        checks=f"the bytes of {what} a request sends are at most the ceiling ({measured})",
         setting=f"$.spec.limits.{rule_id.removeprefix('limits.')}", audit="warn",
         never_relaxed="a request above hard_max (required in audit mode: what was sent cannot be clamped)",
         example=example,
@@ -185,10 +187,11 @@ RULES: tuple[Rule, ...] = (
     ),
     _size_cap_rule(
         "limits.code_size", "$.code", "code", lambda p: p.limits.code_size, lambda c: c.settings.code_bytes,
-        example="code is 300000 bytes; the ceiling is 256k",
+        measured="UTF-8", example="code is 300000 bytes; the ceiling is 256k",
     ),
     _size_cap_rule(
         "limits.files_size", "$.files", "files", lambda p: p.limits.files_size, lambda c: c.settings.files_bytes,
+        measured="text as UTF-8, a base64 file as its decoded bytes",
         example="files total 2000000 bytes; the ceiling is 1m",
     ),
 )  # fmt: skip

@@ -12,8 +12,9 @@ from gateway.request import MAX_METADATA_BYTES, MAX_PROBLEMS, MAX_VALUES, parse_
 
 
 def _largest_valid_request() -> dict[str, object]:
-    """Every bounded collection of the request schema at its largest: files (10,000), env (1,024), mounts
-    (32), metadata holding as many values as 16 KiB of compact JSON can (nested lists of small integers)."""
+    """Every bounded collection of the request schema at its largest: files (10,000, binary: three values each),
+    env (1,024), mounts (32), metadata holding as many values as 16 KiB of compact JSON can (nested lists of
+    small integers)."""
     metadata: dict[str, object] = {}
     while True:
         key = f"{len(metadata):x}"
@@ -23,7 +24,7 @@ def _largest_valid_request() -> dict[str, object]:
         metadata = trial
     return {
         "code": "print(1)",
-        "files": {f"f{i}.txt": "" for i in range(10_000)},
+        "files": {f"f{i}.bin": {"content": "", "encoding": "base64"} for i in range(10_000)},
         "env": {f"E{i}": "" for i in range(1024)},
         "mounts": [{"source": f"/data/{i}", "target": f"/m/{i}", "mode": "ro"} for i in range(32)],
         "limits": {"memory": "256m", "cpus": 1, "pids": 64, "timeout_s": 10, "output_bytes": 65536},

@@ -95,7 +95,7 @@ FULL = {
     "network": "none",
     "runtime": "runc",
     "mounts": [{"source": "/srv/data", "target": "/data", "mode": "ro"}],
-    "files": {"a.txt": "content"},
+    "files": {"a.txt": "content", "b.bin": {"content": "AAEC/w==", "encoding": "base64"}},
     "env": {"A": "value"},
     "principal": "agent-1",
     "metadata": {"k": [1, {"x": None}]},
@@ -105,9 +105,11 @@ PATHS: list[tuple[str | int, ...]] = [
     ("code",), ("language",), ("image",), ("network",), ("runtime",), ("principal",), ("unknown",),
     ("limits",), *(("limits", name) for name in _LIMITS), ("limits", "swap"),
     ("mounts",), ("mounts", 0), ("mounts", 0, "source"), ("mounts", 0, "target"), ("mounts", 0, "mode"),
-    ("files",), ("files", "a.txt"), ("env",), ("env", "A"), ("metadata",), ("metadata", "k"), ("metadata", "k", 1),
+    ("files",), ("files", "a.txt"), ("files", "b.bin"), ("files", "b.bin", "content"), ("files", "b.bin", "encoding"),
+    ("files", "b.bin", "x"), ("env",), ("env", "A"), ("metadata",), ("metadata", "k"), ("metadata", "k", 1),
 ]  # fmt: skip
 TEXTS = [
+    "base64", "base64\n", "hex", "AA==",
     "", "x", "none", "none\n", "none\n\n", "none\r", "\nnone", "nonE", "n\x00", "python", "python3.11", "runc",
     "runsc", "ro", "rw", "rw\n", "/", "/abs", "/abs\n", "//x", "rel", "C:\\x", "256m", "256M", "256mib", "256mb\n",
     "1" * 20, "1" * 21, "99999999999999999999k", "12q", "0b", "gateway/sandbox-python:3.11-bookworm",
@@ -256,6 +258,7 @@ _SCALAR = st.one_of(st.none(), _NUMBER, _TEXT)
 _JSON = st.recursive(
     _SCALAR, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4), max_leaves=12
 )
+_BINARY_FILE = st.dictionaries(st.sampled_from(["content", "encoding", "x"]), st.one_of(_SCALAR, st.just("base64")))
 _MOUNT = st.dictionaries(st.sampled_from(["source", "target", "mode", "x"]), _SCALAR, max_size=4)
 _FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "code": _SCALAR,
@@ -265,7 +268,7 @@ _FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "network": _SCALAR,
     "runtime": _SCALAR,
     "mounts": st.one_of(st.lists(_MOUNT, max_size=3), _SCALAR),
-    "files": st.dictionaries(_TEXT, _SCALAR, max_size=3),
+    "files": st.dictionaries(_TEXT, st.one_of(_SCALAR, _BINARY_FILE), max_size=3),
     "env": st.dictionaries(_TEXT, _SCALAR, max_size=3),
     "principal": _SCALAR,
     "metadata": _JSON,
