@@ -2,7 +2,9 @@
 
 The model may set only ``code`` and a ``timeout`` (up to the policy's ceiling): image, mounts, network, limits
 and env stay the operator's. Every call is decided, audited and contained like any other request, and the
-model gets a JSON-serialisable answer it can read, denials included with their reasons.
+model gets a JSON-serialisable answer it can read, denials included with their reasons, and the files the
+program wrote under ``./out`` with their contents (text as text, binary as base64), all within fixed bounds
+(:data:`MAX_TOOL_OUTPUT_CHARS` per stream, :data:`MAX_TOOL_FILES_CHARS` for the files): what is cut is marked.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from gateway.sizes import format_size
 __all__ = [
     "DEFAULT_TOOL_PRINCIPAL",
     "EXECUTE_PYTHON_TOOL",
+    "MAX_TOOL_FILES_CHARS",
+    "MAX_TOOL_OUTPUT_CHARS",
     "TOOL_NAME",
     "ToolHandler",
     "ceilings_text",
@@ -30,6 +34,9 @@ __all__ = [
 TOOL_NAME = "execute_python"
 MAX_TOOL_OUTPUT_CHARS = 16_000
 """What the model is shown of each stream; the full capped output stays in the result and the audit digest."""
+MAX_TOOL_FILES_CHARS = 16_000
+"""What the model is shown of the returned files' contents, all together (base64 characters for a binary file),
+in name order; a file cut short says ``truncated``. The whole files stay in the result (``Gateway.execute``)."""
 DEFAULT_TOOL_PRINCIPAL = "llm-tool"
 """The principal a :class:`ToolHandler` names in its requests when it is given none."""
 
@@ -52,7 +59,8 @@ def tool_definition(max_timeout_s: float = 60, *, ceilings: str | None = None) -
     ``ceilings`` (see :func:`ceilings_text`) is appended to the description."""
     description = (
         "Execute Python 3 code in an isolated, network-less sandbox and return stdout, stderr and the "
-        "exit code. Files written under ./out are returned. State does not persist between calls."
+        "exit code. Files written under ./out are returned with their contents (UTF-8 text as text, other bytes as "
+        "base64); long contents are cut and marked truncated. State does not persist between calls."
     )
     return {
         "type": "function",
@@ -88,6 +96,21 @@ def _clip(text: str) -> tuple[str, bool]:
     if len(text) <= MAX_TOOL_OUTPUT_CHARS:
         return text, False
     return text[:MAX_TOOL_OUTPUT_CHARS], True
+
+
+def _files(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The result's files as the model sees them: every one named, their contents within
+    :data:`MAX_TOOL_FILES_CHARS` together (a base64 content is cut at a multiple of 4, so what is shown decodes)."""
+    budget = MAX_TOOL_FILES_CHARS
+    shown = []
+    for entry in entries:
+        content: str = entry["content"]
+        keep = min(len(content), budget)
+        if entry["encoding"] == "base64":
+            keep -= keep % 4
+        budget -= keep
+        shown.append({**entry, "content": content[:keep], "truncated": keep < len(content)})
+    return shown
 
 
 class ToolHandler:
@@ -193,8 +216,10 @@ class ToolHandler:
                 truncated=result["stdout_truncated"] or result["stderr_truncated"] or out_clipped or err_clipped,
                 timed_out=result["timed_out"],
                 oom_killed=result["oom_killed"],
-                files=[{"path": f["path"], "bytes": f["bytes"]} for f in result["files"]],
             )
+            files = _files(result["files"])
+            # Cut by the policy (limits.output_files, limits.output_files_bytes) or here, for the model.
+            answer.update(files=files, files_truncated=result["files_truncated"] or any(f["truncated"] for f in files))
         return answer
 
 

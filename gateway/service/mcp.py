@@ -14,7 +14,8 @@ refused, so that ``gateway principals revoke`` also stops its MCP servers from s
 Answers (:func:`tool_result`): a run (whatever its exit code) and a policy denial, with every rule id and
 reason, are ordinary tool results; a gateway failure (engine down, trail unwritable, ...) or a call the tool
 refuses (unknown tool, bad arguments) is a tool error (``isError``) carrying the code. Neither is a protocol
-error: the model reads them like any answer.
+error: the model reads them like any answer. A run's answer carries the files the program wrote under ``./out``
+with their contents (text as text, binary as base64), within the tool's bounds and marked where cut.
 
 Stdout belongs to the protocol: :func:`claim_stdio` moves the wire to private descriptors and points fd 1 at
 stderr (fd 0 at the null device) before anything else happens, so no print, warning or library output can

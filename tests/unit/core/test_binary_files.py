@@ -19,7 +19,8 @@ from gateway.errors import RequestError
 from gateway.policy import load_policy
 from gateway.request import BinaryFile, parse_request
 from gateway.resources import default_policy_path
-from gateway.runner.fake import FakeRunner
+from gateway.runner.fake import FakeRunner, make_outcome
+from gateway.tool import MAX_TOOL_FILES_CHARS, TOOL_NAME, ToolHandler
 
 EVERY_BYTE = bytes(range(256))
 
@@ -187,3 +188,39 @@ def test_the_cli_sends_a_binary_file_as_base64_and_text_as_text(tmp_path: Any) -
     request = build_request(args)
     assert request["files"] == {"a.bin": b64(EVERY_BYTE), "in/t.txt": "line\r\n"}
     assert parse_request(request).file_contents()["a.bin"] == EVERY_BYTE
+
+
+# --- the LLM tool's answer ------------------------------------------------------------------------------
+
+
+def test_the_tool_answer_carries_the_files_contents(gw: Gateway, runner: FakeRunner) -> None:
+    runner.outcome = make_outcome(files={"plot.png": EVERY_BYTE, "report.txt": "héllo".encode()})
+    answer = ToolHandler(gw)(TOOL_NAME, {"code": "x"})
+    assert answer["files"] == [
+        {"path": "plot.png", "bytes": 256, "encoding": "base64", "content": b64(EVERY_BYTE)["content"],
+         "truncated": False},
+        {"path": "report.txt", "bytes": 6, "encoding": "utf-8", "content": "héllo", "truncated": False},
+    ]  # fmt: skip
+    assert answer["files_truncated"] is False
+    json.dumps(answer)
+
+
+def test_the_tool_answer_bounds_the_contents_and_says_what_was_cut(gw: Gateway, runner: FakeRunner) -> None:
+    big = bytes(range(256)) * (MAX_TOOL_FILES_CHARS // 256)  # its base64 is 4/3 of the budget
+    runner.outcome = make_outcome(files={"a.bin": big, "b.txt": b"after", "c.txt": b""})
+    answer = ToolHandler(gw)(TOOL_NAME, {"code": "x"})
+    first, second, third = answer["files"]
+    assert first["bytes"] == len(big)
+    assert len(first["content"]) == MAX_TOOL_FILES_CHARS
+    assert first["truncated"] is True
+    assert base64.b64decode(first["content"], validate=True) == big[: MAX_TOOL_FILES_CHARS // 4 * 3]
+    assert (second["content"], second["truncated"]) == ("", True)  # named, its size given, nothing left to show
+    assert (third["content"], third["truncated"]) == ("", False)  # empty: nothing was cut
+    assert answer["files_truncated"] is True
+
+
+def test_the_tool_answer_passes_on_the_policys_cut(gw: Gateway, runner: FakeRunner) -> None:
+    runner.outcome = make_outcome(files={"a.txt": b"a"}, files_truncated=True)
+    answer = ToolHandler(gw)(TOOL_NAME, {"code": "x"})
+    assert answer["files"][0]["truncated"] is False
+    assert answer["files_truncated"] is True

@@ -6,6 +6,7 @@ real engine end to end is tests/integration/test_mcp_stdio.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -24,7 +25,7 @@ from gateway.cli import main
 from gateway.errors import EngineUnavailableError, PrincipalIdentityError, UnknownPrincipalError
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
-from gateway.runner.fake import FakeRunner
+from gateway.runner.fake import FakeRunner, make_outcome
 from gateway.service.mcp import build_server, resolve_identity
 from gateway.service.principals import PrincipalsStore, Quotas
 from gateway.tool import TOOL_NAME, ToolHandler
@@ -137,6 +138,20 @@ def test_runs_and_denials_are_results_and_audited_with_the_principal() -> None:
     decisions = [r for r in audit.records if r["event_type"] == "policy.decision"]
     assert [r["principal"] for r in decisions] == ["agent-7", "agent-7"]
     assert [r["data"]["decision"]["allowed"] for r in decisions] == [True, False]
+
+
+def test_the_files_a_run_wrote_come_back_with_their_contents() -> None:
+    blob = bytes(range(256))
+    runner = FakeRunner(outcome=make_outcome(files={"a.bin": blob, "b.txt": b"hi"}))
+    _, (ran,) = _session(_gateway(runner), [(TOOL_NAME, {"code": "x"})])
+    files = ran.structured_content["files"]
+    assert [(f["path"], f["encoding"], f["truncated"]) for f in files] == [
+        ("a.bin", "base64", False),
+        ("b.txt", "utf-8", False),
+    ]
+    assert base64.b64decode(files[0]["content"]) == blob
+    assert files[1]["content"] == "hi"
+    assert json.loads(ran.content[0].text)["files"] == files
 
 
 def test_a_gateway_failure_is_a_tool_error_with_its_code() -> None:
