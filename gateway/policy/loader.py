@@ -26,6 +26,7 @@ from gateway.policy.model import (
     MAX_ENV_VALUE_BYTES,
     MIN_CPUS,
     MIN_MEMORY,
+    MIN_WORKSPACE,
     RELAXABLE_LIMITS,
     RUNSC_MIN_PIDS,
     EnvRule,
@@ -43,6 +44,7 @@ from gateway.policy.model import (
     PolicyException,
     PoolConfig,
     RuntimeRule,
+    SessionsRule,
     UserSpec,
 )
 from gateway.policy.paths import denied_host_reason, rw_overlaps, target_problem
@@ -114,9 +116,16 @@ class _Semantic:
             return 0
 
     def limit(
-        self, raw: dict[str, Any], key: str, *, size: bool, has_default: bool = True, absent: Limit | None = None
+        self,
+        raw: dict[str, Any],
+        key: str,
+        *,
+        size: bool,
+        has_default: bool = True,
+        absent: Limit | None = None,
+        section: str = "$.spec.limits",
     ) -> Limit:
-        path = f"$.spec.limits.{key}"
+        path = f"{section}.{key}"
         entry = raw.get(key)
         if entry is None:  # only optional limits reach here
             return absent or Limit(default=_DEFAULT_OUTPUT_FILES, max=_DEFAULT_OUTPUT_FILES)
@@ -371,6 +380,7 @@ def _compile(loaded: LoadedYaml) -> Policy:
     files = FilesRule(f_raw.get("max_count", 64), f_raw.get("mode", "enforce"))
     exceptions = _exceptions(spec, sem, limits)
     pool = _pool(spec, sem)
+    sessions = _sessions(spec, sem)
 
     if sem.problems:
         raise PolicyError(
@@ -398,7 +408,33 @@ def _compile(loaded: LoadedYaml) -> Policy:
         labels=tuple(sorted(meta.get("labels", {}).items())),
         exceptions=exceptions,
         pool=pool,
+        sessions=sessions,
     )
+
+
+def _sessions(spec: dict[str, Any], sem: _Semantic) -> SessionsRule | None:
+    """``spec.sessions``: each bound's default within its ceiling, a workspace of at least 1m."""
+    raw = spec.get("sessions")
+    if raw is None:
+        return None
+    section = "$.spec.sessions"
+    rule = SessionsRule(
+        modes=tuple(raw["modes"]),
+        max_per_principal=raw["max_per_principal"],
+        idle_s=sem.limit(raw, "idle_s", size=False, section=section),
+        lifetime_s=sem.limit(raw, "lifetime_s", size=False, section=section),
+        workspace_size=sem.limit(raw, "workspace_size", size=True, section=section),
+        mode=raw.get("mode", "enforce"),
+    )
+    for key in ("default", "max"):
+        value = getattr(rule.workspace_size, key)
+        if value < MIN_WORKSPACE:
+            sem.fail(
+                f"{section}.workspace_size.{key}",
+                f"{format_size(int(value))} is below the smallest workspace ({format_size(MIN_WORKSPACE)}); "
+                "no session could be created",
+            )
+    return rule
 
 
 def _pool(spec: dict[str, Any], sem: _Semantic) -> PoolConfig:

@@ -18,8 +18,10 @@ __all__ = [
     "MAX_ENV_VALUE_BYTES",
     "MIN_CPUS",
     "MIN_MEMORY",
+    "MIN_WORKSPACE",
     "RELAXABLE_LIMITS",
     "RUNSC_MIN_PIDS",
+    "SESSION_MODES",
     "EnvRule",
     "FilesRule",
     "ImageEntry",
@@ -35,6 +37,7 @@ __all__ = [
     "PolicyException",
     "PoolConfig",
     "RuntimeRule",
+    "SessionsRule",
     "UserSpec",
 ]
 
@@ -210,6 +213,35 @@ class PoolConfig:
         return max(self.max, self.size)
 
 
+MIN_WORKSPACE = 1024 * 1024
+"""The smallest workspace a session can be given (the floor of a tmpfs); the loader and the
+``sessions.workspace_size`` rule both use it."""
+SESSION_MODES = ("workspace", "kernel")
+"""The session modes: a persistent workspace under fresh single-use containers, or a live interpreter."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsRule:
+    """What sessions a policy allows (``spec.sessions``); a policy without the section allows none.
+
+    A session's profile (image, runtime, network, limits, mounts) is decided by the execution rules; this
+    holds only what belongs to a session: its modes, how many a principal may hold, and how long and how
+    large one may be. Each bound is a :class:`Limit` (default, ceiling, mode, hard_max) like ``spec.limits``."""
+
+    modes: tuple[str, ...]
+    """The modes a session request may name (of :data:`SESSION_MODES`)."""
+    max_per_principal: int
+    """The most live sessions one principal holds; always enforced (live sessions hold containers and disk)."""
+    idle_s: Limit
+    """Seconds a session may stay unused before it is removed."""
+    lifetime_s: Limit
+    """Seconds a session lives, counted from the moment it became ready, used or not."""
+    workspace_size: Limit
+    """Bytes: the hard bound of the session's ``/workspace``."""
+    mode: Mode = "enforce"
+    """The mode of the ``sessions.mode`` rule (which modes); the bounds carry their own."""
+
+
 RELAXABLE_LIMITS = (
     "memory", "cpus", "pids", "timeout_s", "output_bytes", "output_files_bytes", "output_files", "tmpfs",
     "code_size", "files_size",
@@ -271,6 +303,8 @@ class Policy:
     """Approved, expiring widenings for some principals (applied by the decision, per request)."""
     pool: PoolConfig = field(default_factory=PoolConfig)
     """The warm pool (``spec.pool``); used only by a gateway that keeps one."""
+    sessions: SessionsRule | None = None
+    """What sessions the policy allows (``spec.sessions``); ``None``: none at all."""
     audit_policy: Policy | None = None
     """The stricter shadow policy (``spec.audit_policy``) judged on every request; its failures are warnings."""
 
