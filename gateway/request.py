@@ -23,6 +23,9 @@ The Python API may give a file's content as ``bytes``; step 2 turns it into the 
 
 A caller may bound ``code`` too (``max_code_bytes``, after step 2): the service passes the largest
 ``limits.code_size`` of its policies, so that code no policy accepts is refused before it waits for anything.
+
+A session request (:func:`parse_session_request`, ``schemas/session-request.schema.json``) goes through the same
+steps: its profile fields are the execution request's by reference in the schema, and built by the same step 4.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
 
 from gateway.errors import CodeTooLargeError, Problem, RequestError
 from gateway.payload import request_file
@@ -57,8 +61,11 @@ __all__ = [
     "ExecutionRequest",
     "MountRequest",
     "RequestLimits",
+    "SessionRequest",
     "parse_request",
+    "parse_session_request",
     "schema_problems",
+    "session_schema_problems",
 ]
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -558,3 +565,139 @@ def parse_request(
     if problems:
         raise RequestError(f"invalid request: {len(problems)} problem(s)", problems=problems)
     return _build(doc, source)
+
+
+# --- session requests -----------------------------------------------------------------------------------
+
+_PROFILE_FIELDS = ("language", "image", "limits", "network", "runtime", "mounts", "principal", "metadata")
+"""The execution request's fields a session request carries: its profile, who asks, free metadata."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRequest:
+    """A validated request to create a session. Omitted values are ``None`` (or empty): the policy's defaults.
+
+    The profile fields mean what they mean in an :class:`ExecutionRequest`: the session's profile is decided
+    exactly as an execution's would be (:func:`gateway.decision.decide_session`)."""
+
+    mode: str
+    """``workspace`` or ``kernel``."""
+    idle_s: float | None = None
+    """Seconds the session may stay unused."""
+    lifetime_s: float | None = None
+    """Seconds the session lives, counted from when it became ready."""
+    workspace_size: int | None = None
+    """Bytes: the hard bound of the session's ``/workspace``."""
+    language: str | None = None
+    image: str | None = None
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    """The session's limits: memory, cpus, pids and tmpfs bound its sandbox; ``timeout_s`` and the output caps
+    are the default and the ceiling of each execution in it."""
+    network: str | None = None
+    runtime: str | None = None
+    mounts: tuple[MountRequest, ...] = ()
+    principal: str | None = None
+    """Who asks: the session belongs to this principal."""
+    metadata: Mapping[str, Any] = field(default_factory=_empty)
+    """Free-form caller data, recorded but never used for decisions."""
+
+    def profile_request(self) -> ExecutionRequest:
+        """The execution request whose decision fixes this session's profile: the same fields, and no code, files
+        or environment (those belong to each execution in the session)."""
+        return ExecutionRequest(
+            code="",
+            language=self.language,
+            image=self.image,
+            limits=self.limits,
+            network=self.network,
+            runtime=self.runtime,
+            mounts=self.mounts,
+            principal=self.principal,
+            metadata=self.metadata,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request as JSON data (sizes in bytes), suitable for the audit trail and re-parsing."""
+        out: dict[str, Any] = {"mode": self.mode}
+        for name in ("idle_s", "lifetime_s", "workspace_size"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        profile = self.profile_request().to_dict()
+        del profile["code"]
+        return out | profile
+
+
+@cache
+def _session_validator() -> Draft202012Validator:
+    """python-jsonschema for session requests (the execution request schema resolves its references)."""
+    request = load_schema("request")
+    registry: Registry[Any] = Registry().with_resource(request["$id"], Resource.from_contents(request))
+    schema = load_schema("session-request")
+    return Draft202012Validator(schema, registry=registry, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+@cache
+def _session_fast_validator() -> jsonschema_rs.Validator:
+    """jsonschema-rs for session requests: accepts a valid one in microseconds (as :func:`schema_problems`)."""
+    request = load_schema("request")
+    return jsonschema_rs.Draft202012Validator(
+        load_schema("session-request"),
+        registry=jsonschema_rs.Registry([(request["$id"], request)]),
+        validate_formats=True,
+        ignore_unknown_formats=False,
+    )
+
+
+def session_schema_problems(doc: Any, *, source: str | None = None) -> list[Problem]:
+    """Every error of ``doc`` against ``schemas/session-request.schema.json``, as :func:`schema_problems` reports
+    them (at most :data:`MAX_PROBLEMS`, sorted by path)."""
+    try:
+        if _session_fast_validator().is_valid(doc):
+            return []
+    except ValueError:  # a lone surrogate cannot become a Rust string: python-jsonschema decides
+        pass
+    problems: list[Problem] = []
+    for error in _session_validator().iter_errors(doc):
+        problems.extend(problems_from_error(error, source=source, domain="request"))
+        if len(problems) >= MAX_PROBLEMS:
+            break
+    return sorted(problems[:MAX_PROBLEMS], key=lambda p: p.path)
+
+
+def parse_session_request(
+    data: Mapping[str, Any] | str | bytes | bytearray,
+    *,
+    source: str = "<session request>",
+    max_bytes: int = MAX_REQUEST_BYTES,
+) -> SessionRequest:
+    """Validate ``data`` into a :class:`SessionRequest`; raise :class:`RequestError` listing every problem."""
+    raw = _decode(data, source, max_bytes) if isinstance(data, str | bytes | bytearray) else data
+    doc = _copy_checked(raw, source)
+    problems = session_schema_problems(doc, source=source)
+    if problems:
+        raise RequestError(f"invalid session request: {len(problems)} problem(s)", problems=problems)
+    workspace_size = None
+    try:
+        # The profile's fields, built by step 4 of an execution request (the same checks); the code is a stand-in.
+        profile = _build({"code": "-"} | {k: doc[k] for k in _PROFILE_FIELDS if k in doc}, source)
+        if "workspace_size" in doc:
+            value = doc["workspace_size"]
+            workspace_size = parse_size(int(value) if isinstance(value, float) else value)
+    except SizeError as exc:
+        problem = Problem(str(exc), path="$.workspace_size", source=source, code="request.invalid_value")
+        raise RequestError("invalid session request: 1 problem(s)", problems=[problem]) from exc
+    return SessionRequest(
+        mode=doc["mode"],
+        idle_s=doc.get("idle_s"),
+        lifetime_s=doc.get("lifetime_s"),
+        workspace_size=workspace_size,
+        language=profile.language,
+        image=profile.image,
+        limits=profile.limits,
+        network=profile.network,
+        runtime=profile.runtime,
+        mounts=profile.mounts,
+        principal=profile.principal,
+        metadata=profile.metadata,
+    )

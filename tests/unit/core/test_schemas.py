@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
 
 from gateway.policy import Policy
 from gateway.policy.compose import load_document
@@ -34,7 +35,7 @@ def _described(node: Any, path: str, missing: list[str]) -> None:
             _described(sub, f"{path}[{index}]", missing)
 
 
-@pytest.mark.parametrize("name", ["policy", "request", "decision", "policy-test", "principals"])
+@pytest.mark.parametrize("name", ["policy", "request", "session-request", "decision", "policy-test", "principals"])
 def test_schema_is_valid_and_every_field_described(name: str) -> None:
     schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
@@ -48,6 +49,7 @@ def test_all_schema_files_are_checked() -> None:
     assert {p.name for p in schemas_dir().glob("*.schema.json")} >= {
         "policy.schema.json",
         "request.schema.json",
+        "session-request.schema.json",
         "decision.schema.json",
         "policy-test.schema.json",
         "principals.schema.json",
@@ -67,9 +69,15 @@ def test_shipped_policy_validates_and_points_editors_at_the_schema(path: Path) -
 @pytest.mark.parametrize("suite", SUITES, ids=lambda p: p.parent.name)
 def test_fixture_requests_expected_valid_are_schema_valid(suite: Path) -> None:
     doc = load_yaml(suite.read_text(), source=str(suite)).data
-    validator = Draft202012Validator(load_schema("request"))
+    request = load_schema("request")
+    validator = Draft202012Validator(request)
+    registry: Registry[Any] = Registry().with_resource(request["$id"], Resource.from_contents(request))
+    session_validator = Draft202012Validator(load_schema("session-request"), registry=registry)
     for case in doc.get("cases", []):
-        errors = list(validator.iter_errors(case["request"]))
+        if "session" in case:
+            errors = list(session_validator.iter_errors(case["session"]))
+        else:
+            errors = list(validator.iter_errors(case["request"]))
         assert bool(errors) == ("invalid" in case), case["name"]
 
 
