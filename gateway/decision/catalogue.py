@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway.decision.rules import RULES
-from gateway.decision.rules.base import AuditEffect
+from gateway.decision.rules.base import AuditEffect, Rule
+from gateway.decision.rules.sessions import SESSION_RULES, SessionRule
+from gateway.decision.sessions import SESSION_PROFILE_RULE
 
 __all__ = ["AUDIT_EFFECTS", "RuleEntry", "catalogue", "render_markdown"]
 
@@ -60,10 +62,22 @@ _ENGINE: tuple[RuleEntry, ...] = (
 )  # fmt: skip
 
 
+_SESSION_PROFILE = RuleEntry(
+    SESSION_PROFILE_RULE, "an execution in a session asks for no more than the session's profile: the same "
+    "language, image, runtime and network, only the session's mounts, and limits at most the session's", "$", "",
+    "never", "always enforced: the session's sandbox exists with that profile", "memory 1g is above the session's "
+    "256m; an execution asks for no more",
+)  # fmt: skip
+
+
 def catalogue() -> tuple[RuleEntry, ...]:
-    """Every rule, in the order its results appear in a decision, then the engine's own result ids."""
-    rules = tuple(RuleEntry(r.id, r.checks, r.path, r.setting, r.audit, r.never_relaxed, r.example) for r in RULES)
-    return rules + _ENGINE
+    """Every rule, in the order its results appear in a decision, then the engine's own result ids, then the
+    session rules (a session decision's results come first) and the rule of an execution in a session."""
+
+    def entry(r: Rule | SessionRule) -> RuleEntry:
+        return RuleEntry(r.id, r.checks, r.path, r.setting, r.audit, r.never_relaxed, r.example)
+
+    return (*map(entry, RULES), *_ENGINE, *map(entry, SESSION_RULES), _SESSION_PROFILE)
 
 
 def _cell(text: str) -> str:

@@ -28,7 +28,7 @@ from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
 from gateway.runspec import HostMount, RunSpec
 
-__all__ = ["Assembler", "evaluate"]
+__all__ = ["Assembler", "evaluate", "stamp"]
 
 
 class Assembler(Protocol):
@@ -58,7 +58,8 @@ class Assembler(Protocol):
         ...
 
 
-def _stamp(rule: Rule, mode: Mode, finding: Finding) -> RuleResult:
+def stamp(rule_id: str, mode: Mode, finding: Finding) -> RuleResult:
+    """The result of one finding of rule ``rule_id`` judged in ``mode``: the rule never labels itself."""
     status: Status
     if finding.ok is None:
         status = "skip"
@@ -68,7 +69,7 @@ def _stamp(rule: Rule, mode: Mode, finding: Finding) -> RuleResult:
         status, mode = "fail", "enforce"
     else:
         status = "warn" if mode == "audit" else "fail"
-    return RuleResult(rule.id, status, mode, finding.path, finding.got, finding.expected, finding.message)
+    return RuleResult(rule_id, status, mode, finding.path, finding.got, finding.expected, finding.message)
 
 
 def _judge(ctx: Context, rules: Iterable[Rule]) -> list[RuleResult]:
@@ -76,7 +77,7 @@ def _judge(ctx: Context, rules: Iterable[Rule]) -> list[RuleResult]:
     for rule in rules:
         try:
             mode = rule.mode(ctx.policy)
-            results.extend(_stamp(rule, mode, finding) for finding in rule.check(ctx))
+            results.extend(stamp(rule.id, mode, finding) for finding in rule.check(ctx))
         except Exception as exc:  # noqa: BLE001 - a crashing rule denies; it never allows
             message = f"rule crashed: {type(exc).__name__}: {exc}"
             results.append(RuleResult(rule.id, "error", "enforce", rule.path, None, None, message))

@@ -18,7 +18,7 @@ from gateway.policy.model import RUNSC_MIN_PIDS, Limit, Policy
 from gateway.policy.paths import is_within
 from gateway.request import ExecutionRequest
 
-__all__ = ["BackendLimits", "ResolvedMount", "SandboxProfile", "SandboxSettings", "resolve"]
+__all__ = ["BackendLimits", "ResolvedMount", "SandboxProfile", "SandboxSettings", "pick", "resolve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,7 @@ def _canonical(path: str) -> str:
         return posixpath.normpath(path)
 
 
-def _pick(asked: float | None, limit: Limit) -> float:
+def pick(asked: float | None, limit: Limit) -> float:
     """The request's value, else the default; in audit mode never above the ceiling (clamped to ``max``: an
     audit rollout observes a limit, it never removes it)."""
     if asked is None:
@@ -170,7 +170,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
     lim = policy.limits
     req = request.limits
     runtime = request.runtime or policy.runtime.default
-    pids = req.pids if req.pids is None else int(_pick(req.pids, lim.pids))
+    pids = req.pids if req.pids is None else int(pick(req.pids, lim.pids))
     if pids is None:
         pids = int(lim.pids.default)
         if runtime == "runsc" and pids < RUNSC_MIN_PIDS:
@@ -180,10 +180,10 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         image=request.image or policy.images.default,
         runtime=runtime,
         network=request.network or policy.network.default,
-        memory=int(_pick(req.memory, lim.memory)),
-        cpus=float(_pick(req.cpus, lim.cpus)),
+        memory=int(pick(req.memory, lim.memory)),
+        cpus=float(pick(req.cpus, lim.cpus)),
         pids=pids,
-        tmpfs=int(_pick(req.tmpfs, lim.tmpfs)),
+        tmpfs=int(pick(req.tmpfs, lim.tmpfs)),
         nofile=lim.nofile,
         uid=policy.user.uid,
         gid=policy.user.gid,
@@ -193,10 +193,10 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
     return SandboxSettings(
         profile=profile,
         language=request.language or policy.languages.default,
-        timeout_s=float(_pick(req.timeout_s, lim.timeout_s)),
-        output_bytes=int(_pick(req.output_bytes, lim.output_bytes)),
-        output_files_bytes=int(_pick(req.output_files_bytes, lim.output_files_bytes)),
-        output_files=int(_pick(req.output_files, lim.output_files)),
+        timeout_s=float(pick(req.timeout_s, lim.timeout_s)),
+        output_bytes=int(pick(req.output_bytes, lim.output_bytes)),
+        output_files_bytes=int(pick(req.output_files_bytes, lim.output_files_bytes)),
+        output_files=int(pick(req.output_files, lim.output_files)),
         env=tuple(request.env.items()),
         mounts=tuple(_judge_mount(policy, m.source, m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from gateway.decision import RULE_IDS, RULES
+from gateway.decision import RULE_IDS, RULES, SESSION_PROFILE_RULE, SESSION_RULES
 from gateway.decision.catalogue import catalogue, render_markdown
 from gateway.policy import Policy, load_policy, load_policy_text
 from gateway.request import parse_request
@@ -30,7 +30,8 @@ def test_every_rule_is_catalogued_with_what_it_checks_and_an_example() -> None:
     ids = [e.id for e in catalogue()]
     assert len(ids) == len(set(ids))
     assert set(ids) >= RULE_IDS
-    assert set(ids) - RULE_IDS == {"engine.resolve", "assembly.build", "assembly.guard"}
+    sessions = {r.id for r in SESSION_RULES} | {SESSION_PROFILE_RULE}
+    assert set(ids) - RULE_IDS == {"engine.resolve", "assembly.build", "assembly.guard"} | sessions
     for rule in RULES:
         assert rule.checks, rule.id
         assert rule.example, rule.id
