@@ -32,6 +32,11 @@ reported as ``file:line: $.path: ...``, and a suite with any problem runs no cas
       - name: malformed request
         request: {code: 1}
         invalid: ["$.code"]                     # the request is rejected; these paths must be among the errors
+      - name: a session request instead of an execution (decide_session)
+        session: {mode: kernel, idle_s: 600}    # schemas/session-request.schema.json
+        live_sessions: 1                        # the principal's live sessions (rule sessions.count); default 0
+        allowed: false
+        violations: [sessions.enabled]          # the default policy allows no sessions
     invalid_policies:
       - name: duplicate key
         policy: invalid/duplicate-key.yaml
@@ -58,10 +63,10 @@ from jsonschema import Draft202012Validator
 
 from gateway._gateway import Gateway
 from gateway.audit.memory import MemoryAuditSink
-from gateway.decision import Decision, RuleResult, evaluate, resolve
+from gateway.decision import Decision, RuleResult, decide_session, evaluate, resolve
 from gateway.errors import PolicyError, Problem, RequestError
 from gateway.policy import CompiledPolicy, Policy, PolicySet, compile_policy, load_policy
-from gateway.request import ExecutionRequest, parse_request
+from gateway.request import ExecutionRequest, parse_request, parse_session_request
 from gateway.resources import load_schema
 from gateway.runner.docker.options import DockerAssembler, build_options
 from gateway.runner.fake import FakeRunner, FakeSandbox, make_outcome
@@ -169,7 +174,7 @@ def _semantic_problems(loaded: LoadedYaml) -> list[Problem]:
                 _suite_problem(loaded, f"{at}.violations", "an allowed decision has no violations; expect "
                                "`allowed: false` or drop the violations (audit-mode failures are `warnings`)")
             )  # fmt: skip
-        if "principal" in case and "principal" in case["request"]:
+        if "principal" in case and "principal" in case.get("request", case.get("session", {})):
             problems.append(
                 _suite_problem(loaded, f"{at}.principal", "the principal is given twice (here and in the request); "
                                "give it once")
@@ -308,17 +313,32 @@ def _options_mismatches(want: Mapping[str, Any], got: Mapping[str, Any], prefix:
     return out
 
 
+def _decide_case(
+    policy: CompiledPolicy, raw: Mapping[str, Any], case: Mapping[str, Any], denied_paths: Sequence[str]
+) -> Decision:
+    """The decision a case asks for: an execution's (``request``) or a session's (``session``)."""
+    now = _parse_now(case["now"]) if "now" in case else None
+    if "session" in case:
+        session = decide_session(
+            policy, parse_session_request(raw), live_sessions=case.get("live_sessions", 0),
+            assembler=DockerAssembler(), denied_paths=denied_paths, now=now,
+        )  # fmt: skip
+        return session.decision
+    return decide(policy, parse_request(raw), now=now, denied_paths=denied_paths)
+
+
 def _run_case(
     suite: str, policy: CompiledPolicy, index: int, case: Mapping[str, Any], denied_paths: Sequence[str]
 ) -> CaseResult:
     name = str(case.get("name", f"case {index}"))
-    raw_request = dict(case["request"])
+    raw_request = dict(case["session"] if "session" in case else case["request"])
     if "principal" in case:
         raw_request["principal"] = case["principal"]
+    parse = parse_session_request if "session" in case else parse_request
     if "invalid" in case:
         wanted = [str(p) for p in case["invalid"]]
         try:
-            parse_request(raw_request)
+            parse(raw_request)
         except RequestError as exc:
             paths = {p.path for p in exc.problems}
             missing = [p for p in wanted if p not in paths]
@@ -328,11 +348,9 @@ def _run_case(
             )  # fmt: skip
         return CaseResult(suite, name, False, f"invalid {_fmt(set(wanted))}", "valid request")
     try:
-        request = parse_request(raw_request)
+        decision = _decide_case(policy, raw_request, case, denied_paths)
     except RequestError as exc:
         return CaseResult(suite, name, False, "a valid request", "invalid request", exc.diagnostics())
-    now = _parse_now(case["now"]) if "now" in case else None
-    decision = decide(policy, request, now=now, denied_paths=denied_paths)
     want_allowed: bool = case["allowed"]
     want_violations = _expected(case.get("violations") or [])
     expected = f"{'allow' if want_allowed else 'deny'} {_fmt(_show(w) for w in want_violations)}"

@@ -14,7 +14,7 @@ SUITES = list(discover_suites(POLICY_CASES))
 
 def test_every_shipped_policy_and_the_invalid_fixtures_have_a_suite() -> None:
     names = {p.parent.name for p in SUITES}
-    assert {"default", "strict", "readonly-data-mount", "invalid", "data-science", "exceptions"} <= names
+    assert {"default", "strict", "readonly-data-mount", "invalid", "data-science", "exceptions", "sessions"} <= names
 
 
 def _cases() -> list[CaseResult]:

@@ -253,3 +253,46 @@ def _spy(monkeypatch: pytest.MonkeyPatch, record: Callable[[Context], object]) -
         return [Finding(True, "$", None, None, "seen")]
 
     monkeypatch.setattr(engine, "RULES", (*engine.RULES, Rule("test.spy", check, lambda _p: "enforce")))
+
+
+# --- session cases (issue 29) ---------------------------------------------------------------------------
+
+
+def test_a_case_is_an_execution_request_or_a_session_request_never_both(write_suite: WriteSuite) -> None:
+    path = write_suite(
+        """\
+        cases:
+          - name: both
+            request: {code: x}
+            session: {mode: workspace}
+            allowed: false
+          - name: a live-session count needs a session
+            request: {code: x}
+            live_sessions: 1
+            allowed: true
+        """
+    )
+    with pytest.raises(PolicyError) as info:
+        load_suite(path)
+    assert [p.path for p in info.value.problems] == ["$.cases[0]", "$.cases[1]"]
+
+
+def test_a_session_case_is_decided_by_decide_session(write_suite: WriteSuite) -> None:
+    sessions = policies_dir() / "examples" / "sessions.yaml"
+    path = write_suite(
+        """\
+        cases:
+          - name: the count is the case's
+            session: {mode: workspace}
+            live_sessions: 2
+            allowed: true
+          - name: malformed
+            session: {mode: workspace, idle_s: -1}
+            invalid: ["$.idle_s"]
+        """
+    )
+    path.write_text(path.read_text().replace(str(DEFAULT), str(sessions)))
+    denied, malformed = run_suite(path)
+    assert not denied.ok
+    assert denied.got == "deny sessions.count"
+    assert malformed.ok
