@@ -139,11 +139,13 @@ def decide_session(
     A policy without ``spec.sessions`` denies with ``sessions.enabled``. Never raises for a bad request or policy
     object: a rule that crashes is an ``error`` result and a deny.
     """
-    compiled = policy if isinstance(policy, CompiledPolicy) else compile_policy(policy)
     profile = evaluate(
-        compiled, request.profile_request(), assembler=assembler, denied_paths=denied_paths,
+        policy, request.profile_request(), assembler=assembler, denied_paths=denied_paths,
         request_id=request_id, decision_id=decision_id, now=now,
     )  # fmt: skip
+    if profile.settings is None:  # a policy object that cannot be resolved: an engine.resolve error, a deny
+        return SessionDecision(profile, None)
+    compiled = policy if isinstance(policy, CompiledPolicy) else compile_policy(policy)
     results = _judge(SessionContext(compiled, request, live_sessions))
     shadow: tuple[RuleResult, ...] = ()
     if compiled.shadow is not None:

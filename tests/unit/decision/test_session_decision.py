@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -250,3 +251,11 @@ def test_session_decisions_validate_against_the_decision_schema(
     validator = Draft202012Validator(load_schema("decision"), format_checker=Draft202012Validator.FORMAT_CHECKER)
     for decision in (_decide(sessions_policy, mounts=[]), _decide(sessions_policy, live=2), _decide(default_policy)):
         assert list(validator.iter_errors(decision.to_dict())) == []
+
+
+def test_a_policy_object_that_cannot_be_resolved_denies_and_never_raises(sessions_policy: Policy) -> None:
+    broken = dataclasses.replace(sessions_policy, mounts=None)  # type: ignore[arg-type]  # compiling it raises
+    d = _decide(broken)
+    assert not d.allowed
+    assert [v.rule for v in d.violations] == ["engine.resolve"]
+    assert d.settings is None
