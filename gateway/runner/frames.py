@@ -30,6 +30,7 @@ from gateway.runner.interface import OnOutput, Outcome, RunSpec
 
 __all__ = [
     "CANCEL_POLL_S",
+    "FRAME_CELL",
     "FRAME_ERROR",
     "FRAME_EXIT",
     "FRAME_FILE_DATA",
@@ -37,6 +38,7 @@ __all__ = [
     "FRAME_META",
     "FRAME_STDERR",
     "FRAME_STDOUT",
+    "FRAME_VALUE",
     "MAX_FRAME",
     "Collected",
     "Frame",
@@ -62,12 +64,23 @@ FRAME_EXIT = b"x"
 """Last frame: JSON ``{"status": int, "files_truncated": bool}``."""
 FRAME_ERROR = b"!"
 """Last frame when the supervisor could not start the program: JSON ``{"error": str}``."""
+FRAME_VALUE = b"v"
+"""Kernel mode, once per cell before ``FRAME_CELL``: one flag byte (1: the cell's last statement was an expression
+with a value other than None, 2: its repr was cut at the value cap, 4: the cell raised) and the repr's bytes.
+What the program's interpreter reported: data of the program's, like its output."""
+FRAME_CELL = b"c"
+"""Kernel mode: a cell ended (the kernel is ready for the next one), JSON ``{"seq": int, "interrupted": bool,
+"files_truncated": bool}``; ``seq`` 0 is the kernel's readiness. Not a final frame. A kernel that cannot go on
+sends ``FRAME_EXIT`` with ``"killed"``: ``interrupt_ignored``, ``exited``, ``expired`` or ``protocol``."""
 MAX_FRAME = 1 << 20
 """Largest frame data the host accepts; the supervisor sends at most 64 KiB per frame."""
 MAC_BYTES = 16
 _HEADER = struct.Struct(">cI")
 _SEQ = struct.Struct(">Q")
-_KNOWN = frozenset({FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR})
+_KNOWN = frozenset(
+    {FRAME_STDOUT, FRAME_STDERR, FRAME_META, FRAME_FILE_NAME, FRAME_FILE_DATA, FRAME_EXIT, FRAME_ERROR, FRAME_VALUE,
+     FRAME_CELL}
+)  # fmt: skip
 
 CANCEL_POLL_S = 0.2
 """How long one socket read waits at most when a cancel event is given, so that a cancel is seen promptly."""

@@ -21,13 +21,18 @@ from gateway.runspec import PULL_POLICIES, HostMount, RunSpec
 if TYPE_CHECKING:
     from gateway.decision.engine import Assembler
     from gateway.decision.settings import SandboxProfile
+    from gateway.slots import Slot
 
 __all__ = [
+    "KERNEL_KILL_REASONS",
     "NOTHING_RAN",
     "POOL_STATUSES",
     "PULL_POLICIES",
     "STREAMS",
+    "CellResult",
     "HostMount",
+    "Kernel",
+    "KernelRunner",
     "OnGone",
     "OnOutput",
     "Outcome",
@@ -144,6 +149,106 @@ NOTHING_RAN = Outcome(
     pulled=False,
 )
 """The outcome reported when no container ran (a runner error before or during create)."""
+
+
+KERNEL_KILL_REASONS = (
+    "interrupt_ignored",
+    "memory",
+    "exited",
+    "expired",
+    "output_limit",
+    "protocol",
+    "unresponsive",
+    "lost",
+    "cancelled",
+    "callback",
+    "closed",
+)
+"""Why a kernel is gone (``CellResult.killed``, ``Kernel.killed``): ``interrupt_ignored`` (a cell was still
+running ``grace_s`` after the SIGINT at its deadline), ``memory`` (the memory cgroup's OOM killer ended the
+interpreter), ``exited`` (the interpreter ended: ``os._exit``, a signal), ``expired`` (the kernel's lifetime
+ended), ``output_limit`` (a cell's stdout or stderr went past ``output_bytes``), ``protocol`` (the program broke
+the kernel's own channels: closed its stdout, stderr or result pipe, or wrote to the result pipe; or the frames
+failed verification), ``unresponsive`` (the supervisor did not end the cell by the host's own deadline),
+``lost`` (the container ended without a word: the engine, or a kill from outside), ``cancelled`` / ``callback``
+(the caller's cancel event, or its output callback raised), ``closed`` (``Kernel.close``)."""
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What one kernel cell came to: its ``outcome`` as a run's, plus the repr of its last expression and whether
+    the kernel lives on."""
+
+    outcome: Outcome
+    """The cell as a run: its stdout / stderr (capped per cell at ``output_bytes``; an exception's traceback is
+    on stderr), the files under ``/workspace/out`` that changed during the cell, ``exit_code`` 0 (the cell ran
+    to its end) or 1 (it raised), ``None`` when it was interrupted or the kernel was killed (the interpreter's
+    own status when it ``exited``, 137 for ``memory``); ``timed_out`` when its deadline struck (interrupted or
+    killed for it); ``oom_killed``; ``duration_ms`` from the hand-over of the cell."""
+    value: str | None
+    """``repr`` of the value of the cell's last statement when that is an expression whose value is not None
+    (as IPython shows it), at most ``output_bytes`` of it (UTF-8); None otherwise."""
+    value_truncated: bool
+    interrupted: bool
+    """The cell was interrupted (SIGINT) at its deadline and came back: the kernel is usable."""
+    killed: str | None
+    """Why the kernel is gone after this cell (see ``KERNEL_KILL_REASONS``); None while it lives."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome's view plus ``value``, ``value_truncated``, ``interrupted`` and ``killed``."""
+        return {
+            **self.outcome.to_dict(),
+            "value": self.value,
+            "value_truncated": self.value_truncated,
+            "interrupted": self.interrupted,
+            "killed": self.killed,
+        }
+
+
+@runtime_checkable
+class Kernel(Protocol):
+    """A live persistent interpreter in one hardened container of its own (``KernelRunner.open_kernel``): one
+    namespace, its imports and its workspace kept from cell to cell. It holds its host slot until it is gone."""
+
+    @property
+    def container_id(self) -> str | None: ...
+
+    @property
+    def killed(self) -> str | None:
+        """Why the kernel is gone (``KERNEL_KILL_REASONS``); None while it lives."""
+        ...
+
+    def execute(
+        self, code: str, *, timeout_s: float, on_output: OnOutput | None = None,
+        cancel: threading.Event | None = None,
+    ) -> CellResult:  # fmt: skip
+        """Run one cell; one at a time (a second caller meanwhile gets ``SandboxError``, nothing runs).
+
+        ``on_output`` and ``cancel`` as for ``Runner.run``; a cancel or a callback that raises kills the
+        kernel (``CancelledRunError`` / ``OutputCallbackError`` carry the cell's outcome so far). A kernel that
+        is gone raises ``SandboxError`` naming why. Everything else, the program's doing, is in the result."""
+        ...
+
+    def close(self) -> None:
+        """Kill the kernel and remove its container (then free its slot); idempotent. Raises the error that
+        kept the container from being removed (left labelled for ``gateway reap``)."""
+        ...
+
+
+@runtime_checkable
+class KernelRunner(Protocol):
+    """A backend that can run kernels (sessions' kernel mode)."""
+
+    def open_kernel(
+        self, spec: RunSpec, *, files: Mapping[str, bytes] | None = None, slot: Slot | None = None,
+        grace_s: float = ...,
+    ) -> Kernel:  # fmt: skip
+        """Create a hardened container from ``spec`` exactly as for a run (guarded, labelled; ``spec.timeout_s``
+        is the kernel's lifetime: its supervisor ends it then, and reapers remove it after), start the
+        interpreter in it with ``files`` placed in the workspace and ``spec``'s environment, and return once
+        it is ready for cells. ``slot`` is held until the kernel is gone (released at once if opening fails);
+        ``grace_s``: how long an interrupted cell may take to come back before the kernel is killed."""
+        ...
 
 
 @runtime_checkable

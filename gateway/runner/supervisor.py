@@ -42,6 +42,14 @@ content on the command line) that:
    signal ``n`` is ``128 + n``), waits (at most 10 s) for the host to close its stdin, and exits with that
    status.
 
+In kernel mode (``encode_payload(kernel=True)``, for sessions) the payload's ``timeout_s`` is the kernel's
+lifetime and the forked child becomes a persistent interpreter instead of running ``main.py``: the supervisor
+then reads cells from stdin (``encode_cell``), hands each to the interpreter, relays its output, and after each
+cell kills the processes the cell started and sends the files under ``out/`` that changed, the repr of the
+cell's last expression (``FRAME_VALUE``) and a ``FRAME_CELL``. At a cell's deadline the interpreter gets SIGINT;
+a cell still running ``grace_s`` later, an interpreter that dies or breaks the kernel's pipes, and the end of the
+lifetime end the kernel with a final frame that says why (``"killed"``). See the kernel's comments below.
+
 What it sends are authenticated frames: their format, and the host's end that verifies them, are in
 ``gateway.runner.frames``.
 """
@@ -53,12 +61,23 @@ import secrets
 import struct
 from collections.abc import Mapping
 
-__all__ = ["MAGIC", "SUPERVISOR", "WORKSPACE", "encode_payload", "new_key", "supervisor_command"]
+__all__ = [
+    "CELL_MAGIC",
+    "MAGIC",
+    "SUPERVISOR",
+    "WORKSPACE",
+    "encode_cell",
+    "encode_payload",
+    "new_key",
+    "supervisor_command",
+]
 
 WORKSPACE = "/workspace"
 """The sandbox's working directory, a tmpfs of its own: the supervisor writes the program and its files there
 and returns what the program leaves under ``out/``. Every backend mounts it and starts the supervisor in it."""
 MAGIC = b"GWP1"
+CELL_MAGIC = b"GWC1"
+"""Opens each cell the host sends a kernel-mode supervisor after its payload."""
 PAYLOAD_MARSHAL_VERSION = 4
 """The payload's body is ``marshal`` data of this version (Python 3.4 and later read it; only dicts, str, bytes,
 int and float are in it)."""
@@ -92,7 +111,10 @@ def program():
             b += c
         return b
     data = rd(int.from_bytes(rd(4), "big"))
-    os.close(3)
+    mode, data = data[:1], data[1:]
+    if mode != b"k":  # a kernel keeps both: cells arrive on fd 3, results leave on fd 4
+        os.close(3)
+        os.close(4)
     for item in data.split(b"\0") if data else ():
         k, _, v = item.partition(b"=")
         os.environ[os.fsdecode(k)] = os.fsdecode(v)
@@ -101,6 +123,8 @@ def program():
     if hasattr(sys, "orig_argv"):  # Python 3.10 and later
         sys.orig_argv[:] = [PY, path]
     sys.path.insert(0, W)
+    if mode == b"k":
+        kernel()
     def hook(t, v, tb, show=sys.excepthook):
         while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
             tb = tb.tb_next
@@ -116,9 +140,82 @@ def program():
         code = compile(f.read(), path, "exec")
     exec(code, g)
     leave()
-def fork_child(go=None):
+def kernel():
+    # Kernel mode, in the forked child: a persistent interpreter. Cells arrive on fd 3 (a 4-byte length, then
+    # marshal data ``{"seq", "code", "cap"}`` from the supervisor); each runs in ``__main__``'s namespace, the
+    # repr of a last expression statement is kept (at most ``cap`` bytes), an exception's traceback goes to
+    # stderr; then the child reports on its result pipe (fd 4): a 4-byte length, the cell's 8-byte ``seq``, one
+    # flag byte (1: a value, 2: value truncated, 4: the cell raised) and the value's bytes. SIGINT (the
+    # supervisor's interrupt at a cell's deadline) raises KeyboardInterrupt while a cell runs and is ignored
+    # between cells, so a late one is dropped, not kept for the next cell.
+    # Everything it uses is bound here: the cells' namespace is ``__main__``'s, this script's globals.
+    import ast, linecache, marshal, os, sys, traceback, __main__, _signal as signal
+    def rd(n):
+        b = b""
+        while len(b) < n:
+            c = os.read(3, n - len(b))
+            if not c:
+                os._exit(0)
+            b += c
+        return b
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    g = __main__.__dict__
+    for k in [k for k in g if k not in ("__name__", "__builtins__")]:
+        del g[k]
+    g.update(__doc__=None, __spec__=None, __loader__=None, __package__=None)
+    sys.argv[:] = [""]
+    me = os.getpid()
+    def report(seq, flags, value):
+        msg = seq.to_bytes(8, "big") + bytes((flags,)) + value
+        view = memoryview(len(msg).to_bytes(4, "big") + msg)
+        while view:
+            view = view[os.write(4, view):]
+    def cell(seq, code, cap):
+        name = "<cell %d>" % seq
+        flags, value = 0, b""
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+                tree = ast.parse(code, name, "exec")
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = ast.Expression(tree.body.pop().value)
+                exec(compile(tree, name, "exec"), g)
+                if last is not None:
+                    got = eval(compile(last, name, "eval"), g)
+                    if got is not None:
+                        text = repr(got).encode("utf-8", "backslashreplace")
+                        flags, value = 1 | (2 if len(text) > cap else 0), text[:cap]
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the kernel goes on
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            flags, value = 4, b""
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+                tb = tb.tb_next
+            try:
+                sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
+            except BaseException:
+                pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        return flags, value
+    report(0, 0, b"")
+    while True:
+        msg = marshal.loads(rd(int.from_bytes(rd(4), "big")))
+        flags, value = cell(msg["seq"], msg["code"], msg["cap"])
+        if os.getpid() != me:  # a fork the cell made finished it too: only the kernel reports
+            os._exit(0)
+        report(msg["seq"], flags, value)
+def fork_child(go=None, back=None):
     # A child in its own session: stdin /dev/null, stdout / stderr pipes to the supervisor, fd 3 the go pipe
-    # (when given), nothing else open, in the workspace. None in the child, (pid, out_r, err_r) here.
+    # and fd 4 the result pipe (when given), nothing else open, in the workspace. None in the child,
+    # (pid, out_r, err_r) here.
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     null = os.open("/dev/null", os.O_RDONLY)
@@ -131,7 +228,9 @@ def fork_child(go=None):
             os.dup2(err_w, 2)
             if go is not None and go != 3:
                 os.dup2(go, 3)
-            os.closerange(3 if go is None else 4, 1 << 16)
+            if back is not None and back != 4:  # back > go >= 3: the copy of go at 3 is safe
+                os.dup2(back, 4)
+            os.closerange(3 if go is None else 5, 1 << 16)
             os.chdir(W)
         except BaseException:
             os._exit(127)
@@ -155,22 +254,24 @@ def prefork():
     # start reads the interpreter's files through the gofer). The supervisor makes itself non-dumpable (below)
     # before the go message, so the program can never trace it or read its key.
     go_r, go_w = os.pipe()
-    child = fork_child(go_r)
+    back_r, back_w = os.pipe()
+    child = fork_child(go_r, back_w)
     if child is None:
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         except BaseException:
             os._exit(127)
-        return None, None
+        return None, None, None
     os.close(go_r)
-    return child, go_w
+    os.close(back_w)
+    return child, go_w, back_r
 # The interpreter reads PYTHON* variables only while it starts, and the supervisor's ``-I`` ignores them: with
 # any in the image's environment the program gets an interpreter of its own (exec), as it does when the
 # request sets one.
-forked = go_w = None
+forked = go_w = back_r = None
 if not any(k.startswith("PYTHON") for k in os.environ):
     try:
-        forked, go_w = prefork()
+        forked, go_w, back_r = prefork()
     except OSError:
         pass
     else:
@@ -237,6 +338,7 @@ if len(raw) != size:
 req = marshal.loads(raw)
 del raw
 END = time.monotonic() + float(req["timeout_s"])
+KERNEL = bool(req.get("kernel"))
 KEY = req["key"].ljust(64, b"\0")
 INNER = bytes(b ^ 0x36 for b in KEY)
 OUTER = bytes(b ^ 0x5C for b in KEY)
@@ -270,7 +372,8 @@ try:
         if not safe(name) or name == "main.py":
             fail("refused file name %r" % (name,))
         create(name, data)
-    create("main.py", req["code"].encode("utf-8", "surrogatepass"))
+    if not KERNEL:
+        create("main.py", req["code"].encode("utf-8", "surrogatepass"))
     os.makedirs(W + "/out", 0o700, exist_ok=True)
     cap = int(req["files_cap"])
     env = dict(os.environ)
@@ -279,7 +382,13 @@ try:
     # A request whose environment the interpreter reads while it starts (locale, PYTHON*, HOME, TZ) gets an
     # interpreter of its own, started with that environment, exactly as it would start alone.
     ready = forked is not None and not any(k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
+    if KERNEL and not ready:
+        fail("kernel mode needs the pre-started interpreter: no PYTHON*, LC_*, LANG, LANGUAGE, HOME or TZ in "
+             "the request's environment and no PYTHON* in the image's")
+    GRACE = float(req.get("grace_s", 0))
+    VCAP = int(req.get("value_cap", 0))
     extra = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in sorted(req["env"].items()))
+    extra = (b"k" if KERNEL else b"r") + extra
     del req
     undumpable()
     wake_r, wake_w = os.pipe()
@@ -291,10 +400,13 @@ try:
     if ready:
         pid, out_r, err_r = forked
         put(go_w, len(extra).to_bytes(4, "big") + extra)
-        os.close(go_w)
+        if not KERNEL:
+            os.close(go_w)
+            os.close(back_r)
     else:
         if forked is not None:  # the forked process cannot serve this request: a fresh interpreter does
             os.close(go_w)
+            os.close(back_r)
             try:
                 os.killpg(forked[0], signal.SIGKILL)
             except OSError:
@@ -306,6 +418,8 @@ try:
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
 del env, extra
+def js(flag):
+    return b"true" if flag else b"false"
 poller = select.poll()
 streams = {out_r: b"o", err_r: b"e"}
 for fd in (out_r, err_r, wake_r, 0):
@@ -340,6 +454,256 @@ def reap():
             return
         if got == pid:
             status = st
+def drain():
+    for fd in list(streams):
+        os.set_blocking(fd, False)
+        while fd in streams and relay(fd):
+            pass
+def meta():
+    oom = ooms()
+    known = OOM0 is not None and oom is not None
+    send(b"m", b'{"oom_killed":%s,"oom_known":%s}' % (js(known and oom > OOM0), js(known)))
+def exit_status(st):
+    code = os.waitstatus_to_exitcode(st)
+    return 128 - code if code < 0 else code
+root = W + "/out"
+WALK = 4096
+def send_files(cap, most, seen=None):
+    # Every entry walked costs its name's bytes against the byte cap (a file: its whole relative path, which the
+    # host charges too), and at most `most` files are sent: many empty files or directories are not free. The
+    # walk stops at the first cap it meets, so its own work is bounded as well. A kernel's cell (`seen`: the
+    # marks of the files found after the cell before) sends only the files that changed, charges only theirs,
+    # and walks at most WALK entries. Returns (truncated, the marks of the files sent or unchanged).
+    truncated = stop = False
+    total = count = walked = 0
+    marks = {}
+    for top, dirs, names in os.walk(root):
+        dirs.sort()
+        rel_top = top[len(root) + 1:]
+        if seen is None:
+            for name in dirs:
+                total += len(os.fsencode(name))
+            if total > cap:
+                truncated = True
+                break
+        else:
+            walked += len(dirs)
+            if walked > WALK:
+                truncated = True
+                break
+        for name in sorted(names):
+            rel = os.fsencode(rel_top + "/" + name if rel_top else name)
+            walked += 1
+            if seen is None:
+                if total + len(rel) > cap:
+                    truncated = stop = True
+                    break
+                total += len(rel)
+            elif walked > WALK:
+                truncated = stop = True
+                break
+            try:
+                fd = os.open(top + "/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                info = os.fstat(fd)
+                if not (info.st_mode & 0o170000 == 0o100000):
+                    continue
+                mark = (info.st_mtime_ns, info.st_size, info.st_ino)
+                if seen is not None:
+                    if seen.get(rel) == mark:
+                        marks[rel] = mark
+                        continue
+                    if total + len(rel) > cap:
+                        truncated = stop = True
+                        break
+                    total += len(rel)
+                if count >= most:
+                    truncated = stop = True
+                    break
+                if total + info.st_size > cap:
+                    truncated = True
+                    continue
+                total += info.st_size
+                count += 1
+                marks[rel] = mark
+                send(b"n", rel)
+                left = info.st_size
+                while left > 0:
+                    data = os.read(fd, min(CHUNK, left))
+                    if not data:
+                        break
+                    left -= len(data)
+                    send(b"f", data)
+            finally:
+                os.close(fd)
+        if stop:
+            break
+    return truncated, marks
+def finish(code, extra=b""):
+    # The final frame, then wait (at most 10 s) for the host to close stdin, and exit.
+    send(b"x", b'{"status":%d%s}' % (code, extra))
+    try:
+        select.select([0], [], [], 10)
+    except OSError:
+        pass
+    os._exit(code)
+if KERNEL:
+    # Kernel mode: the child is a persistent interpreter (``kernel``). Cells come from the host on stdin
+    # (MAGIC "GWC1", a 4-byte length, marshal data {"code", "timeout_s"}); each is handed to the child on its
+    # go pipe, its output relayed, and its report (on the result pipe) ends it: the processes the cell started
+    # are killed, then come the files under out/ that changed, a value frame (the child's flags and repr) and
+    # a cell frame {"seq", "interrupted", "files_truncated"}. At a cell's deadline the child gets SIGINT;
+    # GRACE s later, or when the child dies, breaks the protocol or the kernel's lifetime (the payload's
+    # timeout_s) ends, every process is killed and a final frame says why ("killed"). Between cells the
+    # child's output is not read: a program flooding from a background thread blocks itself, not the
+    # supervisor.
+    for fd in (out_r, err_r, back_r):
+        os.set_blocking(fd, False)
+    poller.register(back_r, select.POLLIN)
+    idle = select.poll()
+    for fd in (wake_r, 0):
+        idle.register(fd, select.POLLIN)
+    rbuf = bytearray()
+    def gone(reason, code):
+        # A pipe that closes may be the child ending: give its status a moment to arrive, and say so then.
+        give_up = time.monotonic() + 0.5
+        while reason == b"protocol" and status is None and time.monotonic() < give_up:
+            select.select([wake_r], [], [], 0.05)
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+            reap()
+        if reason == b"protocol" and status is not None:
+            reason, code = b"exited", exit_status(status)
+        stop()
+        drain()
+        meta()
+        finish(code, b',"files_truncated":false,"killed":"%s"' % reason)
+    def take_result():
+        try:
+            data = os.read(back_r, CHUNK + VCAP)
+        except BlockingIOError:
+            data = None
+        if data == b"":
+            gone(b"protocol", 125)  # the child closed its result pipe: it can no longer report
+        if data:
+            rbuf.extend(data)
+        if len(rbuf) < 4:
+            return None
+        n = int.from_bytes(rbuf[:4], "big")
+        if not 9 <= n <= 9 + VCAP:
+            gone(b"protocol", 125)
+        if len(rbuf) < 4 + n:
+            return None
+        msg = bytes(rbuf[4:4 + n])
+        del rbuf[:4 + n]
+        return int.from_bytes(msg[:8], "big"), msg[8], msg[9:]
+    def strays():
+        # A cell's processes end with it: every process but this one and the kernel's is killed (as PID 1
+        # only: run locally, /proc is the host's).
+        if os.getpid() != 1:
+            return
+        for _ in range(8):
+            found = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, pid)]
+            if not found:
+                return
+            for p in found:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            reap()
+    def wait_cell(seq, limit):
+        interrupted = False
+        while True:
+            now = time.monotonic()
+            if now >= END:
+                gone(b"expired", 124)
+            if limit is not None and now >= limit:
+                if interrupted:
+                    gone(b"interrupt_ignored", 137)
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except OSError:
+                    pass
+                interrupted = True
+                limit = now + GRACE
+            until = END if limit is None else min(END, limit)
+            for fd, _ in poller.poll(max(int((until - now) * 1000) + 1, 1)):
+                if fd == wake_r:
+                    try:
+                        os.read(wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                elif fd == 0:
+                    if not os.read(0, 4096):
+                        stop()
+                        os._exit(137)
+                    gone(b"protocol", 125)  # the host sends nothing while a cell runs
+                elif fd == back_r:
+                    got = take_result()
+                    if got is not None:
+                        if got[0] != seq:
+                            gone(b"protocol", 125)
+                        return interrupted, got[1], got[2]
+                elif fd in streams and not relay(fd) and fd not in streams:
+                    gone(b"protocol", 125)  # the child closed its stdout or stderr
+            reap()
+            if status is not None:
+                gone(b"exited", exit_status(status))
+    wait_cell(0, None)
+    send(b"c", b'{"seq":0,"interrupted":false,"files_truncated":false}')
+    seen = {}
+    seq = 0
+    while True:
+        now = time.monotonic()
+        if now >= END:
+            gone(b"expired", 124)
+        ready_in = False
+        for fd, _ in idle.poll(max(int((END - now) * 1000) + 1, 1)):
+            if fd == wake_r:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+            else:
+                ready_in = True
+        reap()
+        if status is not None:
+            gone(b"exited", exit_status(status))
+        if not ready_in:
+            continue
+        head = readn(0, 8)
+        if not head:
+            stop()
+            os._exit(137)
+        body = readn(0, int.from_bytes(head[4:], "big")) if len(head) == 8 and head[:4] == b"GWC1" else b""
+        if not body or len(body) != int.from_bytes(head[4:], "big"):
+            gone(b"protocol", 125)
+        cell = marshal.loads(body)
+        del body
+        seq += 1
+        limit = time.monotonic() + float(cell["timeout_s"])
+        OOM0 = ooms()
+        msg = marshal.dumps({"seq": seq, "code": cell["code"], "cap": VCAP}, 4)
+        del cell
+        put(go_w, len(msg).to_bytes(4, "big") + msg)
+        del msg
+        interrupted, flags, value = wait_cell(seq, limit)
+        strays()
+        for fd in list(streams):
+            n = 0
+            while n < 16 and fd in streams and relay(fd):
+                n += 1
+        if len(streams) < 2:
+            gone(b"protocol", 125)
+        meta()
+        truncated, seen = send_files(cap, most, seen)
+        send(b"v", bytes((flags,)) + value)
+        send(b"c", b'{"seq":%d,"interrupted":%s,"files_truncated":%s}' % (seq, js(interrupted), js(truncated)))
 while status is None:
     left = END - time.monotonic()
     if left <= 0:
@@ -359,75 +723,13 @@ while status is None:
             relay(fd)
     reap()
 stop()
+drain()
 for fd in list(streams):
-    os.set_blocking(fd, False)
-    while fd in streams and relay(fd):
-        pass
-    if fd in streams:
-        os.close(fd)
-code = os.waitstatus_to_exitcode(status)
-if code < 0:
-    code = 128 - code
-oom = ooms()
-known = OOM0 is not None and oom is not None
-def js(flag):
-    return b"true" if flag else b"false"
-send(b"m", b'{"oom_killed":%s,"oom_known":%s}' % (js(known and oom > OOM0), js(known)))
-truncated = stop = False
-total = 0
-count = 0
-root = W + "/out"
-# Every entry walked costs its name's bytes against the byte cap (a file: its whole relative path, which the
-# host charges too), and at most `most` files are sent: many empty files or directories are not free. The walk
-# stops at the first cap it meets, so its own work is bounded as well.
-for top, dirs, names in os.walk(root):
-    dirs.sort()
-    rel_top = top[len(root) + 1:]
-    for name in dirs:
-        total += len(os.fsencode(name))
-    if total > cap:
-        truncated = True
-        break
-    for name in sorted(names):
-        rel = os.fsencode(rel_top + "/" + name if rel_top else name)
-        if total + len(rel) > cap:
-            truncated = stop = True
-            break
-        total += len(rel)
-        try:
-            fd = os.open(top + "/" + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            info = os.fstat(fd)
-            if not (info.st_mode & 0o170000 == 0o100000):
-                continue
-            if count >= most:
-                truncated = stop = True
-                break
-            if total + info.st_size > cap:
-                truncated = True
-                continue
-            total += info.st_size
-            count += 1
-            send(b"n", rel)
-            left = info.st_size
-            while left > 0:
-                data = os.read(fd, min(CHUNK, left))
-                if not data:
-                    break
-                left -= len(data)
-                send(b"f", data)
-        finally:
-            os.close(fd)
-    if stop:
-        break
-send(b"x", b'{"status":%d,"files_truncated":%s}' % (code, js(truncated)))
-try:
-    select.select([0], [], [], 10)
-except OSError:
-    pass
-os._exit(code)
+    os.close(fd)
+code = exit_status(status)
+meta()
+truncated, _ = send_files(cap, most)
+finish(code, b',"files_truncated":%s' % js(truncated))
 """
 
 
@@ -456,9 +758,16 @@ def encode_payload(
     *,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 3600.0,
+    kernel: bool = False,
+    value_cap: int = 0,
+    grace_s: float = 0.0,
 ) -> bytes:
     """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
-    included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline)."""
+    included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline).
+
+    ``kernel``: start a persistent interpreter instead of running ``code`` (ignored); ``timeout_s`` is then the
+    kernel's lifetime, cells follow (:func:`encode_cell`), a cell's value is kept to ``value_cap`` bytes, and a
+    cell still running ``grace_s`` after the SIGINT at its deadline gets the kernel killed."""
     if not 0 < len(key) <= 64:  # the supervisor's HMAC takes a key of at most one SHA-256 block as it is
         raise ValueError(f"a frame key is 1 to 64 bytes, got {len(key)}")
     body = marshal.dumps(
@@ -470,7 +779,17 @@ def encode_payload(
             "env": {str(k): str(v) for k, v in (env or {}).items()},
             "timeout_s": float(timeout_s),
             "files_max": int(files_max),
+            "kernel": int(kernel),
+            "value_cap": int(value_cap),
+            "grace_s": float(grace_s),
         },
         PAYLOAD_MARSHAL_VERSION,
     )
     return MAGIC + struct.pack(">I", len(body)) + body
+
+
+def encode_cell(code: str, timeout_s: float) -> bytes:
+    """One cell for a kernel-mode supervisor: it is interrupted (SIGINT) ``timeout_s`` seconds after it
+    arrived."""
+    body = marshal.dumps({"code": str(code), "timeout_s": float(timeout_s)}, PAYLOAD_MARSHAL_VERSION)
+    return CELL_MAGIC + struct.pack(">I", len(body)) + body

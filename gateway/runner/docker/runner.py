@@ -23,6 +23,9 @@ Life of a run (``execute`` = ``prepare`` + ``run``):
     checked between bounded reads. A callback that raises or a cancel kills the container like a flood, and the
     run ends with ``OutputCallbackError`` / ``CancelledRunError`` carrying the outcome so far.
 
+``open_kernel`` makes a container the same way (``prepare``) for a session's kernel: a persistent interpreter
+that takes cells until it is closed (``gateway.runner.docker.kernel``).
+
 No caller content is ever placed on a command line or quoted for a shell: code and files travel inside the
 payload and are written by the supervisor into the size-capped ``/workspace`` tmpfs. Every docker-py and
 requests exception is mapped by ``gateway.runner.docker.errors.map_engine_error``.
@@ -59,6 +62,7 @@ from gateway.errors import (
 from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import read_frames
 from gateway.runner.docker.errors import map_engine_error
+from gateway.runner.docker.kernel import KERNEL_GRACE_S, DockerKernel
 from gateway.runner.docker.mounts import Staging, reap_staging
 from gateway.runner.docker.options import (
     CONTAINER_CONFIG_KEYS,
@@ -79,6 +83,7 @@ from gateway.runner.docker.options import (
 from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 from gateway.runner.supervisor import encode_payload, new_key, supervisor_command
+from gateway.slots import Slot
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -420,6 +425,29 @@ class DockerRunner:
             return None
         sandbox.used = True
         return replace(sandbox, spec=spec, used=False)
+
+    # -- kernels ---------------------------------------------------------------------------------------
+
+    def open_kernel(
+        self, spec: RunSpec, *, files: Mapping[str, bytes] | None = None, slot: Slot | None = None,
+        grace_s: float = KERNEL_GRACE_S,
+    ) -> DockerKernel:  # fmt: skip
+        """A kernel in a container made exactly as a run's (see ``gateway.runner.interface.KernelRunner``)."""
+        try:
+            sandbox = self.prepare(spec)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        sandbox.used = True  # a kernel's container never takes a run's payload
+        kernel = DockerKernel(self, sandbox, slot, grace_s)
+        try:
+            kernel.start(dict(files or {}))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                kernel.close()
+            raise
+        return kernel
 
     def discard(self, sandbox: Any) -> None:
         """Destroy a sandbox that will never run: its supervisor ends when its stdin closes; removed too."""

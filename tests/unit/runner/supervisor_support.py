@@ -3,6 +3,7 @@ integration test of its own deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runner.frames import Frame, FrameDecoder
-from gateway.runner.supervisor import encode_payload, new_key, supervisor_command
+from gateway.runner.frames import FRAME_CELL, FRAME_ERROR, FRAME_EXIT, Frame, FrameDecoder
+from gateway.runner.supervisor import encode_cell, encode_payload, new_key, supervisor_command
 
 needs_system_python = pytest.mark.skipif(
     not os.access("/usr/bin/python3", os.X_OK), reason="the supervisor runs the program with /usr/bin/python3"
@@ -77,3 +78,62 @@ def ended(pid: int) -> bool:
     finally:
         os.close(fd)
     return bool(readable)
+
+
+class LocalKernel:
+    """A kernel-mode supervisor run locally, driven as the Docker kernel drives it: one payload, then cells;
+    ``cell`` returns the frames of one cell (up to its ``FRAME_CELL``, or the final frame)."""
+
+    def __init__(
+        self, workspace: Path, *, lifetime_s: float = 60, grace_s: float = 1.0, value_cap: int = 100,
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        workspace.mkdir(exist_ok=True)
+        self.key = new_key()
+        self.decoder = FrameDecoder(self.key)
+        self.proc = subprocess.Popen(
+            supervisor_command(str(workspace)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=IMAGE_ENV,
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(
+            encode_payload(
+                self.key, "", {}, 1 << 20, 16, timeout_s=lifetime_s, kernel=True, value_cap=value_cap,
+                grace_s=grace_s, env=env,
+            )
+        )  # fmt: skip
+        self.proc.stdin.flush()
+        self.pending: list[Frame] = []
+        self.ready = self._frames()
+
+    def _frames(self) -> list[Frame]:
+        assert self.proc.stdout is not None
+        frames: list[Frame] = []
+        while True:
+            while self.pending:
+                frame = self.pending.pop(0)
+                frames.append(frame)
+                if frame.kind in (FRAME_CELL, FRAME_EXIT, FRAME_ERROR):
+                    return frames
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return frames
+            self.pending.extend(self.decoder.feed(chunk))
+
+    def cell(self, code: str, timeout_s: float = 30) -> list[Frame]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(encode_cell(code, timeout_s))
+        self.proc.stdin.flush()
+        return self._frames()
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+        status = self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+        return status
