@@ -3,9 +3,9 @@
 ``options`` (the assembler that builds docker-py ``containers.create`` arguments from resolved settings, and
 the invariant guard), ``runner`` (``DockerRunner``: create → attach → start → payload → wait → remove),
 ``collect`` (the supervisor's frames read from Docker's multiplexed attach stream; the supervisor itself is every
-backend's, ``gateway.runner.supervisor``), ``kernel`` (``DockerKernel``: a session's persistent interpreter) and ``errors`` (docker-py and requests exceptions mapped to the
-gateway's). ``DockerRunner`` is imported lazily: it pulls in docker-py, which the assembler and the unit tests
-of the layers above do not need.
+backend's, ``gateway.runner.supervisor``), ``kernel`` (``DockerKernel``: a session's persistent interpreter) and
+``errors`` (docker-py and requests exceptions mapped to the gateway's). ``DockerRunner`` is imported lazily: it
+pulls in docker-py, which the assembler and the unit tests of the layers above do not need.
 """
 
 from __future__ import annotations
