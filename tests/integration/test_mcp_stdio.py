@@ -8,6 +8,7 @@ and records the outcome first.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -70,15 +71,16 @@ def test_sdk_client_lists_runs_and_is_denied_over_stdio(engine: Any, principals:
         cwd=str(tmp_path),
     )
 
-    async def session() -> tuple[Any, Any, Any]:
+    async def session() -> tuple[Any, Any, Any, Any]:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
             tools = await client.list_tools()
             ran = await client.call_tool(TOOL_NAME, {"code": "print(2+2)"})
             denied = await client.call_tool(TOOL_NAME, {"code": "print(2+2)", "timeout": ceiling + 1})
-            return tools, ran, denied
+            wrote = await client.call_tool(TOOL_NAME, {"code": "open('out/b.bin', 'wb').write(bytes(range(256)))"})
+            return tools, ran, denied, wrote
 
-    tools, ran, denied = anyio.run(session)
+    tools, ran, denied, wrote = anyio.run(session)
 
     (tool,) = tools.tools
     assert tool.name == TOOL_NAME
@@ -96,6 +98,10 @@ def test_sdk_client_lists_runs_and_is_denied_over_stdio(engine: Any, principals:
     assert denied.structured_content["allowed"] is False
     assert [v["rule"] for v in denied.structured_content["denied_because"]] == ["limits.timeout"]
     assert "above the ceiling" in denied.structured_content["denied_because"][0]["message"]
+
+    [written] = wrote.structured_content["files"]  # a file the program wrote, byte for byte
+    assert (written["path"], written["encoding"], written["truncated"]) == ("b.bin", "base64", False)
+    assert base64.b64decode(written["content"], validate=True) == bytes(range(256))
 
     records = _records(audit_dir)
     by_request: dict[str, list[str]] = {}
