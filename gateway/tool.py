@@ -35,8 +35,9 @@ TOOL_NAME = "execute_python"
 MAX_TOOL_OUTPUT_CHARS = 16_000
 """What the model is shown of each stream; the full capped output stays in the result and the audit digest."""
 MAX_TOOL_FILES_CHARS = 16_000
-"""What the model is shown of the returned files' contents, all together (base64 characters for a binary file),
-in name order; a file cut short says ``truncated``. The whole files stay in the result (``Gateway.execute``)."""
+"""What the model is shown of the returned files, their names and contents together (base64 characters for a
+binary file), in name order: a file cut short says ``truncated``, files left out are counted (``files_omitted``).
+The whole files stay in the result (``Gateway.execute``)."""
 DEFAULT_TOOL_PRINCIPAL = "llm-tool"
 """The principal a :class:`ToolHandler` names in its requests when it is given none."""
 
@@ -98,19 +99,26 @@ def _clip(text: str) -> tuple[str, bool]:
     return text[:MAX_TOOL_OUTPUT_CHARS], True
 
 
-def _files(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The result's files as the model sees them: every one named, their contents within
-    :data:`MAX_TOOL_FILES_CHARS` together (a base64 content is cut at a multiple of 4, so what is shown decodes)."""
+def _files(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The result's files as the model sees them, and how many were left out, within :data:`MAX_TOOL_FILES_CHARS`:
+    first as many names as fit, then their contents in name order with what is left (a base64 content is cut at
+    a multiple of 4, so what is shown decodes)."""
     budget = MAX_TOOL_FILES_CHARS
-    shown = []
+    named: list[dict[str, Any]] = []
     for entry in entries:
+        if len(entry["path"]) > budget:
+            break
+        budget -= len(entry["path"])
+        named.append(entry)
+    shown = []
+    for entry in named:
         content: str = entry["content"]
         keep = min(len(content), budget)
         if entry["encoding"] == "base64":
             keep -= keep % 4
         budget -= keep
         shown.append({**entry, "content": content[:keep], "truncated": keep < len(content)})
-    return shown
+    return shown, len(entries) - len(shown)
 
 
 class ToolHandler:
@@ -217,9 +225,12 @@ class ToolHandler:
                 timed_out=result["timed_out"],
                 oom_killed=result["oom_killed"],
             )
-            files = _files(result["files"])
+            files, omitted = _files(result["files"])
             # Cut by the policy (limits.output_files, limits.output_files_bytes) or here, for the model.
-            answer.update(files=files, files_truncated=result["files_truncated"] or any(f["truncated"] for f in files))
+            cut = result["files_truncated"] or omitted > 0 or any(f["truncated"] for f in files)
+            answer.update(files=files, files_truncated=cut)
+            if omitted:
+                answer["files_omitted"] = omitted
         return answer
 
 

@@ -210,12 +210,25 @@ def test_the_tool_answer_bounds_the_contents_and_says_what_was_cut(gw: Gateway, 
     answer = ToolHandler(gw)(TOOL_NAME, {"code": "x"})
     first, second, third = answer["files"]
     assert first["bytes"] == len(big)
-    assert len(first["content"]) == MAX_TOOL_FILES_CHARS
+    shown = (MAX_TOOL_FILES_CHARS - len("a.bin") - len("b.txt") - len("c.txt")) // 4 * 4  # the names count too
+    assert len(first["content"]) == shown
     assert first["truncated"] is True
-    assert base64.b64decode(first["content"], validate=True) == big[: MAX_TOOL_FILES_CHARS // 4 * 3]
-    assert (second["content"], second["truncated"]) == ("", True)  # named, its size given, nothing left to show
+    assert base64.b64decode(first["content"], validate=True) == big[: shown // 4 * 3]
+    # named, with its size; the few characters the base64 cut left over are all of it shown
+    assert (second["content"], second["truncated"]) == ("after"[: MAX_TOOL_FILES_CHARS - 15 - shown], True)
     assert (third["content"], third["truncated"]) == ("", False)  # empty: nothing was cut
     assert answer["files_truncated"] is True
+
+
+def test_the_tool_answer_bounds_the_names_too(gw: Gateway, runner: FakeRunner) -> None:
+    name_chars = 200
+    count = MAX_TOOL_FILES_CHARS // name_chars + 10
+    runner.outcome = make_outcome(files={f"{i:04d}".ljust(name_chars, "n"): b"" for i in range(count)})
+    answer = ToolHandler(gw)(TOOL_NAME, {"code": "x"})
+    assert len(answer["files"]) == MAX_TOOL_FILES_CHARS // name_chars
+    assert answer["files_omitted"] == 10
+    assert answer["files_truncated"] is True
+    assert len(json.dumps(answer["files"])) < 2 * MAX_TOOL_FILES_CHARS
 
 
 def test_the_tool_answer_passes_on_the_policys_cut(gw: Gateway, runner: FakeRunner) -> None:
