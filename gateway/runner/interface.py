@@ -156,7 +156,6 @@ KERNEL_KILL_REASONS = (
     "memory",
     "exited",
     "expired",
-    "output_limit",
     "protocol",
     "unresponsive",
     "lost",
@@ -167,7 +166,7 @@ KERNEL_KILL_REASONS = (
 """Why a kernel is gone (``CellResult.killed``, ``Kernel.killed``): ``interrupt_ignored`` (a cell was still
 running ``grace_s`` after the SIGINT at its deadline), ``memory`` (the memory cgroup's OOM killer ended the
 interpreter), ``exited`` (the interpreter ended: ``os._exit``, a signal), ``expired`` (the kernel's lifetime
-ended), ``output_limit`` (a cell's stdout or stderr went past ``output_bytes``), ``protocol`` (the program broke
+ended), ``protocol`` (the program broke
 the kernel's own channels: closed its stdout, stderr or result pipe, or wrote to the result pipe; or the frames
 failed verification), ``unresponsive`` (the supervisor did not end the cell by the host's own deadline),
 ``lost`` (the container ended without a word: the engine, or a kill from outside), ``cancelled`` / ``callback``
@@ -184,13 +183,16 @@ class CellResult:
     on stderr), the files under ``/workspace/out`` that changed during the cell, ``exit_code`` 0 (the cell ran
     to its end) or 1 (it raised), ``None`` when it was interrupted or the kernel was killed (the interpreter's
     own status when it ``exited``, 137 for ``memory``); ``timed_out`` when its deadline struck (interrupted or
-    killed for it); ``oom_killed``; ``duration_ms`` from the hand-over of the cell."""
+    killed for it); ``output_limit_killed`` when it was interrupted because its stdout or stderr went past
+    ``output_bytes`` (what followed was dropped in the sandbox; the kernel lives on); ``oom_killed``;
+    ``duration_ms`` from the hand-over of the cell."""
     value: str | None
     """``repr`` of the value of the cell's last statement when that is an expression whose value is not None
     (as IPython shows it), at most ``output_bytes`` of it (UTF-8); None otherwise."""
     value_truncated: bool
     interrupted: bool
-    """The cell was interrupted (SIGINT) at its deadline and came back: the kernel is usable."""
+    """The cell was interrupted (SIGINT) at its deadline or for an output flood, and came back: the kernel is
+    usable."""
     killed: str | None
     """Why the kernel is gone after this cell (see ``KERNEL_KILL_REASONS``); None while it lives."""
 

@@ -424,12 +424,21 @@ poller = select.poll()
 streams = {out_r: b"o", err_r: b"e"}
 for fd in (out_r, err_r, wake_r, 0):
     poller.register(fd, select.POLLIN)
+SENT = {out_r: 0, err_r: 0}
 def relay(fd):
     try:
         data = os.read(fd, CHUNK)
     except BlockingIOError:
         return False
     if data:
+        if KERNEL:
+            # A cell's stream past the cap: one byte more tells the host, the rest is dropped here and the
+            # cell interrupted (``wait_cell``), so the kernel lives on.
+            before = SENT[fd]
+            SENT[fd] = before + len(data)
+            data = data[:max(VCAP + 1 - before, 0)]
+            if not data:
+                return True
         send(streams[fd], data)
         return True
     poller.unregister(fd)
@@ -554,7 +563,8 @@ if KERNEL:
     # (MAGIC "GWC1", a 4-byte length, marshal data {"code", "timeout_s"}); each is handed to the child on its
     # go pipe, its output relayed, and its report (on the result pipe) ends it: the processes the cell started
     # are killed, then come the files under out/ that changed, a value frame (the child's flags and repr) and
-    # a cell frame {"seq", "interrupted", "files_truncated"}. At a cell's deadline the child gets SIGINT;
+    # a cell frame {"seq", "interrupted", "files_truncated"}. At a cell's deadline, or once its stdout or
+    # stderr passed the cap (the value cap, which is the run's output cap), the child gets SIGINT;
     # GRACE s later, or when the child dies, breaks the protocol or the kernel's lifetime (the payload's
     # timeout_s) ends, every process is killed and a final frame says why ("killed"). Between cells the
     # child's output is not read: a program flooding from a background thread blocks itself, not the
@@ -622,6 +632,8 @@ if KERNEL:
             now = time.monotonic()
             if now >= END:
                 gone(b"expired", 124)
+            if not interrupted and max(SENT.values()) > VCAP:
+                limit = now  # an output flood: interrupted at once
             if limit is not None and now >= limit:
                 if interrupted:
                     gone(b"interrupt_ignored", 137)
@@ -688,6 +700,7 @@ if KERNEL:
         seq += 1
         limit = time.monotonic() + float(cell["timeout_s"])
         OOM0 = ooms()
+        SENT = {out_r: 0, err_r: 0}
         msg = marshal.dumps({"seq": seq, "code": cell["code"], "cap": VCAP}, 4)
         del cell
         put(go_w, len(msg).to_bytes(4, "big") + msg)

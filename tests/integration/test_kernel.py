@@ -122,9 +122,11 @@ def test_a_cell_ignoring_the_interrupt_gets_the_kernel_killed_and_reported(
 
 
 def test_memory_bomb_kills_the_kernel_and_says_memory(
-    open_kernel: Callable[..., DockerKernel], make_options: Options
+    open_kernel: Callable[..., DockerKernel], options_for: Options
 ) -> None:
-    kernel = open_kernel(make_options(mem_limit=64 << 20, memswap_limit=64 << 20))
+    # runc: the memory cgroup's OOM killer ends the interpreter and the supervisor says so; gVisor: the whole
+    # sandbox goes, and the engine's OOMKilled says why.
+    kernel = open_kernel(options_for(mem_limit=128 << 20, memswap_limit=128 << 20))
     result = kernel.execute("hog = []\nwhile True:\n    hog.append(bytearray(1 << 20))", timeout_s=30)
     assert result.killed == "memory"
     assert result.outcome.oom_killed
@@ -142,14 +144,35 @@ def test_one_large_allocation_is_a_memory_error_and_the_kernel_stays_usable(
     usable(kernel)
 
 
-def test_output_flood_is_bounded_and_kills_the_kernel(
+def test_output_flood_is_cut_at_the_cap_and_interrupted_and_the_kernel_stays_usable(
+    open_kernel: Callable[..., DockerKernel], options_for: Options
+) -> None:
+    kernel = open_kernel(options_for(), output_bytes=4096)
+    kernel.execute("state = 'kept'", timeout_s=10)
+    streamed: list[bytes] = []
+
+    def keep(stream: str, data: bytes) -> None:
+        if stream == "stdout":
+            streamed.append(data)
+
+    result = kernel.execute("while True:\n    print('x' * 1000)", timeout_s=60, on_output=keep)
+    assert result.outcome.stdout == b"".join(streamed) == (b"x" * 1000 + b"\n") * 4 + b"x" * 92
+    assert result.outcome.stdout_truncated
+    assert result.outcome.output_limit_killed
+    assert result.interrupted
+    assert not result.outcome.timed_out  # stopped for its output, long before its deadline
+    assert result.killed is None
+    usable(kernel)
+
+
+def test_output_flood_ignoring_the_interrupt_gets_the_kernel_killed(
     open_kernel: Callable[..., DockerKernel], make_options: Options, engine: Any
 ) -> None:
     kernel = open_kernel(make_options(), output_bytes=4096)
-    result = kernel.execute("while True:\n    print('x' * 1000)", timeout_s=30)
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    print('x' * 1000)"
+    result = kernel.execute(code, timeout_s=60)
     assert len(result.outcome.stdout) == 4096
-    assert result.outcome.stdout_truncated
-    assert result.killed == "output_limit"
+    assert result.killed == "interrupt_ignored"
     assert_gone(engine, kernel.container_id)
 
 

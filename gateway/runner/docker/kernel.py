@@ -143,7 +143,6 @@ class DockerKernel:
         start = time.monotonic()
         cell: dict[str, Any] | None = None
         value = b"\0"
-        kill = False
         try:
             with self._talking(got):
                 self._sandbox.sock.settimeout(timeout_s + self._grace_s + _MARGIN_S)
@@ -154,9 +153,9 @@ class DockerKernel:
                     elif frame.kind == FRAME_CELL:
                         cell = _cell_frame(frame.data, self._seq)
                         break
-                    elif take_frame(frame.kind, frame.data, got, spec, on_output):
-                        kill = True
+                    elif take_frame(frame.kind, frame.data, got, spec, on_output) and got.callback_error is not None:
                         break
+                    # Past the output cap the supervisor drops the rest and interrupts the cell: read on to its end.
         except GatewayError as exc:
             exc.outcome = self._outcome(got, start, exit_code=None, files_truncated=False)
             raise
@@ -165,8 +164,6 @@ class DockerKernel:
             killed = "callback"
         elif got.cancelled:
             killed = "cancelled"
-        elif kill:
-            killed = "output_limit"
         elif got.timed_out:
             killed = "unresponsive"
         elif got.final is not None:
@@ -175,6 +172,8 @@ class DockerKernel:
                 killed = "memory"
         elif cell is None:
             killed = self.killed or "lost"
+            if killed == "lost" and self._engine_oom():
+                killed = "memory"  # gVisor: the whole sandbox went, for memory (when the engine still knows)
         interrupted = bool(cell and cell.get("interrupted"))
         flags = value[0]
         exit_code: int | None = None
@@ -189,8 +188,9 @@ class DockerKernel:
             start,
             exit_code=exit_code,
             files_truncated=bool(cell and cell.get("files_truncated")) or (cell is None and bool(got.files)),
-            timed_out=interrupted or killed in ("interrupt_ignored", "unresponsive"),
+            timed_out=(interrupted and not got.output_limit_killed) or killed in ("interrupt_ignored", "unresponsive"),
             lost=killed == "lost",
+            oom=killed == "memory",
         )
         if killed is not None:
             self._die(killed)
@@ -214,9 +214,17 @@ class DockerKernel:
             killed=killed,
         )
 
+    def _engine_oom(self) -> bool:
+        """Whether the engine says the container was killed for memory (False once it is removed)."""
+        if self.container_id is None:
+            return False
+        with contextlib.suppress(GatewayError):
+            return bool(self._runner._state(self.container_id).get("OOMKilled"))
+        return False
+
     def _outcome(
         self, got: Collected, start: float, *, exit_code: int | None, files_truncated: bool, timed_out: bool = False,
-        lost: bool = False,
+        lost: bool = False, oom: bool = False,
     ) -> Outcome:  # fmt: skip
         sb = self._sandbox
         return Outcome(
@@ -228,7 +236,7 @@ class DockerKernel:
             stdout_bytes=got.stdout.seen,
             stderr_bytes=got.stderr.seen,
             timed_out=timed_out,
-            oom_killed=got.oom_reported,
+            oom_killed=got.oom_reported or oom,
             output_limit_killed=got.output_limit_killed,
             resource_killed=lost,
             duration_ms=round((time.monotonic() - start) * 1000),

@@ -82,10 +82,11 @@ def ended(pid: int) -> bool:
 
 class LocalKernel:
     """A kernel-mode supervisor run locally, driven as the Docker kernel drives it: one payload, then cells;
-    ``cell`` returns the frames of one cell (up to its ``FRAME_CELL``, or the final frame)."""
+    ``cell`` returns the frames of one cell (up to its ``FRAME_CELL``, or the final frame). ``value_cap`` is
+    also the cap of a cell's stdout and stderr (the runner gives both its ``output_bytes``)."""
 
     def __init__(
-        self, workspace: Path, *, lifetime_s: float = 60, grace_s: float = 1.0, value_cap: int = 100,
+        self, workspace: Path, *, lifetime_s: float = 60, grace_s: float = 1.0, value_cap: int = 4096,
         env: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
         workspace.mkdir(exist_ok=True)

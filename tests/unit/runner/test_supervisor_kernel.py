@@ -65,7 +65,7 @@ def test_kernel_says_it_is_ready_then_keeps_one_namespace(kernel: LocalKernel) -
 
 
 def test_value_is_a_bounded_repr_and_none_is_no_value(kernel: LocalKernel) -> None:
-    assert data(kernel.cell("'a' * 1000"), FRAME_VALUE) == b"\x03'" + b"a" * 99  # cut at value_cap (100 bytes)
+    assert data(kernel.cell("'a' * 5000"), FRAME_VALUE) == b"\x03'" + b"a" * 4095  # cut at value_cap
     assert data(kernel.cell("None"), FRAME_VALUE) == b"\x00"
     assert data(kernel.cell("b'\\xff'"), FRAME_VALUE) == b"\x01b'\\xff'"
 
@@ -79,6 +79,14 @@ def test_an_exception_is_a_traceback_of_the_cell_and_the_kernel_goes_on(kernel: 
     assert "<string>" not in err  # none of the supervisor's own frames
     assert data(kernel.cell("raise SystemExit(3)"), FRAME_VALUE) == b"\x04"  # exit() is an exception here too
     assert data(kernel.cell("y"), FRAME_VALUE) == b"\x011"
+
+
+def test_output_past_the_cap_is_dropped_and_the_cell_interrupted(kernel: LocalKernel) -> None:
+    frames = kernel.cell("x = 1\nwhile True:\n    print('x' * 1000)")
+    assert data(frames, FRAME_STDOUT) == (b"x" * 1000 + b"\n") * 4 + b"x" * 93  # the cap and one byte: past it
+    assert data(frames, FRAME_STDERR).endswith(b"KeyboardInterrupt\n")
+    assert cell(frames)["interrupted"] is True
+    assert data(kernel.cell("x"), FRAME_VALUE) == b"\x011"
 
 
 def test_only_the_files_a_cell_changed_come_back(kernel: LocalKernel) -> None:
