@@ -551,10 +551,11 @@ def send_files(cap, most, seen=None):
             break
     return truncated, marks
 def finish(code, extra=b""):
-    # The final frame, then wait (at most 10 s) for the host to close stdin, and exit.
+    # The final frame, then wait for the host to close stdin (or send anything), and exit: at most 10 s, or
+    # for a kernel until its lifetime ends, since a kernel that died between cells is read at the next cell.
     send(b"x", b'{"status":%d%s}' % (code, extra))
     try:
-        select.select([0], [], [], 10)
+        select.select([0], [], [], max(10, END - time.monotonic()) if KERNEL else 10)
     except OSError:
         pass
     os._exit(code)

@@ -5,6 +5,7 @@ protocol, state kept between cells, and every hostile cell leaving the kernel us
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import docker.errors
 import pytest
 
+from gateway.errors import CancelledRunError, OutputCallbackError, SandboxError
 from gateway.runner.docker.kernel import DockerKernel
 from gateway.runner.docker.options import DEADLINE_LABEL, INSTANCE_LABEL, MANAGED_LABEL
 from gateway.runner.docker.runner import DockerRunner
@@ -235,3 +237,60 @@ def test_start_up_reap_removes_a_dead_instances_kernel(engine: Any, make_options
         assert result.killed == "lost"  # the kernel says it is gone: never half-alive
     finally:
         kernel.close()
+
+
+def test_a_kernel_that_dies_between_cells_says_so_at_the_next_cell(
+    open_kernel: Callable[..., DockerKernel], make_options: Options, engine: Any
+) -> None:
+    kernel = open_kernel(make_options())
+    quit_soon = "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), os._exit(5))).start()"
+    assert kernel.execute(quit_soon, timeout_s=10).killed is None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(engine.api.top(kernel.container_id)["Processes"]) > 1:
+        time.sleep(0.1)  # until only the supervisor is left (a bound on the wait, not a pace)
+    result = kernel.execute("1", timeout_s=10)
+    assert (result.killed, result.outcome.exit_code) == ("exited", 5)
+    assert_gone(engine, kernel.container_id)
+
+
+def test_the_kernels_lifetime_ends_it(open_kernel: Callable[..., DockerKernel], make_options: Options) -> None:
+    kernel = open_kernel(make_options(), lifetime_s=2)
+    result = kernel.execute("import time\ntime.sleep(60)", timeout_s=60)
+    assert result.killed == "expired"
+
+
+def test_cancel_and_a_raising_callback_kill_the_kernel_and_one_cell_runs_at_a_time(
+    open_kernel: Callable[..., DockerKernel], make_options: Options, engine: Any
+) -> None:
+    kernel = open_kernel(make_options())
+    cancel = threading.Event()
+    errors: list[BaseException] = []
+
+    def sleep_a_minute() -> None:
+        try:
+            kernel.execute("import time\ntime.sleep(60)", timeout_s=60, cancel=cancel)
+        except BaseException as exc:  # noqa: BLE001 - looked at below, in the test's thread
+            errors.append(exc)
+
+    running = threading.Thread(target=sleep_a_minute)
+    running.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not kernel._busy.locked():
+        time.sleep(0.01)
+    with pytest.raises(SandboxError, match="a cell is already running"):
+        kernel.execute("1", timeout_s=5)
+    cancel.set()
+    running.join(60)
+    assert [type(e) for e in errors] == [CancelledRunError]
+    assert kernel.killed == "cancelled"
+    assert_gone(engine, kernel.container_id)
+
+    def fail(_stream: str, _data: bytes) -> None:
+        raise RuntimeError("callback broke")
+
+    other = open_kernel(make_options())
+    with pytest.raises(OutputCallbackError) as caught:
+        other.execute("print('hi')", timeout_s=10, on_output=fail)
+    assert caught.value.outcome is not None
+    assert other.killed == "callback"
+    assert_gone(engine, other.container_id)

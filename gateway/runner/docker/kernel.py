@@ -214,6 +214,15 @@ class DockerKernel:
             killed=killed,
         )
 
+    def _ended(self) -> bool:
+        """Whether the engine says the container no longer runs (False when it cannot say)."""
+        if self.container_id is None:
+            return False
+        try:
+            return not self._runner._state(self.container_id).get("Running")
+        except GatewayError:
+            return False
+
     def _engine_oom(self) -> bool:
         """Whether the engine says the container was killed for memory (False once it is removed)."""
         if self.container_id is None:
@@ -262,8 +271,8 @@ class DockerKernel:
         except TimeoutError:
             got.timed_out = True
         except OSError as exc:
-            if self.killed is not None:  # closed meanwhile (another thread): the read ends here
-                return
+            if self.killed is not None or self._ended():
+                return  # closed meanwhile (another thread), or the container ended: the result says so
             self._die("lost")
             raise map_engine_error(exc, "talking to the kernel") from exc
 
