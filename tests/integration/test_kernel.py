@@ -294,3 +294,31 @@ def test_cancel_and_a_raising_callback_kill_the_kernel_and_one_cell_runs_at_a_ti
     assert caught.value.outcome is not None
     assert other.killed == "callback"
     assert_gone(engine, other.container_id)
+
+
+def test_files_and_environment_given_at_open_reach_the_kernel(
+    open_kernel: Callable[..., DockerKernel], make_options: Options
+) -> None:
+    kernel = open_kernel(make_options(environment={"GREETING": "hello"}), files={"data/in.csv": b"a,b\n1,2\n"})
+    result = kernel.execute("import os\n(open('data/in.csv').read(), os.environ['GREETING'])", timeout_s=10)
+    assert result.value == "('a,b\\n1,2\\n', 'hello')"
+
+
+@pytest.mark.parametrize(
+    ("code", "value", "error"),
+    [
+        ("import ctypes\nctypes.CDLL(None).ptrace(16, 1, 0, 0)", "-1", b""),  # PTRACE_ATTACH to the supervisor
+        ("open('/proc/1/fd/1', 'wb').write(b'forged')", None, b"PermissionError"),  # its frame stream
+        ("open('/proc/1/environ', 'rb').read()", None, b"PermissionError"),
+    ],
+)
+def test_the_supervisor_stays_out_of_a_cells_reach(
+    open_kernel: Callable[..., DockerKernel], make_options: Options, code: str, value: str | None, error: bytes
+) -> None:
+    kernel = open_kernel(make_options())
+    kernel.execute("state = 'kept'", timeout_s=10)
+    result = kernel.execute(code, timeout_s=10)
+    assert result.value == value
+    assert error in result.outcome.stderr
+    assert result.killed is None
+    usable(kernel)
