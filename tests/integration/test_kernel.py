@@ -4,7 +4,11 @@ protocol, state kept between cells, and every hostile cell leaving the kernel us
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -322,3 +326,29 @@ def test_the_supervisor_stays_out_of_a_cells_reach(
     assert error in result.outcome.stderr
     assert result.killed is None
     usable(kernel)
+
+
+def test_a_kernel_ends_itself_when_its_gateway_is_killed(engine: Any, make_options: Options) -> None:
+    opener = (
+        "import json, sys, time\n"
+        "from gateway.runner.docker.runner import DockerRunner\n"
+        "from gateway.runner.interface import RunSpec\n"
+        "kernel = DockerRunner().open_kernel(RunSpec(json.loads(sys.argv[1]), timeout_s=300, output_bytes=1024))\n"
+        "print(kernel.container_id, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", opener, json.dumps(make_options())], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        container_id = proc.stdout.readline().strip()
+        assert engine.api.inspect_container(container_id)["State"]["Running"]
+    finally:
+        proc.kill()  # SIGKILL: no close, no finally in the gateway
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    with contextlib.suppress(docker.errors.NotFound):  # its supervisor saw stdin close, ended, and was removed
+        engine.api.wait(container_id, timeout=30, condition="removed")
+    assert_gone(engine, container_id)
