@@ -1,6 +1,6 @@
 """The supervisor's authenticated frames, host side, the same for every backend: their format, the decoder that
 verifies them, and what a run's frames add up to (per-stream caps, output files, the final status: the
-``Outcome``).
+``Outcome``), or a kernel cell's (``cell_end``).
 
 Every frame is ``type (1 byte) | length (4 bytes, big-endian) | data | mac (16 bytes)`` where ``mac`` is the
 first 16 bytes of HMAC-SHA256 under the per-run key over ``sequence (8 bytes) | type | length | data``. The key
@@ -39,12 +39,17 @@ __all__ = [
     "FRAME_STDERR",
     "FRAME_STDOUT",
     "FRAME_VALUE",
+    "KERNEL_GRACE_S",
+    "KERNEL_READY_S",
     "MAX_FRAME",
+    "CellEnd",
     "Collected",
     "Frame",
     "FrameDecoder",
     "ProtocolError",
     "Stream",
+    "cell_end",
+    "cell_frame",
     "encode_frame",
     "outcome_of",
     "read_timeout",
@@ -84,6 +89,14 @@ _KNOWN = frozenset(
 
 CANCEL_POLL_S = 0.2
 """How long one socket read waits at most when a cancel event is given, so that a cancel is seen promptly."""
+KERNEL_GRACE_S = 2.0
+"""How long an interrupted kernel cell may take to come back before the supervisor kills the kernel (the
+Kubernetes kernel's default; the Docker kernel has the same value)."""
+KERNEL_READY_S = 60.0
+"""How long a new kernel may take to say it is ready (its interpreter started, under gVisor too)."""
+_VALUE = 1
+_VALUE_CUT = 2
+_RAISED = 4
 
 
 class ProtocolError(Exception):
@@ -311,4 +324,74 @@ def outcome_of(
         files={name: bytes(content) for name, content in got.files.items()},
         files_truncated=files_truncated or (got.final is None and bool(got.files)),
         pulled=pulled,
+    )
+
+
+# --- kernels: what one cell's frames come to -----------------------------------------------------------------
+
+
+def cell_frame(data: bytes, seq: int) -> dict[str, Any]:
+    """A ``FRAME_CELL``'s JSON, which must end cell ``seq``; anything else is a ``ProtocolError``."""
+    try:
+        cell = json.loads(data)
+    except ValueError as exc:
+        raise ProtocolError("malformed cell frame") from exc
+    if not isinstance(cell, dict) or cell.get("seq") != seq:
+        raise ProtocolError(f"cell frame for cell {cell.get('seq') if isinstance(cell, dict) else '?'}, not {seq}")
+    return cell
+
+
+@dataclass(frozen=True, slots=True)
+class CellEnd:
+    """How one kernel cell ended, from its frames and the kernel's state: the fields of its ``CellResult``."""
+
+    killed: str | None
+    """Why the kernel is gone after the cell (``KERNEL_KILL_REASONS``); None while it lives."""
+    interrupted: bool
+    exit_code: int | None
+    timed_out: bool
+    files_truncated: bool
+    value: str | None
+    value_truncated: bool
+
+
+def cell_end(
+    got: Collected, cell: Mapping[str, Any] | None, value: bytes, *, gone: str | None,
+    memory: Callable[[], bool] = lambda: False,
+) -> CellEnd:  # fmt: skip
+    """Judge one cell: ``cell`` is its ``FRAME_CELL`` (None when none came), ``value`` its ``FRAME_VALUE`` data,
+    ``gone`` why the kernel was already gone (closed meanwhile), ``memory()`` whether the engine says the sandbox
+    was killed for memory (asked only when it ended without a word)."""
+    killed: str | None = None
+    if got.callback_error is not None:
+        killed = "callback"
+    elif got.cancelled:
+        killed = "cancelled"
+    elif got.timed_out:
+        killed = "unresponsive"
+    elif got.final is not None:
+        killed = str(got.final.get("killed") or "exited")
+        if killed == "exited" and got.oom_reported:
+            killed = "memory"
+    elif cell is None:
+        killed = gone or "lost"
+        if killed == "lost" and memory():
+            killed = "memory"
+    interrupted = bool(cell and cell.get("interrupted"))
+    flags = value[0] if value else 0
+    exit_code: int | None = None
+    if cell is not None and not interrupted:
+        exit_code = 1 if flags & _RAISED else 0
+    elif killed == "memory":
+        exit_code = 137
+    elif killed == "exited" and got.final is not None:
+        exit_code = int(got.final["status"])
+    return CellEnd(
+        killed=killed,
+        interrupted=interrupted,
+        exit_code=exit_code,
+        timed_out=(interrupted and not got.output_limit_killed) or killed in ("interrupt_ignored", "unresponsive"),
+        files_truncated=bool(cell and cell.get("files_truncated")) or (cell is None and bool(got.files)),
+        value=value[1:].decode("utf-8", "replace") if flags & _VALUE else None,
+        value_truncated=bool(flags & _VALUE_CUT),
     )

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.decision import evaluate
 from gateway.decision.settings import resolve
 from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
+from gateway.runner.interface import RunSpec
 from gateway.runner.kubernetes.client import KubeClient, KubeConfig
-from gateway.runner.kubernetes.pod import build_options
+from gateway.runner.kubernetes.pod import KubernetesAssembler, build_options
 from gateway.runner.kubernetes.runner import KubernetesRunner
 from tests.kubernetes.fakeapi import FakeApiServer, FakeCluster
 
@@ -45,6 +48,22 @@ def all_pods() -> list[tuple[str, dict[str, Any]]]:
         policy = load_policy(path)
         out.extend((f"{path.relative_to(REPO)}:{rt}", options) for rt, options in pods_of(policy))
     return out
+
+
+def kernel_spec(
+    assembler: KubernetesAssembler, policy: Policy, *, lifetime_s: float = 300, output_bytes: int = 1 << 16,
+    **request: Any,
+) -> RunSpec:  # fmt: skip
+    """A kernel's run specification as a session would have it: the profile decided like an execution's, its Pod
+    assembled with the kernel's lifetime as the timeout (so ``activeDeadlineSeconds`` covers the lifetime)."""
+    decision = evaluate(policy, parse_request({"code": "pass", **request}), assembler=assembler)
+    assert decision.allowed, [v.message for v in decision.violations]
+    assert decision.settings is not None
+    assert decision.run is not None
+    settings = replace(decision.settings, timeout_s=lifetime_s)
+    options = assembler.build(settings, decision_id=decision.decision_id, request_id=decision.request_id)
+    assembler.guard(options)
+    return replace(decision.run, options=options, timeout_s=lifetime_s, output_bytes=output_bytes)
 
 
 @pytest.fixture

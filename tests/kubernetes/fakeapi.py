@@ -16,8 +16,9 @@ Endpoints (core/v1, JSON, the API server's own shapes and status codes):
 
 A fake kubelet moves each Pod Pending → ContainerCreating → Running (or ErrImageNeverPull for an image it does not
 have, or stays unschedulable), and plays the container: it reads the supervisor's payload from stdin, verifies
-its framing, and answers with frames under the payload's key, as scripted by ``FakeCluster.program``. The
-real supervisor never runs on the host.
+its framing, and answers with frames under the payload's key, as scripted by ``FakeCluster.program`` (a kernel's
+payload: cell 0, then each cell as scripted by ``FakeCluster.cell_program``). The real supervisor never runs on
+the host.
 
 Failures are injected per call: ``cluster.fail("POST", "pods", 429, times=1, retry_after=0)``.
 """
@@ -46,6 +47,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.runner.frames import (
+    FRAME_CELL,
     FRAME_ERROR,
     FRAME_EXIT,
     FRAME_FILE_DATA,
@@ -53,14 +55,17 @@ from gateway.runner.frames import (
     FRAME_META,
     FRAME_STDERR,
     FRAME_STDOUT,
+    FRAME_VALUE,
     encode_frame,
 )
-from gateway.runner.supervisor import MAGIC
+from gateway.runner.supervisor import CELL_MAGIC, MAGIC
 
 Action = tuple[Any, ...]
 """One step of a fake program: ("out", bytes), ("err", bytes), ("file", name, bytes), ("meta", oom: bool),
 ("exit", status), ("error", message), ("sleep", seconds), ("raw", bytes: unframed stdout), ("oom",) the kubelet
-OOM-kills the container, ("evict",) the kubelet evicts the Pod, ("hang",) never answer again."""
+OOM-kills the container, ("evict",) the kubelet evicts the Pod, ("hang",) never answer again. Kernel cells also:
+("value", flags, repr bytes), ("cell", interrupted: bool) the cell's end, ("killed", reason, status) the
+kernel's final frame."""
 
 
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -70,6 +75,10 @@ def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
 
 def default_program(request: dict[str, Any]) -> list[Action]:
     return [("out", b"4\n"), ("meta", False), ("exit", 0)]
+
+
+def default_cell(cell: dict[str, Any]) -> list[Action]:
+    return [("out", b"4\n"), ("meta", False), ("value", 0, b""), ("cell", False)]
 
 
 @dataclass
@@ -86,6 +95,8 @@ class Failure:
 class FakeCluster:
     images: set[str] = field(default_factory=lambda: {"gateway/sandbox-python:3.11-bookworm"})
     program: Callable[[dict[str, Any]], list[Action]] = default_program
+    cell_program: Callable[[dict[str, Any]], list[Action]] = default_cell
+    """Kernel mode: the frames that answer one cell ({"code", "timeout_s"})."""
     schedulable: bool = True
     start_delay_s: float = 0.05
     gone_as_http: bool = False
@@ -98,6 +109,8 @@ class FakeCluster:
     calls: list[tuple[str, str, str]] = field(default_factory=list)
     """(method, what, name) of every request, in order."""
     payloads: list[dict[str, Any]] = field(default_factory=list)
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    """Every kernel cell the fake container received (decoded)."""
     """Every payload the fake container received (decoded)."""
     submitted: list[dict[str, Any]] = field(default_factory=list)
     """Every Pod manifest as POSTed."""
@@ -323,35 +336,35 @@ def build_app(cluster: FakeCluster) -> Starlette:
         await ws.accept(subprotocol="v4.channel.k8s.io")
         await play(ws, key)
 
-    async def play(ws: WebSocket, key: tuple[str, str]) -> None:
-        buf = bytearray()
+    async def receive(ws: WebSocket, key: tuple[str, str], buf: bytearray) -> bytes | None:
+        """The next length-prefixed message on stdin (a payload or a cell); None when the session ended or the Pod
+        was deleted meanwhile (then the session is closed, as the kubelet would end the container)."""
         gone = cluster.deleted.setdefault(key, asyncio.Event())
-        try:
-            while len(buf) < 8 or len(buf) < 8 + struct.unpack(">I", bytes(buf[4:8]))[0]:
-                receive = asyncio.ensure_future(ws.receive_bytes())
-                deleted = asyncio.ensure_future(gone.wait())
-                done, _ = await asyncio.wait({receive, deleted}, return_when=asyncio.FIRST_COMPLETED)
-                if receive not in done:
-                    receive.cancel()
-                    await ws.close()  # the Pod was deleted while its supervisor waited: the session ends
-                    return
-                deleted.cancel()
+        while len(buf) < 8 or len(buf) < 8 + struct.unpack(">I", bytes(buf[4:8]))[0]:
+            receive = asyncio.ensure_future(ws.receive_bytes())
+            deleted = asyncio.ensure_future(gone.wait())
+            done, _ = await asyncio.wait({receive, deleted}, return_when=asyncio.FIRST_COMPLETED)
+            if receive not in done:
+                receive.cancel()
+                await ws.close()  # the Pod was deleted while its supervisor waited: the session ends
+                return None
+            deleted.cancel()
+            try:
                 message = receive.result()
-                assert message[0] == 0, "stdin arrives on channel 0"
-                buf += message[1:]
-        except WebSocketDisconnect:
-            await cluster._terminate(key, 125, "Error")
-            return
-        assert bytes(buf[:4]) == MAGIC
+            except WebSocketDisconnect:
+                return None
+            assert message[0] == 0, "stdin arrives on channel 0"
+            buf += message[1:]
         size = struct.unpack(">I", bytes(buf[4:8]))[0]
-        request = marshal.loads(bytes(buf[8 : 8 + size]))  # noqa: S302 - the payload the runner under test wrote
-        cluster.payloads.append(request)
-        secret = request["key"]
-        seq = 0
+        message = bytes(buf[: 8 + size])
+        del buf[: 8 + size]
+        return message
+
+    async def act(ws: WebSocket, key: tuple[str, str], actions: list[Action], player: Player) -> bool:
+        """Play ``actions`` as the supervisor's frames; False when the container ended (the session is over)."""
         kinds = {"out": FRAME_STDOUT, "err": FRAME_STDERR, "meta": FRAME_META, "exit": FRAME_EXIT,
                  "error": FRAME_ERROR}  # fmt: skip
-        code = 0
-        for action in cluster.program(request):
+        for action in actions:
             kind = action[0]
             if kind == "sleep":
                 await asyncio.sleep(action[1])
@@ -359,41 +372,87 @@ def build_app(cluster: FakeCluster) -> Starlette:
             if kind == "hang":
                 await _until_closed(ws)
                 await cluster._terminate(key, 137, "Error")
-                return
+                return False
             if kind == "oom":
                 await cluster._terminate(key, 137, "OOMKilled")
                 await ws.close()
-                return
+                return False
             if kind == "evict":
                 await cluster._terminate(key, 137, "Error", pod_reason="Evicted")
                 await ws.close()
-                return
+                return False
             if kind == "raw":
                 data = b"\x01" + action[1]
             elif kind == "file":
-                await ws.send_bytes(b"\x01" + encode_frame(secret, seq, FRAME_FILE_NAME, action[1].encode()))
-                seq += 1
-                data = b"\x01" + encode_frame(secret, seq, FRAME_FILE_DATA, action[2])
+                await ws.send_bytes(b"\x01" + player.frame(FRAME_FILE_NAME, action[1].encode()))
+                data = b"\x01" + player.frame(FRAME_FILE_DATA, action[2])
+            elif kind == "value":
+                data = b"\x01" + player.frame(FRAME_VALUE, bytes((action[1],)) + action[2])
+            elif kind == "cell":
+                cell = {"seq": player.cells, "interrupted": bool(action[1]), "files_truncated": False}
+                data = b"\x01" + player.frame(FRAME_CELL, json.dumps(cell).encode())
+            elif kind == "killed":
+                player.code = int(action[2])
+                final = {"status": player.code, "files_truncated": False, "killed": action[1]}
+                data = b"\x01" + player.frame(FRAME_EXIT, json.dumps(final).encode())
             else:
                 if kind == "meta":
                     payload = json.dumps({"oom_killed": bool(action[1])}).encode()
                 elif kind == "exit":
-                    code = int(action[1])
-                    payload = json.dumps({"status": code, "files_truncated": False}).encode()
+                    player.code = int(action[1])
+                    payload = json.dumps({"status": player.code, "files_truncated": False}).encode()
                 elif kind == "error":
                     payload = json.dumps({"error": action[1]}).encode()
                 else:
                     payload = action[1]
-                data = b"\x01" + encode_frame(secret, seq, kinds[kind], payload)
-            seq += 1
+                data = b"\x01" + player.frame(kinds[kind], payload)
             try:
                 await ws.send_bytes(data)
             except (WebSocketDisconnect, RuntimeError):
                 await cluster._terminate(key, 137, "Error")
-                return
+                return False
+        return True
+
+    async def play(ws: WebSocket, key: tuple[str, str]) -> None:
+        buf = bytearray()
+        message = await receive(ws, key, buf)
+        if message is None:
+            await cluster._terminate(key, 125, "Error")
+            return
+        assert message[:4] == MAGIC
+        request = marshal.loads(message[8:])  # noqa: S302 - the payload the runner under test wrote
+        cluster.payloads.append(request)
+        player = Player(request["key"])
+        if request.get("kernel"):
+            await kernel(ws, key, buf, player)
+            return
+        if not await act(ws, key, cluster.program(request), player):
+            return
         # Like the supervisor: after the final frame, wait (at most 10 s) for stdin to close, then exit.
         await _until_closed(ws, 10.0)
-        await cluster._terminate(key, code, "Completed" if code == 0 else "Error")
+        await cluster._terminate(key, player.code, "Completed" if player.code == 0 else "Error")
+
+    async def kernel(ws: WebSocket, key: tuple[str, str], buf: bytearray, player: Player) -> None:
+        """Kernel mode: ready (cell 0), then each cell as ``cluster.cell_program`` scripts it, until a final frame,
+        the session's end or the Pod's deletion."""
+        if not await act(ws, key, [("cell", False)], player):
+            return
+        while True:
+            message = await receive(ws, key, buf)
+            if message is None:
+                await cluster._terminate(key, 137, "Error")  # stdin closed: the supervisor kills all and exits
+                return
+            assert message[:4] == CELL_MAGIC, "only cells follow a kernel's payload"
+            cell = marshal.loads(message[8:])  # noqa: S302 - a cell the runner under test wrote
+            cluster.cells.append(cell)
+            player.cells += 1
+            actions = cluster.cell_program(cell)
+            if not await act(ws, key, actions, player):
+                return
+            if any(action[0] in ("killed", "exit") for action in actions):
+                await _until_closed(ws, 10.0)
+                await cluster._terminate(key, player.code, "Error")
+                return
 
     routes = [
         Route("/api/v1/namespaces/{ns}/pods", pods, methods=["GET", "POST"]),
@@ -409,6 +468,21 @@ def build_app(cluster: FakeCluster) -> Starlette:
         yield
 
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+@dataclass
+class Player:
+    """The fake supervisor's side of one session: its frame key and sequence, the cells so far, the exit status."""
+
+    key: bytes
+    seq: int = 0
+    cells: int = 0
+    code: int = 0
+
+    def frame(self, kind: bytes, data: bytes) -> bytes:
+        out = encode_frame(self.key, self.seq, kind, data)
+        self.seq += 1
+        return out
 
 
 async def _until_closed(ws: WebSocket, timeout: float | None = None) -> None:

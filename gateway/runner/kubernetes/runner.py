@@ -17,6 +17,10 @@
     frame reads the Pod's status: the kubelet's ``OOMKilled`` and the eviction (``Evicted``) are reported as such
     (``oom_killed``; ``resource_killed`` with ``sandbox.reason``). The Pod is deleted in ``finally``, always.
 
+``open_kernel``
+    a session's kernel: a Pod made by ``prepare`` from the decision's manifest exactly as a run's, whose
+    supervisor runs in kernel mode and takes cells until the kernel is closed (``runner/kubernetes/kernel.py``).
+
 The outcome names the Pod (``Outcome.sandbox``: namespace, name, uid, the manifest's sha256), so the outcome
 record carries the digest the decision record holds and the uid the API server gave the Pod.
 """
@@ -24,6 +28,7 @@ record carries the digest the decision record holds and the uid the API server g
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -42,14 +47,24 @@ from gateway.errors import (
     SandboxError,
     UnsafeOptionsError,
 )
-from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of, read_timeout, take_frame
+from gateway.runner.frames import (
+    KERNEL_GRACE_S,
+    Collected,
+    FrameDecoder,
+    ProtocolError,
+    outcome_of,
+    read_timeout,
+    take_frame,
+)
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 from gateway.runner.kubernetes.client import Attach, Gone, KubeClient, KubeConfig
+from gateway.runner.kubernetes.kernel import KubernetesKernel
 from gateway.runner.kubernetes.pod import (
     CONTAINER_NAME,
     DECISION_LABEL,
     INSTANCE_LABEL,
     MANAGED_LABEL,
+    START_MARGIN_S,
     KubernetesAssembler,
     guard,
     label_value,
@@ -59,6 +74,7 @@ from gateway.runner.kubernetes.pod import (
     profile_part,
 )
 from gateway.runner.supervisor import encode_payload, new_key
+from gateway.slots import Slot
 
 __all__ = ["EXPIRY_GRACE_S", "KubernetesRunner", "KubernetesSandbox"]
 
@@ -211,6 +227,39 @@ class KubernetesRunner:
             except GatewayError:
                 tail = ""
             raise SandboxError(exc.message + (f"; its log: {tail.strip()!r}" if tail.strip() else "")) from exc
+
+    # -- kernels (gateway.runner.interface.KernelRunner) -----------------------------------------------------
+
+    def open_kernel(
+        self, spec: RunSpec, *, files: Mapping[str, bytes] | None = None, slot: Slot | None = None,
+        grace_s: float = KERNEL_GRACE_S,
+    ) -> KubernetesKernel:  # fmt: skip
+        """A kernel in a Pod made exactly as a run's (see ``gateway.runner.interface.KernelRunner``):
+        ``spec.timeout_s`` is its lifetime, and the Pod's ``activeDeadlineSeconds`` must cover it plus
+        ``START_MARGIN_S`` (a decision assembled with the lifetime as its timeout), so that the kubelet and the
+        reapers end the Pod only after the kernel's own end."""
+        try:
+            _check_lifetime(spec)
+            sandbox = self.prepare(spec)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        sandbox.used = True  # a kernel's Pod never takes a run's payload
+        try:
+            kernel = KubernetesKernel(self, sandbox, slot, grace_s)
+        except BaseException:
+            self.discard(sandbox)
+            if slot is not None:
+                slot.release()
+            raise
+        try:
+            kernel.start(dict(files or {}))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                kernel.close()
+            raise
+        return kernel
 
     # -- the warm pool (gateway.runner.interface.PoolingRunner) --------------------------------------------
 
@@ -437,6 +486,18 @@ class KubernetesRunner:
                 self.client.delete_pod(self.namespace, name)
                 removed.append(f"{self.namespace}/{name}")
         return removed
+
+
+def _check_lifetime(spec: RunSpec) -> None:
+    """Refuse a kernel whose Pod would be ended (``activeDeadlineSeconds``) before the kernel's lifetime."""
+    deadline = (spec.options.get("pod") or {}).get("spec", {}).get("activeDeadlineSeconds")
+    needed = math.ceil(spec.timeout_s) + START_MARGIN_S
+    if not isinstance(deadline, int) or deadline < needed:
+        raise SandboxError(
+            f"the kernel's Pod has activeDeadlineSeconds {deadline!r}, shorter than its lifetime of "
+            f"{spec.timeout_s:g} s plus the start margin ({needed} s); nothing was created",
+            hint="assemble a kernel's Pod with its lifetime as the timeout (the settings' timeout_s)",
+        )
 
 
 def _status(exc: GatewayError) -> int | None:
