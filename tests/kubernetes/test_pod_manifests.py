@@ -26,9 +26,9 @@ from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.runner.kubernetes.manifests import KUBERNETES_VERSION, ROLE_RULES, cluster_manifests, dump_all
-from gateway.runner.kubernetes.pod import POD_COMMAND, KubernetesAssembler, guard, pod_digest
+from gateway.runner.kubernetes.pod import POD_COMMAND, KubernetesAssembler, guard, pod_digest, profile_part
 from gateway.runner.supervisor import SUPERVISOR
-from tests.kubernetes.conftest import all_pods, shipped_policy_files
+from tests.kubernetes.conftest import all_pods, kernel_spec, shipped_policy_files
 
 VERSION = f"{KUBERNETES_VERSION}.0"
 PODS = all_pods()
@@ -240,6 +240,27 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize(("name", "options"), PODS, ids=[n for n, _ in PODS])
 def test_every_pod_is_restricted(name: str, options: dict[str, Any]) -> None:
     assert restricted_violations(options["pod"]["spec"]) == []
+
+
+@pytest.mark.parametrize(("policy_name", "runtime"), [("examples/sessions.yaml", "runc"), ("strict.yaml", "runsc")])
+def test_a_kernel_pod_is_a_run_pod_living_as_long_as_the_kernel(policy_name: str, runtime: str) -> None:
+    """A session's kernel Pod (four hours: policies/examples/sessions.yaml's lifetime ceiling) validates strictly,
+    is restricted, passes the guard, and differs from a run's Pod of the same profile only in what names the run
+    and in its deadline: the lifetime plus the start margin."""
+    policy = load_policy(policies_dir() / policy_name)
+    lifetime = 14400
+    assembler = KubernetesAssembler(instance="it")
+    kernel = kernel_spec(assembler, policy, lifetime_s=lifetime, runtime=runtime)
+    pod = kernel.options["pod"]
+    assert kubernetes_validate.validate(pod, VERSION, strict=True)
+    assert restricted_violations(pod["spec"]) == []
+    guard(kernel.options)
+    assert pod["spec"]["activeDeadlineSeconds"] == lifetime + 60
+    assert (pod["spec"].get("runtimeClassName") == "gvisor") == (runtime == "runsc")
+    run = evaluate(policy, parse_request({"code": "pass", "runtime": runtime}), assembler=assembler).run
+    assert run is not None
+    assert run.options["pod"]["spec"]["activeDeadlineSeconds"] < lifetime
+    assert profile_part(pod) == profile_part(run.options["pod"])
 
 
 def test_the_gateway_deployment_is_restricted_too() -> None:
