@@ -46,6 +46,7 @@ from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner import Outcome, Payload, Runner, RunSpec
 from gateway.runner.interface import OnOutput, PoolingRunner, PoolStatus
 from gateway.runner.pool import Lease, WarmPool
+from gateway.sessions import SessionManager
 from gateway.slots import HostSlots, Slot
 from gateway.telemetry import (
     SPAN_AUDIT,
@@ -141,6 +142,8 @@ class Gateway:
         if self.pool is not None:
             self._owned.append(self.pool.close)
             self.pool.configure(c.policy for c in self._policies)
+        self.sessions = SessionManager(self)
+        """The live sessions (``gateway.sessions``): create, list, get, execute in, close; closed with the Gateway."""
 
     @property
     def policies(self) -> PolicySet:
@@ -215,9 +218,10 @@ class Gateway:
         self.close()
 
     def close(self) -> None:
-        """Destroy the warm pool, wait for the removals still under way (their failures are audited), record
-        the stop (best effort), then close what this Gateway created, in reverse order."""
+        """Close every live session, destroy the warm pool, wait for the removals still under way (their failures
+        are audited), record the stop (best effort), then close what this Gateway created, in reverse order."""
         try:
+            self.sessions.close_all()  # each recorded as session.closed (gateway_stop), before the stop record
             if self.pool is not None:
                 self.pool.close()
             settle = getattr(self.runner, "settle", None)

@@ -56,6 +56,11 @@ __all__ = [
     "ServiceError",
     "ServiceStoppingError",
     "ServiceUnreachableError",
+    "SessionBusyError",
+    "SessionError",
+    "SessionGoneError",
+    "SessionNotFoundError",
+    "SessionUnavailableError",
     "TooManyConnectionsError",
     "UnknownPrincipalError",
     "UnsafeOptionsError",
@@ -466,6 +471,44 @@ class OutputCallbackError(GatewayError):
     hint = "the run was stopped because the caller's output callback failed; fix the callback and retry"
 
 
+# --- sessions -----------------------------------------------------------------------------------------
+
+
+class SessionError(GatewayError):
+    """A request about a session that cannot be served as asked (``gateway.sessions``)."""
+
+    code = "session.error"
+
+
+class SessionNotFoundError(SessionError):
+    """No session of the caller has this id. Another principal's session gets exactly this error, so that an id
+    reveals nothing of a session the caller does not own."""
+
+    code = "session.not_found"
+    hint = "list your sessions (GET /v1/sessions) or create one (POST /v1/sessions)"
+
+
+class SessionGoneError(SessionError):
+    """The caller's session has ended (closed, expired or killed; the message says which and why)."""
+
+    code = "session.gone"
+    hint = "create a new session: the state of this one is gone"
+
+
+class SessionBusyError(SessionError):
+    """An execution is already running in this session; executions of one session run one at a time."""
+
+    code = "session.busy"
+    hint = "send the next execution when the running one has returned"
+
+
+class SessionUnavailableError(SessionError):
+    """This gateway cannot serve the session mode asked for (its backend has no kernels, or the mode is not
+    built yet). Nothing was created."""
+
+    code = "session.unavailable"
+
+
 # --- audit --------------------------------------------------------------------------------------------
 
 
@@ -535,6 +578,11 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (SandboxError, EXIT_GATEWAY_FAILURE, 502),
     (RunnerError, EXIT_GATEWAY_FAILURE, 502),
     (CapacityError, EXIT_GATEWAY_FAILURE, 503),
+    (SessionNotFoundError, EXIT_USAGE, 404),
+    (SessionGoneError, EXIT_USAGE, 410),
+    (SessionBusyError, EXIT_USAGE, 409),
+    (SessionUnavailableError, EXIT_GATEWAY_FAILURE, 501),
+    (SessionError, EXIT_USAGE, 400),
     (AuditSpaceError, EXIT_GATEWAY_FAILURE, 507),
     (AuditUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (AuditIntegrityError, EXIT_GATEWAY_FAILURE, 503),

@@ -62,6 +62,15 @@ class ExecutionResult:
     an error."""
     audit_ok: bool = True
     """False when a record of this request could not be made durable (the run, if any, already happened)."""
+    session_id: str | None = None
+    """The session this execution ran in (``gateway.sessions``); None for a single run."""
+    value: str | None = None
+    """A kernel cell's last expression's ``repr`` (bounded; see ``CellResult.value``); None otherwise."""
+    value_truncated: bool = False
+    interrupted: bool = False
+    """A kernel cell was interrupted (its deadline, an output flood) and the kernel lives on."""
+    session_ended: str | None = None
+    """Why the session ended during this execution (a kernel kill reason: ``session.killed``); None while it lives."""
 
     @property
     def allowed(self) -> bool:
@@ -121,6 +130,14 @@ class ExecutionResult:
             "audit_ok": self.audit_ok,
             "exit_status": self.exit_status,
         }
+        if self.session_id is not None:
+            out |= {
+                "session_id": self.session_id,
+                "value": self.value,
+                "value_truncated": self.value_truncated,
+                "interrupted": self.interrupted,
+                "session_ended": self.session_ended,
+            }
         return out
 
 

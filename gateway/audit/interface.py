@@ -36,6 +36,10 @@ EVENT_TYPES: Final = frozenset(
         "recovery",
         "auth.failed",
         "auth.forbidden",
+        "session.created",
+        "session.expired",
+        "session.closed",
+        "session.killed",
     }
 )
 """Every ``event_type`` a record may carry; ``schemas/audit-record.schema.json`` describes each ``data``."""

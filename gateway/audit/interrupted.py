@@ -60,6 +60,8 @@ _DRY_RUN: Final = b'"dry_run":'
 _DECIDED: Final = b'"decision":{"allowed":'
 _DECISION: Final = b"policy.decision"
 _OUTCOME: Final = b"execution.outcome"
+_CREATED: Final = b"session.created"
+"""A session's creation decision ends in this record (same request id), not in an outcome."""
 
 WriterGone = Callable[[str, int, str], bool]
 """``(host, pid, timestamp of the record) -> bool``: whether the process that wrote the record is gone."""
@@ -114,7 +116,7 @@ def _open_runs(directory: Path) -> Iterator[_OpenRun]:
                 if request_id is not None:
                     if kind == _DECISION and _maybe_a_run(line):
                         open_lines[request_id] = (path, offset)
-                    elif kind == _OUTCOME:
+                    elif kind in (_OUTCOME, _CREATED):
                         open_lines.pop(request_id, None)
                 offset += len(line)
     for path, offset in open_lines.values():

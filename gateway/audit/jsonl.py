@@ -63,18 +63,19 @@ __all__ = [
 
 DEFAULT_MIN_FREE: Final = "64m|1%"
 """The default free-space watermark: 64 MiB, or 1 % of the file system when that is smaller (a small disk)."""
-NEW_WORK_EVENTS: Final = frozenset({"request.received", "request.invalid", "policy.decision"})
+NEW_WORK_EVENTS: Final = frozenset({"request.received", "request.invalid", "policy.decision", "session.created"})
 """Records that start new work; below the watermark they are refused (:class:`AuditSpaceError`), and the
 caller fails closed (507)."""
 RESERVE_EVENTS: Final = frozenset(
     {
         "execution.outcome", "image.pulled", "container.left", "containers.reaped", "recovery", "gateway.stop",
-        "gateway.start", "policy.loaded", "policy.reloaded", "policy.rejected",
+        "gateway.start", "policy.loaded", "policy.reloaded", "policy.rejected", "session.expired", "session.closed",
+        "session.killed",
     }
 )  # fmt: skip
 """The only records written below the watermark, into the space kept in reserve: those that finish work already
-started (a run's pulled image and outcome, the sandboxes reaped or left, a recovery, the stop record) and the
-service's own start and (re)loads, which only an operator causes. Every other record is refused there
+started (a run's pulled image and outcome, the sandboxes reaped or left, a session's end, a recovery, the stop
+record) and the service's own start and (re)loads, which only an operator causes. Every other record is refused there
 (:class:`AuditSpaceError`): new work (:data:`NEW_WORK_EVENTS`), and what any client can cause at will without
 starting anything (``auth.failed``, ``auth.forbidden``, ``request.refused``), whose writers drop it; each refusal
 is reported to :attr:`JsonlAuditTrail.on_low_space` (the service counts them in ``/metrics``)."""

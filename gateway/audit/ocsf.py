@@ -113,6 +113,10 @@ MAPPING: Final[Mapping[str, tuple[OcsfClass, int]]] = MappingProxyType(
         "policy.reloaded": (APPLICATION_LIFECYCLE, 8),
         "policy.rejected": (APPLICATION_LIFECYCLE, 8),
         "recovery": (APPLICATION_ERROR, 1),
+        "session.created": (API_ACTIVITY, 1),
+        "session.expired": (API_ACTIVITY, 4),
+        "session.closed": (API_ACTIVITY, 4),
+        "session.killed": (API_ACTIVITY, 4),
     }
 )
 """``event_type`` -> (class, activity id); the activity of a dry-run decision is Read (2)."""
@@ -418,6 +422,15 @@ def _generic(view: AuditRecordView, ev: _Event) -> None:
             ev.status_detail = f"{n} problem(s) in {text('source')}"
         ev.message = f"{kind}: {text('name') or ''} {text('source') or ''}".strip()
         ev.unmapped = {"source": text("source"), "sha256": text("sha256"), "problems": n}
+    elif kind.startswith("session."):
+        ev.operation = "session"
+        if kind == "session.killed":
+            ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+            ev.status_detail = text("reason")
+        ev.message = f"{kind}: {text('session_id')} ({text('mode')}{', ' + r if (r := text('reason')) else ''})"
+        container = text("container_id")
+        ev.resources = [{"type": "Container", "uid": container}] if container is not None else None
+        ev.unmapped = {k: data.get(k) for k in ("session_id", "mode", "reason", "expires_at") if k in data}
     elif kind == "recovery":
         ev.status_id, ev.severity_id = _FAILURE, _HIGH
         ev.message = f"trail repaired: {text('reason')}"

@@ -129,6 +129,15 @@ EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
         None,
         None,
     ),
+    (
+        "session.created",
+        {"session_id": "s-1", "mode": "kernel", "container_id": "e" * 64, "expires_at": "2026-12-05T16:00:00Z"},
+        "r-9",
+        "agent-1",
+    ),
+    ("session.expired", {"session_id": "s-1", "mode": "kernel", "reason": "idle"}, None, "agent-1"),
+    ("session.closed", {"session_id": "s-2", "mode": "kernel", "reason": "owner"}, None, "agent-1"),
+    ("session.killed", {"session_id": "s-3", "mode": "kernel", "reason": "memory"}, None, "agent-1"),
     ("gateway.stop", {"policy_source": "policies/default.yaml"}, None, None),
 ]
 

@@ -107,6 +107,10 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "path": "/v1/policy",
         "interval_ms": 60000,
     },
+    "session.created": {"session_id": "s-1", "mode": "kernel", "container_id": "c" * 64},
+    "session.expired": {"session_id": "s-1", "mode": "kernel", "reason": "idle"},
+    "session.closed": {"session_id": "s-1", "mode": "kernel", "reason": "owner"},
+    "session.killed": {"session_id": "s-1", "mode": "kernel", "reason": "memory"},
     "auth.forbidden": {"role": "agent", "required_role": "operator", "token_id": "0123abcd", "path": "/metrics"},
     "request.refused": {
         "count": 1,

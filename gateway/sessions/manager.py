@@ -1,0 +1,516 @@
+"""The session manager: the live sessions of one Gateway, each a principal's own sandbox state.
+
+A session is created under its principal's policy (:func:`~gateway.decision.decide_session`, with the principal's
+live-session count, counted and reserved under one lock so that two concurrent creations cannot both pass
+``max_per_principal``); its profile is fixed then. Every execution in it is a request decided again under the
+current policy (:func:`~gateway.decision.decide_in_session`) and recorded like any execution, with its
+``session_id``. A session ends exactly once, with one record: ``session.closed`` (its owner, an operator, the
+Gateway's stop), ``session.expired`` (idle, or past its lifetime counted from *ready*: a :class:`Ticker` sweeps)
+or ``session.killed`` (its kernel died: the reason). Another principal's session id gets the very error of an
+unknown one (:class:`SessionNotFoundError`); an ended one, :class:`SessionGoneError` naming how it ended.
+
+Kernel mode only for now: workspace mode is refused, after its decision, with :class:`SessionUnavailableError`.
+A session belongs to the gateway instance that made it: its kernel ends when that process does (the kernel's
+connection closes), and the start-up reap removes what is left.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import hashlib
+import secrets
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from gateway._ticker import Ticker
+from gateway.decision import Decision, decide_in_session, decide_session
+from gateway.decision.sessions import SessionSettings
+from gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    PrincipalMismatchError,
+    Problem,
+    RequestError,
+    SandboxError,
+    SessionBusyError,
+    SessionGoneError,
+    SessionNotFoundError,
+    SessionUnavailableError,
+)
+from gateway.request import SessionRequest, parse_session_request
+from gateway.result import ExecutionResult, outcome_data, raw_bytes
+from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, Outcome, RunSpec
+from gateway.sessions.model import END_EVENTS, SessionInfo, SessionResult, SessionState, utc
+
+if TYPE_CHECKING:
+    from gateway._gateway import Caller, Gateway, RawRequest
+
+__all__ = ["MAX_ENDED", "READY_MARGIN_S", "SWEEP_EVERY_S", "RawSessionRequest", "SessionManager"]
+
+RawSessionRequest = Mapping[str, Any] | str | bytes | SessionRequest
+"""A session request as an interface hands it over: parsed JSON, JSON text or bytes, or a parsed request."""
+
+SWEEP_EVERY_S = 5.0
+"""How often the sweeper looks for idle and expired sessions."""
+READY_MARGIN_S = 60.0
+"""Added to a kernel's own lifetime (counted by its supervisor from the hand-over, before *ready*): the
+manager's sweep ends a session at its lifetime; the kernel's deadline is only the backstop behind it."""
+MAX_ENDED = 4096
+"""How many ended sessions are remembered (to answer :class:`SessionGoneError` rather than not-found)."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Session:
+    """A live session's mutable state, guarded by the manager's lock."""
+
+    session_id: str
+    principal: str | None
+    settings: SessionSettings
+    policy: dict[str, str]
+    caller: Caller | None
+    kernel: Kernel | None = None
+    ready_at: float = 0.0
+    last_used_at: float = 0.0
+    executions: int = 0
+    busy: bool = False
+    state: SessionState | None = None
+    """None while it opens; ``ready`` / ``busy``; then how it ended."""
+    ended: str | None = None
+
+    @property
+    def lifetime_ends_at(self) -> float:
+        return self.ready_at + self.settings.lifetime_s
+
+    @property
+    def expires_at(self) -> float:
+        return min(self.last_used_at + self.settings.idle_s, self.lifetime_ends_at)
+
+    def info(self) -> SessionInfo:
+        state: SessionState = self.state or "ready"
+        if state == "ready" and self.busy:
+            state = "busy"
+        return SessionInfo(
+            session_id=self.session_id, principal=self.principal, mode=self.settings.mode, state=state,
+            ready_at=self.ready_at, last_used_at=self.last_used_at, expires_at=self.expires_at,
+            lifetime_ends_at=self.lifetime_ends_at, executions=self.executions, settings=self.settings,
+            container_id=self.kernel.container_id if self.kernel is not None else None, ended=self.ended,
+        )  # fmt: skip
+
+
+class SessionManager:
+    """The live sessions of ``gateway`` (its :attr:`~gateway.Gateway.sessions`); see the module.
+
+    ``clock``: unix time (a test passes its own); ``sweep_every_s``: the sweeper's period (it starts with the
+    first session and stops at :meth:`close_all`). Methods that take ``principal`` answer only for that
+    principal's sessions unless ``operator`` is set (the service's operator role)."""
+
+    def __init__(
+        self, gateway: Gateway, *, clock: Callable[[], float] = time.time, sweep_every_s: float = SWEEP_EVERY_S
+    ) -> None:
+        self._gateway = gateway
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._live: dict[str, _Session] = {}
+        self._ended: OrderedDict[str, tuple[str | None, str, str]] = OrderedDict()
+        """session id -> (principal, final state, reason), the newest :data:`MAX_ENDED`."""
+        self._sweeper = Ticker("gateway-sessions", sweep_every_s, self._sweep_quietly)
+        self._sweeping = False
+
+    # -- create ----------------------------------------------------------------------------------------
+
+    def create(self, request: RawSessionRequest, *, caller: Caller | None = None) -> SessionResult:
+        """Decide a session request and, when allowed, open its sandbox (kernel mode: a live interpreter). A
+        denial is a result with the decision's violations (rule ids ``sessions.*`` and the profile's); an
+        invalid request, a principal the policy set does not serve or a failure is a result with ``error``.
+        Recorded: ``policy.decision`` (with ``session``, the resolved settings), then ``session.created`` (or an
+        ``execution.outcome`` with the error when the sandbox could not be opened)."""
+        gw = self._gateway
+        request_id = uuid.uuid4().hex
+        parsed = self._intake(request, request_id, caller)
+        if isinstance(parsed, SessionResult):
+            return parsed
+        try:
+            compiled = gw.policies.for_principal(parsed.principal)
+        except AuthenticationError as exc:
+            refused = gw._refused(exc, request_id, parsed.principal, caller)
+            return SessionResult(request_id, None, error=exc, audit_ok=refused.audit_ok)
+        policy = {"name": compiled.policy.name, "sha256": compiled.policy.sha256}
+        records: dict[str, Any] = {
+            "request_id": request_id, "principal": parsed.principal, "policy": policy, "caller": caller,
+        }  # fmt: skip
+        session_id = secrets.token_urlsafe(24)
+        with self._lock:  # counted and reserved at once: two creations cannot both pass the limit
+            live = sum(1 for s in self._live.values() if s.principal == parsed.principal)
+            decided = decide_session(
+                compiled, parsed, live_sessions=live, assembler=gw.assembler, denied_paths=gw.audit.protected_paths,
+                request_id=request_id, now=datetime.now(UTC),
+            )  # fmt: skip
+            if decided.allowed and decided.settings is not None:
+                self._live[session_id] = _Session(session_id, parsed.principal, decided.settings, policy, caller)
+        decision = decided.decision
+        data: dict[str, Any] = {
+            "decision": decision.to_dict(shared=True), "options_sha256": decision.options_sha256, "dry_run": False,
+            "session_request": _decimals(parsed.to_dict()),
+            "session": None if decided.settings is None else _decimals(decided.settings.to_dict()),
+        }  # fmt: skip
+        if decided.allowed:
+            data["session_id"] = session_id
+        try:
+            gw._append("policy.decision", data, **records)
+        except GatewayError as exc:
+            self._forget(session_id)
+            return SessionResult(request_id, decision, error=exc, audit_ok=False)
+        if not decided.allowed or decided.settings is None:
+            return SessionResult(request_id, decision)
+        return self._open(self._live[session_id], decision, records)
+
+    def _intake(self, raw: RawSessionRequest, request_id: str, caller: Caller | None) -> SessionRequest | SessionResult:
+        try:
+            request = _attributed(raw if isinstance(raw, SessionRequest) else parse_session_request(raw), caller)
+        except RequestError as exc:
+            data = raw_bytes(raw)
+            invalid = {
+                "problems": [{"path": p.path, "message": p.message} for p in exc.problems]
+                or [{"path": "$", "message": exc.message}],
+                "raw_sha256": hashlib.sha256(data).hexdigest(),
+                "raw_bytes": len(data),
+            }
+            principal = caller.principal if caller is not None else None
+            policy = {"name": self._gateway.policy.name, "sha256": self._gateway.policy.sha256}
+            try:
+                self._gateway._append(
+                    "request.invalid", invalid, request_id=request_id, principal=principal, policy=policy,
+                    caller=caller,
+                )  # fmt: skip
+            except GatewayError:
+                return SessionResult(request_id, None, error=exc, audit_ok=False)
+            return SessionResult(request_id, None, error=exc)
+        return request
+
+    def _open(self, session: _Session, decision: Decision, records: Mapping[str, Any]) -> SessionResult:
+        """Open the allowed session's sandbox and announce it (``session.created``); on failure the reservation
+        is dropped and the decision closed by an ``execution.outcome`` with the error."""
+        gw = self._gateway
+        request_id = str(records["request_id"])
+        settings = session.settings
+        error: GatewayError | None = None
+        try:
+            spec = _kernel_spec(gw.runner, settings, decision)
+            slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
+            kernel = gw.runner.open_kernel(spec, slot=slot)  # type: ignore[attr-defined]
+        except GatewayError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - every failure is audited and returned, never a crash
+            error = SandboxError(f"opening the kernel failed: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+        if error is not None:
+            self._forget(session.session_id)
+            outcome = error.outcome if isinstance(error.outcome, Outcome) else None
+            data = outcome_data(settings.sandbox.profile.image, outcome, error) | {"session_id": session.session_id}
+            try:
+                gw._append("execution.outcome", data, **records)
+            except GatewayError:
+                return SessionResult(request_id, decision, error=error, audit_ok=False)
+            return SessionResult(request_id, decision, error=error)
+        with self._lock:
+            session.kernel = kernel
+            session.ready_at = session.last_used_at = self._clock()
+            session.state = "ready"
+            info = session.info()
+        created = {
+            "session_id": session.session_id, "mode": settings.mode, "container_id": kernel.container_id,
+            "expires_at": utc(info.expires_at), "lifetime_ends_at": utc(info.lifetime_ends_at),
+            "settings": _decimals(settings.to_dict()),
+        }  # fmt: skip
+        try:
+            gw._append("session.created", created, **records)
+        except GatewayError as exc:  # never announced, so never used: gone again
+            self._forget(session.session_id)
+            with contextlib.suppress(Exception):
+                kernel.close()
+            return SessionResult(request_id, decision, error=exc, audit_ok=False)
+        self._start_sweeper()
+        return SessionResult(request_id, decision, session=info)
+
+    def _forget(self, session_id: str) -> None:
+        with self._lock:
+            self._live.pop(session_id, None)
+
+    # -- look up ---------------------------------------------------------------------------------------
+
+    def list(self, *, principal: str | None, operator: bool = False) -> builtins.list[SessionInfo]:
+        """The live sessions of ``principal`` (every one with ``operator``), oldest first."""
+        with self._lock:
+            found = [s for s in self._live.values() if s.state is not None and (operator or s.principal == principal)]
+            return sorted((s.info() for s in found), key=lambda i: i.ready_at)
+
+    def get(self, session_id: str, *, principal: str | None, operator: bool = False) -> SessionInfo:
+        """The live session ``session_id`` of ``principal``; :class:`SessionNotFoundError` for an unknown id and
+        another principal's alike, :class:`SessionGoneError` for one that ended."""
+        self._expire_due(session_id)
+        with self._lock:
+            return self._find(session_id, principal, operator).info()
+
+    def _find(self, session_id: str, principal: str | None, operator: bool) -> _Session:
+        """Under the lock."""
+        session = self._live.get(session_id)
+        if session is not None and session.state is not None and (operator or session.principal == principal):
+            return session
+        ended = self._ended.get(session_id)
+        if ended is not None and (operator or ended[0] == principal):
+            state, reason = ended[1], ended[2]
+            raise SessionGoneError(f"session {session_id} has ended: {state} ({reason}); its state is gone")
+        raise SessionNotFoundError(f"no session {session_id} of principal {principal!r}")
+
+    # -- execute ---------------------------------------------------------------------------------------
+
+    def execute(
+        self, session_id: str, request: RawRequest, *, caller: Caller | None = None,
+        on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+    ) -> ExecutionResult:  # fmt: skip
+        """Decide an execution in the session under the current policy (at most the session's profile: rule
+        ``sessions.profile``) and, when allowed, run it there (kernel: one cell). Recorded like any execution
+        (``request.received``, ``policy.decision``, ``execution.outcome``, each with ``session_id``). Never raises
+        for gateway failures: the result carries the error (:class:`SessionNotFoundError`,
+        :class:`SessionGoneError`, :class:`SessionBusyError`: another execution runs in it). A kernel killed
+        during the cell ends the session (``session.killed``; ``session_ended`` in the result says why).
+        ``on_output``, ``cancel`` and ``caller`` as for :meth:`Gateway.execute`; a cancel kills the kernel."""
+        gw = self._gateway
+        request_id = uuid.uuid4().hex
+        parsed = gw._intake(request, request_id, caller)
+        if isinstance(parsed, ExecutionResult):
+            return parsed
+        self._expire_due(session_id)
+        try:
+            with self._lock:
+                session = self._find(session_id, parsed.principal, operator=False)
+                if session.busy:
+                    raise SessionBusyError(
+                        f"an execution is already running in session {session_id}; executions of one session run "
+                        "one at a time"
+                    )
+                session.busy = True
+        except GatewayError as exc:
+            return ExecutionResult(request_id, None, error=exc)
+        try:
+            return self._execute(session, parsed, request_id, caller=caller, on_output=on_output, cancel=cancel)
+        finally:
+            with self._lock:
+                session.busy = False
+                session.last_used_at = self._clock()
+
+    def _execute(
+        self, session: _Session, request: Any, request_id: str, *, caller: Caller | None,
+        on_output: OnOutput | None, cancel: threading.Event | None,
+    ) -> ExecutionResult:  # fmt: skip
+        gw = self._gateway
+        sid = session.session_id
+        try:
+            compiled = gw.policies.for_principal(request.principal)
+        except AuthenticationError as exc:
+            return dataclasses.replace(gw._refused(exc, request_id, request.principal, caller), session_id=sid)
+        policy = {"name": compiled.policy.name, "sha256": compiled.policy.sha256}
+        records: dict[str, Any] = {
+            "request_id": request_id, "principal": request.principal, "policy": policy, "caller": caller,
+        }  # fmt: skip
+        try:
+            gw._append("request.received", {"request": request.to_dict(), "session_id": sid}, durable=False, **records)
+        except GatewayError as exc:
+            return ExecutionResult(request_id, None, error=exc, audit_ok=False, session_id=sid)
+        decision = decide_in_session(
+            compiled, session.settings, request, assembler=gw.assembler, denied_paths=gw.audit.protected_paths,
+            request_id=request_id, now=datetime.now(UTC),
+        )  # fmt: skip
+        with self._lock:
+            session.executions += 1
+        data = {
+            "decision": decision.to_dict(shared=True), "options_sha256": decision.options_sha256, "dry_run": False,
+            "session_id": sid,
+        }  # fmt: skip
+        try:
+            gw._append("policy.decision", data, **records)
+        except GatewayError as exc:
+            return ExecutionResult(request_id, decision, error=exc, audit_ok=False, session_id=sid)
+        if not decision.allowed or decision.settings is None:
+            return ExecutionResult(request_id, decision, session_id=sid)
+        cell, outcome, error = self._cell(session, request, decision.settings.timeout_s, on_output, cancel)
+        killed = session.kernel.killed if session.kernel is not None else None
+        image = decision.settings.profile.image
+        record = outcome_data(image, outcome, error) | {"session_id": sid}
+        if cell is not None:
+            record |= {"cell_interrupted": cell.interrupted, "value_truncated": cell.value_truncated}
+        if killed is not None and killed != "closed":
+            record["session_killed"] = killed
+        audit_ok = True
+        try:
+            gw._append("execution.outcome", record, **records)
+        except GatewayError as exc:
+            audit_ok = False
+            error = error or exc
+        if killed is not None and killed != "closed":
+            self._end(session, "killed", killed)
+        return ExecutionResult(
+            request_id, decision, outcome=outcome, error=error, audit_ok=audit_ok, session_id=sid,
+            value=cell.value if cell is not None else None, value_truncated=bool(cell and cell.value_truncated),
+            interrupted=bool(cell and cell.interrupted),
+            session_ended=killed if killed is not None and killed != "closed" else None,
+        )  # fmt: skip
+
+    def _cell(
+        self, session: _Session, request: Any, timeout_s: float, on_output: OnOutput | None,
+        cancel: threading.Event | None,
+    ) -> tuple[CellResult | None, Outcome | None, GatewayError | None]:  # fmt: skip
+        kernel = session.kernel
+        if kernel is None:
+            return None, None, SessionGoneError(f"session {session.session_id} has no kernel")
+        if request.files or request.env:
+            return (
+                None,
+                None,
+                SessionUnavailableError(
+                    "files and env in a kernel cell are not available yet: the kernel keeps its own workspace; write "
+                    "files from the cell's code instead; nothing ran"
+                ),
+            )
+        try:
+            cell = kernel.execute(request.code, timeout_s=timeout_s, on_output=on_output, cancel=cancel)
+        except GatewayError as exc:
+            return None, exc.outcome if isinstance(exc.outcome, Outcome) else None, exc
+        except Exception as exc:  # noqa: BLE001 - a kernel bug comes back as an audited failure, not a crash
+            error = SandboxError(f"the kernel failed unexpectedly: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return None, None, error
+        return cell, cell.outcome, None
+
+    # -- the end ---------------------------------------------------------------------------------------
+
+    def close(self, session_id: str, *, principal: str | None, operator: bool = False) -> SessionInfo:
+        """Close the session: its sandbox is removed (the container is gone when this returns, or the error that
+        kept it is recorded as ``container.left``), then ``session.closed`` (reason ``owner`` or ``operator``).
+        Not found and gone as for :meth:`get`."""
+        with self._lock:
+            session = self._find(session_id, principal, operator)
+        own = session.principal == principal
+        self._end(session, "closed", "owner" if own else "operator")
+        return session.info()
+
+    def sweep(self) -> builtins.list[str]:
+        """End every session idle past its ``idle_s`` or past its lifetime (``session.expired``, reason
+        ``idle`` / ``lifetime``); a busy one is left to its execution's end. Returns the ids ended."""
+        now = self._clock()
+        with self._lock:
+            due = [s for s in self._live.values() if s.state == "ready" and not s.busy and now >= s.expires_at]
+        for session in due:
+            self._end(session, "expired", "lifetime" if now >= session.lifetime_ends_at else "idle")
+        return [s.session_id for s in due]
+
+    def _expire_due(self, session_id: str) -> None:
+        """End ``session_id`` now if it is due (the sweep may not have come by yet)."""
+        now = self._clock()
+        with self._lock:
+            session = self._live.get(session_id)
+            due = session is not None and session.state == "ready" and not session.busy and now >= session.expires_at
+        if due and session is not None:
+            self._end(session, "expired", "lifetime" if now >= session.lifetime_ends_at else "idle")
+
+    def close_all(self, reason: str = "gateway_stop") -> None:
+        """Stop the sweeper and close every live session (``session.closed`` with ``reason``)."""
+        self._stop_sweeper()
+        with self._lock:
+            live = [s for s in self._live.values() if s.state is not None]
+        for session in live:
+            self._end(session, "closed", reason)
+
+    def _end(self, session: _Session, state: SessionState, reason: str) -> None:
+        """End ``session`` once (the first caller wins): remove its sandbox, remember it, record the end."""
+        with self._lock:
+            if session.state not in ("ready", "busy"):
+                return
+            session.state, session.ended = state, reason
+            self._live.pop(session.session_id, None)
+            self._ended[session.session_id] = (session.principal, state, reason)
+            while len(self._ended) > MAX_ENDED:
+                self._ended.popitem(last=False)
+        gw = self._gateway
+        records: dict[str, Any] = {"principal": session.principal, "policy": session.policy, "caller": session.caller}
+        kernel = session.kernel
+        if kernel is not None:
+            try:
+                kernel.close()
+            except GatewayError as exc:
+                with contextlib.suppress(GatewayError):
+                    gw._append("container.left", {"error": {"code": exc.code, "message": exc.message}}, **records)
+        data = {
+            "session_id": session.session_id, "mode": session.settings.mode, "reason": reason,
+            "container_id": kernel.container_id if kernel is not None else None, "executions": session.executions,
+        }  # fmt: skip
+        with contextlib.suppress(GatewayError):  # the end is best effort: the sandbox is already gone
+            gw._append(END_EVENTS[state], data, **records)
+
+    # -- the sweeper -----------------------------------------------------------------------------------
+
+    def _start_sweeper(self) -> None:
+        with self._lock:
+            if self._sweeping:
+                return
+            self._sweeping = True
+        self._sweeper.start()
+
+    def _stop_sweeper(self) -> None:
+        with self._lock:
+            sweeping, self._sweeping = self._sweeping, False
+        if sweeping:
+            self._sweeper.stop()
+
+    def _sweep_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # one failed sweep must not end the sweeper
+            self.sweep()
+
+
+def _attributed(request: SessionRequest, caller: Caller | None) -> SessionRequest:
+    """``request`` attributed to ``caller`` (as :meth:`Gateway.execute` does); one naming another principal is
+    refused."""
+    if caller is None:
+        return request
+    if request.principal not in (None, caller.principal):
+        problem = Problem(
+            f"the request names principal {request.principal!r} but the caller authenticated as {caller.principal!r}",
+            path="$.principal",
+        )
+        raise PrincipalMismatchError(
+            f"principal {request.principal!r} is not the authenticated principal {caller.principal!r}",
+            problems=[problem],
+        )
+    return dataclasses.replace(request, principal=caller.principal)
+
+
+def _kernel_spec(runner: object, settings: SessionSettings, decision: Decision) -> RunSpec:
+    """The kernel's run specification: the decision's, with the session's lifetime (plus the margin) as its
+    deadline; :class:`SessionUnavailableError` when this gateway cannot open the session's mode."""
+    if settings.mode != "kernel":
+        raise SessionUnavailableError(
+            f"{settings.mode} sessions are not available yet in this gateway; nothing was created",
+            hint="create a kernel session (mode: kernel)",
+        )
+    if not isinstance(runner, KernelRunner) or decision.run is None:
+        raise SessionUnavailableError(f"the {type(runner).__name__} backend cannot run kernels; nothing was created")
+    return dataclasses.replace(decision.run, timeout_s=settings.lifetime_s + READY_MARGIN_S)
+
+
+def _decimals(value: Any) -> Any:
+    """``value`` with every float as its shortest round-trip decimal string (``0.5`` -> ``"0.5"``), as the trail
+    stores a request's floats: audit records hold no floats."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {key: _decimals(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_decimals(item) for item in value]
+    return value
