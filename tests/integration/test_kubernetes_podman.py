@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 
 from gateway.decision import evaluate
+from gateway.errors import SandboxError
 from gateway.policy import load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.runner.interface import RunSpec
+from gateway.runner.kubernetes.kernel import KubernetesKernel
 from gateway.runner.kubernetes.pod import KubernetesAssembler
+from tests.kubernetes.conftest import kernel_spec
 from tests.kubernetes.podman import Podman
 from tests.kubernetes.probe import PROBE
 
@@ -111,3 +114,53 @@ def test_the_deadline_and_the_output_cap(podman: Podman) -> None:
     outcome = podman.play(spec.options["pod"], spec, "import sys\nwhile True: sys.stdout.write('x' * 65536)")
     assert outcome.output_limit_killed
     assert len(outcome.stdout) == 65536
+
+
+# --- kernels: a session's long-lived Pod, the backend's own KubernetesKernel over the FIFO and attached pipes ------
+
+
+@pytest.fixture
+def kernel(podman: Podman) -> Iterator[KubernetesKernel]:
+    """A kernel in a session's Pod (policies/examples/sessions.yaml; 120 s lifetime, 1 s grace), closed (its Pod
+    removed) at the end."""
+    policy = load_policy(policies_dir() / "examples" / "sessions.yaml")
+    spec = kernel_spec(KubernetesAssembler(instance="podman"), policy, lifetime_s=120)
+    opened = podman.open_kernel(spec.options["pod"], spec, files={"data/in.csv": b"a,b\n1,2\n"}, grace_s=1.0)
+    try:
+        yield opened
+    finally:
+        opened.close()
+        assert podman.run(["ps", "--all", "--quiet"]).stdout.strip() == ""  # nothing of the Pod is left
+
+
+def test_a_kernel_pod_keeps_state_across_cells_and_holds_from_inside(kernel: KubernetesKernel) -> None:
+    first = kernel.execute("import json\nstate = 'kept'\nrows = open('data/in.csv').read()\nprint(2+2)", timeout_s=10)
+    assert (first.outcome.exit_code, first.outcome.stdout, first.value, first.killed) == (0, b"4\n", None, None)
+    second = kernel.execute("open('out/r.json', 'w').write(json.dumps(rows))\nstate", timeout_s=10)
+    assert (second.value, dict(second.outcome.files)) == ("'kept'", {"r.json": b'"a,b\\n1,2\\n"'})
+    probe = json.loads(kernel.execute(PROBE, timeout_s=20).outcome.stdout)
+    assert probe["uid"] != 0
+    assert probe["cap_eff"] == probe["cap_bnd"] == "0000000000000000"
+    assert (probe["no_new_privs"], probe["root_writable"], probe["interfaces"]) == ("1", 30, ["lo"])
+    assert probe["pid1"].startswith("/usr/bin/python3 -I -S -c")  # the supervisor is PID 1, out of the cell's way
+    raised = kernel.execute("{}['missing']", timeout_s=10)
+    assert (raised.outcome.exit_code, raised.killed) == (1, None)
+    assert raised.outcome.stderr.endswith(b"KeyError: 'missing'\n")
+
+
+def test_an_infinite_loop_is_interrupted_and_the_kernel_lives_on(kernel: KubernetesKernel) -> None:
+    kernel.execute("state = 'kept'", timeout_s=10)
+    result = kernel.execute("while True:\n    pass", timeout_s=1)
+    assert (result.interrupted, result.outcome.timed_out, result.outcome.exit_code) == (True, True, None)
+    assert result.outcome.stderr.endswith(b"KeyboardInterrupt\n")
+    assert result.killed is None
+    assert kernel.execute("state", timeout_s=10).value == "'kept'"
+
+
+def test_a_cell_ignoring_the_interrupt_gets_the_kernel_killed(kernel: KubernetesKernel) -> None:
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    result = kernel.execute(code, timeout_s=1)
+    assert result.killed == kernel.killed == "interrupt_ignored"
+    assert (result.outcome.timed_out, result.interrupted) == (True, False)
+    with pytest.raises(SandboxError, match=r"is gone \(interrupt_ignored\)"):
+        kernel.execute("1", timeout_s=1)

@@ -36,8 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.errors import GatewayError
 from gateway.runner.frames import Collected, FrameDecoder, outcome_of, take_frame
 from gateway.runner.interface import Outcome, RunSpec
+from gateway.runner.kubernetes.kernel import KubernetesKernel
+from gateway.runner.kubernetes.runner import KubernetesSandbox
 from gateway.runner.supervisor import encode_payload, new_key
 
 STDIN_FIFO = "/tmp/.gateway-stdin"
@@ -129,17 +132,56 @@ class Podman:
             self.run(["kube", "down", str(manifest)], check=False)
             self.run(["volume", "rm", "--force", "--all"], check=False)
 
-    def volume_dir(self, name: str) -> Path:
-        out = self.run(["volume", "inspect", name, "--format", "{{.Mountpoint}}"]).stdout.strip()
-        return Path(out)
+    def open_kernel(
+        self, pod: dict[str, Any], spec: RunSpec, *, files: dict[str, bytes] | None = None, grace_s: float = 1.0
+    ) -> KubernetesKernel:
+        """Play ``pod`` and open the backend's own kernel (``KubernetesKernel``) on it: the FIFO and the attached
+        pipes stand in for the attach session, and deleting the Pod is ``kube down``. Close it when done."""
+        played = copy.deepcopy(pod)
+        container = played["spec"]["containers"][0]
+        container["command"] = podman_command(container["command"])
+        manifest = self.root / f"{pod['metadata']['name']}.yaml"
+        manifest.write_text(json.dumps(played))
+        name = f"{pod['metadata']['name']}-{container['name']}"
+        self.run(["kube", "play", "--start=false", "--network", "none", str(manifest)])
+        pods = PodmanPods(self, manifest, name)
+        try:
+            fifo = self._stdin_fifo()
+            proc = subprocess.Popen(self.argv(["start", "--attach", name]), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=self.env, cwd=self.root)  # fmt: skip
+            pods.proc = proc
+            attach = PodmanAttach(proc, _open_writer(fifo, proc))
+            sandbox = KubernetesSandbox(
+                spec=spec, namespace="podman", name=str(pod["metadata"]["name"]), uid="",
+                digest=str(spec.options["pod_sha256"]), attach=attach, container_id=name, used=True,
+            )  # fmt: skip
+            kernel = KubernetesKernel(pods, sandbox, None, grace_s)  # type: ignore[arg-type]
+        except BaseException:
+            pods.delete_pod("podman", name)
+            raise
+        try:
+            kernel.start(files or {})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                kernel.close()
+            raise
+        return kernel
 
-    def _hand_over(self, name: str, spec: RunSpec, code: str, files: dict[str, bytes]) -> Outcome:
+    def _stdin_fifo(self) -> Path:
         tmp = self.volume_dir("tmp")
         for volume in (tmp, self.volume_dir("workspace")):
             volume.chmod(0o777)
         fifo = tmp / Path(STDIN_FIFO).name
         os.mkfifo(fifo, 0o666)
         os.chmod(fifo, 0o666)  # noqa: S103 - the sandbox uid must open it; it lives in this run's own volume
+        return fifo
+
+    def volume_dir(self, name: str) -> Path:
+        out = self.run(["volume", "inspect", name, "--format", "{{.Mountpoint}}"]).stdout.strip()
+        return Path(out)
+
+    def _hand_over(self, name: str, spec: RunSpec, code: str, files: dict[str, bytes]) -> Outcome:
+        fifo = self._stdin_fifo()
         key = new_key()
         payload = encode_payload(key, code, files, spec.output_files_bytes, spec.output_files, env={},
                                  timeout_s=spec.timeout_s)  # fmt: skip
@@ -195,3 +237,80 @@ def _open_writer(fifo: Path, proc: subprocess.Popen[bytes]) -> int:
             continue
         os.set_blocking(fd, True)
         return fd
+
+
+class PodmanAttach:
+    """The attach session of a Pod under podman (``gateway.runner.kubernetes.client.Attach``'s interface): stdin is
+    the FIFO, channel 1 the container's stdout and channel 2 its stderr, read from ``podman start --attach``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], writer: int) -> None:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        self._proc = proc
+        self._writer: int | None = writer
+        self._channels = {proc.stdout.fileno(): 1, proc.stderr.fileno(): 2}
+        self.closed = False
+
+    def send(self, data: bytes, *, timeout: float) -> None:
+        if self._writer is None:
+            raise BrokenPipeError("the session is closed")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._writer, view) :]
+
+    def recv(self, timeout: float) -> tuple[int, bytes] | None:
+        while not self.closed:
+            ready, _, _ = select.select(list(self._channels), [], [], max(timeout, 0.001))
+            if not ready:
+                raise TimeoutError("nothing from the Pod in time")
+            fd = ready[0]
+            data = os.read(fd, 65536)
+            if data:
+                return self._channels[fd], data
+            if self._channels.pop(fd) == 1:
+                self.closed = True  # stdout ended: the supervisor is gone
+        return None
+
+    def idle(self) -> bool:
+        return not self.closed and not select.select(list(self._channels), [], [], 0)[0]
+
+    def close(self) -> None:
+        self.closed = True
+        if self._writer is not None:
+            os.close(self._writer)  # the supervisor's stdin EOF: it kills everything and exits
+            self._writer = None
+
+
+class PodmanPods:
+    """What ``KubernetesKernel`` asks of its runner, under podman: delete the Pod (``kube down``, its volumes too)
+    and say why it ended (the container's OOM flag)."""
+
+    def __init__(self, podman: Podman, manifest: Path, name: str) -> None:
+        self.podman = podman
+        self.manifest = manifest
+        self.name = name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = self
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        down = self.podman.run(["kube", "down", str(self.manifest)], check=False)
+        self.podman.run(["volume", "rm", "--force", "--all"], check=False)
+        if down.returncode != 0:
+            raise GatewayError(f"podman kube down failed: {down.stderr[-300:]}")
+        return True
+
+    def _settle(self, sandbox: KubernetesSandbox) -> tuple[dict[str, Any], str | None]:
+        found = self.podman.run(["inspect", self.name, "--format", "{{json .State}}"], check=False)
+        state = json.loads(found.stdout or "{}") if found.returncode == 0 else {}
+        oom = bool(state.get("OOMKilled"))
+        return {"OOMKilled": oom}, "OOMKilled" if oom else None
