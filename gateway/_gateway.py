@@ -272,7 +272,9 @@ class Gateway:
     def reap(self, *, everything: bool = False, expired_only: bool = False) -> list[str]:
         """Remove containers left behind by a crashed gateway (this instance's and expired ones; ``everything``:
         every gateway container on the backend; ``expired_only``: only those past their deadline, what a
-        starting gateway does before its first run); audited (an expired-only sweep that found nothing is not)."""
+        starting gateway does before its first run), then the workspaces of this instance (unless
+        ``expired_only``) and of dead instances (all with ``everything``); audited (an expired-only sweep that
+        found nothing is not)."""
         if self.pool is not None and not expired_only:
             # The pool's containers are this instance's: destroyed with the rest, refilled afterwards.
             with self.pool.paused():
@@ -280,8 +282,13 @@ class Gateway:
                 ids = self.runner.reap(everything=everything, expired_only=expired_only)
         else:
             ids = self.runner.reap(everything=everything, expired_only=expired_only)
-        if ids or not expired_only:
-            data = {"container_ids": ids, "everything": everything, "expired_only": expired_only}
+        # After the containers: a workspace is freed once no container holds it.
+        reap_workspaces = getattr(self.runner, "reap_workspaces", None)
+        spaces = [] if reap_workspaces is None else reap_workspaces(everything=everything, expired_only=expired_only)
+        if ids or spaces or not expired_only:
+            data: dict[str, Any] = {"container_ids": ids, "everything": everything, "expired_only": expired_only}
+            if spaces:
+                data["workspaces"] = spaces
             self._append("containers.reaped", data)
         return ids
 

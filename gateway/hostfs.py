@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
+    "RESOLVE_NO_LINKS",
+    "RESOLVE_STRICT",
     "SCAN_MAX_DEPTH",
     "SCAN_MAX_ENTRIES",
     "HostPathError",
@@ -30,6 +32,7 @@ __all__ = [
     "identity_of",
     "mount_points_below",
     "open_beneath",
+    "openat2",
     "scan",
 ]
 
@@ -68,9 +71,21 @@ def identity_of(fd: int) -> Identity:
     return Identity(st.st_dev, st.st_ino)
 
 
+RESOLVE_NO_LINKS = _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+"""No symlink anywhere on the way (magic links included)."""
+RESOLVE_STRICT = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV
+"""Below the directory, no symlink on the way (magic links included), never across a mount point."""
+
+
 def _openat2(dirfd: int, path: str, resolve: int) -> int:
+    return openat2(dirfd, path, _DIR_FLAGS, resolve=resolve)
+
+
+def openat2(dirfd: int, path: str, flags: int, *, mode: int = 0, resolve: int = RESOLVE_STRICT) -> int:
+    """``openat2(2)``: ``path`` opened from ``dirfd`` with ``flags`` and the ``RESOLVE_*`` bits of ``resolve``
+    (default :data:`RESOLVE_STRICT`). Raises :class:`OSError`; the caller closes the descriptor."""
     libc = ctypes.CDLL(None, use_errno=True)
-    how = _OpenHow(_DIR_FLAGS, 0, resolve)
+    how = _OpenHow(flags, mode, resolve)
     fd = libc.syscall(
         ctypes.c_long(_SYS_OPENAT2),
         ctypes.c_int(dirfd),

@@ -1,7 +1,8 @@
 """The run specification: what a decision hands a sandbox backend.
 
-The decision builds a ``RunSpec`` (with the judged ``HostMount``s) and a backend reads it; neither side owns
-it, so it lives below both (``gateway.runner.interface`` re-exports it with the rest of the runner interface).
+The decision builds a ``RunSpec`` (with the judged ``HostMount``s; a session adds its ``Workspace``) and a backend
+reads it; neither side owns it, so it lives below both (``gateway.runner.interface`` re-exports it with the rest
+of the runner interface).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from gateway.errors import ContractError, Problem
 
-__all__ = ["PULL_POLICIES", "HostMount", "RunSpec"]
+__all__ = ["PULL_POLICIES", "HostMount", "RunSpec", "Workspace"]
 
 PULL_POLICIES = ("never", "if-missing")
 """``never``: a missing image is an error (the default). ``if-missing``: pull it (allowlisted images only)."""
@@ -34,6 +35,28 @@ class HostMount:
     target: str
     """Container path."""
     read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """A session's workspace, as its store created it (``gateway.runner.workspace``). Only the store that made it
+    and its backend read ``path``."""
+
+    id: str
+    """Random, 16 hex digits; with ``instance`` it names the workspace's host directory."""
+    instance: str
+    """The gateway instance that created it (a runner's ``instance``)."""
+    size: int
+    """Bytes: the hard bound of the file system (the program gets ENOSPC past it)."""
+    uid: int
+    """Owner of the workspace's root: the sandbox's user (from the decision's profile)."""
+    gid: int
+    path: str
+    """Where the host sees the workspace (a mount point); a backend binds it at ``/workspace``."""
+    device: int
+    """Device and inode of the workspace's root when it was created: a backend checks them before it binds
+    the path and again in the started container."""
+    inode: int
 
 
 _IMMUTABLE_SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -78,6 +101,9 @@ class RunSpec:
     """Which backend's vocabulary ``options`` are in."""
     mounts: tuple[HostMount, ...] = ()
     """The judged host directories, in the order of the request's mounts: what the backend must bind."""
+    workspace: Workspace | None = None
+    """A session's workspace (``gateway.runner.workspace``): bound at ``/workspace`` in place of the run's own
+    tmpfs. Set by the session manager on the decision's spec; never from a request."""
 
     def __post_init__(self) -> None:
         # A private deep copy: nothing the caller keeps can change what was guarded.

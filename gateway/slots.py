@@ -12,6 +12,9 @@ When every slot is busy, ``acquire`` waits at most ``wait_s`` seconds, then rais
 process on the host: it holds ``waiting.lock`` shared, and :meth:`HostSlots.wanted` sees that. A warm pool
 (``gateway.runner.pool``) keeps its idle containers in slots too; when a run waits, it removes an idle one to
 free its slot and refills nothing, so idle pooled containers never starve a live run, in any process.
+
+:func:`instance_dead` says whether a gateway instance (``host-pid-random``) of this host is gone: its leftovers
+(containers, workspaces) are then anyone's to reap.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +32,14 @@ from typing import TypeVar
 
 from gateway.errors import CapacityError, GatewayError
 
-__all__ = ["DEFAULT_SLOT_WAIT_S", "HostSlots", "Slot", "default_runtime_dir", "default_slot_count"]
+__all__ = [
+    "DEFAULT_SLOT_WAIT_S",
+    "HostSlots",
+    "Slot",
+    "default_runtime_dir",
+    "default_slot_count",
+    "instance_dead",
+]
 
 DEFAULT_SLOT_WAIT_S = 30.0
 """How long a run waits for a free slot by default before it is refused."""
@@ -53,6 +64,25 @@ def default_runtime_dir() -> Path:
         return Path("/run/agent-gateway")
     base = os.environ.get("XDG_RUNTIME_DIR") or os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - per-user dir below
     return Path(base) / f"agent-gateway-{os.geteuid()}"
+
+
+def instance_dead(instance: str) -> bool:
+    """True when ``instance`` (``host-pid-random``, as ``DockerRunner`` names itself) ran on this host in a
+    process that no longer exists: its leftovers (containers, workspaces) are reaped. An instance of another
+    host, or an id of another shape, is not known to be dead."""
+    parts = instance.rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class Slot:

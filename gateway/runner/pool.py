@@ -264,8 +264,8 @@ class WarmPool:
 
     def _claim(self, settings: SandboxSettings, spec: RunSpec) -> Lease:
         profile = settings.profile
-        if settings.mounts or spec.mounts:
-            return Lease("cold")  # a judged directory is staged and bound at create: never pooled
+        if settings.mounts or spec.mounts or spec.workspace is not None:
+            return Lease("cold")  # a judged directory or a workspace is bound at create: never pooled
         while True:
             with self._cond:
                 policy = self._policies.get(profile.policy)

@@ -6,7 +6,8 @@
   the rest (each ends as ``gateway.cancelled`` in its ``execution.outcome`` record) before the stop record.
 * :func:`reap_stale` removes, at start-up, only the containers of gateway instances that are no longer alive
   (an instance id names its host and process: same host and no such process) or that are past their
-  deadline plus the grace; another live instance's sandboxes are left alone. Audited as ``containers.reaped``.
+  deadline plus the grace, and the workspaces of those dead instances; another live instance's sandboxes and
+  workspaces are left alone. Audited as ``containers.reaped`` (``workspaces``: the names of those removed).
   (The runs such an instance left without an outcome are marked ``gateway.interrupted`` by the Gateway's own
   start, before this: :mod:`gateway.audit.interrupted`.)
 * :func:`anchor_writer` is the :class:`~gateway.audit.anchor.AnchorWriter` the configuration asks for
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.anchor import AnchorWriter
 from gateway.errors import GatewayError
+from gateway.slots import instance_dead
 
 if TYPE_CHECKING:
     from gateway import Gateway
@@ -73,24 +73,6 @@ class Inflight:
             return self._idle.wait_for(lambda: not self._events, timeout=timeout_s)
 
 
-def instance_dead(instance: str) -> bool:
-    """True when ``instance`` (``host-pid-random``, :func:`new_instance_id`) ran on this host in a process that
-    no longer exists. An instance of another host, or an id of another shape, is not known to be dead."""
-    parts = instance.rsplit("-", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def reap_stale(gateway: Gateway) -> list[str]:
     """At start-up: remove the containers of dead instances and expired ones (audited when any was found). An
     engine that does not answer is logged, not fatal: requests then fail with 503 until it is back."""
@@ -102,11 +84,26 @@ def reap_stale(gateway: Gateway) -> list[str]:
         _log.warning("start-up reap skipped: %s", getattr(exc, "message", exc))
         return []
     ids = [str(i) for i in found]
-    if ids:
+    spaces = _reap_workspaces(runner)
+    if ids or spaces:
         data = {"container_ids": ids, "everything": False, "expired_only": True, "instance": instance}
+        if spaces:
+            data["workspaces"] = spaces
         with contextlib.suppress(GatewayError):
             gateway.audit.append("containers.reaped", data)
     return ids
+
+
+def _reap_workspaces(runner: Any) -> list[str]:
+    """The workspaces of dead instances, removed (a runner without workspaces has none)."""
+    reap = getattr(runner, "reap_workspaces", None)
+    if reap is None:
+        return []
+    try:
+        return [str(name) for name in reap(expired_only=True, dead=instance_dead)]
+    except Exception as exc:  # noqa: BLE001 - not fatal at start, like the containers' reap
+        _log.warning("start-up reap of workspaces skipped: %s", getattr(exc, "message", exc))
+        return []
 
 
 def anchor_writer(config: ServerConfig, sink: AuditSink) -> AnchorWriter | None:

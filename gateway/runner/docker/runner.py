@@ -80,10 +80,11 @@ from gateway.runner.docker.options import (
     profile_options,
     profile_part,
 )
+from gateway.runner.docker.workspace import DockerWorkspaces, bind_workspace, prepare_for_run, verify_workspace
 from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 from gateway.runner.supervisor import encode_payload, new_key, supervisor_command
-from gateway.slots import Slot
+from gateway.slots import Slot, instance_dead
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -137,6 +138,9 @@ class DockerRunner:
 
     ``clock`` is the wall clock (seconds since the epoch) of the deadline labels, written at create and read by
     :meth:`reap` (a test passes a fixed one).
+
+    ``workspace_root`` is where :attr:`workspaces` keeps the workspaces of sessions (default
+    ``gateway.runner.docker.workspace.default_root``).
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class DockerRunner:
         base_url: str | None = None,
         instance: str | None = None,
         clock: Callable[[], float] = time.time,
+        workspace_root: str | None = None,
     ) -> None:
         self.assembler = DockerAssembler(capacity=self._engine_limits)
         """Builds and guards this backend's options; the Gateway hands it to the decision."""
@@ -156,6 +161,8 @@ class DockerRunner:
         self._clock = clock
         self._removals = _Removals(self._destroy)
         """Removals confirmed in the background (runs given ``on_gone``)."""
+        self._workspace_root = workspace_root
+        self._workspaces: DockerWorkspaces | None = None
 
     def _engine_limits(self) -> BackendLimits:
         """The engine refuses (at start) a CPU quota above its host's CPUs: say so to the decision."""
@@ -173,6 +180,13 @@ class DockerRunner:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+    @property
+    def workspaces(self) -> DockerWorkspaces:
+        """This instance's workspaces (``gateway.runner.docker.workspace``), for workspace-mode sessions."""
+        if self._workspaces is None:
+            self._workspaces = DockerWorkspaces(self.instance, root=self._workspace_root)
+        return self._workspaces
 
     # -- client ----------------------------------------------------------------------------------------
 
@@ -342,6 +356,8 @@ class DockerRunner:
         runtime = str(spec.options.get("runtime") or "runc")
         try:
             staging = _stage(spec, kwargs)
+            if spec.workspace is not None:  # after the staging's check: it compares the judged mounts alone
+                kwargs = bind_workspace(kwargs, spec.workspace)
             with self._step("creating the container"):
                 container_id = str(api.create_container(**_create_args(kwargs, api))["Id"])
             with self._step("attaching to the container"):
@@ -349,9 +365,13 @@ class DockerRunner:
                 sock = _raw_socket(sockio)
             with self._step("starting the container"):
                 api.start(container_id)
-            if staging is not None:  # before any payload: the program has not run yet
+            if staging is not None or spec.workspace is not None:  # before any payload: nothing has run yet
                 with self._step("verifying the container's mounts"):
-                    staging.verify(api.inspect_container(container_id), runtime)
+                    found = api.inspect_container(container_id)
+                    if spec.workspace is not None:
+                        found = verify_workspace(found, runtime, spec.workspace)
+                    if staging is not None:
+                        staging.verify(found, runtime)
         except BaseException:
             _close(sockio)
             try:
@@ -412,7 +432,7 @@ class DockerRunner:
         guard(spec.options)
         made = profile_part(sandbox.created_with)
         made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
-        if spec.mounts or "mounts" in spec.options or made != profile_part(spec.options):
+        if spec.mounts or spec.workspace is not None or "mounts" in spec.options or made != profile_part(spec.options):
             differ = sorted(
                 k for k in set(made) | set(spec.options) if made.get(k) != profile_part(spec.options).get(k)
             )
@@ -477,6 +497,8 @@ class DockerRunner:
         start = time.monotonic()
         left: GatewayError | None = None
         try:
+            if sandbox.spec.workspace is not None:  # the program has not run: its supervisor waits for the payload
+                prepare_for_run(sandbox.spec.workspace, payload.files)
             outcome = self._run(sandbox, payload, got, start, on_output=on_output, cancel=cancel)
         except GatewayError as exc:
             # Whatever ended the run (the engine, a tampered stream, the gateway interrupted), the report
@@ -681,6 +703,15 @@ class DockerRunner:
         # now has staged before creating its container, hence the grace.
         reap_staging(live, grace_s=EXPIRY_GRACE_S, gone=gone)
         return removed
+
+    def reap_workspaces(
+        self, *, everything: bool = False, expired_only: bool = False, dead: Callable[[str], bool] | None = None
+    ) -> list[str]:
+        """Remove leftover workspaces as :meth:`reap` removes containers (call it after :meth:`reap`: a workspace
+        is freed once no container holds it); ``dead`` defaults to :func:`instance_dead`. Returns their names."""
+        return self.workspaces.reap(
+            everything=everything, expired_only=expired_only, dead=instance_dead if dead is None else dead
+        )
 
 
 class _Removals:
