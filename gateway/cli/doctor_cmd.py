@@ -28,6 +28,7 @@ from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import DockerRunner
 from gateway.runner.docker.mounts import STAGING_ROOT
+from gateway.runner.docker.workspace import missing as workspace_missing
 from gateway.sbom import sbom_digest_for_image, sbom_path_for_image
 
 __all__ = ["register"]
@@ -257,6 +258,8 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         found.append(Check("daemon", "FAIL", "the engine did not answer: its settings were not checked", "see engine"))
     found.append(_guarded("audit_permissions", lambda: checks.audit_permissions(configured.audit_dir())))
+    allowed = any(p.sessions is not None and "workspace" in p.sessions.modes for p in policies)
+    found.append(_guarded("workspaces", lambda: checks.workspaces(workspace_missing(), allowed=allowed)))
     found.extend((config_check, principals_check))
 
     ok = all(c.ok for c in found)

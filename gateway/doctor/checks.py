@@ -35,6 +35,7 @@ __all__ = [
     "seccomp_default",
     "security_options",
     "userns_remap",
+    "workspaces",
 ]
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -285,4 +286,23 @@ def audit_permissions(
         status,
         f"{directory}: " + "; ".join(text for _s, text in problems),
         f"chown {me} {directory} && chmod 0700 {directory} && chmod 0640 {directory}/*.jsonl",
+    )
+
+
+def workspaces(lacking: Collection[str], *, allowed: bool) -> Check:
+    """What workspace-mode sessions need on this host (``gateway.runner.docker.workspace.missing``): root, loop
+    devices, ``mkfs.ext4`` and ``losetup``. Without them such sessions fail closed: a FAIL when a configured
+    policy allows them (``allowed``), else a WARN."""
+    if not lacking:
+        return Check("workspaces", "PASS", "workspace sessions can be made: root, loop devices, mkfs.ext4, losetup")
+    status: Status = "FAIL" if allowed else "WARN"
+    detail = "workspace sessions will be refused: missing " + ", ".join(lacking)
+    if not allowed:
+        detail += " (no configured policy allows them)"
+    return Check(
+        "workspaces",
+        status,
+        detail,
+        "run the gateway as root on the engine's host with loop devices (modprobe loop) and e2fsprogs, or allow "
+        "only kernel sessions in the policy",
     )

@@ -186,3 +186,13 @@ def test_audit_permissions_refuse_a_symlink(tmp_path: Path) -> None:
 def test_to_dict_keeps_the_first_doctors_keys() -> None:
     found = checks.Check("x", "WARN", "d", "r").to_dict()
     assert found == {"name": "x", "ok": True, "status": "WARN", "detail": "d", "remediation": "r"}
+
+
+def test_workspaces_fail_only_when_a_policy_allows_them_and_the_host_cannot_make_them() -> None:
+    assert checks.workspaces([], allowed=True).status == "PASS"
+    lacking = ["loop devices (/dev/loop-control; modprobe loop)"]
+    warned = checks.workspaces(lacking, allowed=False)
+    assert (warned.status, "loop devices" in warned.detail) == ("WARN", True)
+    failed = checks.workspaces(lacking, allowed=True)
+    assert (failed.status, failed.ok) == ("FAIL", False)
+    assert "modprobe loop" in failed.remediation
