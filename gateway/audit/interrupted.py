@@ -18,6 +18,12 @@ a line is parsed only when it is a decision of a real run still without an outco
 (on this machine: 40 ms for a 64 MiB window of runs, 61 ms for 125 MiB of a dead writer's denials). A run
 decided before the window (one that outlived a whole segment of records and then died) stays unmarked.
 
+Sessions the same way: a ``session.created`` in the window with no end record (``session.expired``,
+``session.closed``, ``session.killed`` naming its ``session_id``) whose writer is gone gets a ``session.killed``
+with reason :data:`GATEWAY_GONE`, the session's id, mode and container, and ``instance`` (the dead writer). Its
+kernel ended with that writer (its connection closed); the start-up reap removes a container left behind. (A
+session's creation decision is closed by its ``session.created``, not by an outcome.)
+
 Concurrent starts: the scan and its appends hold :data:`SCAN_LOCK_NAME` in the trail directory (``flock``), so
 a second start sees the first one's outcomes and writes none twice. The trail's own lock file cannot serve:
 the writer takes it for each append through its own descriptor, and two descriptors of one process exclude
@@ -45,7 +51,15 @@ if TYPE_CHECKING:
     from gateway.audit.interface import AuditReceipt
     from gateway.audit.jsonl import JsonlAuditTrail
 
-__all__ = ["INTERRUPTED", "SCAN_LOCK_NAME", "SCAN_SEGMENTS", "mark_interrupted", "process_start", "writer_gone"]
+__all__ = [
+    "GATEWAY_GONE",
+    "INTERRUPTED",
+    "SCAN_LOCK_NAME",
+    "SCAN_SEGMENTS",
+    "mark_interrupted",
+    "process_start",
+    "writer_gone",
+]
 
 INTERRUPTED: Final = "gateway.interrupted"
 """The error code of the outcome written for a run whose gateway died before recording one."""
@@ -62,9 +76,27 @@ _DECISION: Final = b"policy.decision"
 _OUTCOME: Final = b"execution.outcome"
 _CREATED: Final = b"session.created"
 """A session's creation decision ends in this record (same request id), not in an outcome."""
+_SESSION: Final = b"session."
+GATEWAY_GONE: Final = "gateway_gone"
+"""The reason of the ``session.killed`` written for a session whose gateway ended without ending it."""
 
 WriterGone = Callable[[str, int, str], bool]
 """``(host, pid, timestamp of the record) -> bool``: whether the process that wrote the record is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenSession:
+    """A session created in the window with no end record yet."""
+
+    session_id: str
+    mode: str
+    container_id: Any
+    principal: str | None
+    policy: dict[str, str] | None
+    host: str
+    pid: int
+    timestamp: str
+    caller: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,28 +129,36 @@ def mark_interrupted(trail: JsonlAuditTrail, *, gone: WriterGone | None = None) 
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            runs = [run for run in _open_runs(directory) if is_gone(run.host, run.pid, run.timestamp)]
+            sessions: list[_OpenSession] = []
+            runs = [run for run in _open_runs(directory, sessions) if is_gone(run.host, run.pid, run.timestamp)]
+            ended = [session for session in sessions if is_gone(session.host, session.pid, session.timestamp)]
         except OSError as exc:
             raise AuditUnavailableError(f"cannot read the audit trail in {directory}: {exc.strerror or exc}") from exc
-        return trail.append_built([_outcome_of(trail, run) for run in runs])
+        built = [_outcome_of(trail, run) for run in runs] + [_killed_of(trail, session) for session in ended]
+        return trail.append_built(built)
     finally:
         os.close(lock_fd)  # releases the lock
 
 
-def _open_runs(directory: Path) -> Iterator[_OpenRun]:
-    """The decisions of real runs in the window that no outcome follows, in trail order."""
+def _open_runs(directory: Path, sessions: list[_OpenSession]) -> Iterator[_OpenRun]:
+    """The decisions of real runs in the window that no outcome follows, in trail order; ``sessions`` gets the
+    sessions created in the window that no end record follows."""
     open_lines: dict[str, tuple[Path, int]] = {}  # request id -> where its decision line starts
+    open_sessions: dict[str, _OpenSession] = {}
     for _index, path in list_segments(directory)[-SCAN_SEGMENTS:]:
         offset = 0
         with path.open("rb", buffering=1 << 20) as fh:
             for line in fh:
                 kind, request_id = _kind_and_request(line)
+                if kind.startswith(_SESSION):  # few: each parsed
+                    _follow_session(line, kind, open_sessions)
                 if request_id is not None:
                     if kind == _DECISION and _maybe_a_run(line):
                         open_lines[request_id] = (path, offset)
                     elif kind in (_OUTCOME, _CREATED):
                         open_lines.pop(request_id, None)
                 offset += len(line)
+    sessions.extend(open_sessions.values())
     for path, offset in open_lines.values():
         with path.open("rb") as fh:
             fh.seek(offset)
@@ -126,6 +166,28 @@ def _open_runs(directory: Path) -> Iterator[_OpenRun]:
         run = _open_run(line)
         if run is not None:
             yield run
+
+
+def _follow_session(line: bytes, kind: bytes, open_sessions: dict[str, _OpenSession]) -> None:
+    """A ``session.*`` line: a creation opens its session, any end record closes it."""
+    try:
+        view = view_record(json.loads(line))
+        session_id = view.data.get("session_id")
+        if not isinstance(session_id, str):
+            return
+        if kind != _CREATED:
+            open_sessions.pop(session_id, None)
+            return
+        writer = view.gateway
+        if writer is None:
+            return
+        policy = None if view.policy is None else {"name": view.policy.name, "sha256": view.policy.sha256}
+        open_sessions[session_id] = _OpenSession(
+            session_id, str(view.data.get("mode", "kernel")), view.data.get("container_id"), view.principal, policy,
+            writer.host, writer.pid, view.timestamp, view.data.get("caller"),
+        )  # fmt: skip
+    except (ValueError, AuditIntegrityError):  # not a well-formed record: verify names it
+        return
 
 
 def _open_run(line: bytes) -> _OpenRun | None:
@@ -146,6 +208,21 @@ def _open_run(line: bytes) -> _OpenRun | None:
         view.request_id, view.principal, policy, decision, writer.host, writer.pid, view.timestamp, view.image,
         view.data.get("caller"),
     )  # fmt: skip
+
+
+def _killed_of(trail: JsonlAuditTrail, session: _OpenSession) -> dict[str, Any]:
+    """The ``session.killed`` (reason ``gateway_gone``) of a session whose gateway ended without ending it, built
+    (not yet chained). Its kernel ended with that gateway's connection; a start-up reap removes what is left."""
+    data: dict[str, Any] = {
+        "session_id": session.session_id,
+        "mode": session.mode,
+        "reason": GATEWAY_GONE,
+        "container_id": session.container_id if isinstance(session.container_id, str) else None,
+        "instance": {"host": session.host, "pid": session.pid},
+    }
+    if isinstance(session.caller, Mapping):
+        data["caller"] = session.caller
+    return trail.build("session.killed", data, principal=session.principal, policy=session.policy)
 
 
 def _kind_and_request(line: bytes) -> tuple[bytes, str | None]:

@@ -188,3 +188,28 @@ def test_concurrent_starts_of_several_processes_mark_a_dead_process_s_run_once(t
     counts = [int(start.communicate(timeout=60)[0]) for start in starts]
     assert sorted(counts) == [0, 0, 0, 1]
     assert [r["request_id"] for r in _interrupted(trail)] == ["open"]
+
+
+def test_a_gone_writers_session_without_an_end_is_killed_gateway_gone_and_its_creation_is_no_open_run(
+    tmp_path: Path,
+) -> None:
+    with JsonlAuditTrail(tmp_path) as trail:
+        for sid, request_id in (("s-open", "c1"), ("s-ended", "c2")):
+            _decide(trail, request_id)
+            created = {"session_id": sid, "mode": "kernel", "container_id": "c" * 64, "caller": CALLER}
+            trail.append("session.created", created, request_id=request_id, principal="alice", policy=POLICY)
+        trail.append("session.closed", {"session_id": "s-ended", "mode": "kernel", "reason": "owner"})
+        assert mark_interrupted(trail, gone=_alive) == []
+        receipts = mark_interrupted(trail, gone=_gone)
+        assert mark_interrupted(trail, gone=_gone) == []
+    assert len(receipts) == 1
+    assert _interrupted(tmp_path) == []  # each creation's decision is closed by its session.created
+    (killed,) = [r for r in _records(tmp_path) if r["event_type"] == "session.killed"]
+    writer = _records(tmp_path)[0]["gateway"]
+    assert killed["data"] == {
+        "session_id": "s-open", "mode": "kernel", "reason": "gateway_gone", "container_id": "c" * 64,
+        "instance": {"host": writer["host"], "pid": writer["pid"]}, "caller": CALLER,
+    }  # fmt: skip
+    assert (killed["principal"], killed["policy"]) == ("alice", POLICY)
+    jsonschema.validate(killed, load_schema("audit-record"))
+    assert verify_trail(tmp_path).ok
