@@ -33,6 +33,8 @@ from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.docker.workspace import (
     DockerWorkspaces,
     WorkspaceError,
+    WorkspaceFileNotFoundError,
+    WorkspaceFullError,
     WorkspacePathError,
     list_files,
     missing,
@@ -262,7 +264,9 @@ def test_the_file_helpers_refuse_path_tricks_and_planted_links(
         store.put(ws, "data/in.csv", b"a,b\n1,2\n")
         with pytest.raises(WorkspacePathError, match="larger than"):
             store.get(ws, "data/in.csv", 3)
-        with pytest.raises(WorkspacePathError, match="full"):
+        with pytest.raises(WorkspaceFileNotFoundError):
+            store.get(ws, "data/absent.csv", 10)
+        with pytest.raises(WorkspaceFullError, match="full"):
             store.put(ws, "huge", b"x" * (3 * MiB))
         seen = _run(runner, options, ws, "print(open('data/in.csv').read(), end='')\nprint(os.path.exists('huge'))"
                     .replace("print(open", "import os\nprint(open"))  # fmt: skip

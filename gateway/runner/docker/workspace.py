@@ -51,6 +51,8 @@ __all__ = [
     "MIN_SIZE",
     "DockerWorkspaces",
     "WorkspaceError",
+    "WorkspaceFileNotFoundError",
+    "WorkspaceFullError",
     "WorkspacePathError",
     "bind_workspace",
     "default_root",
@@ -97,6 +99,18 @@ class WorkspacePathError(RequestError):
     absent, or the workspace full)."""
 
     code = "request.workspace_path"
+
+
+class WorkspaceFileNotFoundError(WorkspacePathError):
+    """Nothing is at that path in the workspace."""
+
+    code = "request.workspace_not_found"
+
+
+class WorkspaceFullError(WorkspacePathError):
+    """The write does not fit: the workspace's file system is full (its size is the session's bound)."""
+
+    code = "request.workspace_full"
 
 
 def default_root() -> str:
@@ -443,10 +457,10 @@ def _refusal(path: str, exc: OSError) -> WorkspacePathError:
         errno.EISDIR: "is a directory",
         errno.ENXIO: "is not a regular file",
         errno.ENOSPC: "does not fit: the workspace is full",
-        errno.EDQUOT: "does not fit: the workspace is full",
         errno.EFBIG: "does not fit: the file is too large",
     }.get(exc.errno or 0, exc.strerror or str(exc))
-    error = WorkspacePathError(f"workspace path {path!r} {why}")
+    kind = {errno.ENOENT: WorkspaceFileNotFoundError, errno.ENOSPC: WorkspaceFullError}
+    error = kind.get(exc.errno or 0, WorkspacePathError)(f"workspace path {path!r} {why}")
     error.__cause__ = exc
     return error
 
