@@ -202,8 +202,8 @@ def test_the_start_up_reap_removes_a_dead_instances_workspace_and_audits_it(
         reap_stale(gateway)
     reaped = [r["data"] for r in sink.records if r["event_type"] == "containers.reaped"]
     name = Path(left.path).parent.name
-    assert reaped == [{"container_ids": [], "everything": False, "expired_only": True,
-                       "instance": runner.instance, "workspaces": [name]}]  # fmt: skip
+    # (container_ids may name another test session's expired sandboxes on a shared engine: not asserted)
+    assert [(r["workspaces"], r["expired_only"], r["instance"]) for r in reaped] == [([name], True, runner.instance)]
     assert not Path(left.path).parent.exists()
     assert list_files(kept).files == ()  # a live instance's workspace is never touched
     alive.destroy(kept)
