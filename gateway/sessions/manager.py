@@ -122,6 +122,8 @@ class SessionManager:
         """session id -> (principal, final state, reason), the newest :data:`MAX_ENDED`."""
         self._sweeper = Ticker("gateway-sessions", sweep_every_s, self._sweep_quietly)
         self._sweeping = False
+        self._closed = False
+        """Set by :meth:`close_all`: no session is created after it."""
 
     # -- create ----------------------------------------------------------------------------------------
 
@@ -152,7 +154,7 @@ class SessionManager:
                 compiled, parsed, live_sessions=live, assembler=gw.assembler, denied_paths=gw.audit.protected_paths,
                 request_id=request_id, now=datetime.now(UTC),
             )  # fmt: skip
-            if decided.allowed and decided.settings is not None:
+            if decided.allowed and decided.settings is not None and not self._closed:
                 self._live[session_id] = _Session(session_id, parsed.principal, decided.settings, policy, caller)
         decision = decided.decision
         data: dict[str, Any] = {
@@ -169,7 +171,12 @@ class SessionManager:
             return SessionResult(request_id, decision, error=exc, audit_ok=False)
         if not decided.allowed or decided.settings is None:
             return SessionResult(request_id, decision)
-        return self._open(self._live[session_id], decision, records)
+        session = self._live.get(session_id)
+        if session is None:  # the Gateway closed meanwhile
+            return self._failed(decided.settings, session_id, decision, records, SessionUnavailableError(
+                "the gateway is stopping; no session is created", hint="retry against a running gateway"
+            ))  # fmt: skip
+        return self._open(session, decision, records)
 
     def _intake(self, raw: RawSessionRequest, request_id: str, caller: Caller | None) -> SessionRequest | SessionResult:
         try:
@@ -202,9 +209,9 @@ class SessionManager:
         settings = session.settings
         error: GatewayError | None = None
         try:
-            spec = _kernel_spec(gw.runner, settings, decision)
+            runner, spec = _kernel_spec(gw.runner, settings, decision)
             slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
-            kernel = gw.runner.open_kernel(spec, slot=slot)  # type: ignore[attr-defined]
+            kernel = runner.open_kernel(spec, slot=slot)
         except GatewayError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - every failure is audited and returned, never a crash
@@ -212,18 +219,20 @@ class SessionManager:
             error.__cause__ = exc
         if error is not None:
             self._forget(session.session_id)
-            outcome = error.outcome if isinstance(error.outcome, Outcome) else None
-            data = outcome_data(settings.sandbox.profile.image, outcome, error) | {"session_id": session.session_id}
-            try:
-                gw._append("execution.outcome", data, **records)
-            except GatewayError:
-                return SessionResult(request_id, decision, error=error, audit_ok=False)
-            return SessionResult(request_id, decision, error=error)
+            return self._failed(settings, session.session_id, decision, records, error)
         with self._lock:
-            session.kernel = kernel
-            session.ready_at = session.last_used_at = self._clock()
-            session.state = "ready"
-            info = session.info()
+            stopped = self._closed
+            if not stopped:
+                session.kernel = kernel
+                session.ready_at = session.last_used_at = self._clock()
+                session.state = "ready"
+                info = session.info()
+        if stopped:  # close_all ran while the kernel opened: it never becomes a session
+            self._forget(session.session_id)
+            with contextlib.suppress(Exception):
+                kernel.close()
+            error = SessionUnavailableError("the gateway is stopping; no session is created")
+            return self._failed(settings, session.session_id, decision, records, error)
         created = {
             "session_id": session.session_id, "mode": settings.mode, "container_id": kernel.container_id,
             "expires_at": utc(info.expires_at), "lifetime_ends_at": utc(info.lifetime_ends_at),
@@ -238,6 +247,20 @@ class SessionManager:
             return SessionResult(request_id, decision, error=exc, audit_ok=False)
         self._start_sweeper()
         return SessionResult(request_id, decision, session=info)
+
+    def _failed(
+        self, settings: SessionSettings, session_id: str, decision: Decision, records: Mapping[str, Any],
+        error: GatewayError,
+    ) -> SessionResult:  # fmt: skip
+        """An allowed session that could not be opened: its decision closed by an ``execution.outcome`` with the
+        error (what ran, if anything, and the session id it would have had)."""
+        outcome = error.outcome if isinstance(error.outcome, Outcome) else None
+        data = outcome_data(settings.sandbox.profile.image, outcome, error) | {"session_id": session_id}
+        try:
+            self._gateway._append("execution.outcome", data, **records)
+        except GatewayError:
+            return SessionResult(str(records["request_id"]), decision, error=error, audit_ok=False)
+        return SessionResult(str(records["request_id"]), decision, error=error)
 
     def _forget(self, session_id: str) -> None:
         with self._lock:
@@ -421,9 +444,11 @@ class SessionManager:
             self._end(session, "expired", "lifetime" if now >= session.lifetime_ends_at else "idle")
 
     def close_all(self, reason: str = "gateway_stop") -> None:
-        """Stop the sweeper and close every live session (``session.closed`` with ``reason``)."""
+        """Stop the sweeper and close every live session (``session.closed`` with ``reason``); no session is
+        created after this (:class:`SessionUnavailableError`)."""
         self._stop_sweeper()
         with self._lock:
+            self._closed = True
             live = [s for s in self._live.values() if s.state is not None]
         for session in live:
             self._end(session, "closed", reason)
@@ -491,9 +516,10 @@ def _attributed(request: SessionRequest, caller: Caller | None) -> SessionReques
     return dataclasses.replace(request, principal=caller.principal)
 
 
-def _kernel_spec(runner: object, settings: SessionSettings, decision: Decision) -> RunSpec:
-    """The kernel's run specification: the decision's, with the session's lifetime (plus the margin) as its
-    deadline; :class:`SessionUnavailableError` when this gateway cannot open the session's mode."""
+def _kernel_spec(runner: object, settings: SessionSettings, decision: Decision) -> tuple[KernelRunner, RunSpec]:
+    """The runner as a kernel runner and the kernel's run specification: the decision's, with the session's
+    lifetime (plus the margin) as its deadline; :class:`SessionUnavailableError` when this gateway cannot open the
+    session's mode."""
     if settings.mode != "kernel":
         raise SessionUnavailableError(
             f"{settings.mode} sessions are not available yet in this gateway; nothing was created",
@@ -501,7 +527,7 @@ def _kernel_spec(runner: object, settings: SessionSettings, decision: Decision) 
         )
     if not isinstance(runner, KernelRunner) or decision.run is None:
         raise SessionUnavailableError(f"the {type(runner).__name__} backend cannot run kernels; nothing was created")
-    return dataclasses.replace(decision.run, timeout_s=settings.lifetime_s + READY_MARGIN_S)
+    return runner, dataclasses.replace(decision.run, timeout_s=settings.lifetime_s + READY_MARGIN_S)
 
 
 def _decimals(value: Any) -> Any:

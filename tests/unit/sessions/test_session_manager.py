@@ -354,3 +354,33 @@ def test_the_trail_validates_against_the_schema(gateway: Gateway, sink: MemoryAu
     validator = jsonschema.Draft202012Validator(load_schema("audit-record"))
     for record in sink.records:
         assert not list(validator.iter_errors(record)), record["event_type"]
+
+
+def test_no_session_is_created_once_the_gateway_closed(gateway: Gateway, sink: MemoryAuditSink) -> None:
+    gateway.sessions.close_all()
+    result = gateway.sessions.create({"mode": "kernel", "principal": "alice"})
+    assert result.error is not None
+    assert result.error.code == "session.unavailable"
+    assert events(sink)[-2:] == ["policy.decision", "execution.outcome"]
+
+
+def test_a_kernel_that_cannot_open_closes_its_decision_and_counts_for_nothing(
+    tmp_path: Path, sink: MemoryAuditSink
+) -> None:
+    class Failing(KernelFakeRunner):
+        def open_kernel(self, spec: RunSpec, *, slot: Slot | None = None, **kw: Any) -> FakeKernel:
+            if slot is not None:
+                slot.release()  # the contract: released at once when opening fails
+            raise SandboxError("the engine refused the kernel's container")
+
+    gw = Gateway(
+        load_policy(SESSIONS_POLICY), runner=Failing(), audit=sink, slots=HostSlots(tmp_path / "s", 2, wait_s=0)
+    )
+    for _ in range(3):  # max_per_principal 2: a failed opening holds no place
+        result = gw.sessions.create({"mode": "kernel", "principal": "alice"})
+        assert result.error is not None
+        assert result.error.code == "runner.sandbox_failed"
+    outcome = sink.records[-1]
+    assert (outcome["event_type"], outcome["data"]["error"]["code"]) == ("execution.outcome", "runner.sandbox_failed")
+    assert outcome["request_id"] == result.request_id
+    assert gw.sessions.list(principal="alice") == []
