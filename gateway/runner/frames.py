@@ -90,8 +90,8 @@ _KNOWN = frozenset(
 CANCEL_POLL_S = 0.2
 """How long one socket read waits at most when a cancel event is given, so that a cancel is seen promptly."""
 KERNEL_GRACE_S = 2.0
-"""How long an interrupted kernel cell may take to come back before the supervisor kills the kernel (the
-Kubernetes kernel's default; the Docker kernel has the same value)."""
+"""How long an interrupted kernel cell may take to come back before the supervisor kills the kernel (every
+backend's default ``grace_s``)."""
 KERNEL_READY_S = 60.0
 """How long a new kernel may take to say it is ready (its interpreter started, under gVisor too)."""
 _VALUE = 1
@@ -376,7 +376,7 @@ def cell_end(
     elif cell is None:
         killed = gone or "lost"
         if killed == "lost" and memory():
-            killed = "memory"
+            killed = "memory"  # gVisor: the whole sandbox went, for memory (when the engine still knows)
     interrupted = bool(cell and cell.get("interrupted"))
     flags = value[0] if value else 0
     exit_code: int | None = None

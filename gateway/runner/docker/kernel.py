@@ -13,7 +13,6 @@ beyond that, and kills the container itself when the supervisor does not answer 
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -25,10 +24,14 @@ from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.frames import (
     FRAME_CELL,
     FRAME_VALUE,
+    KERNEL_GRACE_S,
+    KERNEL_READY_S,
     Collected,
     Frame,
     FrameDecoder,
     ProtocolError,
+    cell_end,
+    cell_frame,
     read_timeout,
     take_frame,
 )
@@ -41,17 +44,10 @@ if TYPE_CHECKING:
 
 __all__ = ["KERNEL_GRACE_S", "KERNEL_READY_S", "DockerKernel"]
 
-KERNEL_GRACE_S = 2.0
-"""How long an interrupted cell may take to come back before the supervisor kills the kernel."""
-KERNEL_READY_S = 60.0
-"""How long a new kernel may take to say it is ready (its interpreter started, under gVisor too)."""
 _MARGIN_S = 5.0
 """The host's own deadline for a cell: its timeout, the grace, and this margin for the supervisor to report."""
 _RECV = 1 << 16
 _DIAG_BYTES = 4096
-_VALUE = 1
-_VALUE_CUT = 2
-_RAISED = 4
 
 
 class DockerKernel:
@@ -102,7 +98,7 @@ class DockerKernel:
             self._sandbox.sock.sendall(data)
             for frame in self._frames(got, time.monotonic() + KERNEL_READY_S, None):
                 if frame.kind == FRAME_CELL:
-                    cell = _cell_frame(frame.data, 0)
+                    cell = cell_frame(frame.data, 0)
                     break
                 take_frame(frame.kind, frame.data, got, spec)
         if cell is None:
@@ -151,7 +147,7 @@ class DockerKernel:
                     if frame.kind == FRAME_VALUE:
                         value = frame.data or b"\0"
                     elif frame.kind == FRAME_CELL:
-                        cell = _cell_frame(frame.data, self._seq)
+                        cell = cell_frame(frame.data, self._seq)
                         break
                     elif take_frame(frame.kind, frame.data, got, spec, on_output) and got.callback_error is not None:
                         break
@@ -159,36 +155,14 @@ class DockerKernel:
         except GatewayError as exc:
             exc.outcome = self._outcome(got, start, exit_code=None, files_truncated=False)
             raise
-        killed: str | None = None
-        if got.callback_error is not None:
-            killed = "callback"
-        elif got.cancelled:
-            killed = "cancelled"
-        elif got.timed_out:
-            killed = "unresponsive"
-        elif got.final is not None:
-            killed = str(got.final.get("killed") or "exited")
-            if killed == "exited" and got.oom_reported:
-                killed = "memory"
-        elif cell is None:
-            killed = self.killed or "lost"
-            if killed == "lost" and self._engine_oom():
-                killed = "memory"  # gVisor: the whole sandbox went, for memory (when the engine still knows)
-        interrupted = bool(cell and cell.get("interrupted"))
-        flags = value[0]
-        exit_code: int | None = None
-        if cell is not None and not interrupted:
-            exit_code = 1 if flags & _RAISED else 0
-        elif killed == "memory":
-            exit_code = 137
-        elif killed == "exited" and got.final is not None:
-            exit_code = int(got.final["status"])
+        end = cell_end(got, cell, value, gone=self.killed, memory=self._engine_oom)
+        killed = end.killed
         outcome = self._outcome(
             got,
             start,
-            exit_code=exit_code,
-            files_truncated=bool(cell and cell.get("files_truncated")) or (cell is None and bool(got.files)),
-            timed_out=(interrupted and not got.output_limit_killed) or killed in ("interrupt_ignored", "unresponsive"),
+            exit_code=end.exit_code,
+            files_truncated=end.files_truncated,
+            timed_out=end.timed_out,
             lost=killed == "lost",
             oom=killed == "memory",
         )
@@ -208,9 +182,9 @@ class DockerKernel:
             raise error
         return CellResult(
             outcome=outcome,
-            value=value[1:].decode("utf-8", "replace") if flags & _VALUE else None,
-            value_truncated=bool(flags & _VALUE_CUT),
-            interrupted=interrupted,
+            value=end.value,
+            value_truncated=end.value_truncated,
+            interrupted=end.interrupted,
             killed=killed,
         )
 
@@ -331,13 +305,3 @@ class DockerKernel:
         error = self._die("closed")
         if error is not None:
             raise error
-
-
-def _cell_frame(data: bytes, seq: int) -> dict[str, Any]:
-    try:
-        cell = json.loads(data)
-    except ValueError as exc:
-        raise ProtocolError("malformed cell frame") from exc
-    if not isinstance(cell, dict) or cell.get("seq") != seq:
-        raise ProtocolError(f"cell frame for cell {cell.get('seq') if isinstance(cell, dict) else '?'}, not {seq}")
-    return cell
