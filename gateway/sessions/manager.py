@@ -9,9 +9,13 @@ Gateway's stop), ``session.expired`` (idle, or past its lifetime counted from *r
 or ``session.killed`` (its kernel died: the reason). Another principal's session id gets the very error of an
 unknown one (:class:`SessionNotFoundError`); an ended one, :class:`SessionGoneError` naming how it ended.
 
-Kernel mode only for now: workspace mode is refused, after its decision, with :class:`SessionUnavailableError`.
-A session belongs to the gateway instance that made it: its kernel ends when that process does (the kernel's
-connection closes), and the start-up reap removes what is left.
+Kernel mode: one long-lived container with a persistent interpreter (``KernelRunner.open_kernel``), an execution
+is a cell. Workspace mode: a size-bounded workspace (the runner's ``workspaces`` store), each execution a fresh
+single-use container with it at ``/workspace``; it is destroyed when the session ends (after the execution using
+it, if one is). A backend without kernels or workspaces refuses the mode after its decision
+(:class:`SessionUnavailableError`). A session belongs to the gateway instance that made it: its kernel ends when
+that process does (the kernel's connection closes), and the start-up reap removes what is left (containers and
+workspaces of dead instances).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from gateway.decision import Decision, decide_in_session, decide_session
 from gateway.decision.sessions import SessionSettings
 from gateway.errors import (
     AuthenticationError,
+    CancelledRunError,
     GatewayError,
     PrincipalMismatchError,
     Problem,
@@ -44,9 +49,11 @@ from gateway.errors import (
     SessionNotFoundError,
     SessionUnavailableError,
 )
+from gateway.payload import Payload
 from gateway.request import SessionRequest, parse_session_request
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, Outcome, RunSpec
+from gateway.runner.workspace import Workspace, Workspaces
 from gateway.sessions.model import END_EVENTS, SessionInfo, SessionResult, SessionState, utc
 
 if TYPE_CHECKING:
@@ -76,6 +83,10 @@ class _Session:
     policy: dict[str, str]
     caller: Caller | None
     kernel: Kernel | None = None
+    workspace: Workspace | None = None
+    """Workspace mode: the session's size-bounded workspace (each execution a fresh container over it)."""
+    destroy_pending: bool = False
+    """Ended while an execution used its workspace: that execution's end destroys it."""
     ready_at: float = 0.0
     last_used_at: float = 0.0
     executions: int = 0
@@ -208,10 +219,16 @@ class SessionManager:
         request_id = str(records["request_id"])
         settings = session.settings
         error: GatewayError | None = None
+        kernel: Kernel | None = None
+        workspace: Workspace | None = None
         try:
-            runner, spec = _kernel_spec(gw.runner, settings, decision)
-            slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
-            kernel = runner.open_kernel(spec, slot=slot)
+            if settings.mode == "workspace":
+                profile = settings.sandbox.profile
+                workspace = _workspace_store(gw.runner).create(settings.workspace_size, profile.uid, profile.gid)
+            else:
+                runner, spec = _kernel_spec(gw.runner, settings, decision)
+                slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
+                kernel = runner.open_kernel(spec, slot=slot)
         except GatewayError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - every failure is audited and returned, never a crash
@@ -223,18 +240,18 @@ class SessionManager:
         with self._lock:
             stopped = self._closed
             if not stopped:
-                session.kernel = kernel
+                session.kernel, session.workspace = kernel, workspace
                 session.ready_at = session.last_used_at = self._clock()
                 session.state = "ready"
                 info = session.info()
-        if stopped:  # close_all ran while the kernel opened: it never becomes a session
+        if stopped:  # close_all ran while the sandbox opened: it never becomes a session
             self._forget(session.session_id)
-            with contextlib.suppress(Exception):
-                kernel.close()
+            self._discard(kernel, workspace)
             error = SessionUnavailableError("the gateway is stopping; no session is created")
             return self._failed(settings, session.session_id, decision, records, error)
         created = {
-            "session_id": session.session_id, "mode": settings.mode, "container_id": kernel.container_id,
+            "session_id": session.session_id, "mode": settings.mode,
+            "container_id": kernel.container_id if kernel is not None else None,
             "expires_at": utc(info.expires_at), "lifetime_ends_at": utc(info.lifetime_ends_at),
             "settings": _decimals(settings.to_dict()),
         }  # fmt: skip
@@ -242,11 +259,18 @@ class SessionManager:
             gw._append("session.created", created, **records)
         except GatewayError as exc:  # never announced, so never used: gone again
             self._forget(session.session_id)
-            with contextlib.suppress(Exception):
-                kernel.close()
+            self._discard(kernel, workspace)
             return SessionResult(request_id, decision, error=exc, audit_ok=False)
         self._start_sweeper()
         return SessionResult(request_id, decision, session=info)
+
+    def _discard(self, kernel: Kernel | None, workspace: Workspace | None) -> None:
+        """Remove a sandbox that never became a session (best effort: the reaper removes what is left)."""
+        with contextlib.suppress(Exception):
+            if kernel is not None:
+                kernel.close()
+            if workspace is not None:
+                _workspace_store(self._gateway.runner).destroy(workspace)
 
     def _failed(
         self, settings: SessionSettings, session_id: str, decision: Decision, records: Mapping[str, Any],
@@ -328,6 +352,9 @@ class SessionManager:
             with self._lock:
                 session.busy = False
                 session.last_used_at = self._clock()
+                destroy, session.destroy_pending = session.destroy_pending, False
+            if destroy:  # ended while this execution used its workspace
+                self._destroy_workspace(session)
 
     def _execute(
         self, session: _Session, request: Any, request_id: str, *, caller: Caller | None,
@@ -363,7 +390,11 @@ class SessionManager:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False, session_id=sid)
         if not decision.allowed or decision.settings is None:
             return ExecutionResult(request_id, decision, session_id=sid)
-        cell, outcome, error = self._cell(session, request, decision.settings.timeout_s, on_output, cancel)
+        if session.workspace is not None:
+            cell = None
+            outcome, error = self._run_over_workspace(session, request, decision, on_output, cancel)
+        else:
+            cell, outcome, error = self._cell(session, request, decision.settings.timeout_s, on_output, cancel)
         killed = session.kernel.killed if session.kernel is not None else None
         image = decision.settings.profile.image
         record = outcome_data(image, outcome, error) | {"session_id": sid}
@@ -385,6 +416,29 @@ class SessionManager:
             interrupted=bool(cell and cell.interrupted),
             session_ended=killed if killed is not None and killed != "closed" else None,
         )  # fmt: skip
+
+    def _run_over_workspace(
+        self, session: _Session, request: Any, decision: Decision, on_output: OnOutput | None,
+        cancel: threading.Event | None,
+    ) -> tuple[Outcome | None, GatewayError | None]:  # fmt: skip
+        """One execution in a fresh single-use container with the session's workspace at ``/workspace``, holding
+        a host slot until the container is gone."""
+        gw = self._gateway
+        if decision.run is None or decision.settings is None:
+            return None, SessionGoneError(f"session {session.session_id}: an allowed decision without a run")
+        spec = dataclasses.replace(decision.run, workspace=session.workspace)
+        payload = Payload(code=request.code, language=decision.settings.language, files=request.file_contents())
+        if cancel is not None and cancel.is_set():
+            return None, CancelledRunError("the run was cancelled by its caller before it started; nothing ran")
+        try:
+            with gw.pool.cold_slot() if gw.pool is not None else gw.slots.take():
+                return gw.runner.execute(spec, payload, on_output=on_output, cancel=cancel), None
+        except GatewayError as exc:
+            return (exc.outcome if isinstance(exc.outcome, Outcome) else None), exc
+        except Exception as exc:  # noqa: BLE001 - a runner bug comes back as an audited failure, not a crash
+            error = SandboxError(f"the runner failed unexpectedly: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return None, error
 
     def _cell(
         self, session: _Session, request: Any, timeout_s: float, on_output: OnOutput | None,
@@ -459,6 +513,8 @@ class SessionManager:
             if session.state not in ("ready", "busy"):
                 return
             session.state, session.ended = state, reason
+            defer = session.busy and session.workspace is not None
+            session.destroy_pending = defer
             self._live.pop(session.session_id, None)
             self._ended[session.session_id] = (session.principal, state, reason)
             while len(self._ended) > MAX_ENDED:
@@ -472,12 +528,28 @@ class SessionManager:
             except GatewayError as exc:
                 with contextlib.suppress(GatewayError):
                     gw._append("container.left", {"error": {"code": exc.code, "message": exc.message}}, **records)
-        data = {
+        data: dict[str, Any] = {
             "session_id": session.session_id, "mode": session.settings.mode, "reason": reason,
             "container_id": kernel.container_id if kernel is not None else None, "executions": session.executions,
         }  # fmt: skip
+        if session.workspace is not None and not defer:
+            left = self._destroy_workspace(session)
+            if left is not None:
+                data["workspace_left"] = {"code": left.code, "message": left.message}
         with contextlib.suppress(GatewayError):  # the end is best effort: the sandbox is already gone
             gw._append(END_EVENTS[state], data, **records)
+
+    def _destroy_workspace(self, session: _Session) -> GatewayError | None:
+        """Remove the session's workspace; the error that kept it (left for ``gateway reap``), if any."""
+        if session.workspace is None:
+            return None
+        try:
+            _workspace_store(self._gateway.runner).destroy(session.workspace)
+        except GatewayError as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - reported in the end record, never a crash
+            return SandboxError(f"removing the workspace failed: {type(exc).__name__}: {exc}")
+        return None
 
     # -- the sweeper -----------------------------------------------------------------------------------
 
@@ -516,15 +588,22 @@ def _attributed(request: SessionRequest, caller: Caller | None) -> SessionReques
     return dataclasses.replace(request, principal=caller.principal)
 
 
+def _workspace_store(runner: object) -> Workspaces:
+    """The runner's workspace store; :class:`SessionUnavailableError` when its backend has none."""
+    store = getattr(runner, "workspaces", None)
+    if store is None:
+        raise SessionUnavailableError(
+            f"the {type(runner).__name__} backend cannot keep workspaces; nothing was created",
+            hint="create a kernel session (mode: kernel), or run the Docker backend",
+        )
+    workspaces: Workspaces = store
+    return workspaces
+
+
 def _kernel_spec(runner: object, settings: SessionSettings, decision: Decision) -> tuple[KernelRunner, RunSpec]:
     """The runner as a kernel runner and the kernel's run specification: the decision's, with the session's
-    lifetime (plus the margin) as its deadline; :class:`SessionUnavailableError` when this gateway cannot open the
-    session's mode."""
-    if settings.mode != "kernel":
-        raise SessionUnavailableError(
-            f"{settings.mode} sessions are not available yet in this gateway; nothing was created",
-            hint="create a kernel session (mode: kernel)",
-        )
+    lifetime (plus the margin) as its deadline; :class:`SessionUnavailableError` when the backend has no
+    kernels."""
     if not isinstance(runner, KernelRunner) or decision.run is None:
         raise SessionUnavailableError(f"the {type(runner).__name__} backend cannot run kernels; nothing was created")
     return runner, dataclasses.replace(decision.run, timeout_s=settings.lifetime_s + READY_MARGIN_S)

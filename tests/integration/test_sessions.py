@@ -6,6 +6,7 @@ State, isolation and close under runc and gVisor (runsc); the rest under runc.""
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,10 +19,11 @@ import pytest
 from gateway import Gateway
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
-from gateway.errors import SessionGoneError, SessionNotFoundError
+from gateway.errors import GatewayError, SessionGoneError, SessionNotFoundError
 from gateway.policy import load_policy
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
+from gateway.runner.docker.workspace import DockerWorkspaces, missing
 from gateway.service.lifecycle import reap_stale
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
@@ -47,7 +49,7 @@ def sessions_policy(directory: Path, runtime: str) -> Path:
         "apiVersion: gateway.agent-exec/v1\nkind: Policy\n"
         f"extends: {policies_dir() / base}\n"
         f"metadata:\n  name: sessions-{runtime}\n"
-        "spec:\n  sessions:\n    modes: [kernel]\n    max_per_principal: 2\n"
+        "spec:\n  sessions:\n    modes: [workspace, kernel]\n    max_per_principal: 2\n"
         "    idle_s: {default: 600, max: 1800}\n    lifetime_s: {default: 3600, max: 14400}\n"
         "    workspace_size: {default: 64m, max: 256m}\n"
     )
@@ -61,10 +63,11 @@ def make_gateway(tmp_path: Path, engine: Any) -> Iterator[Callable[..., Gateway]
     made: list[Gateway] = []
     trails: list[JsonlAuditTrail] = []
 
-    def make(runtime: str = "runc", clock: Clock | None = None) -> Gateway:
+    def make(runtime: str = "runc", clock: Clock | None = None, workspace_root: str | None = None) -> Gateway:
         policy = load_policy(sessions_policy(tmp_path, runtime))
         trail = JsonlAuditTrail(tmp_path / "audit")
-        gw = Gateway(policy, runner=DockerRunner(engine), audit=trail, slots=HostSlots(tmp_path / "slots", 8))
+        runner = DockerRunner(engine, workspace_root=workspace_root)
+        gw = Gateway(policy, runner=runner, audit=trail, slots=HostSlots(tmp_path / "slots", 8))
         trails.append(trail)
         if clock is not None:
             gw.sessions = SessionManager(gw, clock=clock)
@@ -247,4 +250,47 @@ def test_a_killed_gateways_session_is_gone_after_the_next_start(
     assert killed["data"]["session_id"] == created["data"]["session_id"]
     assert killed["data"]["reason"] == "gateway_gone"
     assert records(tmp_path, "session.closed") == []
+    assert verify_trail(tmp_path / "audit").ok
+
+
+@pytest.fixture
+def workspace_root(tmp_path: Path) -> Iterator[str]:
+    """A workspace root of this test's own; whatever a failing test leaves there is reaped at the end."""
+    if missing():
+        pytest.skip(f"workspaces need {', '.join(missing())}")
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    root = str(directory / "workspaces")
+    yield root
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(root):
+            with contextlib.suppress(GatewayError):
+                DockerWorkspaces(name.rpartition("--")[0], root=root).reap(everything=True)
+
+
+def test_a_workspace_session_keeps_its_files_across_fresh_containers_until_closed(
+    make_gateway: Callable[..., Gateway], runtime: str, workspace_root: str, engine: Any, tmp_path: Path
+) -> None:
+    gw = make_gateway(runtime, workspace_root=workspace_root)
+    created = gw.sessions.create({"mode": "workspace", "principal": "alice", "workspace_size": "16m"})
+    assert created.session is not None, created.to_dict()
+    sid = created.session.session_id
+    (space,) = os.listdir(workspace_root)
+    first = cell(gw, sid, "open('keep.txt', 'w').write('hello')\nopen('out/a.txt', 'w').write('1')")
+    second = cell(gw, sid, "print(open('keep.txt').read())", files={"in.txt": "x"})
+    assert (first.exit_status, dict(first.outcome.files)) == (0, {"a.txt": b"1"})
+    assert (second.exit_status, second.outcome.stdout, second.value) == (0, b"hello\n", None)
+    assert first.outcome.container_id != second.outcome.container_id  # each execution a fresh container
+    for container in (first.outcome.container_id, second.outcome.container_id):
+        assert_gone(engine, container)
+    other = gw.sessions.create({"mode": "workspace", "principal": "alice", "workspace_size": "16m"})
+    assert other.session is not None
+    alone = cell(gw, other.session.session_id, "import os\nprint(os.path.exists('keep.txt'))")
+    assert alone.outcome.stdout == b"False\n"
+    gw.sessions.close(sid, principal="alice")
+    assert space not in os.listdir(workspace_root)
+    gone = cell(gw, sid, "1")
+    assert isinstance(gone.error, SessionGoneError)
+    gw.close()
+    assert os.listdir(workspace_root) == []
     assert verify_trail(tmp_path / "audit").ok

@@ -27,6 +27,7 @@ from gateway.policy import load_policy
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner, make_outcome
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, RunSpec
+from gateway.runner.workspace import Workspace
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots, Slot
 
@@ -91,6 +92,25 @@ class KernelFakeRunner(FakeRunner):
         kernel = FakeKernel(spec, slot, len(self.kernels))
         self.kernels.append(kernel)
         return kernel
+
+
+class FakeWorkspaces:
+    """A workspace store that keeps nothing on disk: which workspaces exist."""
+
+    instance = "fake-instance"
+
+    def __init__(self) -> None:
+        self.live: list[Workspace] = []
+        self.destroyed: list[Workspace] = []
+
+    def create(self, size: int, uid: int, gid: int) -> Workspace:
+        workspace = Workspace(f"{len(self.live):016x}", self.instance, size, uid, gid, "/nowhere", 1, 2)
+        self.live.append(workspace)
+        return workspace
+
+    def destroy(self, workspace: Workspace) -> None:
+        self.live.remove(workspace)
+        self.destroyed.append(workspace)
 
 
 class Clock:
@@ -327,11 +347,11 @@ def test_a_denied_mode_and_a_policy_without_sessions_deny_with_rule_ids(tmp_path
     assert sink.records[0]["data"]["decision"]["allowed"] is False
 
 
-def test_workspace_mode_fails_closed_until_it_is_built(gateway: Gateway, sink: MemoryAuditSink) -> None:
+def test_workspace_mode_without_a_workspace_store_fails_closed(gateway: Gateway, sink: MemoryAuditSink) -> None:
     result = gateway.sessions.create({"mode": "workspace", "principal": "alice"})
     assert result.error is not None
     assert result.error.code == "session.unavailable"
-    assert "workspace sessions are not available yet" in result.error.message
+    assert "backend cannot keep workspaces" in result.error.message
     assert events(sink) == ["policy.decision", "execution.outcome"]  # the decision is closed, not left open
     assert gateway.sessions.list(principal="alice") == []
 
@@ -384,3 +404,54 @@ def test_a_kernel_that_cannot_open_closes_its_decision_and_counts_for_nothing(
     assert (outcome["event_type"], outcome["data"]["error"]["code"]) == ("execution.outcome", "runner.sandbox_failed")
     assert outcome["request_id"] == result.request_id
     assert gw.sessions.list(principal="alice") == []
+
+
+def test_workspace_mode_runs_each_execution_fresh_over_the_sessions_workspace(
+    tmp_path: Path, sink: MemoryAuditSink
+) -> None:
+    runner = KernelFakeRunner()
+    store = FakeWorkspaces()
+    runner.workspaces = store  # type: ignore[attr-defined]
+    gw = Gateway(load_policy(SESSIONS_POLICY), runner=runner, audit=sink, slots=HostSlots(tmp_path / "s", 2, wait_s=0))
+    created = gw.sessions.create({"mode": "workspace", "principal": "alice", "workspace_size": "32m"})
+    assert created.session is not None
+    sid = created.session.session_id
+    (workspace,) = store.live
+    assert (workspace.size, workspace.uid, workspace.gid) == (32 << 20, 65534, 65534)
+    for code in ("open('a', 'w').write('1')", "print(open('a').read())"):
+        result = gw.sessions.execute(sid, {"code": code, "principal": "alice", "files": {"in.txt": "x"}})
+        assert (result.allowed, result.session_id, result.error) == (True, sid, None)
+    assert [spec.workspace for spec, _ in runner.calls] == [workspace, workspace]
+    assert dict(runner.calls[1][1].files) == {"in.txt": b"x"}
+    assert runner.kernels == []
+    gw.sessions.close(sid, principal="alice")
+    assert store.destroyed == [workspace]
+    assert [r["event_type"] for r in sink.records][-1] == "session.closed"
+
+
+def test_a_workspace_in_use_is_destroyed_when_its_execution_ends(tmp_path: Path, sink: MemoryAuditSink) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(spec: RunSpec, payload: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return make_outcome()
+
+    runner = KernelFakeRunner(outcome=slow)
+    store = FakeWorkspaces()
+    runner.workspaces = store  # type: ignore[attr-defined]
+    gw = Gateway(load_policy(SESSIONS_POLICY), runner=runner, audit=sink, slots=HostSlots(tmp_path / "s", 2, wait_s=0))
+    created = gw.sessions.create({"mode": "workspace", "principal": "alice"})
+    assert created.session is not None
+    sid = created.session.session_id
+    worker = threading.Thread(target=gw.sessions.execute, args=(sid, {"code": "1", "principal": "alice"}))
+    worker.start()
+    assert entered.wait(10)
+    busy = gw.sessions.execute(sid, {"code": "2", "principal": "alice"})
+    assert isinstance(busy.error, SessionBusyError)
+    gw.sessions.close(sid, principal="alice")
+    assert store.destroyed == []  # a container still uses it
+    release.set()
+    worker.join()
+    assert len(store.destroyed) == 1
+    assert store.live == []
