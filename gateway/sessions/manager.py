@@ -55,6 +55,7 @@ from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, Outcome, RunSpec
 from gateway.runner.workspace import Workspace, Workspaces
 from gateway.sessions.model import END_EVENTS, SessionInfo, SessionResult, SessionState, utc
+from gateway.telemetry import SPAN_EXECUTE, annotate_error
 
 if TYPE_CHECKING:
     from gateway._gateway import Caller, Gateway, RawRequest
@@ -347,7 +348,14 @@ class SessionManager:
         except GatewayError as exc:
             return ExecutionResult(request_id, None, error=exc)
         try:
-            return self._execute(session, parsed, request_id, caller=caller, on_output=on_output, cancel=cancel)
+            with gw._tracer.start_as_current_span(SPAN_EXECUTE) as span:
+                span.set_attribute("gateway.request.id", request_id)
+                span.set_attribute("gateway.session.mode", session.settings.mode)
+                result = self._execute(session, parsed, request_id, caller=caller, on_output=on_output, cancel=cancel)
+                span.set_attribute("gateway.decision.allowed", result.allowed)
+                if result.error is not None:
+                    annotate_error(span, result.error)
+                return result
         finally:
             with self._lock:
                 session.busy = False

@@ -455,3 +455,19 @@ def test_a_workspace_in_use_is_destroyed_when_its_execution_ends(tmp_path: Path,
     worker.join()
     assert len(store.destroyed) == 1
     assert store.live == []
+
+
+def test_the_sweeper_starts_with_the_first_session_and_ends_idle_ones(gateway: Gateway, clock: Clock) -> None:
+    gateway.sessions = SessionManager(gateway, clock=clock, sweep_every_s=0.01)
+    sid = create(gateway, idle_s=5)
+    clock.now += 6
+    swept = threading.Event()
+    for _ in range(1000):  # bounded: the sweeper's next tick ends it
+        if not gateway.sessions.list(principal="alice"):
+            swept.set()
+            break
+        threading.Event().wait(0.01)
+    assert swept.is_set()
+    with pytest.raises(SessionGoneError, match=r"expired \(idle\)"):
+        gateway.sessions.get(sid, principal="alice")
+    gateway.sessions.close_all()
