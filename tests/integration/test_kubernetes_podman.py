@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -120,17 +121,26 @@ def test_the_deadline_and_the_output_cap(podman: Podman) -> None:
 
 
 @pytest.fixture
-def kernel(podman: Podman) -> Iterator[KubernetesKernel]:
-    """A kernel in a session's Pod (policies/examples/sessions.yaml; 120 s lifetime, 1 s grace), closed (its Pod
-    removed) at the end."""
-    policy = load_policy(policies_dir() / "examples" / "sessions.yaml")
-    spec = kernel_spec(KubernetesAssembler(instance="podman"), policy, lifetime_s=120)
-    opened = podman.open_kernel(spec.options["pod"], spec, files={"data/in.csv": b"a,b\n1,2\n"}, grace_s=1.0)
-    try:
-        yield opened
-    finally:
-        opened.close()
-        assert podman.run(["ps", "--all", "--quiet"]).stdout.strip() == ""  # nothing of the Pod is left
+def open_kernel(podman: Podman) -> Iterator[Callable[..., KubernetesKernel]]:
+    """Opens kernels in a session's Pod (policies/examples/sessions.yaml plus ``request``; 120 s lifetime, 1 s
+    grace) and closes each at the end: nothing of its Pod is left."""
+    opened: list[KubernetesKernel] = []
+
+    def make(**request: Any) -> KubernetesKernel:
+        policy = load_policy(policies_dir() / "examples" / "sessions.yaml")
+        spec = kernel_spec(KubernetesAssembler(instance="podman"), policy, lifetime_s=120, **request)
+        opened.append(podman.open_kernel(spec.options["pod"], spec, files={"data/in.csv": b"a,b\n1,2\n"}))
+        return opened[-1]
+
+    yield make
+    for kernel in opened:
+        kernel.close()
+    assert podman.run(["ps", "--all", "--quiet"]).stdout.strip() == ""
+
+
+@pytest.fixture
+def kernel(open_kernel: Callable[..., KubernetesKernel]) -> KubernetesKernel:
+    return open_kernel()
 
 
 def test_a_kernel_pod_keeps_state_across_cells_and_holds_from_inside(kernel: KubernetesKernel) -> None:
@@ -164,3 +174,22 @@ def test_a_cell_ignoring_the_interrupt_gets_the_kernel_killed(kernel: Kubernetes
     assert (result.outcome.timed_out, result.interrupted) == (True, False)
     with pytest.raises(SandboxError, match=r"is gone \(interrupt_ignored\)"):
         kernel.execute("1", timeout_s=1)
+
+
+def test_a_memory_bomb_kills_the_kernel_and_says_memory(open_kernel: Callable[..., KubernetesKernel]) -> None:
+    kernel = open_kernel(limits={"memory": "64m"})
+    result = kernel.execute("hog = []\nwhile True:\n    hog.append(bytearray(1 << 20))", timeout_s=30)
+    assert (result.killed, result.outcome.oom_killed, result.outcome.exit_code) == ("memory", True, 137)
+
+
+def test_a_kernel_ends_itself_when_its_attach_session_ends(podman: Podman, kernel: KubernetesKernel) -> None:
+    """The gateway gone (its attach session ended, nothing deleted): the supervisor's stdin closes, it kills the
+    interpreter and exits, and the container stops on its own."""
+    assert kernel.execute("state = 'kept'", timeout_s=10).killed is None
+    name = str(kernel.container_id)
+    assert podman.running(name)
+    podman.attached[name].close()
+    until = time.monotonic() + 30
+    while podman.running(name) and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not podman.running(name)

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,8 @@ class Podman:
     """A podman with its own storage under ``root`` and the sandbox image loaded from Docker."""
 
     root: Path
+    attached: dict[str, PodmanAttach] = field(default_factory=dict)
+    """The attach session of each kernel opened (by container name): a test may end one as a dying gateway would."""
 
     @classmethod
     def create(cls, image: str) -> Podman:
@@ -150,7 +152,7 @@ class Podman:
             proc = subprocess.Popen(self.argv(["start", "--attach", name]), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=self.env, cwd=self.root)  # fmt: skip
             pods.proc = proc
-            attach = PodmanAttach(proc, _open_writer(fifo, proc))
+            attach = self.attached[name] = PodmanAttach(proc, _open_writer(fifo, proc))
             sandbox = KubernetesSandbox(
                 spec=spec, namespace="podman", name=str(pod["metadata"]["name"]), uid="",
                 digest=str(spec.options["pod_sha256"]), attach=attach, container_id=name, used=True,
@@ -166,6 +168,11 @@ class Podman:
                 kernel.close()
             raise
         return kernel
+
+    def running(self, name: str) -> bool:
+        """Whether the container ``name`` runs now."""
+        found = self.run(["inspect", name, "--format", "{{.State.Running}}"], check=False)
+        return found.returncode == 0 and found.stdout.strip() == "true"
 
     def _stdin_fifo(self) -> Path:
         tmp = self.volume_dir("tmp")
