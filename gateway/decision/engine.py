@@ -28,7 +28,7 @@ from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
 from gateway.runspec import HostMount, RunSpec
 
-__all__ = ["Assembler", "evaluate", "stamp"]
+__all__ = ["Assembler", "assemble", "evaluate", "stamp"]
 
 
 class Assembler(Protocol):
@@ -103,6 +103,32 @@ def _utc(now: datetime | None) -> datetime:
 
 def _error(rule: str, message: str) -> RuleResult:
     return RuleResult(rule, "error", "enforce", "$", None, None, message)
+
+
+def assemble(
+    assembler: Assembler, settings: SandboxSettings, *, denied_paths: Sequence[str], decision_id: str, request_id: str
+) -> tuple[RunSpec, dict[str, Any]] | RuleResult:
+    """The guarded run of ``settings`` and its options as records show them; or, when the guard refuses the
+    options (``assembly.guard``) or the assembler fails (``assembly.build``), the ``error`` result that denies."""
+    try:
+        options = assembler.build(settings, decision_id=decision_id, request_id=request_id)
+        assembler.guard(options, denied_paths=denied_paths)
+        run = RunSpec(
+            options=options,
+            timeout_s=settings.timeout_s,
+            output_bytes=settings.output_bytes,
+            output_files_bytes=settings.output_files_bytes,
+            output_files=settings.output_files,
+            pull=settings.profile.pull,
+            backend=assembler.backend,
+            mounts=_host_mounts(settings),
+        )
+        return run, assembler.recorded(run.options)
+    except UnsafeOptionsError as exc:
+        detail = "; ".join(str(p) for p in exc.problems) or exc.message
+        return _error("assembly.guard", f"unsafe options refused: {detail}")
+    except Exception as exc:  # noqa: BLE001 - an assembler that fails denies
+        return _error("assembly.build", f"{type(exc).__name__}: {exc}")
 
 
 def evaluate(
@@ -187,27 +213,13 @@ def _evaluate(
     results.extend(_judge(ctx, RULES))
     if any(r.denies for r in results):
         return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
-    try:
-        options = assembler.build(settings, decision_id=decision_id, request_id=request_id)
-        assembler.guard(options, denied_paths=ctx.denied_paths)
-        run = RunSpec(
-            options=options,
-            timeout_s=settings.timeout_s,
-            output_bytes=settings.output_bytes,
-            output_files_bytes=settings.output_files_bytes,
-            output_files=settings.output_files,
-            pull=settings.profile.pull,
-            backend=assembler.backend,
-            mounts=_host_mounts(settings),
-        )
-        recorded = assembler.recorded(run.options)
-    except UnsafeOptionsError as exc:
-        detail = "; ".join(str(p) for p in exc.problems) or exc.message
-        results.append(_error("assembly.guard", f"unsafe options refused: {detail}"))
+    assembled = assemble(
+        assembler, settings, denied_paths=ctx.denied_paths, decision_id=decision_id, request_id=request_id
+    )
+    if isinstance(assembled, RuleResult):
+        results.append(assembled)
         return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
-    except Exception as exc:  # noqa: BLE001 - an assembler that fails denies
-        results.append(_error("assembly.build", f"{type(exc).__name__}: {exc}"))
-        return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
+    run, recorded = assembled
     return Decision(
         decision_id, request_id, True, ref, tuple(results), settings, run, exceptions=used, recorded_options=recorded
     )

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from gateway.decision.engine import Assembler, evaluate, stamp
+from gateway.decision.engine import Assembler, assemble, evaluate, stamp
 from gateway.decision.model import Decision, RuleResult
 from gateway.decision.rules.sessions import SESSION_RULES, SessionContext
 from gateway.decision.settings import SandboxSettings, pick
@@ -26,6 +26,7 @@ from gateway.request import ExecutionRequest, MountRequest, RequestLimits, Sessi
 from gateway.sizes import format_size
 
 __all__ = [
+    "KERNEL_MARGIN_S",
     "SESSION_PROFILE_RULE",
     "SessionDecision",
     "SessionSettings",
@@ -34,6 +35,11 @@ __all__ = [
     "decide_session",
     "within_session",
 ]
+
+KERNEL_MARGIN_S = 60.0
+"""Added to a kernel session's lifetime for its sandbox's own deadline (counted from the hand-over, before
+*ready*): the session manager ends the session at its lifetime; the sandbox's deadline (a Kubernetes Pod's
+``activeDeadlineSeconds``, fixed at creation) is only the backstop behind it."""
 
 SESSION_PROFILE_RULE = "sessions.profile"
 """The rule id of :func:`within_session`: an execution in a session asks for no more than the session's profile."""
@@ -163,7 +169,27 @@ def decide_session(
         run=profile.run if allowed else None,
         recorded_options=profile.recorded_options if allowed else None,
     )
-    return SessionDecision(decision, _resolve(compiled.policy.sessions, request, profile.settings))
+    session = _resolve(compiled.policy.sessions, request, profile.settings)
+    if decision.allowed and session is not None and session.mode == "kernel":
+        decision = _kernel_lifetime(decision, session, assembler, denied_paths)
+    return SessionDecision(decision, session)
+
+
+def _kernel_lifetime(
+    decision: Decision, session: SessionSettings, assembler: Assembler, denied_paths: Sequence[str]
+) -> Decision:
+    """A kernel session's decision with its sandbox assembled for the session's lifetime (plus
+    :data:`KERNEL_MARGIN_S`) instead of one execution's timeout: the options are the exact sandbox the decision
+    records, and a backend fixes the deadline in them (a Pod's ``activeDeadlineSeconds`` can only shrink)."""
+    lasting = replace(session.sandbox, timeout_s=session.lifetime_s + KERNEL_MARGIN_S)
+    assembled = assemble(
+        assembler, lasting, denied_paths=denied_paths, decision_id=decision.decision_id,
+        request_id=decision.request_id,
+    )  # fmt: skip
+    if isinstance(assembled, RuleResult):
+        return replace(decision, allowed=False, results=(*decision.results, assembled), run=None, recorded_options=None)
+    run, recorded = assembled
+    return replace(decision, run=run, recorded_options=recorded)
 
 
 def _violation(path: str, got: Any, expected: Any, message: str) -> RuleResult:

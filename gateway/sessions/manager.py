@@ -60,16 +60,13 @@ from gateway.telemetry import SPAN_EXECUTE, annotate_error
 if TYPE_CHECKING:
     from gateway._gateway import Caller, Gateway, RawRequest
 
-__all__ = ["MAX_ENDED", "READY_MARGIN_S", "SWEEP_EVERY_S", "RawSessionRequest", "SessionManager"]
+__all__ = ["MAX_ENDED", "SWEEP_EVERY_S", "RawSessionRequest", "SessionManager"]
 
 RawSessionRequest = Mapping[str, Any] | str | bytes | SessionRequest
 """A session request as an interface hands it over: parsed JSON, JSON text or bytes, or a parsed request."""
 
 SWEEP_EVERY_S = 5.0
 """How often the sweeper looks for idle and expired sessions."""
-READY_MARGIN_S = 60.0
-"""Added to a kernel's own lifetime (counted by its supervisor from the hand-over, before *ready*): the
-manager's sweep ends a session at its lifetime; the kernel's deadline is only the backstop behind it."""
 MAX_ENDED = 4096
 """How many ended sessions are remembered (to answer :class:`SessionGoneError` rather than not-found)."""
 
@@ -227,7 +224,7 @@ class SessionManager:
                 profile = settings.sandbox.profile
                 workspace = _workspace_store(gw.runner).create(settings.workspace_size, profile.uid, profile.gid)
             else:
-                runner, spec = _kernel_spec(gw.runner, settings, decision)
+                runner, spec = _kernel_spec(gw.runner, decision)
                 slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
                 kernel = runner.open_kernel(spec, slot=slot)
         except GatewayError as exc:
@@ -608,13 +605,13 @@ def _workspace_store(runner: object) -> Workspaces:
     return workspaces
 
 
-def _kernel_spec(runner: object, settings: SessionSettings, decision: Decision) -> tuple[KernelRunner, RunSpec]:
-    """The runner as a kernel runner and the kernel's run specification: the decision's, with the session's
-    lifetime (plus the margin) as its deadline; :class:`SessionUnavailableError` when the backend has no
-    kernels."""
+def _kernel_spec(runner: object, decision: Decision) -> tuple[KernelRunner, RunSpec]:
+    """The runner as a kernel runner and the kernel's run specification: the decision's, assembled for the
+    session's lifetime (:func:`~gateway.decision.sessions.decide_session`); :class:`SessionUnavailableError`
+    when the backend has no kernels."""
     if not isinstance(runner, KernelRunner) or decision.run is None:
         raise SessionUnavailableError(f"the {type(runner).__name__} backend cannot run kernels; nothing was created")
-    return runner, dataclasses.replace(decision.run, timeout_s=settings.lifetime_s + READY_MARGIN_S)
+    return runner, decision.run
 
 
 def _decimals(value: Any) -> Any:

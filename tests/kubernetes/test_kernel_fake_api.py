@@ -11,8 +11,12 @@ from typing import Any
 
 import pytest
 
+from gateway import Gateway
+from gateway.audit.memory import MemoryAuditSink
+from gateway.decision.sessions import KERNEL_MARGIN_S
 from gateway.errors import CancelledRunError, ContainerLeftError, GatewayError, OutputCallbackError, SandboxError
-from gateway.policy import Policy
+from gateway.policy import Policy, load_policy
+from gateway.resources import policies_dir
 from gateway.runner.interface import Kernel, KernelRunner, RunSpec
 from gateway.runner.kubernetes.kernel import KubernetesKernel
 from gateway.runner.kubernetes.runner import KubernetesRunner
@@ -257,3 +261,23 @@ def test_another_gateway_reaps_a_kernel_pod_only_after_its_lifetime(
     assert other.reap(expired_only=True) == [f"gateway-sandboxes/{name}"]
     kernel.close()  # the Pod is gone already: closing is still clean
     assert kernel.killed == "closed"
+
+
+def test_a_gateway_opens_a_kernel_session_on_kubernetes_whose_pod_outlives_its_lifetime(
+    kube_runner: KubernetesRunner, fake_api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Through `Gateway.sessions`, not the runner: the decision assembles the Pod for the session's lifetime, so
+    `open_kernel` takes it (a Pod made for one execution's timeout would be refused: its deadline cannot grow)."""
+    policy = load_policy(policies_dir() / "examples" / "sessions.yaml")
+    with Gateway(policy, runner=kube_runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 2)) as gw:
+        created = gw.sessions.create({"mode": "kernel", "principal": "agent", "lifetime_s": 1800})
+        assert created.allowed, created.to_dict()
+        session_id = created.to_dict()["session_id"]
+        result = gw.sessions.execute(session_id, {"code": "print(2+2)", "principal": "agent"})
+        assert result.error is None, result.error
+        assert result.outcome is not None
+        assert result.outcome.stdout == b"4\n"
+        gw.sessions.close(session_id, principal="agent")
+    (pod,) = fake_api.cluster.submitted
+    assert pod["spec"]["activeDeadlineSeconds"] >= 1800 + KERNEL_MARGIN_S
+    assert _calls(fake_api).count(("DELETE", "pod")) == 1

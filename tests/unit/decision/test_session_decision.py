@@ -20,10 +20,12 @@ from gateway.decision import (
     decide_session,
     within_session,
 )
+from gateway.decision.sessions import KERNEL_MARGIN_S
 from gateway.policy import Policy, compile_policy, load_policy
 from gateway.request import parse_request, parse_session_request
 from gateway.resources import load_schema, policies_dir
 from gateway.runner.docker.options import DockerAssembler
+from gateway.runner.kubernetes.pod import KubernetesAssembler
 from gateway.testing import decide
 
 SESSIONS = """
@@ -259,3 +261,28 @@ def test_a_policy_object_that_cannot_be_resolved_denies_and_never_raises(session
     assert not d.allowed
     assert [v.rule for v in d.violations] == ["engine.resolve"]
     assert d.settings is None
+
+
+@pytest.mark.parametrize(
+    "assembler", [DockerAssembler(), KubernetesAssembler(instance="unit")], ids=lambda a: a.backend
+)
+def test_a_kernel_sessions_sandbox_is_assembled_for_its_lifetime_not_one_executions_timeout(
+    sessions_policy: Policy, assembler: Any
+) -> None:
+    kernel = decide_session(
+        sessions_policy, parse_session_request({"mode": "kernel", "lifetime_s": 7200}), live_sessions=0,
+        assembler=assembler,
+    )  # fmt: skip
+    assert kernel.allowed, kernel.violations
+    assert kernel.decision.run is not None
+    assert kernel.decision.run.timeout_s == 7200 + KERNEL_MARGIN_S
+    workspace = decide_session(
+        sessions_policy, parse_session_request({"mode": "workspace"}), live_sessions=0, assembler=assembler
+    )
+    assert workspace.decision.run is not None
+    assert workspace.decision.run.timeout_s < 7200  # a workspace runs fresh containers, each with its timeout
+    if assembler.backend == "kubernetes":  # the deadline is fixed in the Pod the decision records
+        pod = kernel.decision.run.options["pod"]
+        assert pod["spec"]["activeDeadlineSeconds"] >= 7200 + KERNEL_MARGIN_S
+        assert kernel.decision.recorded_options is not None
+        assert kernel.decision.recorded_options["pod"] == pod
