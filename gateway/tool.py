@@ -5,18 +5,27 @@ and env stay the operator's. Every call is decided, audited and contained like a
 model gets a JSON-serialisable answer it can read, denials included with their reasons, and the files the
 program wrote under ``./out`` with their contents (text as text, binary as base64), all within fixed bounds
 (:data:`MAX_TOOL_OUTPUT_CHARS` per stream, :data:`MAX_TOOL_FILES_CHARS` for the files): what is cut is marked.
+
+State between calls is the host's choice, never the model's: ``ToolHandler(gateway, session="kernel")`` keeps
+one gateway session per handler (opened at the first call, or by :meth:`ToolHandler.open`; closed by
+:meth:`ToolHandler.close`), so the model's consecutive calls share variables, imports and files; the model still
+sets only ``code`` and ``timeout`` and never sees or names a session id. A session that ended (idle, lifetime,
+killed) is replaced by a new one at the next call, and that answer says the state is gone (``state_lost``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from gateway import Caller, Gateway
+from gateway.errors import CancelledRunError, SessionGoneError, SessionNotFoundError
 from gateway.executor import Executor, ResultLike
 from gateway.policy.model import Policy
+from gateway.sessions.model import SessionResult
 from gateway.sizes import format_size
 
 __all__ = [
@@ -26,6 +35,7 @@ __all__ = [
     "MAX_TOOL_OUTPUT_CHARS",
     "TOOL_NAME",
     "ToolHandler",
+    "ToolSession",
     "ceilings_text",
     "handle_tool_call",
     "tool_definition",
@@ -40,6 +50,24 @@ binary file), in name order: a file cut short says ``truncated``, files left out
 The whole files stay in the result (``Gateway.execute``)."""
 DEFAULT_TOOL_PRINCIPAL = "llm-tool"
 """The principal a :class:`ToolHandler` names in its requests when it is given none."""
+ToolSession = Literal["kernel", "workspace"]
+"""A handler's session mode (see :class:`ToolHandler`): ``kernel`` keeps one live interpreter (variables,
+imports and files persist), ``workspace`` one persistent working directory under fresh containers (files
+persist, variables do not)."""
+
+_STATELESS = "State does not persist between calls."
+_PERSISTS: dict[str, str] = {
+    "kernel": (
+        "State persists between calls: one live interpreter runs every call, so variables, imports and files "
+        "carry over, and the repr of the last expression is returned as value. If the session ends (idle, "
+        "lifetime, killed), the answer says state_lost and the call runs in a new, empty session."
+    ),
+    "workspace": (
+        "Files in the working directory persist between calls; variables and imports do not (each call is a "
+        "fresh process). If the session ends (idle, lifetime, killed), the answer says state_lost and the call "
+        "runs in a new, empty workspace."
+    ),
+}
 
 
 def ceilings_text(policy: Policy) -> str:
@@ -54,15 +82,21 @@ def ceilings_text(policy: Policy) -> str:
     )
 
 
-def tool_definition(max_timeout_s: float = 60, *, ceilings: str | None = None) -> dict[str, Any]:
+def tool_definition(
+    max_timeout_s: float = 60, *, ceilings: str | None = None, session: ToolSession | None = None
+) -> dict[str, Any]:
     """The OpenAI-style function-calling definition (also what Anthropic's tool ``input_schema`` takes).
 
-    ``ceilings`` (see :func:`ceilings_text`) is appended to the description."""
+    ``ceilings`` (see :func:`ceilings_text`) is appended to the description. ``session``: the description says
+    what persists between calls in that mode (a :class:`ToolHandler` built with the same ``session``); the
+    parameters stay ``code`` and ``timeout``."""
+    if session is not None and session not in _PERSISTS:
+        raise ValueError(f"session {session!r} is not one of {sorted(_PERSISTS)}")
     description = (
         "Execute Python 3 code in an isolated, network-less sandbox and return stdout, stderr and the "
         "exit code. Files written under ./out are returned with their contents (UTF-8 text as text, other bytes as "
-        "base64); long contents are cut and marked truncated. State does not persist between calls."
-    )
+        "base64); long contents are cut and marked truncated. "
+    ) + (_PERSISTS[session] if session is not None else _STATELESS)
     return {
         "type": "function",
         "function": {
@@ -128,9 +162,23 @@ class ToolHandler:
     :class:`~gateway.executor.Executor` protocol); the model's answers are the same. With a local gateway every
     request names ``principal`` (default :data:`DEFAULT_TOOL_PRINCIPAL`), so the gateway decides it under that
     principal's policy and the audit trail says who asked. With a remote client the token *is* the principal:
-    the requests name none (the service refuses a body naming another), and ``principal`` may not be given."""
+    the requests name none (the service refuses a body naming another), and ``principal`` may not be given.
 
-    def __init__(self, gateway: Executor, *, principal: str | None = None, caller: Caller | None = None) -> None:
+    ``session`` (a local gateway only, for now): every call runs in one gateway session of that mode, created
+    under the principal's policy at the first call (or :meth:`open`) and closed by :meth:`close` (or the
+    ``with`` block's end). Calls run one at a time, in order (a model's parallel calls queue). The session may
+    let each call ask for a timeout up to the policy's ceiling; a call that names none gets the policy's default.
+    A session that ended is replaced at the next call, whose answer says ``state_lost``: the model must not
+    rely on what the old one held."""
+
+    def __init__(
+        self,
+        gateway: Executor,
+        *,
+        principal: str | None = None,
+        caller: Caller | None = None,
+        session: ToolSession | None = None,
+    ) -> None:
         self.gateway = gateway
         self.local = isinstance(gateway, Gateway)
         if (principal is not None or caller is not None) and not self.local:
@@ -139,8 +187,17 @@ class ToolHandler:
             if principal is not None and principal != caller.principal:
                 raise ValueError(f"principal {principal!r} is not the caller's ({caller.principal!r})")
             principal = caller.principal
+        if session is not None:
+            if session not in _PERSISTS:
+                raise ValueError(f"session {session!r} is not one of {sorted(_PERSISTS)}")
+            if not self.local:
+                raise ValueError("a session-keeping tool handler needs a local Gateway (the client has no sessions)")
         self.caller = caller
         self.principal = (principal or DEFAULT_TOOL_PRINCIPAL) if self.local else None
+        self.session: ToolSession | None = session
+        self._session_id: str | None = None
+        self._lock = threading.Lock()
+        """Held by a session call from before it opens a session to its answer: one cell at a time, in order."""
 
     @property
     def policy(self) -> Policy:
@@ -150,9 +207,16 @@ class ToolHandler:
             raise TypeError("the policy object is known only to a local Gateway; use client.policy() remotely")
         return self.gateway.policies.for_principal(self.principal).policy
 
+    @property
+    def session_id(self) -> str | None:
+        """The live session's id (for the host and its logs; the model never sees it); None before the first
+        call, after :meth:`close`, and once the session has ended."""
+        return self._session_id
+
     def definition(self) -> dict[str, Any]:
         """The tool definition with the timeout bounded by the principal's policy ceiling, which the
-        description states with the other ceilings (remotely: the service's ``GET /v1/tools``)."""
+        description states with the other ceilings, and what persists between calls (remotely: the service's
+        ``GET /v1/tools``)."""
         if not self.local:
             tools = getattr(self.gateway, "tools", None)
             if not callable(tools):
@@ -162,13 +226,92 @@ class ToolHandler:
                     return dict(tool)
             raise LookupError(f"the service does not offer the {TOOL_NAME} tool")
         policy = self.policy
-        return tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings_text(policy))
+        return tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings_text(policy), session=self.session)
+
+    # -- the session -----------------------------------------------------------------------------------
+
+    def open(self) -> SessionResult | None:
+        """Create the handler's session now rather than at the first call (``gateway mcp --session`` does, to
+        refuse at start what the policy denies). The result says why there is none (a denial with its rule
+        ids, an error); None when one is already open."""
+        with self._lock:
+            return None if self._session_id is not None else self._create()
+
+    def close(self) -> None:
+        """Close the handler's session, if one is open (its sandbox is removed, ``session.closed``); the next
+        call would open a new one. A session that already ended is left as it is."""
+        with self._lock:
+            session_id, self._session_id = self._session_id, None
+        if session_id is not None and isinstance(self.gateway, Gateway):
+            with contextlib.suppress(SessionGoneError, SessionNotFoundError):
+                self.gateway.sessions.close(session_id, principal=self.principal)
+
+    def __enter__(self) -> ToolHandler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create(self) -> SessionResult:
+        """Under the lock."""
+        assert isinstance(self.gateway, Gateway)  # noqa: S101 - __init__ checked
+        assert self.session is not None  # noqa: S101 - as above
+        policy = self.policy
+        body: dict[str, Any] = {
+            "mode": self.session,
+            "language": "python",
+            "limits": {"timeout_s": policy.limits.timeout_s.max},  # each call may ask up to the policy's ceiling
+        }
+        if self.principal is not None:
+            body["principal"] = self.principal
+        created = self.gateway.sessions.create(body, caller=self.caller)
+        if created.allowed and created.session is not None:
+            self._session_id = created.session.session_id
+        return created
+
+    def _in_session(self, request: dict[str, Any], cancel: threading.Event | None) -> dict[str, Any]:
+        """One call in the handler's session, opened (or replaced) first when there is none."""
+        assert isinstance(self.gateway, Gateway)  # noqa: S101 - __init__ checked
+        assert self.session is not None  # noqa: S101 - as above
+        request.setdefault("limits", {"timeout_s": self.policy.limits.timeout_s.default})
+        with self._lock:
+            if cancel is not None and cancel.is_set():  # queued behind another call, then cancelled
+                return _error(CancelledRunError.code, "the call was cancelled before it ran; nothing ran")
+            lost: str | None = None
+            for _attempt in range(2):
+                new = self._session_id is None
+                if new:
+                    created = self._create()
+                    if self._session_id is None:
+                        return _answer(created.to_dict())  # denied (rule ids sessions.*) or failed
+                assert self._session_id is not None  # noqa: S101 - just created
+                result = self.gateway.sessions.execute(self._session_id, request, caller=self.caller, cancel=cancel)
+                if new or not isinstance(result.error, SessionGoneError | SessionNotFoundError):
+                    break
+                lost = (
+                    "the previous session has ended (idle, past its lifetime, or killed); this call ran in a new "
+                    "session: earlier variables, imports and files are gone"
+                )
+                self._session_id = None
+            answer = _answer(result.to_dict())
+            answer["session"] = {"mode": self.session, "new": new}
+            if result.session_ended is not None:
+                self._session_id = None
+                lost = (
+                    f"the session was killed during this call ({result.session_ended}); its state is gone and the "
+                    "next call starts a new, empty session"
+                )
+            if lost is not None:
+                answer["state_lost"] = lost
+            return answer
+
+    # -- a call ----------------------------------------------------------------------------------------
 
     def __call__(
         self, name: str, args: Mapping[str, Any] | str, *, cancel: threading.Event | None = None
     ) -> dict[str, Any]:
         """The model's answer to one call; ``cancel`` (set from any thread) abandons the run, as for
-        :meth:`Gateway.execute`."""
+        :meth:`Gateway.execute` (in a kernel session it ends the session: a kernel cannot be rolled back)."""
         if name != TOOL_NAME:
             return _error("unknown_tool", f"no tool named {name!r}; available: {TOOL_NAME}")
         if isinstance(args, str):
@@ -192,6 +335,8 @@ class ToolHandler:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return _error("invalid_arguments", "'timeout' must be a positive number of seconds")
             request["limits"] = {"timeout_s": timeout}
+        if self.session is not None:
+            return self._in_session(request, cancel)
         outcome: ResultLike
         if isinstance(self.gateway, Gateway):
             outcome = self.gateway.execute(request, cancel=cancel, caller=self.caller)
@@ -199,39 +344,49 @@ class ToolHandler:
             outcome = self.gateway.execute(request)
         else:
             raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
-        result = outcome.to_dict()
+        return _answer(outcome.to_dict())
+
+
+def _answer(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's view of a result's JSON object (an execution's, or a session's that could not be created):
+    whether it ran, why not (each rule and reason, or the error), and what it printed and wrote, within the
+    tool's bounds."""
+    answer: dict[str, Any] = {
+        "ok": result["allowed"] and result["error"] is None and result.get("exit_code") == 0,
+        "request_id": result["request_id"],
+        "allowed": result["allowed"],
+    }
+    if not result["allowed"]:
+        answer["denied_because"] = [{"rule": v["rule"], "message": v["message"]} for v in result["violations"]]
+    if result["error"] is not None:
+        error = result["error"]
+        answer["error"] = {"type": error["code"], "message": error["message"]}
+        if error.get("problems"):  # an invalid request: what was wrong and where
+            answer["error"]["problems"] = [
+                {"path": p.get("path", "$"), "message": p["message"]} for p in error["problems"]
+            ]
+    if result.get("exit_code") is not None or result.get("timed_out") or result.get("oom_killed"):
         stdout, out_clipped = _clip(result["stdout"])
         stderr, err_clipped = _clip(result["stderr"])
-        answer: dict[str, Any] = {
-            "ok": result["allowed"] and result["error"] is None and result["exit_code"] == 0,
-            "request_id": result["request_id"],
-            "allowed": result["allowed"],
-        }
-        if not result["allowed"]:
-            answer["denied_because"] = [{"rule": v["rule"], "message": v["message"]} for v in result["violations"]]
-        if result["error"] is not None:
-            error = result["error"]
-            answer["error"] = {"type": error["code"], "message": error["message"]}
-            if error.get("problems"):  # an invalid request: what was wrong and where
-                answer["error"]["problems"] = [
-                    {"path": p.get("path", "$"), "message": p["message"]} for p in error["problems"]
-                ]
-        if result["exit_code"] is not None or result["timed_out"] or result["oom_killed"]:
-            answer.update(
-                exit_code=result["exit_code"],
-                stdout=stdout,
-                stderr=stderr,
-                truncated=result["stdout_truncated"] or result["stderr_truncated"] or out_clipped or err_clipped,
-                timed_out=result["timed_out"],
-                oom_killed=result["oom_killed"],
-            )
-            files, omitted = _files(result["files"])
-            # Cut by the policy (limits.output_files, limits.output_files_bytes) or here, for the model.
-            cut = result["files_truncated"] or omitted > 0 or any(f["truncated"] for f in files)
-            answer.update(files=files, files_truncated=cut)
-            if omitted:
-                answer["files_omitted"] = omitted
-        return answer
+        answer.update(
+            exit_code=result["exit_code"],
+            stdout=stdout,
+            stderr=stderr,
+            truncated=result["stdout_truncated"] or result["stderr_truncated"] or out_clipped or err_clipped,
+            timed_out=result["timed_out"],
+            oom_killed=result["oom_killed"],
+        )
+        if result.get("value") is not None:  # a kernel cell's last expression
+            answer.update(value=result["value"], value_truncated=result["value_truncated"])
+        if result.get("interrupted"):
+            answer["interrupted"] = True
+        files, omitted = _files(result["files"])
+        # Cut by the policy (limits.output_files, limits.output_files_bytes) or here, for the model.
+        cut = result["files_truncated"] or omitted > 0 or any(f["truncated"] for f in files)
+        answer.update(files=files, files_truncated=cut)
+        if omitted:
+            answer["files_omitted"] = omitted
+    return answer
 
 
 def handle_tool_call(name: str, args: Mapping[str, Any] | str, *, gateway: Executor | None = None) -> dict[str, Any]:
