@@ -25,12 +25,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "principals file (its policy and max_concurrent quota), or, without one, an explicit --policy FILE with "
         "calls audited as local:<process owner>. Every call is decided by that policy and audited. Stdout "
         "carries only the protocol; logs go to stderr. Stops when the client closes stdin, or on SIGTERM/SIGINT "
-        "(running sandboxes are removed first).",
+        "(running sandboxes are removed first). With --session, the calls of the connection share one gateway "
+        "session (a live interpreter, or a persistent workspace), created at start if the policy allows it "
+        "(else exit status 77) and closed when the connection ends.",
     )
     mcp.add_argument("--principal", help="act as this principal of the principals file")
     mcp.add_argument("--principals", help="principals file (default: $GATEWAY_PRINCIPALS, then ./principals.yaml)")
     mcp.add_argument("--policy", help="policy file, when serving without --principal (required then)")
     mcp.add_argument("--audit-dir", help="audit trail directory (default: $GATEWAY_AUDIT_DIR, then ./audit)")
+    mcp.add_argument(
+        "--session",
+        choices=("kernel", "workspace"),
+        help="keep state between the calls of the connection in one session of this mode: kernel (variables, "
+        "imports and files persist) or workspace (files persist); off by default (each call starts from nothing)",
+    )
     mcp.set_defaults(func=_mcp)
 
 
@@ -54,11 +62,10 @@ def _mcp(args: argparse.Namespace) -> int:
         try:
             with Gateway.from_env(identity.policy, args.audit_dir) as gateway:
                 _sweep(gateway)
-                mcp.serve(gateway, identity, wire)
+                return mcp.serve(gateway, identity, wire, session=args.session)
         except GatewayError as exc:
             print(exc.diagnostics(), file=sys.stderr)
             return exit_code_for(exc)
-    return 0
 
 
 def _sweep(gateway: Gateway) -> None:

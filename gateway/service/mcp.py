@@ -17,6 +17,14 @@ refuses (unknown tool, bad arguments) is a tool error (``isError``) carrying the
 error: the model reads them like any answer. A run's answer carries the files the program wrote under ``./out``
 with their contents (text as text, binary as base64), within the tool's bounds and marked where cut.
 
+State (``--session kernel|workspace``, off by default): the server keeps one gateway session for its one MCP
+session (the stdio connection), so the model's consecutive calls share state (:class:`~gateway.tool.ToolHandler`
+with ``session``). It is created at start, under the principal's policy: a policy that does not allow it stops
+the server before it serves anything (exit status 77, every rule id and reason on stderr). It is closed when the
+connection ends (stdin closed, SIGTERM / SIGINT: ``session.closed``); a server killed outright leaves a kernel
+that ends with its connection, and the next start's reap records it. A session that ends meanwhile (idle,
+lifetime, killed) is replaced at the next call, whose answer says ``state_lost``.
+
 Stdout belongs to the protocol: :func:`claim_stdio` moves the wire to private descriptors and points fd 1 at
 stderr (fd 0 at the null device) before anything else happens, so no print, warning or library output can
 corrupt the stream.
@@ -45,9 +53,9 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from gateway import Gateway, __version__
-from gateway.errors import GatewayError, PrincipalIdentityError
+from gateway.errors import EXIT_DENIED, GatewayError, PrincipalIdentityError
 from gateway.service.principals import DEFAULT_QUOTAS, load_principals, name_problem, principals_path_from_env
-from gateway.tool import ToolHandler
+from gateway.tool import ToolHandler, ToolSession
 
 __all__ = [
     "SERVER_NAME",
@@ -254,14 +262,51 @@ async def _serve(server: Server[Any], wire: StdioWire) -> None:
             group.cancel_scope.cancel()
 
 
-def serve(gateway: Gateway, identity: PrincipalIdentity, wire: StdioWire) -> None:
+def serve(gateway: Gateway, identity: PrincipalIdentity, wire: StdioWire, *, session: ToolSession | None = None) -> int:
     """Serve ``execute_python`` for ``identity`` over ``wire`` until the client closes stdin or a SIGTERM /
-    SIGINT arrives (in-flight runs are cancelled and recorded first)."""
-    handler = ToolHandler(gateway, principal=identity.principal)
-    server = build_server(handler, max_concurrent=identity.max_concurrent)
+    SIGINT arrives (in-flight runs are cancelled and recorded first). With ``session``, the calls share one
+    gateway session, opened first and closed at the end (see the module). Returns the exit status: 0, or
+    :data:`~gateway.errors.EXIT_DENIED` when the policy denies the session (nothing is served); a failure to
+    open it is raised (its ``GatewayError``)."""
+    handler = ToolHandler(gateway, principal=identity.principal, session=session)
+    try:
+        if session is not None:
+            refused = _open_session(handler, session)
+            if refused is not None:
+                return refused
+        kept = f", one {session} session for the connection" if session is not None else ""
+        instructions = (
+            f"Runs Python in one persistent {session} session (state is kept between calls) as principal "
+            f"{identity.principal}."
+            if session is not None
+            else None
+        )
+        server = build_server(handler, max_concurrent=identity.max_concurrent, instructions=instructions)
+        print(
+            f"gateway mcp: serving {handler.definition()['function']['name']} over stdio as principal "
+            f"{identity.principal} (policy {handler.policy.ref}){kept}",
+            file=sys.stderr,
+        )
+        anyio.run(_serve, server, wire)
+    finally:
+        handler.close()  # the connection ended: its session with it (session.closed)
+    return 0
+
+
+def _open_session(handler: ToolHandler, session: ToolSession) -> int | None:
+    """Open the handler's session before serving: None when it is open, :data:`EXIT_DENIED` (the reasons on
+    stderr) when the policy denies it; a failure is raised."""
+    opened = handler.open()
+    if opened is None or opened.allowed:
+        return None
+    if opened.error is not None:
+        raise opened.error
+    policy = handler.policy
+    reasons = "; ".join(f"{v.rule}: {v.message}" for v in opened.decision.violations) if opened.decision else ""
     print(
-        f"gateway mcp: serving {handler.definition()['function']['name']} over stdio as principal "
-        f"{identity.principal} (policy {handler.policy.ref})",
+        f"gateway mcp: --session {session} is denied for principal {handler.principal} by policy {policy.ref}: "
+        f"{reasons}. Serve without --session (each call then starts from nothing), or give the principal a "
+        "policy with spec.sessions allowing this mode (see policies/examples/sessions.yaml).",
         file=sys.stderr,
     )
-    anyio.run(_serve, server, wire)
+    return EXIT_DENIED
