@@ -3,7 +3,8 @@
 The client starts ``python -m gateway mcp --principal ...`` as a subprocess (as Claude Desktop or any MCP
 client would), lists the tool, runs ``print(2+2)`` in a real sandbox, is denied a timeout above the ceiling,
 and the trail holds every record with the principal. A server stopped with SIGTERM mid-run removes its sandbox
-and records the outcome first.
+and records the outcome first. With ``--session kernel`` two calls share a variable and the kernel is gone when the
+client closes; a policy without sessions refuses at start.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from gateway.audit.verify import verify_trail
 from gateway.policy import load_policy
-from gateway.resources import default_policy_path
+from gateway.resources import default_policy_path, policies_dir
 from gateway.service.principals import PrincipalsStore
 from gateway.tool import TOOL_NAME
 from tests.integration.conftest import gateway_containers
@@ -167,3 +168,86 @@ def test_sigterm_mid_run_removes_the_sandbox_and_records_it(
     assert len(outcomes) == 1
     assert outcomes[0]["principal"] == PRINCIPAL
     assert outcomes[0]["data"]["error"]["code"] == "gateway.cancelled"
+
+
+def test_a_kernel_session_keeps_state_across_calls_and_ends_with_the_connection(engine: Any, tmp_path: Path) -> None:
+    principals = tmp_path / "principals.yaml"
+    PrincipalsStore(principals).add(PRINCIPAL, policy=policies_dir() / "examples" / "sessions.yaml")
+    audit_dir = tmp_path / "trail"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[*_server_args(principals, audit_dir), "--session", "kernel"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=str(tmp_path),
+    )
+
+    async def session() -> tuple[Any, Any, list[str]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            first = await client.call_tool(TOOL_NAME, {"code": "x = 41"})
+            second = await client.call_tool(TOOL_NAME, {"code": "x + 1"})
+            return first, second, gateway_containers(engine)
+
+    first, second, live = anyio.run(session)
+
+    assert first.is_error is False, first.structured_content
+    assert (second.structured_content["value"], second.structured_content["session"]["new"]) == ("42", False)
+    assert len(live) == 1  # the kernel, while connected
+    assert gateway_containers(engine) == []  # gone with the connection
+    records = _records(audit_dir)
+    [created] = [r for r in records if r["event_type"] == "session.created"]
+    [closed] = [r for r in records if r["event_type"] == "session.closed"]
+    sid = created["data"]["session_id"]
+    assert (closed["principal"], closed["data"]["session_id"], closed["data"]["executions"]) == (PRINCIPAL, sid, 2)
+    outcomes = [r for r in records if r["event_type"] == "execution.outcome"]
+    assert [r["data"]["session_id"] for r in outcomes] == [sid, sid]
+    assert verify_trail(audit_dir).ok
+
+
+def test_a_session_the_policy_does_not_allow_is_refused_at_start(engine: Any, principals: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, *_server_args(principals, tmp_path / "trail"), "--session", "kernel"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 77, done.stderr.decode()
+    assert done.stdout == b""  # not one protocol byte
+    err = done.stderr.decode()
+    assert f"--session kernel is denied for principal {PRINCIPAL}" in err
+    assert "sessions.enabled" in err
+    assert gateway_containers(engine) == []
+
+
+def test_sigterm_closes_the_connections_session(engine: Any, tmp_path: Path) -> None:
+    principals = tmp_path / "principals.yaml"
+    PrincipalsStore(principals).add(PRINCIPAL, policy=policies_dir() / "examples" / "sessions.yaml")
+    proc = subprocess.Popen(
+        [sys.executable, *_server_args(principals, tmp_path / "trail"), "--session", "kernel"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
+        proc.stdin.write(_rpc(1, "initialize", init))
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1  # serving: the session was opened before
+        assert len(gateway_containers(engine)) == 1
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert gateway_containers(engine) == []
+    [closed] = [r for r in _records(tmp_path / "trail") if r["event_type"] == "session.closed"]
+    assert (closed["principal"], closed["data"]["reason"]) == (PRINCIPAL, "owner")
