@@ -14,6 +14,13 @@ The transport runs stateless (the SDK's ``StreamableHTTPSessionManager(stateless
 its token and is authenticated on its own; no session outlives a request, so a rotated or revoked token stops
 working at once. A call whose HTTP request goes away cancels its run (the sandbox is killed and removed,
 ``gateway.cancelled``), as in the stdio server.
+
+No gateway session lives here (``gateway mcp --session`` is stdio only): with no MCP session there is nothing to
+hang one on. Keeping state would take the SDK's stateful transport, an MCP session id bound to the principal and
+token that opened it (another token's request with that id: the 404 of an unknown one), a tool handler with its
+gateway session per MCP session, closed on ``DELETE``, on the principal's revocation and on expiry, and tests of
+isolation between MCP sessions and between principals. Until then an HTTP client keeps state through
+``/v1/sessions``.
 """
 
 from __future__ import annotations

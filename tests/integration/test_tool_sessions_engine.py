@@ -1,8 +1,10 @@
-"""The LLM tool with a kernel session on the real engine (runc): two tool calls share a variable, a file written
-under ./out comes back, and the kernel's container is gone once the handler closes."""
+"""The LLM tool with a session on the real engine (runc): in a kernel two tool calls share a variable, a file
+written under ./out comes back, and the kernel's container is gone once the handler closes; in a workspace files
+persist between calls and variables do not, and the workspace is gone once the handler closes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
 from gateway.tool import TOOL_NAME, ToolHandler
+from tests.integration.test_sessions import workspace_root  # noqa: F401 - the fixture (skips without workspaces)
 
 pytestmark = pytest.mark.integration
 
@@ -46,3 +49,27 @@ def test_two_tool_calls_share_a_variable_and_close_removes_the_kernel(
         engine.api.inspect_container(container)
     assert gateway.sessions.list(principal="agent-7") == []
     assert verify_trail(tmp_path / "audit").ok
+
+
+def test_a_workspace_session_keeps_files_not_variables(
+    engine: Any,
+    tmp_path: Path,
+    workspace_root: str,  # noqa: F811 - the fixture imported above
+) -> None:
+    trail = JsonlAuditTrail(tmp_path / "audit")
+    policy = load_policy(policies_dir() / "examples" / "sessions.yaml")
+    runner = DockerRunner(engine, workspace_root=workspace_root)
+    with (
+        Gateway(policy, runner=runner, audit=trail, slots=HostSlots(tmp_path / "slots", 8)) as gw,
+        ToolHandler(gw, principal="agent-7", session="workspace") as handler,
+    ):
+        handler(TOOL_NAME, {"code": "x = 1\nopen('keep.txt', 'w').write('hello')"})
+        kept = handler(TOOL_NAME, {"code": "print(open('keep.txt').read())\nprint('x' in globals())"})
+    trail.close()
+    assert (kept["ok"], kept["stdout"], kept["session"]) == (
+        True,
+        "hello\nFalse\n",
+        {"mode": "workspace", "new": False},
+    )
+    assert "value" not in kept
+    assert os.listdir(workspace_root) == []  # closed with the handler
