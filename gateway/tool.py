@@ -196,6 +196,9 @@ class ToolHandler:
         self.principal = (principal or DEFAULT_TOOL_PRINCIPAL) if self.local else None
         self.session: ToolSession | None = session
         self._session_id: str | None = None
+        self._killed: str | None = None
+        """Why the last session was killed during a call, told again by the next call's answer (the answer of
+        the call that killed it may never have reached the model: a cancelled MCP call's does not)."""
         self._lock = threading.Lock()
         """Held by a session call from before it opens a session to its answer: one cell at a time, in order."""
 
@@ -281,6 +284,8 @@ class ToolHandler:
             for _attempt in range(2):
                 new = self._session_id is None
                 if new:
+                    if self._killed is not None:
+                        lost, self._killed = self._killed, None
                     created = self._create()
                     if self._session_id is None:
                         return _answer(created.to_dict())  # denied (rule ids sessions.*) or failed
@@ -300,6 +305,10 @@ class ToolHandler:
                 lost = (
                     f"the session was killed during this call ({result.session_ended}); its state is gone and the "
                     "next call starts a new, empty session"
+                )
+                self._killed = (
+                    f"the previous session was killed ({result.session_ended}); this call ran in a new session: "
+                    "earlier variables, imports and files are gone"
                 )
             if lost is not None:
                 answer["state_lost"] = lost
