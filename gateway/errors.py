@@ -65,6 +65,10 @@ __all__ = [
     "UnknownPrincipalError",
     "UnsafeOptionsError",
     "UnsupportedMediaTypeError",
+    "WorkspaceFileNotFoundError",
+    "WorkspaceFileTooLargeError",
+    "WorkspaceFullError",
+    "WorkspacePathError",
     "exit_code_for",
     "http_status_for",
 ]
@@ -245,6 +249,33 @@ class CodeTooLargeError(BodyTooLargeError):
 
     code = "request.code_too_large"
     hint = "send at most your policy's ceiling (GET /v1/policy: ceilings.limits.code_size); larger data as files"
+
+
+class WorkspacePathError(RequestError):
+    """A path in a session's workspace that the file helpers refuse (its name, a symlink, not a regular file),
+    absent, too large, or the workspace full (422 unless a subclass says otherwise)."""
+
+    code = "request.workspace_path"
+
+
+class WorkspaceFileNotFoundError(WorkspacePathError):
+    """Nothing is at that path in the workspace (404)."""
+
+    code = "request.workspace_not_found"
+
+
+class WorkspaceFullError(WorkspacePathError):
+    """The write does not fit: the workspace's file system is full (its size is the session's bound; 507)."""
+
+    code = "request.workspace_full"
+
+
+class WorkspaceFileTooLargeError(WorkspacePathError):
+    """A file is larger than its cap (413): an upload over the policy's ``limits.files_size`` ceiling, or a
+    download of a file over its ``limits.output_files_bytes`` ceiling (nothing of it is sent)."""
+
+    code = "request.file_too_large"
+    hint = "GET /v1/policy names both ceilings; split a larger file in an execution (or compress it) and move the parts"
 
 
 class HeadTooLargeError(RequestError):
@@ -553,6 +584,9 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (HeadTooLargeError, EXIT_USAGE, 431),
     (UnsupportedMediaTypeError, EXIT_USAGE, 415),
     (PrincipalMismatchError, EXIT_USAGE, 403),
+    (WorkspaceFileNotFoundError, EXIT_USAGE, 404),
+    (WorkspaceFullError, EXIT_USAGE, 507),
+    (WorkspaceFileTooLargeError, EXIT_USAGE, 413),
     (RequestError, EXIT_USAGE, 422),
     (UnknownPrincipalError, EXIT_USAGE, 404),
     (PrincipalExistsError, EXIT_USAGE, 409),

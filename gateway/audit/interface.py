@@ -40,6 +40,8 @@ EVENT_TYPES: Final = frozenset(
         "session.expired",
         "session.closed",
         "session.killed",
+        "session.file.put",
+        "session.file.get",
     }
 )
 """Every ``event_type`` a record may carry; ``schemas/audit-record.schema.json`` describes each ``data``."""

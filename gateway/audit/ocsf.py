@@ -85,6 +85,7 @@ _ACTIVITIES: Final[Mapping[tuple[int, int], str]] = MappingProxyType(
     {
         (6003, 1): "Create",
         (6003, 2): "Read",
+        (6003, 3): "Update",
         (6003, 4): "Delete",
         (6003, 99): "Other",
         (6002, 3): "Start",
@@ -117,6 +118,8 @@ MAPPING: Final[Mapping[str, tuple[OcsfClass, int]]] = MappingProxyType(
         "session.expired": (API_ACTIVITY, 4),
         "session.closed": (API_ACTIVITY, 4),
         "session.killed": (API_ACTIVITY, 4),
+        "session.file.put": (API_ACTIVITY, 3),
+        "session.file.get": (API_ACTIVITY, 2),
     }
 )
 """``event_type`` -> (class, activity id); the activity of a dry-run decision is Read (2)."""
@@ -422,6 +425,23 @@ def _generic(view: AuditRecordView, ev: _Event) -> None:
             ev.status_detail = f"{n} problem(s) in {text('source')}"
         ev.message = f"{kind}: {text('name') or ''} {text('source') or ''}".strip()
         ev.unmapped = {"source": text("source"), "sha256": text("sha256"), "problems": n}
+    elif kind in ("session.file.put", "session.file.get"):
+        error = data.get("error")
+        error = error if isinstance(error, dict) else None
+        ev.operation = kind
+        moved = f"{text('path')} ({data.get('bytes')} bytes)" if error is None else text("path")
+        ev.message = f"{kind}: {moved} in session {text('session_id')}"
+        if error is not None:
+            ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+            code = error.get("code")
+            ev.status_code = code if isinstance(code, str) else None
+            message = error.get("message")
+            ev.status_detail = message if isinstance(message, str) else None
+        file: dict[str, Any] = {"type": "File", "name": text("path")}
+        if (sha256 := text("sha256")) is not None:
+            file["uid"] = sha256
+        ev.resources = [file]
+        ev.unmapped = {k: data.get(k) for k in ("session_id", "path", "bytes", "sha256") if k in data}
     elif kind.startswith("session."):
         ev.operation = "session"
         if kind == "session.killed":

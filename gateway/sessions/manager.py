@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,9 @@ from gateway.payload import Payload
 from gateway.request import SessionRequest, parse_session_request
 from gateway.result import ExecutionResult, outcome_data, raw_bytes
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, Outcome, RunSpec
-from gateway.runner.workspace import Workspace, Workspaces
+from gateway.runner.workspace import Workspace, WorkspaceListing, Workspaces
+from gateway.sessions import files
+from gateway.sessions.files import SessionFile
 from gateway.sessions.model import END_EVENTS, SessionInfo, SessionResult, SessionState, utc
 from gateway.telemetry import SPAN_EXECUTE, annotate_error
 
@@ -314,6 +316,51 @@ class SessionManager:
             raise SessionGoneError(f"session {session_id} has ended: {state} ({reason}); its state is gone")
         raise SessionNotFoundError(f"no session {session_id} of principal {principal!r}")
 
+    # -- files (workspace mode) -------------------------------------------------------------------------
+
+    def put_file(
+        self, session_id: str, path: str, data: bytes, *, principal: str | None, operator: bool = False,
+        caller: Caller | None = None, request_id: str | None = None,
+    ) -> SessionFile:  # fmt: skip
+        """Write ``data`` at ``path`` (relative to ``/workspace``) in a workspace-mode session, replacing a file
+        there; at most the owner's policy's ``limits.files_size`` ceiling (else
+        :class:`~gateway.errors.WorkspaceFileTooLargeError`). Recorded as ``session.file.put`` (path, bytes,
+        sha256). Refused: a bad name, a symlink on the way, a full workspace (:mod:`gateway.sessions.files`); a
+        kernel-mode session (:class:`SessionUnavailableError`); one busy with an execution
+        (:class:`SessionBusyError`); not found and gone as for :meth:`get`."""
+        with self._using(session_id, principal, operator, caller, request_id) as target:
+            return files.put_file(self._gateway, target, path, data)
+
+    def get_file(
+        self, session_id: str, path: str, *, principal: str | None, operator: bool = False,
+        caller: Caller | None = None, request_id: str | None = None,
+    ) -> bytes:  # fmt: skip
+        """The content of the regular file at ``path`` in a workspace-mode session, at most the owner's policy's
+        ``limits.output_files_bytes`` ceiling; recorded as ``session.file.get`` before it is returned. Refused as
+        for :meth:`put_file` (and :class:`~gateway.errors.WorkspaceFileNotFoundError` when nothing is there)."""
+        with self._using(session_id, principal, operator, caller, request_id) as target:
+            return files.get_file(self._gateway, target, path)
+
+    def list_files(
+        self, session_id: str, *, principal: str | None, operator: bool = False
+    ) -> WorkspaceListing:
+        """The regular files of a workspace-mode session's workspace (not recorded: it moves no content)."""
+        with self._using(session_id, principal, operator, None, None) as target:
+            return files.list_files(target)
+
+    @contextlib.contextmanager
+    def _using(
+        self, session_id: str, principal: str | None, operator: bool, caller: Caller | None, request_id: str | None
+    ) -> Iterator[files.Target]:
+        session = self._take(session_id, principal, operator)
+        try:
+            store = _workspace_store(self._gateway.runner) if session.workspace is not None else None
+            yield files.Target(
+                session_id, session.principal, session.workspace, store, caller, request_id or uuid.uuid4().hex
+            )
+        finally:
+            self._release(session)
+
     # -- execute ---------------------------------------------------------------------------------------
 
     def execute(
@@ -332,16 +379,8 @@ class SessionManager:
         parsed = gw._intake(request, request_id, caller)
         if isinstance(parsed, ExecutionResult):
             return parsed
-        self._expire_due(session_id)
         try:
-            with self._lock:
-                session = self._find(session_id, parsed.principal, operator=False)
-                if session.busy:
-                    raise SessionBusyError(
-                        f"an execution is already running in session {session_id}; executions of one session run "
-                        "one at a time"
-                    )
-                session.busy = True
+            session = self._take(session_id, parsed.principal, operator=False)
         except GatewayError as exc:
             return ExecutionResult(request_id, None, error=exc)
         try:
@@ -354,12 +393,31 @@ class SessionManager:
                     annotate_error(span, result.error)
                 return result
         finally:
-            with self._lock:
-                session.busy = False
-                session.last_used_at = self._clock()
-                destroy, session.destroy_pending = session.destroy_pending, False
-            if destroy:  # ended while this execution used its workspace
-                self._destroy_workspace(session)
+            self._release(session)
+
+    def _take(self, session_id: str, principal: str | None, operator: bool) -> _Session:
+        """The live session, now busy: one execution or file transfer at a time in a session; another meanwhile
+        is refused (:class:`SessionBusyError`), never queued. :meth:`_release` gives it back."""
+        self._expire_due(session_id)
+        with self._lock:
+            session = self._find(session_id, principal, operator)
+            if session.busy:
+                raise SessionBusyError(
+                    f"an execution or a file transfer is already running in session {session_id}; a session "
+                    "serves them one at a time"
+                )
+            session.busy = True
+        return session
+
+    def _release(self, session: _Session) -> None:
+        """The end of what :meth:`_take` began: the session is used now (its idle time counts from here), and a
+        session that ended meanwhile loses its workspace."""
+        with self._lock:
+            session.busy = False
+            session.last_used_at = self._clock()
+            destroy, session.destroy_pending = session.destroy_pending, False
+        if destroy:  # ended while this execution or transfer used its workspace
+            self._destroy_workspace(session)
 
     def _execute(
         self, session: _Session, request: Any, request_id: str, *, caller: Caller | None,

@@ -39,7 +39,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from gateway.errors import RequestError, SandboxError
+from gateway.errors import (
+    SandboxError,
+    WorkspaceFileNotFoundError,
+    WorkspaceFileTooLargeError,
+    WorkspaceFullError,
+    WorkspacePathError,
+)
 from gateway.hostfs import RESOLVE_NO_LINKS, openat2
 from gateway.payload import file_name_problem
 from gateway.runner.docker.mounts import _container_root, _is_mount_point, _mount, _umount
@@ -92,25 +98,6 @@ class WorkspaceError(SandboxError):
     """A workspace could not be created, bound, checked or removed; nothing ran with it."""
 
     code = "runner.workspace"
-
-
-class WorkspacePathError(RequestError):
-    """A path in a workspace that the file helpers refuse (its name, a symlink, not a regular file, too large,
-    absent, or the workspace full)."""
-
-    code = "request.workspace_path"
-
-
-class WorkspaceFileNotFoundError(WorkspacePathError):
-    """Nothing is at that path in the workspace."""
-
-    code = "request.workspace_not_found"
-
-
-class WorkspaceFullError(WorkspacePathError):
-    """The write does not fit: the workspace's file system is full (its size is the session's bound)."""
-
-    code = "request.workspace_full"
 
 
 def default_root() -> str:
@@ -522,7 +509,7 @@ def get(workspace: Workspace, path: str, max_bytes: int) -> bytes:
         finally:
             os.close(fd)
     if total > max_bytes:
-        raise WorkspacePathError(f"workspace file {path!r} is larger than the {max_bytes} bytes allowed")
+        raise WorkspaceFileTooLargeError(f"workspace file {path!r} is larger than the {max_bytes} bytes allowed")
     return b"".join(chunks)
 
 

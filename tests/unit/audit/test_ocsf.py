@@ -138,6 +138,18 @@ EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
     ("session.expired", {"session_id": "s-1", "mode": "kernel", "reason": "idle"}, None, "agent-1"),
     ("session.closed", {"session_id": "s-2", "mode": "kernel", "reason": "owner"}, None, "agent-1"),
     ("session.killed", {"session_id": "s-3", "mode": "kernel", "reason": "memory"}, None, "agent-1"),
+    (
+        "session.file.put",
+        {"session_id": "s-4", "path": "data/in.bin", "bytes": 3, "sha256": "a" * 64},
+        "r-10",
+        "agent-1",
+    ),
+    (
+        "session.file.get",
+        {"session_id": "s-4", "path": "link", "error": {"code": "request.workspace_path", "message": "a symlink"}},
+        "r-11",
+        "agent-1",
+    ),
     ("gateway.stop", {"policy_source": "policies/default.yaml"}, None, None),
 ]
 
@@ -267,6 +279,16 @@ def test_other_classes(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (recovery["class_uid"], recovery["severity_id"]) == (6008, 4)
     (reaped,) = _by_code(events, "containers.reaped")
     assert (reaped["activity_id"], len(reaped["resources"])) == (4, 2)
+
+
+def test_session_files_are_updates_and_reads_of_a_file(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _rc, events, _err = _export(capsys, "--trail", str(trail))
+    (put,) = _by_code(events, "session.file.put")
+    assert (put["class_uid"], put["activity_id"], put["status_id"]) == (6003, 3, 1)
+    assert put["resources"] == [{"type": "File", "name": "data/in.bin", "uid": "a" * 64}]
+    assert put["unmapped"]["gateway"]["bytes"] == 3
+    (refused,) = _by_code(events, "session.file.get")
+    assert (refused["activity_id"], refused["status_id"], refused["status_code"]) == (2, 2, "request.workspace_path")
 
 
 def test_an_invalid_request_and_a_forbidden_call_are_not_allowed(
