@@ -16,6 +16,14 @@ in both: they travel as ``{"content": "<base64>", "encoding": "base64"}``):
   answer came (connection, TLS, timeout), and a success answer that is not the service's contract.
 - :meth:`Client.policy` and :meth:`Client.tools` return the JSON of ``GET /v1/policy`` / ``GET /v1/tools``
   and raise the mapped exception for any error.
+- Sessions, as :attr:`gateway.Gateway.sessions` has them: :meth:`Client.create_session` returns a
+  :class:`RemoteSessionResult` (shaped like :class:`gateway.sessions.SessionResult`: a denial or an error is a
+  result, not an exception), :meth:`Client.execute_in_session` a :class:`RemoteResult` (with ``value`` for a
+  kernel cell, and ``session_id``; ``session.not_found``, ``session.gone`` and ``session.busy`` are its
+  ``error``); :meth:`Client.sessions` and :meth:`Client.session` return :class:`RemoteSession` (the
+  :class:`gateway.sessions.SessionInfo` fields) and :meth:`Client.close_session` closes one; these three raise
+  the mapped exception (:class:`~gateway.errors.SessionNotFoundError` for an unknown id and another
+  principal's alike, :class:`~gateway.errors.SessionGoneError` for an ended one).
 
 Error bodies (``code``, ``message``, ``request_id``, ``violations`` / ``errors``) become the class of
 :mod:`gateway.errors` with that stable ``code``; an unknown code becomes a subclass (keeping the code) of
@@ -51,7 +59,15 @@ from gateway.errors import (
 )
 from gateway.payload import request_file
 
-__all__ = ["DEFAULT_TIMEOUT", "AsyncClient", "Client", "RemoteResult", "error_from_response"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AsyncClient",
+    "Client",
+    "RemoteResult",
+    "RemoteSession",
+    "RemoteSessionResult",
+    "error_from_response",
+]
 
 DEFAULT_TIMEOUT = 90.0
 """Seconds the client waits for an answer: above the default policy's 60 s ceiling plus start-up."""
@@ -116,6 +132,18 @@ class RemoteResult:
     def violations(self) -> list[dict[str, Any]]:
         return list(self._data["violations"])
 
+    @property
+    def session_id(self) -> str | None:
+        """The session it ran in (``execute_in_session``); None for a single-use run."""
+        sid = self._data.get("session_id")
+        return None if sid is None else str(sid)
+
+    @property
+    def value(self) -> str | None:
+        """A kernel cell's value: the repr of its last expression (bounded), None when it has none."""
+        value = self._data.get("value")
+        return None if value is None else str(value)
+
     def to_dict(self) -> dict[str, Any]:
         """A fresh copy of the result object (the keys of :meth:`gateway.ExecutionResult.to_dict`)."""
         return copy.deepcopy(self._data)
@@ -126,6 +154,116 @@ class RemoteResult:
             f"RemoteResult(request_id={self.request_id!r}, allowed={self.allowed}, ran={self.ran}, "
             f"exit_status={self.exit_status}{error})"
         )
+
+
+class RemoteSession:
+    """A session as the service describes it (``GET /v1/sessions/{id}``): the fields of
+    :meth:`gateway.sessions.SessionInfo.to_dict`, times as RFC 3339 UTC strings."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    @property
+    def session_id(self) -> str:
+        return str(self._data["session_id"])
+
+    @property
+    def mode(self) -> str:
+        return str(self._data["mode"])
+
+    @property
+    def state(self) -> str:
+        return str(self._data["state"])
+
+    @property
+    def expires_at(self) -> str:
+        return str(self._data["expires_at"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A fresh copy of the session object."""
+        return copy.deepcopy(self._data)
+
+    def __repr__(self) -> str:
+        return f"RemoteSession(session_id={self.session_id!r}, mode={self.mode!r}, state={self.state!r})"
+
+
+class RemoteSessionResult:
+    """What a request to create a session came to, read like :class:`gateway.sessions.SessionResult`: the
+    session, or a denial (``allowed`` False, ``violations``) or an ``error`` (the library's exception)."""
+
+    __slots__ = ("_data", "error", "status")
+
+    def __init__(self, data: dict[str, Any], *, status: int, error: GatewayError | None = None) -> None:
+        self._data = data
+        self.status = status
+        """The HTTP status of the answer (201 created)."""
+        self.error = error
+
+    @property
+    def request_id(self) -> str:
+        return str(self._data.get("request_id") or "")
+
+    @property
+    def allowed(self) -> bool:
+        return bool(self._data.get("allowed")) and self.error is None
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        return list(self._data.get("violations") or [])
+
+    @property
+    def session(self) -> RemoteSession | None:
+        """The new session; None unless it was created."""
+        return RemoteSession(self._data) if self.allowed and "session_id" in self._data else None
+
+    @property
+    def session_id(self) -> str | None:
+        return self.session.session_id if self.session is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A fresh copy of the answer (the keys of :meth:`gateway.sessions.SessionResult.to_dict`)."""
+        return copy.deepcopy(self._data)
+
+    def __repr__(self) -> str:
+        error = f", error={self.error.code!r}" if self.error is not None else ""
+        return f"RemoteSessionResult(request_id={self.request_id!r}, allowed={self.allowed}{error})"
+
+
+def _session_result(response: httpx.Response) -> RemoteSessionResult:
+    """``create_session``: the answer as a result; raises only for what is about the client (401)."""
+    status = response.status_code
+    if status == 401:
+        raise error_from_response(response)
+    body = _body(response)
+    if 200 <= status < 300:
+        if body is None or not isinstance(body.get("session_id"), str):
+            raise GatewayError(f"HTTP {status} from the service is not a session object: {response.text[:200]!r}")
+        return RemoteSessionResult(body, status=status)
+    if status == 403 and body is not None and body.get("code") == DENIED_CODE:
+        data = {key: body.get(key) for key in ("request_id", "decision_id", "violations", "warnings", "policy")}
+        return RemoteSessionResult(data | {"allowed": False, "error": None, "audit_ok": True}, status=status)
+    err = error_from_response(response)
+    data = {"request_id": err.request_id, "allowed": False, "violations": [], "error": err.to_dict()}
+    return RemoteSessionResult(data, status=status, error=err)
+
+
+def _sessions(response: httpx.Response) -> list[RemoteSession]:
+    return [RemoteSession(item) for item in _json_answer(response)["sessions"]]
+
+
+def _closed(response: httpx.Response) -> None:
+    if response.status_code != 204:
+        raise error_from_response(response)
+
+
+def _session_path(session_id: str, tail: str = "") -> str:
+    """``/v1/sessions/<id><tail>``; an id that is not one (empty, or with a character outside the URL-safe
+    alphabet the gateway's ids use) is a :class:`ValueError`, never a request for another path."""
+    if not session_id or not all(c.isascii() and (c.isalnum() or c in "-_") for c in session_id):
+        raise ValueError(f"{session_id!r} is not a session id (URL-safe base64, as create_session returns)")
+    return f"/v1/sessions/{session_id}{tail}"
 
 
 def _result_data(
@@ -350,6 +488,29 @@ class Client:
         """``GET /v1/tools``: the function-calling definitions for this caller (its ceilings in them)."""
         return list(_json_answer(self._send("GET", "/v1/tools"))["tools"])
 
+    def create_session(self, request: RequestBody) -> RemoteSessionResult:
+        """``POST /v1/sessions`` (``mode``, optional ``idle_s``, ``lifetime_s``, ``workspace_size`` and the
+        profile's request fields): the session, or a denial or error as a result."""
+        return _session_result(self._send("POST", "/v1/sessions", _content(request)))
+
+    def sessions(self, *, all_principals: bool = False) -> list[RemoteSession]:
+        """``GET /v1/sessions``: the caller's live sessions; ``all_principals`` (operators only): everyone's."""
+        path = "/v1/sessions?all=true" if all_principals else "/v1/sessions"
+        return _sessions(self._send("GET", path))
+
+    def session(self, session_id: str) -> RemoteSession:
+        """``GET /v1/sessions/{id}``."""
+        return RemoteSession(_json_answer(self._send("GET", _session_path(session_id))))
+
+    def execute_in_session(self, session_id: str, request: RequestBody) -> RemoteResult:
+        """``POST /v1/sessions/{id}/executions`` (``code``, optional ``limits.timeout_s``, ``files``, ``env``):
+        as :meth:`execute`, plus ``value`` for a kernel cell."""
+        return _result(self._send("POST", _session_path(session_id, "/executions"), _content(request)), dry_run=False)
+
+    def close_session(self, session_id: str) -> None:
+        """``DELETE /v1/sessions/{id}``: its sandbox is gone when this returns."""
+        _closed(self._send("DELETE", _session_path(session_id)))
+
 
 class AsyncClient:
     """:class:`Client` for asyncio: the same methods, awaited; ``async with AsyncClient(...) as client``."""
@@ -392,3 +553,20 @@ class AsyncClient:
 
     async def tools(self) -> list[dict[str, Any]]:
         return list(_json_answer(await self._send("GET", "/v1/tools"))["tools"])
+
+    async def create_session(self, request: RequestBody) -> RemoteSessionResult:
+        return _session_result(await self._send("POST", "/v1/sessions", _content(request)))
+
+    async def sessions(self, *, all_principals: bool = False) -> list[RemoteSession]:
+        path = "/v1/sessions?all=true" if all_principals else "/v1/sessions"
+        return _sessions(await self._send("GET", path))
+
+    async def session(self, session_id: str) -> RemoteSession:
+        return RemoteSession(_json_answer(await self._send("GET", _session_path(session_id))))
+
+    async def execute_in_session(self, session_id: str, request: RequestBody) -> RemoteResult:
+        path = _session_path(session_id, "/executions")
+        return _result(await self._send("POST", path, _content(request)), dry_run=False)
+
+    async def close_session(self, session_id: str) -> None:
+        _closed(await self._send("DELETE", _session_path(session_id)))

@@ -75,6 +75,11 @@ def build_app(service: Service) -> Starlette:
     routes = [
         Route("/v1/executions", endpoints.executions, methods=["POST"], middleware=bearer),
         Route("/v1/decisions", endpoints.decisions, methods=["POST"], middleware=bearer),
+        Route("/v1/sessions", endpoints.sessions, methods=["GET", "POST"], middleware=bearer),
+        Route("/v1/sessions/{session_id}", endpoints.session, methods=["GET", "DELETE"], middleware=bearer),
+        Route(
+            "/v1/sessions/{session_id}/executions", endpoints.session_executions, methods=["POST"], middleware=bearer
+        ),
         Route("/v1/policy", endpoints.policy, methods=["GET"], middleware=bearer),
         Route("/v1/tools", endpoints.tools, methods=["GET"], middleware=bearer),
         Route("/v1/audit/records", endpoints.audit_records, methods=["GET"], middleware=bearer),

@@ -33,6 +33,7 @@ from gateway.errors import (
     GatewayError,
     MalformedRequestError,
     OverQuotaError,
+    Problem,
     RequestError,
 )
 from gateway.policy import Policy
@@ -40,11 +41,19 @@ from gateway.service.auth import caller_of
 from gateway.service.bodies import JSON_MEDIA_TYPE, BodyHold, read_json_body
 from gateway.service.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.service.openapi import openapi_document
-from gateway.service.operator import NDJSON, audit_filters, audit_lines, reload_answer, require_operator
+from gateway.service.operator import (
+    NDJSON,
+    audit_filters,
+    audit_lines,
+    is_operator,
+    reload_answer,
+    require_operator,
+)
 from gateway.service.principals import Quotas
 from gateway.service.replies import Reply, error_reply, gateway_error_reply
 from gateway.service.service import Service
-from gateway.service.streaming import EventStreamExecution, execute_watched, wants_events
+from gateway.service.streaming import EventStreamExecution, Execute, execute_watched, wants_events
+from gateway.sessions import SessionResult
 from gateway.tool import tool_definition
 
 T = TypeVar("T")
@@ -64,6 +73,9 @@ __all__ = [
     "policy",
     "policy_summary",
     "readyz",
+    "session",
+    "session_executions",
+    "sessions",
     "tool_for",
     "tools",
     "unexpected",
@@ -242,11 +254,14 @@ async def executions(request: Request, caller: Caller, request_id: str) -> Respo
 
 
 async def _execute(
-    request: Request, caller: Caller, request_id: str, *, quotas: Quotas, body: bytes, held: BodyHold
-) -> Response:
-    """An execution whose body was read: its intake, a slot, the run; ``held`` is released by a streamed
-    response when its run ends (by :func:`executions` otherwise)."""
+    request: Request, caller: Caller, request_id: str, *, quotas: Quotas, body: bytes, held: BodyHold,
+    run: Execute | None = None,
+) -> Response:  # fmt: skip
+    """An execution whose body was read: its intake, a slot, the run (``run``: :meth:`Service.execute`, or an
+    execution in a session); ``held`` is released by a streamed response when its run ends (by the caller
+    otherwise)."""
     service = Service.of(request)
+    run = run or service.execute
     metrics, started = service.metrics, time.perf_counter()
     # Parsed and checked in a decision worker: this process parses only valid requests (bounded by the schema).
     invalid = await _checked(service.decisions.intake(body, caller), request, caller, request_id)
@@ -277,11 +292,11 @@ async def _execute(
             await admitted.__aexit__(None, None, None)
 
         return EventStreamExecution(
-            service.execute, body, caller, _execution_response, release=run_ended,
+            run, body, caller, _execution_response, release=run_ended,
             stall_s=service.config.stream_stall_s,
         )  # fmt: skip
     try:
-        result = await execute_watched(request, service.execute, body, caller)
+        result = await execute_watched(request, run, body, caller)
     finally:
         metrics.running_executions.dec()
         await admitted.__aexit__(None, None, None)
@@ -290,6 +305,118 @@ async def _execute(
     if result.error is None and result.decision is not None and not result.decision.allowed:
         metrics.denied(result.decision.to_dict()["violations"], dry_run=False)
     return response
+
+
+# --- /v1/sessions ----------------------------------------------------------------------------------------------
+
+
+def _session_created(result: SessionResult) -> JSONResponse:
+    """``POST /v1/sessions``' answer: 201 with the session, 403 ``policy.denied`` with every violation (the
+    ``sessions.*`` rules' and the profile's), or the error's body (422 invalid, 501 a mode this backend lacks,
+    503 ...)."""
+    body = result.to_dict()
+    if result.error is not None:
+        return error_response(result.error, result.request_id)
+    if result.decision is not None and not result.decision.allowed:
+        message = f"denied by policy {body['policy']['name']}: {len(body['violations'])} violation(s)"
+        extra = {"violations": body["violations"], "warnings": body["warnings"], "decision_id": body["decision_id"]}
+        return _error(403, "policy.denied", message, result.request_id, policy=body["policy"], **extra)
+    return _json(201, body, result.request_id)
+
+
+@counted("/v1/sessions")
+async def sessions(request: Request) -> Response:
+    """``GET /v1/sessions`` and ``POST /v1/sessions`` share one path (and so one route)."""
+    if request.method == "POST":
+        return await _sessions_create(request)
+    return await _sessions_list(request)
+
+
+@v1
+async def _sessions_create(request: Request, caller: Caller, request_id: str) -> Response:
+    """Create a session: counted against the caller's rpm like an execution; the body checked by a decision
+    worker as JSON of at most MESSAGE_MAX_VALUES values (as /mcp's), then parsed, decided and opened by the
+    session manager in a worker thread (its ``request.invalid`` or ``policy.decision`` and ``session.created``
+    records name the caller). A kernel session's container takes a host slot for as long as it lives, not an
+    execution slot: its executions take those."""
+    service = Service.of(request)
+    if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
+        return over
+    body, held = await _read_body(request, caller, request_id, check_json=False)
+    try:
+        await _checked(service.decisions.message(body, caller), request, caller, request_id)
+        service.refuse_gone(caller, request_id=request_id, path=request.url.path)
+        result = await run_in_threadpool(service.gateway.sessions.create, body, caller=caller)
+    finally:
+        held.release()
+    return _session_created(result)
+
+
+@v1
+async def _sessions_list(request: Request, caller: Caller, request_id: str) -> Response:
+    """The caller's live sessions; ``?all=true``: every principal's, for operators only (403 otherwise)."""
+    service = Service.of(request)
+    every = _all_parameter(request)
+    if every:
+        await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+    found = service.gateway.sessions.list(principal=caller.principal, operator=every)
+    return _json(200, {"sessions": [info.to_dict() for info in found]}, request_id)
+
+
+def _all_parameter(request: Request) -> bool:
+    """``GET /v1/sessions``' one query parameter, ``all`` (``true`` or ``false``); anything else is a 422."""
+    params = request.query_params
+    problems = [
+        Problem("unknown parameter; the only one is all (true or false)", path=f"$.query.{name}")
+        for name in sorted(set(params.keys()) - {"all"})
+    ]
+    values = params.getlist("all")
+    if len(values) > 1 or (values and values[0] not in ("true", "false")):
+        problems.append(Problem("all is true or false, given once", path="$.query.all"))
+    if problems:
+        raise RequestError(f"{len(problems)} invalid query parameter(s) of {request.url.path}", problems=problems)
+    return values == ["true"]
+
+
+@counted("/v1/sessions/{session_id}")
+@v1
+async def session(request: Request, caller: Caller, request_id: str) -> Response:
+    """``GET`` a session of the caller (an operator: any); ``DELETE`` closes it (its sandbox is gone when the 204
+    is sent). Another principal's id is the 404 of an unknown one; an ended one, 410."""
+    service = Service.of(request)
+    session_id = request.path_params["session_id"]
+    manager, operator = service.gateway.sessions, is_operator(service, caller)
+    act = manager.close if request.method == "DELETE" else manager.get  # blocking: close removes the sandbox
+    info = await run_in_threadpool(functools.partial(act, session_id, principal=caller.principal, operator=operator))
+    if request.method == "DELETE":
+        return Response(status_code=204, headers={"X-Request-Id": request_id})
+    return _json(200, info.to_dict(), request_id)
+
+
+@counted("/v1/sessions/{session_id}/executions")
+@v1
+async def session_executions(request: Request, caller: Caller, request_id: str) -> Response:
+    """An execution in the caller's session, exactly as ``POST /v1/executions``: rpm, the body's bounds, its
+    intake in a decision worker (the same execution request schema), an execution slot of the principal and of
+    the service, the run in a worker thread (server-sent events with ``Accept: text/event-stream``), and its
+    answer (plus ``session_id`` and, for a kernel cell, ``value``). The session's own errors: 404
+    ``session.not_found`` (unknown, or another principal's), 410 ``session.gone``, 409 ``session.busy`` (one
+    runs already: executions of a session are refused, not queued)."""
+    service = Service.of(request)
+    quotas = service.quotas_of(caller)
+    if (over := _admit(request, caller, request_id, quotas)) is not None:
+        return over
+    session_id = request.path_params["session_id"]
+    body, held = await _read_body(request, caller, request_id, check_json=False)
+    run = functools.partial(service.execute_in_session, session_id)
+    streaming = False
+    try:
+        response = await _execute(request, caller, request_id, quotas=quotas, body=body, held=held, run=run)
+        streaming = isinstance(response, EventStreamExecution)
+        return response
+    finally:
+        if not streaming:
+            held.release()
 
 
 @counted("/v1/decisions")

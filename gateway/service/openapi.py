@@ -27,6 +27,7 @@ COMPONENTS = {
     "error": "Error",
     "api": "Api",
     "audit-record": "AuditRecord",
+    "session-request": "SessionRequest",
 }
 """schemas/<file>.schema.json -> the component it becomes."""
 
@@ -129,9 +130,15 @@ _ERRORS: dict[str, tuple[str, str]] = {
         "Denied by policy (policy.denied, with every violation), the body names another principal "
         "(auth.principal_mismatch), or an operator-only endpoint called by an agent (auth.forbidden).",
     ),
-    "404": ("NotFound", "No such endpoint (http.not_found)."),
+    "404": (
+        "NotFound",
+        "No such endpoint (http.not_found), or no session of the caller with this id (session.not_found: unknown "
+        "and another principal's alike).",
+    ),
     "405": ("MethodNotAllowed", "The endpoint does not take this method (http.method_not_allowed)."),
     "408": ("BodyTimeout", "The body did not arrive within body_read_s (request.timeout)."),
+    "409": ("Busy", "An execution already runs in this session (session.busy): send the next when it has returned."),
+    "410": ("Gone", "The session has ended: closed, expired or killed (session.gone, the message says which)."),
     "413": (
         "TooLarge",
         "The body is larger than max_body_bytes (request.too_large), or an execution's code larger than any policy "
@@ -151,6 +158,7 @@ _ERRORS: dict[str, tuple[str, str]] = {
         "ran. Retry-After says when to retry.",
     ),
     "500": ("Internal", "An unexpected server failure (gateway.internal); never a traceback."),
+    "501": ("NotImplemented", "This gateway's backend cannot keep the session mode asked for (session.unavailable)."),
     "502": ("Sandbox", "The sandbox failed under the run (runner errors)."),
     "503": (
         "Unavailable",
@@ -184,6 +192,94 @@ _EXECUTION_EVENTS: dict[str, Any] = {
         "A client that disconnects cancels its run (gateway.cancelled).",
     }
 }
+
+
+def _session_paths(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """``/v1/sessions`` and below (``gateway/service/endpoints.py``): create, list, get, execute in, close."""
+    v1 = ("401", "405", "429")
+    body = ("400", "408", "413", "415", "422")
+    session_id = {
+        "name": "session_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "minLength": 1},
+        "description": "The session's id (POST /v1/sessions' session_id). Another principal's id answers exactly as an "
+        "unknown one (404 session.not_found); an operator may name any session.",
+    }
+    created = _body(_ref("Api", "/$defs/sessionCreated"), "Created: the session and its decision.")
+    executed = _body(_ref("ExecutionResult"), "It ran in the session: the result object, with session_id (and value).")
+    executed["content"][_EVENT_STREAM] = _EXECUTION_EVENTS
+    return {
+        "/v1/sessions": {
+            "post": {
+                "operationId": "createSession",
+                "summary": "Create a session (state that lasts across executions) under the caller's policy; its "
+                "profile is fixed now. Counts against the caller's rpm. 403 policy.denied with the sessions.* rule "
+                "ids (the policy allows no sessions, this mode, or more of them) or the profile's; 501 "
+                "session.unavailable when this gateway's backend cannot keep the mode.",
+                "security": auth,
+                "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("SessionRequest")}}},
+                "responses": {
+                    "201": created,
+                    **{s: _error(_ERRORS[s][0]) for s in (*body, *v1, "403", "500", "501", "502", "503", "507")},
+                },
+            },
+            "get": {
+                "operationId": "listSessions",
+                "summary": "The caller's live sessions, oldest first; all=true: every principal's (operators only, "
+                "403 auth.forbidden for an agent).",
+                "security": auth,
+                "parameters": [
+                    {
+                        "name": "all",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["true", "false"]},
+                        "description": "true: every principal's sessions (operators only).",
+                    }
+                ],
+                "responses": _responses(_body(_ref("Api", "/$defs/sessionList"), "The sessions."), *v1, "403", "422"),
+            },
+        },
+        "/v1/sessions/{session_id}": {
+            "get": {
+                "operationId": "getSession",
+                "parameters": [session_id],
+                "summary": "One session of the caller (an operator: any).",
+                "security": auth,
+                "responses": _responses(_body(_ref("Api", "/$defs/session"), "The session."), *v1, "404", "410"),
+            },
+            "delete": {
+                "operationId": "closeSession",
+                "parameters": [session_id],
+                "summary": "Close a session of the caller (an operator: any): its sandbox is removed before the "
+                "answer, and session.closed recorded.",
+                "security": auth,
+                "responses": {
+                    "204": {
+                        "description": "Closed.",
+                        "headers": {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}},
+                    },
+                    **{s: _error(_ERRORS[s][0]) for s in (*v1, "404", "410", "500")},
+                },
+            },
+        },
+        "/v1/sessions/{session_id}/executions": {
+            "post": {
+                "operationId": "executeInSession",
+                "parameters": [session_id],
+                "summary": "Run a request in the caller's session, as POST /v1/executions (rpm, an execution slot, "
+                "server-sent events): a kernel session's cell (with value) or a fresh container over the session's "
+                "workspace. Decided again under the current policy, within the session's profile (rule "
+                "sessions.profile). 409 session.busy while another execution runs in it (refused, not queued).",
+                "security": auth,
+                "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("ExecutionRequest")}}},
+                "responses": _responses(
+                    executed, *body, *v1, "403", "404", "409", "410", "500", "501", "502", "503", "507"
+                ),
+            },
+        },
+    }
 
 
 def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
@@ -351,6 +447,7 @@ def _document() -> dict[str, Any]:
         },
     }
     paths["/v1/executions"]["post"]["responses"]["200"]["content"][_EVENT_STREAM] = _EXECUTION_EVENTS
+    paths.update(_session_paths(auth))
     paths["/mcp"] = _mcp_path(auth)
     responses: dict[str, Any] = {}
     for status, (name, description) in _ERRORS.items():

@@ -1,4 +1,5 @@
-"""The operator-only endpoints: ``GET /metrics``, ``GET /v1/audit/records`` and ``POST /v1/reload``.
+"""The operator-only endpoints: ``GET /metrics``, ``GET /v1/audit/records`` and ``POST /v1/reload``; and the
+operator's reach over sessions (:func:`is_operator`: every principal's, by id, and ``GET /v1/sessions?all=true``).
 
 Only principals with role ``operator`` may call them; an agent's call is refused with 403 ``auth.forbidden``
 and recorded as ``auth.forbidden`` (naming the principal and its token's public id; summarised per principal
@@ -33,7 +34,9 @@ from gateway.audit.query import QueryFilters, parse_time, query_trail_lines
 from gateway.errors import AuditError, ForbiddenError, GatewayError, Problem, RequestError
 from gateway.service.service import Service
 
-__all__ = ["NDJSON", "QUERY_PARAMETERS", "audit_filters", "audit_lines", "reload_answer", "require_operator"]
+__all__ = [
+    "NDJSON", "QUERY_PARAMETERS", "audit_filters", "audit_lines", "is_operator", "reload_answer", "require_operator",
+]  # fmt: skip
 
 NDJSON = "application/x-ndjson"
 QUERY_PARAMETERS = (
@@ -41,6 +44,12 @@ QUERY_PARAMETERS = (
 )  # fmt: skip
 """The filters of ``gateway audit query``, named like its flags (``--event-type`` is ``event_type``)."""
 _CHUNK = 64 * 1024
+
+
+def is_operator(service: Service, caller: Caller) -> bool:
+    """Whether ``caller``'s principal has role ``operator`` (it may see and close every principal's sessions)."""
+    principal = service.principals.by_name.get(caller.principal)
+    return principal is not None and principal.is_operator
 
 
 def require_operator(service: Service, caller: Caller, path: str, request_id: str) -> None:

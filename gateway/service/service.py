@@ -261,6 +261,20 @@ class Service:
         with self.inflight.run(cancel) as event:
             return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
 
+    def execute_in_session(
+        self, session_id: str, body: bytes, caller: Caller, *, cancel: threading.Event | None = None,
+        on_output: OnOutput | None = None,
+    ) -> ExecutionResult:  # fmt: skip
+        """An execution in the caller's session ``session_id`` (:meth:`SessionManager.execute
+        <gateway.sessions.SessionManager.execute>`), in a worker thread, exactly as :meth:`execute`."""
+        request_id = uuid.uuid4().hex
+        try:
+            self.refuse_gone(caller, request_id=request_id, path=None)
+        except AuthenticationError as exc:
+            return ExecutionResult(request_id, None, error=exc)
+        with self.inflight.run(cancel) as event:
+            return self.gateway.sessions.execute(session_id, body, caller=caller, cancel=event, on_output=on_output)
+
     def reload(self) -> bool:
         """SIGHUP: reload the principals and policies (see the module); True when the new ones are active."""
         return bool(self.reload_report()["ok"])

@@ -38,6 +38,8 @@ class Live(NamedTuple):
     """An agent's token (policies/default.yaml)."""
     operator: str
     """An operator's token, for /metrics and /v1/audit/records."""
+    sessions: str
+    """An agent's token under policies/examples/sessions.yaml (the default policy plus both session modes)."""
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,11 @@ def live(tmp_path_factory: pytest.TempPathFactory, engine: Any) -> Iterator[Live
     directory = tmp_path_factory.mktemp("fuzz")
     principals, token = one_principal(directory)
     operator = PrincipalsStore(principals).add("olga", policy=str(policies_dir() / "default.yaml"), role="operator")
+    sessions = PrincipalsStore(principals).add("sam", policy=str(policies_dir() / "examples" / "sessions.yaml"))
     config = ServerConfig(principals=principals, audit_dir=directory / "audit", max_body_bytes=MAX_BODY_BYTES)
     port, _service, stop = start(config)
     try:
-        yield Live(f"http://127.0.0.1:{port}", token, operator)
+        yield Live(f"http://127.0.0.1:{port}", token, operator, sessions)
     finally:
         stop()
 
@@ -123,6 +126,25 @@ def test_read_and_dry_run_endpoints_conform_to_the_document(live: Live, path: st
 def test_executions_conform_to_the_document(live: Live) -> None:
     (operation,) = [op for op in _operations(live.url) if op.path == "/v1/executions"]
     _fuzz(operation, live.url, live.agent, EXAMPLES["/v1/executions"])
+
+
+SESSION_OPERATIONS = {
+    ("POST", "/v1/sessions"): 6,
+    ("GET", "/v1/sessions"): DEFAULT_EXAMPLES,
+    ("GET", "/v1/sessions/{session_id}"): DEFAULT_EXAMPLES,
+    ("DELETE", "/v1/sessions/{session_id}"): DEFAULT_EXAMPLES,
+    ("POST", "/v1/sessions/{session_id}/executions"): DEFAULT_EXAMPLES,
+}
+"""Allowed session requests start a kernel's container or make a workspace (at most two live: the policy's
+max_per_principal): few of them. The operations on one session get generated ids, which name no session (404
+session.not_found, the answer to an unknown id and to another principal's alike): what they do to a live
+session is tested in test_service_sessions.py."""
+
+
+@pytest.mark.parametrize(("method", "path"), list(SESSION_OPERATIONS))
+def test_session_endpoints_conform_to_the_document(live: Live, method: str, path: str) -> None:
+    (operation,) = [op for op in _operations(live.url) if (op.method.upper(), op.path) == (method, path)]
+    _fuzz(operation, live.url, live.sessions, SESSION_OPERATIONS[(method, path)])
 
 
 def test_the_served_document_is_the_built_one(live: Live) -> None:
