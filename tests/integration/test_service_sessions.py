@@ -386,3 +386,24 @@ def test_a_kernel_session_under_gvisor_keeps_its_state(
     assert gina.post(f"/v1/sessions/{sid}/executions", json={"code": "x = 1"}).status_code == 200
     assert gina.post(f"/v1/sessions/{sid}/executions", json={"code": "x + 1"}).json()["value"] == "2"
     assert gina.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_workspace_session_keeps_its_files_across_executions(
+    served: Callable[..., tuple[Server, dict[str, str]]], clients: Callable[..., httpx.Client]
+) -> None:
+    server, tokens = served()
+    alice = clients(server, tokens["alice"])
+    response = alice.post("/v1/sessions", json={"mode": "workspace", "workspace_size": "16m"})
+    if response.status_code == 501:
+        pytest.skip(f"workspace sessions need root, loop devices and mkfs.ext4: {response.json()['message']}")
+    assert response.status_code == 201, response.text
+    sid = response.json()["session_id"]
+    wrote = alice.post(f"/v1/sessions/{sid}/executions", json={"code": "open('notes.txt', 'w').write('step 1')"})
+    assert (wrote.status_code, wrote.json()["exit_code"]) == (200, 0), wrote.text
+    read = alice.post(f"/v1/sessions/{sid}/executions", json={"code": "print(open('notes.txt').read())"})
+    assert read.json()["stdout"] == "step 1\n", read.text
+    assert read.json()["value"] is None  # no value outside a kernel
+    assert alice.delete(f"/v1/sessions/{sid}").status_code == 204
+    (ended,) = server.records("session.closed")
+    assert (ended["data"]["mode"], ended["data"]["executions"]) == ("workspace", 2)
+    assert "workspace_left" not in ended["data"]
