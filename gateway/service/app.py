@@ -7,9 +7,10 @@ the request names the principal (``principal``) and the token's public id (``dat
 token. A body that names another ``principal`` is refused with 403 ``auth.principal_mismatch``: a token speaks
 only for its own principal, and a silent re-attribution would hide a confused or hostile client.
 
-Bodies are bounded before they are parsed (:mod:`gateway.service.bodies`): the media type first (only
-``application/json``, 415), then ``Content-Length`` against ``max_body_bytes`` before reading and the running
-total while reading a chunked body (413), the whole body within ``body_read_s`` (408 ``request.timeout``), then
+Bodies are bounded before they are parsed (:mod:`gateway.service.bodies`): the media type first
+(``application/json``; a session file's upload ``application/octet-stream``, :mod:`.session_files`; 415), then
+``Content-Length`` against ``max_body_bytes`` before reading and the running total while reading a chunked body
+(413), the whole body within ``body_read_s`` (408 ``request.timeout``), then
 JSON (400 ``request.malformed``); each such refusal is audited (``request.refused``, summarised per principal
 and code). The Gateway's own intake does the rest (422 with every JSON path). ``/mcp`` bodies get the same
 bounds. Quotas (:mod:`gateway.service.quotas`): each ``POST`` counts against the principal's requests per minute
@@ -44,7 +45,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import ServiceStoppingError
-from gateway.service import endpoints
+from gateway.service import endpoints, session_files
 from gateway.service.auth import BearerTokens
 from gateway.service.mcp_http import McpEndpoint
 from gateway.service.replies import gateway_error_reply, render_json
@@ -85,6 +86,13 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/audit/records", endpoints.audit_records, methods=["GET"], middleware=bearer),
         Route("/v1/reload", endpoints.reload, methods=["POST"], middleware=bearer),
         Route("/metrics", endpoints.metrics, methods=["GET"], middleware=bearer),
+        Route("/v1/sessions/{session_id}/files", session_files.list_files, methods=["GET"], middleware=bearer),
+        Route(
+            "/v1/sessions/{session_id}/files/{path:path}", session_files.put_file, methods=["PUT"], middleware=bearer
+        ),
+        Route(
+            "/v1/sessions/{session_id}/files/{path:path}", session_files.get_file, methods=["GET"], middleware=bearer
+        ),
         Route("/healthz", endpoints.healthz, methods=["GET"]),
         Route("/readyz", endpoints.readyz, methods=["GET"]),
         Route("/openapi.json", endpoints.openapi, methods=["GET"]),

@@ -28,9 +28,19 @@ from gateway.errors import (
 )
 from gateway.service.replies import check_json_body
 
-__all__ = ["JSON_MEDIA_TYPE", "BodyBudget", "BodyHold", "default_body_budget", "media_type", "read_json_body"]
+__all__ = [
+    "JSON_MEDIA_TYPE",
+    "OCTET_MEDIA_TYPE",
+    "BodyBudget",
+    "BodyHold",
+    "default_body_budget",
+    "media_type",
+    "read_json_body",
+    "read_octet_body",
+]
 
 JSON_MEDIA_TYPE = "application/json"
+OCTET_MEDIA_TYPE = "application/octet-stream"
 BUDGET_RETRY_AFTER_S = 1
 """The ``Retry-After`` of a body refused for its principal's part of the budget: bodies leave within seconds."""
 
@@ -142,6 +152,31 @@ async def read_json_body(
     charset = params.get("charset", "utf-8").lower()
     if charset not in ("utf-8", "utf8"):
         raise UnsupportedMediaTypeError(f"the body must be UTF-8 JSON; got charset {charset!r}")
+    data, held = await _bounded(request, limit, deadline_s, hold)
+    if check_json:
+        try:
+            check_json_body(data)
+        except BaseException:
+            held.release()
+            raise
+    return data, held
+
+
+async def read_octet_body(
+    request: Request, limit: int, deadline_s: float, *, hold: Callable[[int], BodyHold]
+) -> tuple[bytes, BodyHold]:
+    """A raw body (``PUT /v1/sessions/{id}/files/{path}``): ``application/octet-stream`` (415 otherwise), bounded
+    and held exactly as :func:`read_json_body`'s."""
+    kind, _params = media_type(request.headers.get("content-type"))
+    if kind != OCTET_MEDIA_TYPE:
+        got = repr(kind) if kind else "no Content-Type"
+        raise UnsupportedMediaTypeError(f"the body must be {OCTET_MEDIA_TYPE} (the file's raw bytes); got {got}")
+    return await _bounded(request, limit, deadline_s, hold)
+
+
+async def _bounded(
+    request: Request, limit: int, deadline_s: float, hold: Callable[[int], BodyHold]
+) -> tuple[bytes, BodyHold]:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -152,8 +187,6 @@ async def read_json_body(
     try:
         data = await _read(request, held.size, deadline_s)
         held.shrink(len(data))
-        if check_json:
-            check_json_body(data)
     except BaseException:
         held.release()
         raise

@@ -310,6 +310,102 @@ def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
     }
 
 
+_OCTETS = "application/octet-stream"
+
+
+def _session_file_paths(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """The file API of a workspace session (``gateway/service/session_files.py``): upload, download, list."""
+
+    def refused(status: str, text: str) -> dict[str, Any]:
+        return _body(_ref("Error"), f"{status}: {text}")
+
+    session_id = {
+        "name": "session_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+        "description": "The session's id; another principal's answers exactly as an unknown one (404).",
+    }  # fmt: skip
+    path = {
+        "name": "path", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+        "description": "The file's path below the workspace's root (/workspace in the sandbox), e.g. data/in.csv; a "
+        "nested path's slashes as they are or percent-encoded (%2F): the path is percent-decoded once, then checked "
+        "(no .. segment, no absolute path, no NUL, no backslash; a symlink on the way is never followed).",
+    }  # fmt: skip
+    common = {
+        "401": _error(_ERRORS["401"][0]), "405": _error(_ERRORS["405"][0]), "429": _error(_ERRORS["429"][0]),
+        "404": refused("404", "No session of the caller with this id (session.not_found), or no file at this path "
+                       "(request.workspace_not_found)."),
+        "409": refused("409", "An execution or another file transfer runs in this session (session.busy)."),
+        "410": refused("410", "The session has ended (session.gone)."),
+        "422": refused("422", "The path is refused (request.workspace_path: its name, a symlink on the way, not a "
+                       "regular file); the message names it."),
+        "501": refused("501", "A kernel-mode session: the file API serves workspace-mode sessions only "
+                       "(session.unavailable)."),
+        "500": _error(_ERRORS["500"][0]), "503": _error(_ERRORS["503"][0]),
+    }  # fmt: skip
+    octets = {_OCTETS: {"schema": {"type": "string", "contentMediaType": _OCTETS}}}
+    stored = _body(_ref("Api", "/$defs/sessionFile"), "Written (replacing a file at the path): its size and sha256.")
+    listed = _body(_ref("Api", "/$defs/sessionFiles"), "The workspace's regular files, sorted by path.")
+    downloaded = {
+        "description": "The file's raw bytes.", "content": octets,
+        "headers": {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}},
+    }  # fmt: skip
+    return {
+        "/v1/sessions/{session_id}/files": {
+            "get": {
+                "operationId": "listSessionFiles",
+                "summary": "The regular files of the caller's workspace session (not recorded in the trail).",
+                "security": auth,
+                "parameters": [session_id],
+                "responses": {"200": listed, **{s: common[s] for s in ("401", "404", "405", "410", "429", "501")}},
+            }
+        },
+        "/v1/sessions/{session_id}/files/{path}": {
+            "put": {
+                "operationId": "putSessionFile",
+                "summary": "Upload the body's raw bytes to the path in the caller's workspace session, at most the "
+                "policy's limits.files_size ceiling; recorded as session.file.put (path, bytes, sha256). Counts "
+                "against the caller's rpm.",
+                "security": auth,
+                "parameters": [session_id, path],
+                "requestBody": {"required": True, "content": octets},
+                "responses": {
+                    "200": stored,
+                    **{s: common[s] for s in ("401", "404", "405", "409", "410", "422", "429", "501", "503")},
+                    "400": _error(_ERRORS["400"][0]),
+                    "408": _error(_ERRORS["408"][0]),
+                    "413": refused(
+                        "413",
+                        "The body is larger than max_body_bytes (request.too_large) or the policy's "
+                        "limits.files_size ceiling (request.file_too_large); nothing was written.",
+                    ),
+                    "415": refused("415", "The body is not application/octet-stream (request.media_type)."),
+                    "507": refused(
+                        "507",
+                        "The workspace is full (request.workspace_full: its size is the session's "
+                        "bound), or the trail's file system is low (audit.low_space).",
+                    ),
+                },
+            },
+            "get": {
+                "operationId": "getSessionFile",
+                "summary": "Download the regular file at the path in the caller's workspace session, at most the "
+                "policy's limits.output_files_bytes ceiling; recorded as session.file.get (path, bytes, sha256) "
+                "before the bytes are sent.",
+                "security": auth,
+                "parameters": [session_id, path],
+                "responses": {
+                    "200": downloaded,
+                    **{s: common[s] for s in ("401", "404", "405", "409", "410", "422", "429", "501", "503")},
+                    "413": refused(
+                        "413",
+                        "The file is larger than the policy's limits.output_files_bytes ceiling "
+                        "(request.file_too_large); nothing of it was sent.",
+                    ),
+                },
+            },
+        },
+    }
+
+
 @cache
 def _document() -> dict[str, Any]:
     schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
@@ -450,6 +546,7 @@ def _document() -> dict[str, Any]:
     paths.update(_session_paths(auth))
     paths["/mcp"] = _mcp_path(auth)
     responses: dict[str, Any] = {}
+    paths.update(_session_file_paths(auth))
     for status, (name, description) in _ERRORS.items():
         headers = {}
         if status == "401":

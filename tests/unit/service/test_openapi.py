@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -70,7 +71,7 @@ def test_every_route_is_documented_with_its_errors_and_security() -> None:
 
     document = openapi_document()
     routes = {
-        (route.path, method.lower())
+        (re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path), method.lower())  # {path:path} is {path} in the document
         for route in build_app(_NoService()).routes  # type: ignore[arg-type]
         for method in (route.methods or ()) - {"HEAD"}
     }
