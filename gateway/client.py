@@ -24,6 +24,11 @@ in both: they travel as ``{"content": "<base64>", "encoding": "base64"}``):
   :class:`gateway.sessions.SessionInfo` fields) and :meth:`Client.close_session` closes one; these three raise
   the mapped exception (:class:`~gateway.errors.SessionNotFoundError` for an unknown id and another
   principal's alike, :class:`~gateway.errors.SessionGoneError` for an ended one).
+- A workspace session's files, as :meth:`gateway.sessions.SessionManager.put_file` and its siblings have them:
+  :meth:`Client.put_session_file` returns the :class:`gateway.sessions.SessionFile` written,
+  :meth:`Client.get_session_file` the bytes, :meth:`Client.session_files` a
+  :class:`gateway.runner.workspace.WorkspaceListing`; they raise the mapped exception. The path travels
+  percent-encoded (``..`` too, which httpx would otherwise resolve away): the service alone judges it.
 
 Error bodies (``code``, ``message``, ``request_id``, ``violations`` / ``errors``) become the class of
 :mod:`gateway.errors` with that stable ``code``; an unknown code becomes a subclass (keeping the code) of
@@ -42,6 +47,7 @@ import copy
 import json
 from collections.abc import Mapping
 from typing import Any, cast
+from urllib.parse import quote
 
 import httpx
 
@@ -58,6 +64,8 @@ from gateway.errors import (
     exit_code_for,
 )
 from gateway.payload import request_file
+from gateway.runner.workspace import WorkspaceFile, WorkspaceListing
+from gateway.sessions.files import SessionFile
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -266,6 +274,30 @@ def _session_path(session_id: str, tail: str = "") -> str:
     return f"/v1/sessions/{session_id}{tail}"
 
 
+def _file_path(session_id: str, path: str) -> str:
+    """``/v1/sessions/<id>/files/<path>`` with every segment of ``path`` percent-encoded, dots of ``.`` and ``..``
+    segments too: the service gets the path exactly as given and judges it (httpx would resolve ``..``)."""
+    segments = [quote(s, safe="") if s not in (".", "..") else s.replace(".", "%2E") for s in path.split("/")]
+    return _session_path(session_id, "/files/" + "/".join(segments))
+
+
+def _stored(response: httpx.Response) -> SessionFile:
+    body = _json_answer(response)
+    return SessionFile(str(body["path"]), int(body["bytes"]), str(body["sha256"]))
+
+
+def _downloaded(response: httpx.Response) -> bytes:
+    if response.status_code != 200:
+        raise error_from_response(response)
+    return response.content
+
+
+def _listing(response: httpx.Response) -> WorkspaceListing:
+    body = _json_answer(response)
+    files = tuple(WorkspaceFile(str(f["path"]), int(f["bytes"])) for f in body["files"])
+    return WorkspaceListing(files, truncated=bool(body["truncated"]))
+
+
 def _result_data(
     request_id: str, *, allowed: bool, decision: Mapping[str, Any] | None, error: GatewayError | None
 ) -> dict[str, Any]:
@@ -437,6 +469,7 @@ def _headers(token: str) -> dict[str, str]:
 
 
 _JSON = {"Content-Type": "application/json"}
+_OCTETS = {"Content-Type": "application/octet-stream"}
 
 
 # --- the clients -------------------------------------------------------------------------------------------
@@ -466,9 +499,11 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, method: str, path: str, content: bytes | None = None) -> httpx.Response:
+    def _send(
+        self, method: str, path: str, content: bytes | None = None, headers: dict[str, str] = _JSON
+    ) -> httpx.Response:
         try:
-            return self._http.request(method, path, content=content, headers=_JSON if content is not None else None)
+            return self._http.request(method, path, content=content, headers=headers if content is not None else None)
         except httpx.HTTPError as exc:
             raise _unreachable(self.base_url, exc) from exc
 
@@ -511,6 +546,19 @@ class Client:
         """``DELETE /v1/sessions/{id}``: its sandbox is gone when this returns."""
         _closed(self._send("DELETE", _session_path(session_id)))
 
+    def put_session_file(self, session_id: str, path: str, data: bytes) -> SessionFile:
+        """``PUT /v1/sessions/{id}/files/{path}``: write ``data`` at ``path`` in a workspace session (at most the
+        policy's ``limits.files_size`` ceiling); what was written, with its sha256."""
+        return _stored(self._send("PUT", _file_path(session_id, path), bytes(data), _OCTETS))
+
+    def get_session_file(self, session_id: str, path: str) -> bytes:
+        """``GET /v1/sessions/{id}/files/{path}``: the file's bytes (at most ``limits.output_files_bytes``)."""
+        return _downloaded(self._send("GET", _file_path(session_id, path)))
+
+    def session_files(self, session_id: str) -> WorkspaceListing:
+        """``GET /v1/sessions/{id}/files``: the regular files of a workspace session."""
+        return _listing(self._send("GET", _session_path(session_id, "/files")))
+
 
 class AsyncClient:
     """:class:`Client` for asyncio: the same methods, awaited; ``async with AsyncClient(...) as client``."""
@@ -534,10 +582,12 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, method: str, path: str, content: bytes | None = None) -> httpx.Response:
+    async def _send(
+        self, method: str, path: str, content: bytes | None = None, headers: dict[str, str] = _JSON
+    ) -> httpx.Response:
         try:
             return await self._http.request(
-                method, path, content=content, headers=_JSON if content is not None else None
+                method, path, content=content, headers=headers if content is not None else None
             )
         except httpx.HTTPError as exc:
             raise _unreachable(self.base_url, exc) from exc
@@ -570,3 +620,12 @@ class AsyncClient:
 
     async def close_session(self, session_id: str) -> None:
         _closed(await self._send("DELETE", _session_path(session_id)))
+
+    async def put_session_file(self, session_id: str, path: str, data: bytes) -> SessionFile:
+        return _stored(await self._send("PUT", _file_path(session_id, path), bytes(data), _OCTETS))
+
+    async def get_session_file(self, session_id: str, path: str) -> bytes:
+        return _downloaded(await self._send("GET", _file_path(session_id, path)))
+
+    async def session_files(self, session_id: str) -> WorkspaceListing:
+        return _listing(await self._send("GET", _session_path(session_id, "/files")))

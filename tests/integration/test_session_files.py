@@ -6,6 +6,7 @@ that read and plant files go through the manager of the server's own Gateway (th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
@@ -24,14 +25,17 @@ import pytest
 
 from gateway.audit import verify_trail
 from gateway.cli import main
-from gateway.errors import GatewayError
+from gateway.client import AsyncClient, Client
+from gateway.errors import GatewayError, SessionNotFoundError, WorkspaceFileNotFoundError, WorkspacePathError
 from gateway.hostfs import mount_points_below
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.docker.workspace import DockerWorkspaces, missing
+from gateway.runner.workspace import WorkspaceFile, WorkspaceListing
 from gateway.service.config import ServerConfig
 from gateway.service.principals import PrincipalsStore
 from gateway.service.service import Service
+from gateway.sessions import SessionFile
 
 pytestmark = pytest.mark.integration
 
@@ -346,3 +350,31 @@ def test_a_transfer_while_an_execution_runs_is_refused_busy(serve_files: Callabl
         running.join(timeout=60)
     with served.client() as client:
         assert client.put(f"/v1/sessions/{sid}/files/x.txt", **_octets(b"x")).status_code == 200
+
+
+def test_the_client_moves_files_whatever_their_names(serve_files: Callable[[str], Served]) -> None:
+    served = serve_files("runc")
+    sid = served.session()
+    odd = "data/a b?#%&+é;=.bin"  # every character here means something in a URL
+    with Client(served.url, served.tokens["alice"]) as client:
+        stored = client.put_session_file(sid, odd, EVERY_BYTE)
+        assert stored == SessionFile(odd, len(EVERY_BYTE), hashlib.sha256(EVERY_BYTE).hexdigest())
+        assert client.get_session_file(sid, odd) == EVERY_BYTE
+        assert client.session_files(sid) == WorkspaceListing((WorkspaceFile(odd, len(EVERY_BYTE)),), truncated=False)
+        for path in ("../escape", "data/../../escape", "./x", "/etc/passwd"):
+            with pytest.raises(WorkspacePathError, match="workspace path"):
+                client.put_session_file(sid, path, b"x")  # sent as given (httpx would resolve ..), refused
+        with pytest.raises(WorkspaceFileNotFoundError):
+            client.get_session_file(sid, "absent")
+    with Client(served.url, served.tokens["bob"]) as bob, pytest.raises(SessionNotFoundError):
+        bob.get_session_file(sid, odd)
+    paths = [r["data"]["path"] for r in served.records("session.file.put")]
+    assert paths == [odd, "../escape", "data/../../escape", "./x", "/etc/passwd"]
+
+    async def from_asyncio() -> bytes:
+        async with AsyncClient(served.url, served.tokens["alice"]) as client:
+            await client.put_session_file(sid, "async.bin", b"\0\1")
+            assert (await client.session_files(sid)).files[0].path == "async.bin"
+            return await client.get_session_file(sid, "async.bin")
+
+    assert asyncio.run(from_asyncio()) == b"\0\1"
