@@ -59,6 +59,7 @@ from gateway.tool import tool_definition
 T = TypeVar("T")
 
 __all__ = [
+    "admit",
     "audit_records",
     "counted",
     "decisions",
@@ -69,6 +70,7 @@ __all__ = [
     "mcp_body",
     "mcp_error",
     "metrics",
+    "note_refused",
     "openapi",
     "policy",
     "policy_summary",
@@ -172,7 +174,7 @@ def counted(name: str) -> Callable[[Endpoint], Endpoint]:
 # --- refusals before any work ------------------------------------------------------------------------------------
 
 
-def _note_refused(exc: GatewayError, request: Request, caller: Caller, request_id: str) -> None:
+def note_refused(exc: GatewayError, request: Request, caller: Caller, request_id: str) -> None:
     """A request the service refuses before any work (a body it cannot take: 400, 408, 413, 415; over a quota:
     429; a job its decision worker did not answer: 503; a caller a reload removed or revoked while its request
     waited: 401), audited as ``request.refused``."""
@@ -185,7 +187,7 @@ async def _read_body(
     request: Request, caller: Caller, request_id: str, *, check_json: bool = True
 ) -> tuple[bytes, BodyHold]:
     """The JSON body and its hold of the service's body budget (release it once the request no longer holds
-    the body); one it cannot take, or one the budget has no room for, is refused (:func:`_note_refused`).
+    the body); one it cannot take, or one the budget has no room for, is refused (:func:`note_refused`).
     ``check_json=False``: whether it is JSON is left to a decision worker (:func:`_checked`)."""
     service = Service.of(request)
     config = service.config
@@ -198,24 +200,24 @@ async def _read_body(
             request, config.max_body_bytes, config.body_read_s, hold=hold, check_json=check_json
         )
     except (RequestError, OverQuotaError, BodiesInFlightError) as exc:
-        _note_refused(exc, request, caller, request_id)
+        note_refused(exc, request, caller, request_id)
         raise
 
 
 async def _checked(job: Awaitable[T], request: Request, caller: Caller, request_id: str) -> T:
     """A decision worker's job on a body read with ``check_json=False``: a body it finds not JSON is refused
-    (400, :func:`_note_refused`), as :func:`_read_body` would have. A job its worker did not answer (it ended,
+    (400, :func:`note_refused`), as :func:`_read_body` would have. A job its worker did not answer (it ended,
     or was killed for taking too long: the records it built for its batch went with it) is a 503, recorded
     the same way (``request.refused``, code ``service.decision_failed``), and so is a caller a reload removed or
     revoked while its job waited for its turn (401 ``auth.failed``)."""
     try:
         return await job
     except (MalformedRequestError, DecisionWorkerError, AuthenticationError) as exc:
-        _note_refused(exc, request, caller, request_id)
+        note_refused(exc, request, caller, request_id)
         raise
 
 
-def _admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
+def admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) -> Response | None:
     """Count the request against the caller's rpm (before its body is read); over it, or over the caller's
     trail byte budget, the 429."""
     service = Service.of(request)
@@ -228,7 +230,7 @@ def _admit(request: Request, caller: Caller, request_id: str, quotas: Quotas) ->
 
 
 def _over_quota(exc: OverQuotaError, request: Request, caller: Caller, request_id: str) -> Response:
-    _note_refused(exc, request, caller, request_id)
+    note_refused(exc, request, caller, request_id)
     return error_response(exc, request_id, quota=exc.quota, retry_after_s=exc.retry_after_s)
 
 
@@ -240,7 +242,7 @@ def _over_quota(exc: OverQuotaError, request: Request, caller: Caller, request_i
 async def executions(request: Request, caller: Caller, request_id: str) -> Response:
     service = Service.of(request)
     quotas = service.quotas_of(caller)
-    if (over := _admit(request, caller, request_id, quotas)) is not None:
+    if (over := admit(request, caller, request_id, quotas)) is not None:
         return over
     body, held = await _read_body(request, caller, request_id, check_json=False)
     streaming = False
@@ -276,7 +278,7 @@ async def _execute(
     except OverQuotaError as exc:
         return _over_quota(exc, request, caller, request_id)
     except AuthenticationError as exc:  # a reload removed or revoked the caller while it waited (refuse_waiting)
-        _note_refused(exc, request, caller, request_id)
+        note_refused(exc, request, caller, request_id)
         raise
     try:  # the caller may have gone while the body was read or the request waited
         service.refuse_gone(caller, request_id=request_id, path=request.url.path)
@@ -340,7 +342,7 @@ async def _sessions_create(request: Request, caller: Caller, request_id: str) ->
     records name the caller). A kernel session's container takes a host slot for as long as it lives, not an
     execution slot: its executions take those."""
     service = Service.of(request)
-    if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
+    if (over := admit(request, caller, request_id, service.quotas_of(caller))) is not None:
         return over
     body, held = await _read_body(request, caller, request_id, check_json=False)
     try:
@@ -404,7 +406,7 @@ async def session_executions(request: Request, caller: Caller, request_id: str) 
     runs already: executions of a session are refused, not queued)."""
     service = Service.of(request)
     quotas = service.quotas_of(caller)
-    if (over := _admit(request, caller, request_id, quotas)) is not None:
+    if (over := admit(request, caller, request_id, quotas)) is not None:
         return over
     session_id = request.path_params["session_id"]
     body, held = await _read_body(request, caller, request_id, check_json=False)
@@ -423,7 +425,7 @@ async def session_executions(request: Request, caller: Caller, request_id: str) 
 @v1
 async def decisions(request: Request, caller: Caller, request_id: str) -> Response:
     service = Service.of(request)
-    if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
+    if (over := admit(request, caller, request_id, service.quotas_of(caller))) is not None:
         return over
     body, held = await _read_body(request, caller, request_id, check_json=False)  # a worker parses it
     try:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from gateway import Caller
 from gateway.errors import BodiesInFlightError, OverQuotaError, RequestError
 from gateway.service.bodies import OCTET_MEDIA_TYPE, read_octet_body
-from gateway.service.endpoints import _admit, _note_refused, counted, respond, v1
+from gateway.service.endpoints import admit, counted, note_refused, respond, v1
 from gateway.service.replies import Reply
 from gateway.service.service import Service
 
@@ -31,7 +31,7 @@ __all__ = ["get_file", "list_files", "put_file"]
 async def put_file(request: Request, caller: Caller, request_id: str) -> Response:
     """Write the body at ``path`` in the caller's workspace session: 200 with ``path``, ``bytes``, ``sha256``."""
     service = Service.of(request)
-    if (over := _admit(request, caller, request_id, service.quotas_of(caller))) is not None:
+    if (over := admit(request, caller, request_id, service.quotas_of(caller))) is not None:
         return over
     config = service.config
     try:
@@ -40,7 +40,7 @@ async def put_file(request: Request, caller: Caller, request_id: str) -> Respons
             hold=lambda size: service.bodies.take(caller.principal, size),
         )  # fmt: skip
     except (RequestError, OverQuotaError, BodiesInFlightError) as exc:
-        _note_refused(exc, request, caller, request_id)
+        note_refused(exc, request, caller, request_id)
         raise
     session_id, path = request.path_params["session_id"], request.path_params["path"]
     try:
