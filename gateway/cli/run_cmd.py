@@ -16,6 +16,14 @@ from types import FrameType
 from typing import Any
 
 from gateway import ExecutionResult, Gateway
+from gateway.cli.arguments import (
+    add_file_arguments,
+    add_profile_arguments,
+    env_field,
+    files_field,
+    profile_fields,
+    read_text,
+)
 from gateway.cli.backend import add_backend_args, make_runner
 from gateway.cli.otel import OTEL_HELP, setup_otel
 from gateway.errors import (
@@ -27,7 +35,6 @@ from gateway.errors import (
     RequestError,
     exit_code_for,
 )
-from gateway.payload import request_file
 
 __all__ = ["build_request", "register"]
 
@@ -45,24 +52,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--code", help="the program text")
     src.add_argument("source", nargs="?", help="a file with the program, or - for stdin")
-    run.add_argument("--image", help="sandbox image NAME:TAG (must be on the policy's allowlist)")
-    run.add_argument("--language", default=None, help="language of the code (default: the policy's)")
-    run.add_argument("--memory", help="memory limit, e.g. 256m (at most the policy's ceiling)")
-    run.add_argument("--cpus", type=float, help="CPU limit, e.g. 0.5")
-    run.add_argument("--pids", type=int, help="process/thread limit")
-    run.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
-    run.add_argument("--output-bytes", type=int, help="cap on each of stdout and stderr")
-    run.add_argument("--network", help="network mode (default none; others only if the policy lists them)")
-    run.add_argument("--runtime", help="container runtime: runc or runsc (gVisor)")
-    run.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro|rw]", help="bind mount (repeatable)")
-    run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment (repeatable)")
-    run.add_argument(
-        "--file",
-        action="append",
-        default=[],
-        metavar="PATH[:DEST]",
-        help="send a file (repeatable; UTF-8 text as text, any other bytes as base64)",
-    )
+    add_profile_arguments(run)
+    add_file_arguments(run)
     run.add_argument("--principal", help="who is asking (agent name)")
     _common(run)
     run.set_defaults(func=_run)
@@ -92,15 +83,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_backend_args(p)
 
 
-def _split_mount(spec: str) -> dict[str, str]:
-    parts = spec.split(":")
-    if len(parts) == 2:
-        return {"source": parts[0], "target": parts[1], "mode": "ro"}
-    if len(parts) == 3 and parts[2] in ("ro", "rw"):
-        return {"source": parts[0], "target": parts[1], "mode": parts[2]}
-    raise RequestError(f"--mount {spec!r}: expected SRC:DST or SRC:DST:ro|rw")
-
-
 def build_request(args: argparse.Namespace, stdin_text: str | None = None) -> dict[str, Any]:
     """Turn ``gateway run`` flags into a request object (the same JSON the HTTP API and ``check`` take)."""
     if args.code is not None:
@@ -108,66 +90,15 @@ def build_request(args: argparse.Namespace, stdin_text: str | None = None) -> di
     elif args.source == "-":
         code = stdin_text if stdin_text is not None else sys.stdin.read()
     else:
-        code = _read_text(Path(args.source), "program file")
-    req: dict[str, Any] = {"code": code}
-    for key in ("image", "language", "network", "runtime", "principal"):
-        if getattr(args, key) is not None:
-            req[key] = getattr(args, key)
-    limits = {
-        name: value
-        for name, value in (
-            ("memory", args.memory),
-            ("cpus", args.cpus),
-            ("pids", args.pids),
-            ("timeout_s", args.timeout),
-            ("output_bytes", args.output_bytes),
-        )
-        if value is not None
-    }
-    if limits:
-        req["limits"] = limits
-    if args.mount:
-        req["mounts"] = [_split_mount(m) for m in args.mount]
+        code = read_text(Path(args.source), "program file")
+    req: dict[str, Any] = {"code": code, **profile_fields(args)}
+    if args.principal is not None:
+        req["principal"] = args.principal
     if args.env:
-        env: dict[str, str] = {}
-        for item in args.env:
-            name, sep, value = item.partition("=")
-            if not sep or not name:
-                raise RequestError(f"--env {item!r}: expected NAME=VALUE")
-            env[name] = value
-        req["env"] = env
+        req["env"] = env_field(args.env)
     if args.file:
-        files: dict[str, Any] = {}
-        for item in args.file:
-            path, _, dest = item.partition(":")
-            files[dest or Path(path).name] = _read_file(Path(path))
-        req["files"] = files
+        req["files"] = files_field(args.file)
     return req
-
-
-def _read_file(path: Path) -> Any:
-    """A ``--file``'s content as a request carries it: UTF-8 text as text, any other bytes as base64."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise RequestError(f"--file {str(path)!r} does not exist") from exc
-    except OSError as exc:
-        raise RequestError(f"--file {str(path)!r} cannot be read: {exc.strerror}") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return request_file(data)
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise RequestError(f"{what} {str(path)!r} does not exist") from exc
-    except UnicodeDecodeError as exc:
-        raise RequestError(f"{what} {str(path)!r} is not UTF-8 text") from exc
-    except OSError as exc:
-        raise RequestError(f"{what} {str(path)!r} cannot be read: {exc.strerror}") from exc
 
 
 class _LiveOutput:
