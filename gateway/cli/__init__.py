@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve_cmd",
     "sbom": "sbom_cmd",
     "kubernetes": "kubernetes_cmd",
+    "session": "session_cmd",
 }
 """Each sub-command, in the order ``--help`` lists them, and the module (in this package) that registers it."""
 
