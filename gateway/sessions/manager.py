@@ -158,7 +158,7 @@ class SessionManager:
         records: dict[str, Any] = {
             "request_id": request_id, "principal": parsed.principal, "policy": policy, "caller": caller,
         }  # fmt: skip
-        session_id = secrets.token_urlsafe(24)
+        session_id = new_session_id()
         with self._lock:  # counted and reserved at once: two creations cannot both pass the limit
             live = sum(1 for s in self._live.values() if s.principal == parsed.principal)
             decided = decide_session(
@@ -341,9 +341,7 @@ class SessionManager:
         with self._using(session_id, principal, operator, caller, request_id) as target:
             return files.get_file(self._gateway, target, path)
 
-    def list_files(
-        self, session_id: str, *, principal: str | None, operator: bool = False
-    ) -> WorkspaceListing:
+    def list_files(self, session_id: str, *, principal: str | None, operator: bool = False) -> WorkspaceListing:
         """The regular files of a workspace-mode session's workspace (not recorded: it moves no content)."""
         with self._using(session_id, principal, operator, None, None) as target:
             return files.list_files(target)
@@ -649,6 +647,14 @@ def _attributed(request: SessionRequest, caller: Caller | None) -> SessionReques
             problems=[problem],
         )
     return dataclasses.replace(request, principal=caller.principal)
+
+
+def new_session_id() -> str:
+    """An unguessable session id (192 random bits, URL-safe base64, 32 characters) that never starts with ``-``,
+    so that no shell tool or argument parser reads it as an option (one id in 64 would)."""
+    while (session_id := secrets.token_urlsafe(24)).startswith("-"):
+        continue
+    return session_id
 
 
 def _workspace_store(runner: object) -> Workspaces:

@@ -29,6 +29,7 @@ from gateway.runner.fake import FakeRunner, make_outcome
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, RunSpec
 from gateway.runner.workspace import Workspace
 from gateway.sessions import SessionManager
+from gateway.sessions.manager import new_session_id
 from gateway.slots import HostSlots, Slot
 
 SESSIONS_POLICY = default_policy_path().parent / "examples" / "sessions.yaml"
@@ -471,3 +472,10 @@ def test_the_sweeper_starts_with_the_first_session_and_ends_idle_ones(gateway: G
     with pytest.raises(SessionGoneError, match=r"expired \(idle\)"):
         gateway.sessions.get(sid, principal="alice")
     gateway.sessions.close_all()
+
+
+def test_a_session_id_never_starts_with_a_dash_so_no_tool_reads_it_as_an_option() -> None:
+    ids = [new_session_id() for _ in range(2000)]  # with one id in 64 starting with "-", 2000 miss it ~1e-14
+    assert not [sid for sid in ids if sid.startswith("-")]
+    assert {len(sid) for sid in ids} == {32}
+    assert len(set(ids)) == len(ids)
