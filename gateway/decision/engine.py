@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gateway.decision.model import Decision, PolicyRef, RuleResult, ShadowVerdict, Status
-from gateway.decision.rules import RULES, Context, Finding, Rule
+from gateway.decision.rules import RULES, Context, Finding
+from gateway.decision.rules.base import RuleOf
 from gateway.decision.settings import BackendLimits, SandboxSettings, resolve
 from gateway.errors import UnsafeOptionsError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
@@ -28,7 +29,7 @@ from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
 from gateway.runspec import HostMount, RunSpec
 
-__all__ = ["Assembler", "assemble", "evaluate", "stamp"]
+__all__ = ["Assembler", "assemble", "evaluate", "judge", "stamp"]
 
 
 class Assembler(Protocol):
@@ -72,7 +73,16 @@ def stamp(rule_id: str, mode: Mode, finding: Finding) -> RuleResult:
     return RuleResult(rule_id, status, mode, finding.path, finding.got, finding.expected, finding.message)
 
 
-def _judge(ctx: Context, rules: Iterable[Rule]) -> list[RuleResult]:
+class _Judged(Protocol):
+    @property
+    def policy(self) -> Policy: ...
+
+
+J = TypeVar("J", bound=_Judged)
+
+
+def judge(ctx: J, rules: Iterable[RuleOf[J]]) -> list[RuleResult]:
+    """Every finding of ``rules`` on ``ctx``, stamped; a rule that raises is an ``error`` result (it denies)."""
     results: list[RuleResult] = []
     for rule in rules:
         try:
@@ -210,7 +220,7 @@ def _evaluate(
     except Exception:  # noqa: BLE001 - a backend that cannot say what it can give is judged on the policy alone
         backend = BackendLimits()
     ctx = Context(compiled, request, settings, tuple(denied_paths), backend, now=now)
-    results.extend(_judge(ctx, RULES))
+    results.extend(judge(ctx, RULES))
     if any(r.denies for r in results):
         return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
     assembled = assemble(

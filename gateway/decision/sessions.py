@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from gateway.decision.engine import Assembler, assemble, evaluate, stamp
+from gateway.decision.engine import Assembler, assemble, evaluate, judge
 from gateway.decision.model import Decision, RuleResult
 from gateway.decision.rules.sessions import SESSION_RULES, SessionContext
 from gateway.decision.settings import SandboxSettings, pick
@@ -101,18 +101,6 @@ class SessionDecision:
         return self.decision.to_dict() | {"session": None if self.settings is None else self.settings.to_dict()}
 
 
-def _judge(ctx: SessionContext) -> list[RuleResult]:
-    results: list[RuleResult] = []
-    for rule in SESSION_RULES:
-        try:
-            mode = rule.mode(ctx.policy)
-            results.extend(stamp(rule.id, mode, finding) for finding in rule.check(ctx))
-        except Exception as exc:  # noqa: BLE001 - a crashing rule denies; it never allows
-            message = f"rule crashed: {type(exc).__name__}: {exc}"
-            results.append(RuleResult(rule.id, "error", "enforce", rule.path, None, None, message))
-    return results
-
-
 def _resolve(
     section: SessionsRule | None, request: SessionRequest, sandbox: SandboxSettings | None
 ) -> SessionSettings | None:
@@ -152,13 +140,13 @@ def decide_session(
     if profile.settings is None:  # a policy object that cannot be resolved: an engine.resolve error, a deny
         return SessionDecision(profile, None)
     compiled = policy if isinstance(policy, CompiledPolicy) else compile_policy(policy)
-    results = _judge(SessionContext(compiled, request, live_sessions))
+    results = judge(SessionContext(compiled, request, live_sessions), SESSION_RULES)
     shadow: tuple[RuleResult, ...] = ()
     if compiled.shadow is not None:
         note = f"the audit policy {compiled.shadow.name!r} would deny: "
         shadow = tuple(
             RuleResult(f"shadow:{r.rule}", "fail", "audit", r.path, r.got, r.expected, note + r.message)
-            for r in _judge(SessionContext(compiled.shadow, request, live_sessions))
+            for r in judge(SessionContext(compiled.shadow, request, live_sessions), SESSION_RULES)
             if r.denies
         )
     allowed = profile.allowed and not any(r.denies for r in results)

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from gateway.decision.settings import BackendLimits, SandboxSettings
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
 
-__all__ = ["AuditEffect", "Check", "Context", "Finding", "Rule", "fail", "ok", "skip"]
+__all__ = ["AuditEffect", "Check", "Context", "Finding", "Rule", "RuleOf", "fail", "ok", "skip"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +73,17 @@ AuditEffect = Literal["clamp", "warn", "never", "advisory"]
 only ever warns, whatever the mode)."""
 
 
+C = TypeVar("C")
+"""What a rule's check looks at: a :class:`Context` for an execution's rules, a session's context for the
+session rules (:mod:`gateway.decision.rules.sessions`)."""
+
+
 @dataclass(frozen=True, slots=True)
-class Rule:
-    """A registered rule: every result it yields carries this id."""
+class RuleOf(Generic[C]):
+    """A registered rule judging a ``C``: every result it yields carries this id."""
 
     id: str
-    check: Check
+    check: Callable[[C], Iterable[Finding]]
     mode: Callable[[Policy], Mode]
     """The rule's mode under a policy (``enforce`` or ``audit``)."""
     path: str = "$"
@@ -93,3 +98,8 @@ class Rule:
     """What stays denied even in audit mode (the rule's ``never_relaxed`` findings)."""
     example: str = ""
     """A message the rule yields on a failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule(RuleOf[Context]):
+    """A rule of an execution request (the rules of :data:`gateway.decision.rules.RULES`)."""

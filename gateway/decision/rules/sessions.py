@@ -7,12 +7,12 @@ judge a :class:`SessionContext` and yield findings like every other rule; the en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gateway.decision.rules.base import AuditEffect, Finding, fail, ok, skip
+from gateway.decision.rules.base import Finding, RuleOf, fail, ok, skip
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.model import MIN_WORKSPACE, Limit, Mode, Policy, SessionsRule
+from gateway.policy.model import MIN_WORKSPACE, Limit, Policy, SessionsRule
 from gateway.request import SessionRequest
 from gateway.sizes import format_size
 
@@ -34,19 +34,8 @@ class SessionContext:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionRule:
-    """A registered session rule: the same metadata as :class:`~gateway.decision.rules.base.Rule`, judging a
-    :class:`SessionContext`."""
-
-    id: str
-    check: Callable[[SessionContext], Iterable[Finding]]
-    mode: Callable[[Policy], Mode]
-    path: str = "$"
-    checks: str = ""
-    setting: str = ""
-    audit: AuditEffect = "never"
-    never_relaxed: str = ""
-    example: str = ""
+class SessionRule(RuleOf[SessionContext]):
+    """A registered session rule: the metadata of any rule, judging a :class:`SessionContext`."""
 
 
 def _section(ctx: SessionContext) -> SessionsRule | None:
