@@ -367,23 +367,30 @@ class Gateway:
                     )
                 request = dataclasses.replace(request, principal=caller.principal)
         except RequestError as exc:
-            data = raw_bytes(raw)
-            invalid = {
-                "problems": [{"path": p.path, "message": p.message} for p in exc.problems]
-                or [{"path": "$", "message": exc.message}],
-                "raw_sha256": hashlib.sha256(data).hexdigest(),
-                "raw_bytes": len(data),
-            }
-            principal = caller.principal if caller is not None else None
-            try:
-                self._append(
-                    "request.invalid", invalid, request_id=request_id, principal=principal, policy=_ref(self.policy),
-                    caller=caller,
-                )  # fmt: skip
-            except GatewayError:
-                return ExecutionResult(request_id, None, error=exc, audit_ok=False)
-            return ExecutionResult(request_id, None, error=exc)
+            return ExecutionResult(
+                request_id, None, error=exc, audit_ok=self._record_invalid(raw, exc, request_id, caller)
+            )
         return request
+
+    def _record_invalid(self, raw: object, error: RequestError, request_id: str, caller: Caller | None) -> bool:
+        """Record a request that did not parse or validate (``request.invalid``: every problem with its path,
+        the digest and size of the raw body, never the body); whether the record was written."""
+        data = raw_bytes(raw)
+        invalid = {
+            "problems": [{"path": p.path, "message": p.message} for p in error.problems]
+            or [{"path": "$", "message": error.message}],
+            "raw_sha256": hashlib.sha256(data).hexdigest(),
+            "raw_bytes": len(data),
+        }
+        principal = caller.principal if caller is not None else None
+        try:
+            self._append(
+                "request.invalid", invalid, request_id=request_id, principal=principal, policy=_ref(self.policy),
+                caller=caller,
+            )  # fmt: skip
+        except GatewayError:
+            return False
+        return True
 
     def _refused(
         self, error: AuthenticationError, request_id: str, principal: str | None, caller: Caller | None

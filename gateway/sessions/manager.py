@@ -23,7 +23,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import hashlib
 import secrets
 import threading
 import time
@@ -51,7 +50,7 @@ from gateway.errors import (
 )
 from gateway.payload import Payload
 from gateway.request import SessionRequest, parse_session_request
-from gateway.result import ExecutionResult, outcome_data, raw_bytes
+from gateway.result import ExecutionResult, outcome_data
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, Outcome, RunSpec
 from gateway.runner.workspace import Workspace, WorkspaceListing, Workspaces
 from gateway.sessions import files
@@ -193,23 +192,8 @@ class SessionManager:
         try:
             request = _attributed(raw if isinstance(raw, SessionRequest) else parse_session_request(raw), caller)
         except RequestError as exc:
-            data = raw_bytes(raw)
-            invalid = {
-                "problems": [{"path": p.path, "message": p.message} for p in exc.problems]
-                or [{"path": "$", "message": exc.message}],
-                "raw_sha256": hashlib.sha256(data).hexdigest(),
-                "raw_bytes": len(data),
-            }
-            principal = caller.principal if caller is not None else None
-            policy = {"name": self._gateway.policy.name, "sha256": self._gateway.policy.sha256}
-            try:
-                self._gateway._append(
-                    "request.invalid", invalid, request_id=request_id, principal=principal, policy=policy,
-                    caller=caller,
-                )  # fmt: skip
-            except GatewayError:
-                return SessionResult(request_id, None, error=exc, audit_ok=False)
-            return SessionResult(request_id, None, error=exc)
+            audit_ok = self._gateway._record_invalid(raw, exc, request_id, caller)
+            return SessionResult(request_id, None, error=exc, audit_ok=audit_ok)
         return request
 
     def _open(self, session: _Session, decision: Decision, records: Mapping[str, Any]) -> SessionResult:
