@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from serve_process import ServeProcess
 
+from gateway.errors import GatewayError
+from gateway.hostfs import mount_points_below
 from gateway.policy import load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
+from gateway.runner.docker.workspace import DockerWorkspaces, missing
 from gateway.testing import assemble
 
 if TYPE_CHECKING:
@@ -291,3 +295,24 @@ def serve_process(tmp_path: Path, engine: Any) -> Iterator[Callable[..., ServePr
     yield run
     for served in started:
         served.stop()
+
+
+@pytest.fixture
+def workspace_root(tmp_path: Path) -> Iterator[str]:
+    """A workspace root of this test's own; at the end whatever a failing test left there is reaped and every
+    mount below it (the store's private mount of the root included) undone."""
+    if missing():
+        pytest.skip(f"workspaces need {', '.join(missing())}")
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    root = str(directory / "workspaces")
+    yield root
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(root):
+                with contextlib.suppress(GatewayError):
+                    DockerWorkspaces(name.rpartition("--")[0], root=root).reap(everything=True)
+    finally:
+        for point in [*reversed(mount_points_below(str(directory))), root]:
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        assert not mount_points_below(str(directory))

@@ -7,13 +7,10 @@ that read and plant files go through the manager of the server's own Gateway (th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import http.client
 import json
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,11 +23,9 @@ import pytest
 from gateway.audit import verify_trail
 from gateway.cli import main
 from gateway.client import AsyncClient, Client
-from gateway.errors import GatewayError, SessionNotFoundError, WorkspaceFileNotFoundError, WorkspacePathError
-from gateway.hostfs import mount_points_below
+from gateway.errors import SessionNotFoundError, WorkspaceFileNotFoundError, WorkspacePathError
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.docker.workspace import DockerWorkspaces, missing
 from gateway.runner.workspace import WorkspaceFile, WorkspaceListing
 from gateway.service.config import ServerConfig
 from gateway.service.principals import PrincipalsStore
@@ -101,26 +96,6 @@ def _policy(directory: Path, runtime: str) -> Path:
         "    workspace_size: {default: 16m, max: 64m}\n"
     )
     return path
-
-
-@pytest.fixture
-def workspace_root(tmp_path: Path) -> Iterator[str]:
-    """A workspace root of this test's own, reaped and unmounted at the end whatever the test left."""
-    if missing():
-        pytest.skip(f"workspaces need {', '.join(missing())}")
-    directory = tmp_path / "run"
-    directory.mkdir(mode=0o700)
-    root = str(directory / "workspaces")
-    yield root
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(root):
-                with contextlib.suppress(GatewayError):
-                    DockerWorkspaces(name.rpartition("--")[0], root=root).reap(everything=True)
-    finally:
-        for point in [*reversed(mount_points_below(str(directory))), root]:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-        assert not mount_points_below(str(directory))
 
 
 @pytest.fixture

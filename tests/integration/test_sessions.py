@@ -19,12 +19,10 @@ import pytest
 from gateway import Gateway
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
-from gateway.errors import GatewayError, SessionGoneError, SessionNotFoundError
-from gateway.hostfs import mount_points_below
+from gateway.errors import SessionGoneError, SessionNotFoundError
 from gateway.policy import load_policy
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.docker.workspace import DockerWorkspaces, missing
 from gateway.service.lifecycle import reap_stale
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
@@ -252,27 +250,6 @@ def test_a_killed_gateways_session_is_gone_after_the_next_start(
     assert killed["data"]["reason"] == "gateway_gone"
     assert records(tmp_path, "session.closed") == []
     assert verify_trail(tmp_path / "audit").ok
-
-
-@pytest.fixture
-def workspace_root(tmp_path: Path) -> Iterator[str]:
-    """A workspace root of this test's own; at the end whatever a failing test left there is reaped and every
-    mount below it (the store's private mount of the root included) undone."""
-    if missing():
-        pytest.skip(f"workspaces need {', '.join(missing())}")
-    directory = tmp_path / "run"
-    directory.mkdir(mode=0o700)
-    root = str(directory / "workspaces")
-    yield root
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(root):
-                with contextlib.suppress(GatewayError):
-                    DockerWorkspaces(name.rpartition("--")[0], root=root).reap(everything=True)
-    finally:
-        for point in [*reversed(mount_points_below(str(directory))), root]:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-        assert not mount_points_below(str(directory))
 
 
 def test_a_workspace_session_keeps_its_files_across_fresh_containers_until_closed(

@@ -19,7 +19,6 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
 from gateway.tool import TOOL_NAME, ToolHandler
-from tests.integration.test_sessions import workspace_root  # noqa: F401 - the fixture (skips without workspaces)
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +53,7 @@ def test_two_tool_calls_share_a_variable_and_close_removes_the_kernel(
 def test_a_workspace_session_keeps_files_not_variables(
     engine: Any,
     tmp_path: Path,
-    workspace_root: str,  # noqa: F811 - the fixture imported above
+    workspace_root: str,
 ) -> None:
     trail = JsonlAuditTrail(tmp_path / "audit")
     policy = load_policy(policies_dir() / "examples" / "sessions.yaml")
