@@ -19,7 +19,7 @@ from gateway.resources import default_policy_path
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
 from gateway.tool import EXECUTE_PYTHON_TOOL, TOOL_NAME, ToolHandler, tool_definition
-from tests.unit.sessions.test_session_manager import SESSIONS_POLICY, Clock, KernelFakeRunner
+from tests.unit.sessions_support import SESSIONS_POLICY, Clock, KernelFakeRunner
 
 
 @pytest.fixture

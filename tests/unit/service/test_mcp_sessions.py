@@ -24,7 +24,7 @@ from gateway.service.mcp import PrincipalIdentity, StdioWire, build_server, serv
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
 from gateway.tool import TOOL_NAME, ToolHandler
-from tests.unit.sessions.test_session_manager import SESSIONS_POLICY, Clock, KernelFakeRunner
+from tests.unit.sessions_support import SESSIONS_POLICY, Clock, KernelFakeRunner
 
 
 def _gateway(policy: Path, runner: KernelFakeRunner, sink: MemoryAuditSink, tmp: Path) -> Gateway:

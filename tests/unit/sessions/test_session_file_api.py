@@ -165,7 +165,7 @@ def test_another_principal_is_not_found_and_a_kernel_session_is_unavailable(
         gateway.sessions.list_files(sid, principal="bob")
     assert _file_records(sink) == []
 
-    from tests.unit.sessions.test_session_manager import KernelFakeRunner
+    from tests.unit.sessions_support import KernelFakeRunner
 
     kernels = _gateway(tmp_path, sink, MemoryWorkspaces(), KernelFakeRunner())
     created = kernels.sessions.create({"mode": "kernel", "principal": "alice"})

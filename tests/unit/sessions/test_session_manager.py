@@ -7,7 +7,6 @@ around the kernel: who may see what, when a session ends and what the trail says
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,101 +24,12 @@ from gateway.errors import (
 )
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
-from gateway.runner.fake import FakeRunner, make_outcome
-from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, RunSpec
-from gateway.runner.workspace import Workspace
+from gateway.runner.fake import make_outcome
+from gateway.runner.interface import Kernel, KernelRunner, RunSpec
 from gateway.sessions import SessionManager
 from gateway.sessions.manager import new_session_id
 from gateway.slots import HostSlots, Slot
-
-SESSIONS_POLICY = default_policy_path().parent / "examples" / "sessions.yaml"
-
-
-class FakeKernel:
-    """A kernel that keeps a Python namespace between cells (test code only). A cell ``kill:<reason>`` kills it;
-    ``wait`` blocks until :attr:`release` is set."""
-
-    def __init__(self, spec: RunSpec, slot: Slot | None, number: int) -> None:
-        self.spec = spec
-        self.slot = slot
-        self.namespace: dict[str, Any] = {}
-        self.killed: str | None = None
-        self.container_id: str | None = f"fake-kernel-{number}"
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self.cells: list[tuple[str, float]] = []
-
-    def execute(
-        self, code: str, *, timeout_s: float, on_output: OnOutput | None = None, cancel: threading.Event | None = None
-    ) -> CellResult:
-        if self.killed is not None:
-            raise SandboxError(f"kernel is gone ({self.killed})")
-        self.cells.append((code, timeout_s))
-        if code == "wait":
-            self.entered.set()
-            self.release.wait(10)
-            return CellResult(make_outcome(), None, False, False, None)
-        if code.startswith("kill:"):
-            self._die(code.removeprefix("kill:"))
-            return CellResult(make_outcome(exit_code=None), None, False, False, self.killed)
-        try:
-            try:
-                value = repr(eval(code, self.namespace))  # noqa: S307 - the tests' own code, in a fake kernel
-            except SyntaxError:
-                exec(code, self.namespace)  # noqa: S102 - as above
-                value = None
-        except Exception as exc:  # noqa: BLE001 - a cell's exception is its traceback, as in a kernel
-            return CellResult(make_outcome(exit_code=1, stderr=repr(exc).encode()), None, False, False, None)
-        return CellResult(make_outcome(), value, False, False, None)
-
-    def _die(self, reason: str) -> None:
-        if self.killed is None:
-            self.killed = reason
-        slot, self.slot = self.slot, None
-        if slot is not None:
-            slot.release()
-
-    def close(self) -> None:
-        self._die("closed")
-
-
-@dataclass
-class KernelFakeRunner(FakeRunner):
-    kernels: list[FakeKernel] = field(default_factory=list)
-
-    def open_kernel(
-        self, spec: RunSpec, *, files: Any = None, slot: Slot | None = None, grace_s: float = 2.0
-    ) -> FakeKernel:
-        kernel = FakeKernel(spec, slot, len(self.kernels))
-        self.kernels.append(kernel)
-        return kernel
-
-
-class FakeWorkspaces:
-    """A workspace store that keeps nothing on disk: which workspaces exist."""
-
-    instance = "fake-instance"
-
-    def __init__(self) -> None:
-        self.live: list[Workspace] = []
-        self.destroyed: list[Workspace] = []
-
-    def create(self, size: int, uid: int, gid: int) -> Workspace:
-        workspace = Workspace(f"{len(self.live):016x}", self.instance, size, uid, gid, "/nowhere", 1, 2)
-        self.live.append(workspace)
-        return workspace
-
-    def destroy(self, workspace: Workspace) -> None:
-        self.live.remove(workspace)
-        self.destroyed.append(workspace)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.sessions_support import SESSIONS_POLICY, Clock, FakeKernel, FakeWorkspaces, KernelFakeRunner
 
 
 @pytest.fixture
