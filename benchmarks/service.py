@@ -76,15 +76,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def gateway_serve(
-    work: Path, env: dict[str, str], profile: str | None, config: Path | None = None
+    work: Path, env: dict[str, str], profile: str | None, config: Path | None = None, policy: Path | None = None
 ) -> Iterator[tuple[str, str, int]]:
-    """A ``gateway serve`` subprocess (with ``--config config`` when given); yields its base URL, the principal's
-    token and its pid, stops it with SIGTERM."""
+    """A ``gateway serve`` subprocess (with ``--config config`` when given) serving one principal under ``policy``
+    (default: ``policies/default.yaml``); yields its base URL, the principal's token and its pid, stops it with
+    SIGTERM."""
     principals = work / "principals.yaml"
     # Quotas well above the workload: the benchmark measures the service, not its rate limits.
     quotas = Quotas(max_concurrent=64, rpm=1_000_000, queue=1024)
     token = PrincipalsStore(principals).add(
-        "bench", policy=str(policies_dir() / "default.yaml"), role="agent", quotas=quotas
+        "bench", policy=str(policy or policies_dir() / "default.yaml"), role="agent", quotas=quotas
     )
     port = free_port()
     here = str(Path(__file__).resolve())
@@ -119,14 +120,16 @@ def gateway_serve(
 
 
 @contextlib.contextmanager
-def gateway_serve_with(work: Path, settings: Mapping[str, object]) -> Iterator[tuple[str, str, int]]:
+def gateway_serve_with(
+    work: Path, settings: Mapping[str, object], policy: Path | None = None
+) -> Iterator[tuple[str, str, int]]:
     """:func:`gateway_serve` with a server configuration file holding ``settings`` (none: no file)."""
     config = None
     if settings:
         config = work / "server.yaml"
         document = {"apiVersion": "gateway.agent-exec/v1", "kind": "ServerConfig", **settings}
         config.write_text(yaml.safe_dump(document, sort_keys=False))
-    with gateway_serve(work, dict(os.environ), None, config) as served:
+    with gateway_serve(work, dict(os.environ), None, config, policy) as served:
         yield served
 
 
