@@ -258,7 +258,7 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         found.append(Check("daemon", "FAIL", "the engine did not answer: its settings were not checked", "see engine"))
     found.append(_guarded("audit_permissions", lambda: checks.audit_permissions(configured.audit_dir())))
-    allowed = any(p.sessions is not None and "workspace" in p.sessions.modes for p in policies)
+    allowed = any(p.sessions is not None for p in policies)  # a kernel session's /workspace is a workspace too
     found.append(_guarded("workspaces", lambda: checks.workspaces(workspace_missing(), allowed=allowed)))
     found.extend((config_check, principals_check))
 

@@ -290,19 +290,19 @@ def audit_permissions(
 
 
 def workspaces(lacking: Collection[str], *, allowed: bool) -> Check:
-    """What workspace-mode sessions need on this host (``gateway.runner.docker.workspace.missing``): root, loop
-    devices, ``mkfs.ext4`` and ``losetup``. Without them such sessions fail closed: a FAIL when a configured
-    policy allows them (``allowed``), else a WARN."""
+    """What sessions need on this host (``gateway.runner.docker.workspace.missing``): root, loop devices,
+    ``mkfs.ext4`` and ``losetup`` (every session's ``/workspace`` on Docker is a workspace, a kernel's too).
+    Without them sessions fail closed: a FAIL when a configured policy allows them (``allowed``), else a WARN."""
     if not lacking:
-        return Check("workspaces", "PASS", "workspace sessions can be made: root, loop devices, mkfs.ext4, losetup")
+        return Check("workspaces", "PASS", "session workspaces can be made: root, loop devices, mkfs.ext4, losetup")
     status: Status = "FAIL" if allowed else "WARN"
-    detail = "workspace sessions will be refused: missing " + ", ".join(lacking)
+    detail = "sessions will be refused: missing " + ", ".join(lacking)
     if not allowed:
         detail += " (no configured policy allows them)"
     return Check(
         "workspaces",
         status,
         detail,
-        "run the gateway as root on the engine's host with loop devices (modprobe loop) and e2fsprogs, or allow "
-        "only kernel sessions in the policy",
+        "run the gateway as root on the engine's host with loop devices (modprobe loop) and e2fsprogs, or remove "
+        "spec.sessions from the policies",
     )

@@ -211,6 +211,11 @@ class SessionManager:
                 workspace = _workspace_store(gw.runner).create(settings.workspace_size, profile.uid, profile.gid)
             else:
                 runner, spec = _kernel_spec(gw.runner, decision)
+                store = getattr(gw.runner, "workspaces", None)
+                if store is not None:  # the kernel's /workspace is the session's bounded workspace, with its files API
+                    profile = settings.sandbox.profile
+                    workspace = store.create(settings.workspace_size, profile.uid, profile.gid)
+                    spec = dataclasses.replace(spec, workspace=workspace)
                 slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
                 kernel = runner.open_kernel(spec, slot=slot)
         except GatewayError as exc:
@@ -220,6 +225,7 @@ class SessionManager:
             error.__cause__ = exc
         if error is not None:
             self._forget(session.session_id)
+            self._discard(None, workspace)  # a workspace made for a kernel that did not open
             return self._failed(settings, session.session_id, decision, records, error)
         with self._lock:
             stopped = self._closed
@@ -435,7 +441,7 @@ class SessionManager:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False, session_id=sid)
         if not decision.allowed or decision.settings is None:
             return ExecutionResult(request_id, decision, session_id=sid)
-        if session.workspace is not None:
+        if session.kernel is None:  # workspace mode: a fresh container over the workspace
             cell = None
             outcome, error = self._run_over_workspace(session, request, decision, on_output, cancel)
         else:

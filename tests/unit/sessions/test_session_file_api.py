@@ -31,6 +31,7 @@ from gateway.runner.fake import FakeRunner, make_outcome
 from gateway.runner.interface import RunSpec
 from gateway.runner.workspace import Workspace, WorkspaceFile, WorkspaceListing
 from gateway.slots import HostSlots
+from tests.unit.sessions_support import KernelFakeRunner
 
 SESSIONS_POLICY = default_policy_path().parent / "examples" / "sessions.yaml"
 FILES_SIZE = 1 << 20
@@ -155,7 +156,7 @@ def test_a_download_whose_record_cannot_be_written_returns_nothing(gateway: Gate
         gateway.sessions.get_file(sid, "a.txt", principal="alice")
 
 
-def test_another_principal_is_not_found_and_a_kernel_session_is_unavailable(
+def test_another_principal_is_not_found_and_a_kernel_session_has_files_where_it_has_a_workspace(
     tmp_path: Path, gateway: Gateway, sink: MemoryAuditSink
 ) -> None:
     sid = _session(gateway)
@@ -165,15 +166,22 @@ def test_another_principal_is_not_found_and_a_kernel_session_is_unavailable(
         gateway.sessions.list_files(sid, principal="bob")
     assert _file_records(sink) == []
 
-    from tests.unit.sessions_support import KernelFakeRunner
-
-    kernels = _gateway(tmp_path, sink, MemoryWorkspaces(), KernelFakeRunner())
+    store = MemoryWorkspaces()  # a backend that keeps workspaces (Docker): a kernel's /workspace is one
+    kernels = _gateway(tmp_path, sink, store, KernelFakeRunner())
     created = kernels.sessions.create({"mode": "kernel", "principal": "alice"})
     assert created.session is not None
-    with pytest.raises(SessionUnavailableError, match="workspace-mode sessions only") as refused:
-        kernels.sessions.get_file(created.session.session_id, "a.txt", principal="alice")
+    kernels.sessions.put_file(created.session.session_id, "a.txt", b"kept", principal="alice")
+    assert kernels.sessions.get_file(created.session.session_id, "a.txt", principal="alice") == b"kept"
+    kernels.sessions.close(created.session.session_id, principal="alice")
+    assert not store.files  # the kernel's workspace went with it
+
+    bare = KernelFakeRunner()  # a backend without workspaces (Kubernetes): a kernel has no file API
+    alone = Gateway(load_policy(SESSIONS_POLICY), runner=bare, audit=sink, slots=HostSlots(tmp_path / "b", 2, wait_s=0))
+    created = alone.sessions.create({"mode": "kernel", "principal": "alice"})
+    assert created.session is not None
+    with pytest.raises(SessionUnavailableError, match="workspace") as refused:
+        alone.sessions.get_file(created.session.session_id, "a.txt", principal="alice")
     assert http_status_for(refused.value) == 501
-    assert _file_records(sink) == []
 
 
 def test_a_transfer_while_an_execution_runs_is_refused_busy(
