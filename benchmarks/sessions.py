@@ -493,13 +493,14 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
         "pooled_run_pool": pool,
         "peers": {peer: {"versions": v} for peer, v in versions.items()},
         "errors": errors,
-        "leaked_containers": leaked,
+        "leaked_containers": len(leaked),
+        "leaked": leaked,
     }
 
 
-def sweep(engine: Any, labels: list[str], grace_s: float = 10.0) -> int:
-    """Count the containers this run left once everything was closed (waiting ``grace_s`` for removals still in
-    flight), then remove them. Returns the count."""
+def sweep(engine: Any, labels: list[str], grace_s: float = 10.0) -> list[str]:
+    """The containers this run left once everything was closed (waiting ``grace_s`` for removals still in
+    flight), then removed: each as its name, image and state."""
 
     def left() -> dict[str, Any]:
         return {c.id: c for lb in labels for c in engine.containers.list(all=True, filters={"label": lb})}
@@ -509,10 +510,12 @@ def sweep(engine: Any, labels: list[str], grace_s: float = 10.0) -> int:
     while found and time.monotonic() < deadline:
         time.sleep(0.25)
         found = left()
+    named = []
     for c in found.values():
+        named.append(f"{c.name} {c.attrs.get('Config', {}).get('Image')} {c.status}")
         with contextlib.suppress(Exception):
             c.remove(force=True)
-    return len(found)
+    return named
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -528,7 +531,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{key}: {value}")
     for t in report["targets"]:
         print(f"target {t['target']}: {t['value']} (bound {t['bound']}) met={t['met']}")
-    print(f"pooled run: {report['pooled_run_pool']}; leaked containers: {report['leaked_containers']}")
+    print(
+        f"pooled run: {report['pooled_run_pool']}; leaked containers: {report['leaked_containers']} {report['leaked']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
