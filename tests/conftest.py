@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gateway.hostfs import mount_points_below
 from gateway.policy import Policy, load_policy_text
 
 # Shared 2-core machines stall at random: a per-example deadline would turn a slow moment into a failure.
@@ -28,8 +30,16 @@ TEST_INSTANCE = os.environ.setdefault("GATEWAY_INSTANCE", f"pytest-{uuid.uuid4()
 if "GATEWAY_RUNTIME_DIR" not in os.environ:
     _RUNTIME_DIR = tempfile.mkdtemp(prefix="gateway-runtime-")
     os.environ["GATEWAY_RUNTIME_DIR"] = _RUNTIME_DIR
-    # Removed when the session ends (its slot lock files die with their holders), so runs leave no directory.
-    atexit.register(shutil.rmtree, _RUNTIME_DIR, ignore_errors=True)
+
+    def _remove_runtime_dir(directory: str = _RUNTIME_DIR) -> None:
+        """Removed when the session ends (its slot lock files die with their holders), so runs leave no directory;
+        first the mounts below it: the workspace store's private mount of ``workspaces/`` (it lasts, as in a
+        service, for the life of the directory) and any workspace a killed test left mounted."""
+        for point in reversed(mount_points_below(directory)):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(_remove_runtime_dir)
 
 
 @pytest.fixture(autouse=True)

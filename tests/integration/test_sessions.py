@@ -218,7 +218,7 @@ def test_the_gateways_stop_closes_its_sessions(
 
 
 def test_a_killed_gateways_session_is_gone_after_the_next_start(
-    engine: Any, tmp_path: Path, make_gateway: Callable[..., Gateway]
+    engine: Any, tmp_path: Path, make_gateway: Callable[..., Gateway], workspace_root: str
 ) -> None:
     opener = (
         "import sys, time\n"
@@ -229,9 +229,14 @@ def test_a_killed_gateways_session_is_gone_after_the_next_start(
         "time.sleep(300)\n"
     )
     policy = sessions_policy(tmp_path, "runc")
+    # an instance of its own (host-pid-random, not this session's GATEWAY_INSTANCE), so that once killed it is a
+    # dead instance, and the kernel's workspace under the fixture's root
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_INSTANCE"}
+    env["GATEWAY_RUNTIME_DIR"] = str(Path(workspace_root).parent)
     proc = subprocess.Popen(
-        [sys.executable, "-c", opener, str(policy), str(tmp_path / "audit")], stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", opener, str(policy), str(tmp_path / "audit")], stdout=subprocess.PIPE, text=True,
+        env=env,
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         container = proc.stdout.readline().strip()
@@ -241,9 +246,11 @@ def test_a_killed_gateways_session_is_gone_after_the_next_start(
         proc.wait(30)
         if proc.stdout is not None:
             proc.stdout.close()
-    gw = make_gateway()  # its start marks the session killed (gateway_gone)
-    reap_stale(gw)  # the service's start-up reap: dead instances' containers (this one already ended itself)
+    assert os.listdir(workspace_root)  # the killed gateway's kernel left its workspace behind
+    gw = make_gateway(workspace_root=workspace_root)  # its start marks the session killed (gateway_gone)
+    reap_stale(gw)  # the start-up reap: dead instances' containers (this one ended itself) and workspaces
     assert_gone(engine, container)
+    assert os.listdir(workspace_root) == []
     (created,) = records(tmp_path, "session.created")
     (killed,) = records(tmp_path, "session.killed")
     assert killed["data"]["session_id"] == created["data"]["session_id"]
