@@ -64,7 +64,14 @@ __all__ = [
 DEFAULT_MIN_FREE: Final = "64m|1%"
 """The default free-space watermark: 64 MiB, or 1 % of the file system when that is smaller (a small disk)."""
 NEW_WORK_EVENTS: Final = frozenset(
-    {"request.received", "request.invalid", "policy.decision", "session.created", "session.file.put", "session.file.get"}
+    {
+        "request.received",
+        "request.invalid",
+        "policy.decision",
+        "session.created",
+        "session.file.put",
+        "session.file.get",
+    }
 )
 """Records that start new work; below the watermark they are refused (:class:`AuditSpaceError`), and the
 caller fails closed (507)."""
