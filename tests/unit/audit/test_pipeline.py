@@ -113,7 +113,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.killed": {"session_id": "s-1", "mode": "kernel", "reason": "memory"},
     "session.file.put": {"session_id": "s-1", "path": "data/in.bin", "bytes": 3, "sha256": "a" * 64},
     "session.file.get": {
-        "session_id": "s-1", "path": "link", "error": {"code": "request.workspace_path", "message": "a symlink"},
+        "session_id": "s-1",
+        "path": "link",
+        "error": {"code": "request.workspace_path", "message": "a symlink"},
     },
     "auth.forbidden": {"role": "agent", "required_role": "operator", "token_id": "0123abcd", "path": "/metrics"},
     "request.refused": {
