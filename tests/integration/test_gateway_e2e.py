@@ -383,7 +383,7 @@ def test_doctor_reports_every_check(
     rc, out, _ = run_cli(capsys, "doctor", "--json", "--audit-dir", str(audit_dir))
     report = json.loads(out)
     names = [c["name"] for c in report["checks"]]
-    assert names == [*FIRST_DOCTOR, *DAEMON_CHECKS, "audit_permissions", "config", "principals"]
+    assert names == [*FIRST_DOCTOR, *DAEMON_CHECKS, "audit_permissions", "workspaces", "config", "principals"]
     for check in report["checks"]:
         assert check["status"] in ("PASS", "WARN", "FAIL"), check
         assert check["ok"] is (check["status"] != "FAIL"), check
