@@ -197,9 +197,10 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
     def records(self, event_type: str | None = None) -> list[dict[str, Any]]:
+        """The records on the trail now; a line still being written (no newline yet) is not one yet."""
         out = []
         for segment in sorted(self.audit_dir.glob("trail-*.jsonl")):
-            for line in segment.read_text().splitlines():
+            for line in segment.read_text().split("\n")[:-1]:  # the part after the last newline is unfinished
                 record = json.loads(line)
                 if event_type is None or record["event_type"] == event_type:
                     out.append(record)
