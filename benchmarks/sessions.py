@@ -376,13 +376,13 @@ class Progress:
 def private_slots(work: Path, count: int) -> Iterator[None]:
     """Host slots of this run's own (``count`` in a runtime directory of its own) for the local Gateway and the
     server; the workspaces' root there (a private mount the workspace store makes) is unmounted at the end."""
-    saved = {k: os.environ.get(k) for k in ("GATEWAY_RUNTIME_DIR", "GATEWAY_SLOTS")}
+    saved = {k: os.environ.get(k) for k in ("GATEWAY_RUNTIME_DIR", "GATEWAY_WORKSPACE_DIR", "GATEWAY_SLOTS")}
     (work / "slots").mkdir()
-    os.environ.update(GATEWAY_RUNTIME_DIR=str(work / "slots"), GATEWAY_SLOTS=str(count))
+    root = str(work / "slots" / "workspaces")
+    os.environ.update(GATEWAY_RUNTIME_DIR=str(work / "slots"), GATEWAY_WORKSPACE_DIR=root, GATEWAY_SLOTS=str(count))
     try:
         yield
     finally:
-        root = str(work / "slots" / "workspaces")
         for _ in range(Path("/proc/self/mounts").read_text().split().count(root)):
             subprocess.run(["umount", root], check=False)  # a bind of itself: os.path.ismount cannot tell
         for key, value in saved.items():

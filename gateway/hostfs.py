@@ -29,6 +29,7 @@ __all__ = [
     "SCAN_MAX_ENTRIES",
     "HostPathError",
     "Identity",
+    "file_system_of",
     "identity_of",
     "mount_points_below",
     "open_beneath",
@@ -160,6 +161,24 @@ def mount_points_below(path: str, *, mountinfo: str = "/proc/self/mountinfo") ->
                 if point.startswith(prefix):
                     found.append(point)
     return sorted(found)
+
+
+def file_system_of(path: str, *, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type (``ext4``, ``tmpfs``, ...) of the file system holding ``path`` (its nearest existing ancestor:
+    ``path`` need not exist yet), as this process's mount namespace has it; ``""`` when no mount holds it."""
+    target = os.path.realpath(path)
+    best, kind = "", ""
+    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            head, sep, tail = line.partition(" - ")
+            fields = head.split(" ")
+            if not sep or len(fields) <= 4:
+                continue
+            point = _unescape(fields[4])
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):  # the later of two mounts at one point is on top
+                best, kind = point, tail.split(" ")[0]
+    return kind
 
 
 def _kind(mode: int) -> str | None:

@@ -40,6 +40,8 @@ if "GATEWAY_RUNTIME_DIR" not in os.environ:
         shutil.rmtree(directory, ignore_errors=True)
 
     atexit.register(_remove_runtime_dir)
+# The session's workspaces there too, not in root's default (/var/lib/agent-gateway/workspaces, the host's).
+os.environ.setdefault("GATEWAY_WORKSPACE_DIR", os.path.join(os.environ["GATEWAY_RUNTIME_DIR"], "workspaces"))
 
 
 @pytest.fixture(autouse=True)

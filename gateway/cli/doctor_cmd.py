@@ -28,6 +28,7 @@ from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import DockerRunner
 from gateway.runner.docker.mounts import STAGING_ROOT
+from gateway.runner.docker.workspace import backing, default_root
 from gateway.runner.docker.workspace import missing as workspace_missing
 from gateway.sbom import sbom_digest_for_image, sbom_path_for_image
 
@@ -258,8 +259,7 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         found.append(Check("daemon", "FAIL", "the engine did not answer: its settings were not checked", "see engine"))
     found.append(_guarded("audit_permissions", lambda: checks.audit_permissions(configured.audit_dir())))
-    allowed = any(p.sessions is not None for p in policies)  # a kernel session's /workspace is a workspace too
-    found.append(_guarded("workspaces", lambda: checks.workspaces(workspace_missing(), allowed=allowed)))
+    found.append(_guarded("workspaces", lambda: _workspaces(policies)))
     found.extend((config_check, principals_check))
 
     ok = all(c.ok for c in found)
@@ -271,3 +271,14 @@ def _doctor(args: argparse.Namespace) -> int:
             if c.remediation:
                 print(f"     {'':<17} fix: {c.remediation}")
     return 0 if ok else 1
+
+
+def _workspaces(policies: list[Policy]) -> Check:
+    """The ``workspaces`` check for these policies (a kernel session's ``/workspace`` is a workspace too)."""
+    sizes = [int(p.sessions.workspace_size.max) for p in policies if p.sessions is not None]
+    directory = default_root()
+    file_system, free = backing(directory)
+    return checks.workspaces(
+        workspace_missing(), allowed=bool(sizes), directory=directory, file_system=file_system, free=free,
+        ceiling=max(sizes, default=0),
+    )  # fmt: skip

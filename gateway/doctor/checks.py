@@ -289,20 +289,39 @@ def audit_permissions(
     )
 
 
-def workspaces(lacking: Collection[str], *, allowed: bool) -> Check:
+def workspaces(
+    lacking: Collection[str], *, allowed: bool, directory: str, file_system: str, free: int, ceiling: int
+) -> Check:
     """What sessions need on this host (``gateway.runner.docker.workspace.missing``): root, loop devices,
     ``mkfs.ext4`` and ``losetup`` (every session's ``/workspace`` on Docker is a workspace, a kernel's too).
-    Without them sessions fail closed: a FAIL when a configured policy allows them (``allowed``), else a WARN."""
-    if not lacking:
-        return Check("workspaces", "PASS", "session workspaces can be made: root, loop devices, mkfs.ext4, losetup")
-    status: Status = "FAIL" if allowed else "WARN"
-    detail = "sessions will be refused: missing " + ", ".join(lacking)
-    if not allowed:
-        detail += " (no configured policy allows them)"
+    Without them sessions fail closed: a FAIL when a configured policy allows them (``allowed``), else a WARN.
+    Then where the images live (``directory``, ``GATEWAY_WORKSPACE_DIR``): a WARN when that is a tmpfs or
+    ramfs (the images would be held in RAM) or has less ``free`` than one workspace at the policies' largest
+    ``sessions.workspace_size`` ceiling (``ceiling``, bytes; 0 without sessions)."""
+    if lacking:
+        status: Status = "FAIL" if allowed else "WARN"
+        detail = "sessions will be refused: missing " + ", ".join(lacking)
+        if not allowed:
+            detail += " (no configured policy allows them)"
+        return Check(
+            "workspaces",
+            status,
+            detail,
+            "run the gateway as root on the engine's host with loop devices (modprobe loop) and e2fsprogs, or "
+            "remove spec.sessions from the policies",
+        )
+    where = f"{directory} ({file_system or 'file system unknown'}, {free >> 20} MiB free)"
+    problems = []
+    if file_system in ("tmpfs", "ramfs"):
+        problems.append(f"the images would be held in RAM ({file_system})")
+    if free < ceiling:
+        problems.append(f"less room than one workspace at the policies' ceiling ({ceiling >> 20} MiB)")
+    if not problems:
+        return Check("workspaces", "PASS", f"session workspaces can be made (root, loop devices, e2fsprogs) in {where}")
     return Check(
         "workspaces",
-        status,
-        detail,
-        "run the gateway as root on the engine's host with loop devices (modprobe loop) and e2fsprogs, or remove "
-        "spec.sessions from the policies",
+        "WARN",
+        f"session workspaces in {where}: " + "; ".join(problems),
+        "set GATEWAY_WORKSPACE_DIR to a directory on a disk with room for the live sessions' workspace_size (the "
+        "images are sparse: each takes what its session writes, up to its size)",
     )

@@ -232,7 +232,7 @@ def test_a_killed_gateways_session_is_gone_after_the_next_start(
     # an instance of its own (host-pid-random, not this session's GATEWAY_INSTANCE), so that once killed it is a
     # dead instance, and the kernel's workspace under the fixture's root
     env = {k: v for k, v in os.environ.items() if k != "GATEWAY_INSTANCE"}
-    env["GATEWAY_RUNTIME_DIR"] = str(Path(workspace_root).parent)
+    env["GATEWAY_WORKSPACE_DIR"] = workspace_root
     proc = subprocess.Popen(
         [sys.executable, "-c", opener, str(policy), str(tmp_path / "audit")], stdout=subprocess.PIPE, text=True,
         env=env,

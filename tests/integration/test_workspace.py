@@ -216,7 +216,7 @@ def test_gateway_reap_removes_a_dead_instances_workspace_and_audits_it(
 ) -> None:  # fmt: skip
     root = f"{runtime_dir}/workspaces"
     left = DockerWorkspaces(_dead_instance(), root=root).create(2 * MiB, *_owner(make_options()))
-    monkeypatch.setenv("GATEWAY_RUNTIME_DIR", runtime_dir)
+    monkeypatch.setenv("GATEWAY_WORKSPACE_DIR", root)  # where `gateway reap` looks
     audit_dir = tmp_path / "audit"
     assert main(["reap", "--json", "--audit-dir", str(audit_dir)]) == 0
     capsys.readouterr()

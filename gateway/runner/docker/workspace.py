@@ -1,8 +1,9 @@
 """Workspaces on the Docker engine's host: a sparse ext4 image per workspace, loop-mounted by the gateway.
 
 The size bound is the file system's: a program that fills its workspace gets ENOSPC from the kernel, and the
-host's disk never holds more than the image's size. Layout, below ``<runtime dir>/workspaces`` (a private
-mount, root-only, like the staging of judged mounts; ``GATEWAY_RUNTIME_DIR`` moves the runtime directory):
+host's disk never holds more than the image's size. Layout, below the workspace directory (a private mount,
+root-only, like the staging of judged mounts): ``GATEWAY_WORKSPACE_DIR``, default
+``/var/lib/agent-gateway/workspaces`` (on disk: under a tmpfs such as ``/run`` the images would be held in RAM):
 
 ``<instance>--<id>/image``
     the sparse image (``mkfs.ext4``, no journal, no reserved blocks), size = the session's ``workspace_size``;
@@ -46,7 +47,7 @@ from gateway.errors import (
     WorkspaceFullError,
     WorkspacePathError,
 )
-from gateway.hostfs import RESOLVE_NO_LINKS, openat2
+from gateway.hostfs import RESOLVE_NO_LINKS, file_system_of, openat2
 from gateway.payload import file_name_problem
 from gateway.runner.docker.mounts import _container_root, _is_mount_point, _mount, _umount
 from gateway.runner.supervisor import WORKSPACE
@@ -54,12 +55,14 @@ from gateway.runner.workspace import MAX_LISTED, Workspace, WorkspaceFile, Works
 from gateway.slots import default_runtime_dir
 
 __all__ = [
+    "DEFAULT_ROOT",
     "MIN_SIZE",
     "DockerWorkspaces",
     "WorkspaceError",
     "WorkspaceFileNotFoundError",
     "WorkspaceFullError",
     "WorkspacePathError",
+    "backing",
     "bind_workspace",
     "default_root",
     "get",
@@ -70,6 +73,8 @@ __all__ = [
     "verify_workspace",
 ]
 
+DEFAULT_ROOT = "/var/lib/agent-gateway/workspaces"
+"""Where root's gateway keeps workspaces unless ``GATEWAY_WORKSPACE_DIR`` says otherwise."""
 MIN_SIZE = 1 << 20
 """The smallest workspace (bytes): ext4's own structures need some room."""
 
@@ -101,9 +106,22 @@ class WorkspaceError(SandboxError):
 
 
 def default_root() -> str:
-    """``$GATEWAY_RUNTIME_DIR/workspaces``, or ``workspaces`` in the default runtime directory."""
-    base = os.environ.get("GATEWAY_RUNTIME_DIR")
-    return os.path.join(base or str(default_runtime_dir()), "workspaces")
+    """``$GATEWAY_WORKSPACE_DIR``, else :data:`DEFAULT_ROOT` for root and ``workspaces`` in the runtime
+    directory for any other user (who cannot make workspaces: :func:`missing`)."""
+    configured = os.environ.get("GATEWAY_WORKSPACE_DIR")
+    if configured:
+        return configured
+    return DEFAULT_ROOT if os.geteuid() == 0 else str(default_runtime_dir() / "workspaces")
+
+
+def backing(root: str) -> tuple[str, int]:
+    """The type of the file system that holds (or will hold) the workspace directory ``root``, and the bytes
+    free on it: a ``tmpfs`` or ``ramfs`` keeps the images in RAM (``gateway doctor`` warns)."""
+    existing = os.path.realpath(root)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    fs = os.statvfs(existing)
+    return file_system_of(existing), fs.f_bavail * fs.f_frsize
 
 
 def missing() -> list[str]:

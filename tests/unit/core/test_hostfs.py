@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import PolicyError
-from gateway.hostfs import HostPathError, identity_of, open_beneath, scan
+from gateway.hostfs import HostPathError, file_system_of, identity_of, open_beneath, scan
 from gateway.policy import PolicySet
 from tests.conftest import mount_policy
 
@@ -175,3 +175,15 @@ def test_a_policy_set_refuses_one_principals_rw_root_overlapping_anothers_root(t
         PolicySet.of(reader, {"writer": writer})
     assert "overlap and one allows rw" in info.value.problems[0].message
     PolicySet.of(sibling, {"writer": writer, "writer2": writer})  # disjoint roots; one policy twice is fine
+
+
+def test_file_system_of_takes_the_deepest_mount_holding_the_path(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "25 22 0:21 / /run rw,nosuid shared:5 - tmpfs tmpfs rw\n"
+        "26 25 0:22 / /run/with\\040space rw - ramfs none rw\n"
+    )
+    found = {p: file_system_of(p, mountinfo=str(mountinfo)) for p in ("/var/lib/x", "/run", "/run/a/b", "/runs")}
+    assert found == {"/var/lib/x": "ext4", "/run": "tmpfs", "/run/a/b": "tmpfs", "/runs": "ext4"}
+    assert file_system_of("/run/with space/ws", mountinfo=str(mountinfo)) == "ramfs"

@@ -188,11 +188,30 @@ def test_to_dict_keeps_the_first_doctors_keys() -> None:
     assert found == {"name": "x", "ok": True, "status": "WARN", "detail": "d", "remediation": "r"}
 
 
+_ON_DISK = {"directory": "/var/lib/agent-gateway/workspaces", "file_system": "ext4", "free": 10 << 30}
+
+
 def test_workspaces_fail_only_when_a_policy_allows_them_and_the_host_cannot_make_them() -> None:
-    assert checks.workspaces([], allowed=True).status == "PASS"
+    assert checks.workspaces([], allowed=True, ceiling=1 << 30, **_ON_DISK).status == "PASS"
     lacking = ["loop devices (/dev/loop-control; modprobe loop)"]
-    warned = checks.workspaces(lacking, allowed=False)
+    warned = checks.workspaces(lacking, allowed=False, ceiling=0, **_ON_DISK)
     assert (warned.status, "loop devices" in warned.detail) == ("WARN", True)
-    failed = checks.workspaces(lacking, allowed=True)
+    failed = checks.workspaces(lacking, allowed=True, ceiling=1 << 30, **_ON_DISK)
     assert (failed.status, failed.ok) == ("FAIL", False)
     assert "modprobe loop" in failed.remediation
+
+
+@pytest.mark.parametrize("file_system", ["tmpfs", "ramfs"])
+def test_workspaces_in_ram_are_a_warning_naming_the_setting(file_system: str) -> None:
+    found = checks.workspaces([], allowed=True, ceiling=1 << 30, **{**_ON_DISK, "file_system": file_system})
+    assert found.status == "WARN"
+    assert f"held in RAM ({file_system})" in found.detail
+    assert "GATEWAY_WORKSPACE_DIR" in found.remediation
+
+
+def test_workspaces_warn_when_one_workspace_at_the_ceiling_does_not_fit() -> None:
+    assert checks.workspaces([], allowed=True, ceiling=10 << 30, **_ON_DISK).status == "PASS"
+    found = checks.workspaces([], allowed=True, ceiling=(10 << 30) + 1, **_ON_DISK)
+    assert found.status == "WARN"
+    assert "10240 MiB free" in found.detail
+    assert "less room than one workspace" in found.detail

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from gateway.runner.docker.workspace import DockerWorkspaces, WorkspaceError
+from gateway.hostfs import file_system_of
+from gateway.runner.docker.workspace import DEFAULT_ROOT, DockerWorkspaces, WorkspaceError, backing, default_root
 
 MINE, DEAD, ALIVE = "host-1-aaaa", "host-2-bbbb", "host-3-cccc"
 
@@ -52,3 +54,22 @@ def test_reap_of_a_missing_root_finds_nothing(tmp_path: Path) -> None:
 def test_an_instance_id_that_cannot_name_a_directory_is_refused(instance: str) -> None:
     with pytest.raises(WorkspaceError, match="cannot name a workspace"):
         DockerWorkspaces(instance)
+
+
+def test_the_workspace_directory_is_the_setting_else_on_disk_for_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_WORKSPACE_DIR", "/srv/spaces")
+    assert default_root() == "/srv/spaces"
+    assert DockerWorkspaces(MINE).root == "/srv/spaces"
+    monkeypatch.delenv("GATEWAY_WORKSPACE_DIR")
+    monkeypatch.setenv("GATEWAY_RUNTIME_DIR", "/run/elsewhere")
+    if os.geteuid() == 0:  # never below the runtime directory, a tmpfs on most hosts
+        assert default_root() == DEFAULT_ROOT == "/var/lib/agent-gateway/workspaces"
+    else:
+        assert default_root() == "/run/elsewhere/workspaces"
+
+
+def test_backing_names_the_file_system_of_a_directory_not_made_yet(tmp_path: Path) -> None:
+    kind, free = backing(str(tmp_path / "not" / "yet"))
+    assert kind == file_system_of(str(tmp_path))
+    assert kind != ""
+    assert free > 0
