@@ -14,7 +14,8 @@ every step alike:
   writes a counter file in ``/workspace`` (its state across executions), in a workspace-mode session;
 - ``pooled_run``: ``Gateway.execute`` of ``print(2+2)`` with a warm pool (the same-run baseline: a plain run);
 - ``create_kernel_local`` / ``create_workspace_local`` / ``create_kernel_http``: a session's create (ready to
-  run), each followed by its close (``close_*``, timed too);
+  run), each followed by its close (``close_*``, timed too); both gateways keep a pool, so a kernel session is
+  served by a ready kernel (``spec.sessions.pool``; ``ready kernels`` in the report counts hits and misses);
 - ``autogen_cell`` / ``autogen_reuse`` / ``autogen_create``: AutoGen's executor, one persistent container
   (``execute_code_blocks``, ``start()``); its ``stop()`` waits out the engine's 10 s stop timeout, so
   ``autogen_close`` is timed once before the rounds and the rounds remove its container at once
@@ -98,7 +99,7 @@ def sessions_policy(work: Path, runtime: str) -> Path:
         f"extends: {policies_dir() / 'strict.yaml'}\nmetadata:\n  name: sessions-runsc\n"
         "spec:\n  sessions:\n    modes: [workspace, kernel]\n    max_per_principal: 2\n"
         "    idle_s: {default: 600, max: 1800}\n    lifetime_s: {default: 3600, max: 14400}\n"
-        "    workspace_size: {default: 64m, max: 256m}\n"
+        "    workspace_size: {default: 64m, max: 256m}\n    pool: {size: 2}\n"
     )
     return path
 
@@ -404,7 +405,7 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
     versions: dict[str, dict[str, str]] = {}
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gateway-bench-sessions-")))
-        stack.enter_context(private_slots(work, 12))
+        stack.enter_context(private_slots(work, 16))
         policy = sessions_policy(work, args.runtime)
         cases: dict[str, list[tuple[str, Step]]] = {}
 
@@ -415,7 +416,7 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
                 errors[name] = f"{type(exc).__name__}: {exc}"
 
         progress("starting gateway serve and the local gateway (its pool filling)")
-        base, token, _pid = stack.enter_context(gateway_serve_with(work, {}, policy))
+        base, token, _pid = stack.enter_context(gateway_serve_with(work, {"pool": True}, policy))
         client = stack.enter_context(Client(base, token, timeout=120))
         size = 2
         gw = stack.enter_context(
@@ -465,6 +466,7 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
         times = measure(cases, rounds=args.rounds, warmup=args.warmup, errors=errors, progress=progress)
         times.update(times_once)
         measured_s = round(time.monotonic() - clock, 1)
+        kernels = gw.pool.stats()
         progress("closing every session, the server and the peers")
     progress.done()
     leaked = sweep(engine, [label, f"{INSTANCE_LABEL}={instance}"])
@@ -491,6 +493,7 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
         "ratios": ratios,
         "targets": found,
         "pooled_run_pool": pool,
+        "ready_kernels_local": {"hits": kernels.kernel_hits, "misses": kernels.kernel_misses},
         "peers": {peer: {"versions": v} for peer, v in versions.items()},
         "errors": errors,
         "leaked_containers": len(leaked),
@@ -532,7 +535,8 @@ def print_table(report: dict[str, Any]) -> None:
     for t in report["targets"]:
         print(f"target {t['target']}: {t['value']} (bound {t['bound']}) met={t['met']}")
     print(
-        f"pooled run: {report['pooled_run_pool']}; leaked containers: {report['leaked_containers']} {report['leaked']}"
+        f"pooled run: {report['pooled_run_pool']}; ready kernels (local): {report['ready_kernels_local']}; "
+        f"leaked containers: {report['leaked_containers']} {report['leaked']}"
     )
 
 

@@ -413,7 +413,8 @@ def _compile(loaded: LoadedYaml) -> Policy:
 
 
 def _sessions(spec: dict[str, Any], sem: _Semantic) -> SessionsRule | None:
-    """``spec.sessions``: each bound's default within its ceiling, a workspace of at least 1m."""
+    """``spec.sessions``: each bound's default within its ceiling, a workspace of at least 1m, ready kernels only
+    with kernel mode."""
     raw = spec.get("sessions")
     if raw is None:
         return None
@@ -425,7 +426,14 @@ def _sessions(spec: dict[str, Any], sem: _Semantic) -> SessionsRule | None:
         lifetime_s=sem.limit(raw, "lifetime_s", size=False, section=section),
         workspace_size=sem.limit(raw, "workspace_size", size=True, section=section),
         mode=raw.get("mode", "enforce"),
+        pool_size=raw.get("pool", {}).get("size", 0),
     )
+    if rule.pool_size and "kernel" not in rule.modes:
+        sem.fail(
+            f"{section}.pool.size",
+            f"{rule.pool_size} ready kernels, but kernel is not in modes {list(rule.modes)}: no session could use "
+            "them; add kernel to modes or set pool.size to 0",
+        )
     for key in ("default", "max"):
         value = getattr(rule.workspace_size, key)
         if value < MIN_WORKSPACE:

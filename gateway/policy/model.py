@@ -240,6 +240,9 @@ class SessionsRule:
     """Bytes: the hard bound of the session's ``/workspace``."""
     mode: Mode = "enforce"
     """The mode of the ``sessions.mode`` rule (which modes); the bounds carry their own."""
+    pool_size: int = 0
+    """Ready kernels kept for a kernel session with the policy's defaults (``pool.size``; 0: none), by a gateway
+    that keeps a pool (``gateway.runner.pool``)."""
 
 
 RELAXABLE_LIMITS = (

@@ -27,6 +27,18 @@ profile at least twice as busy takes the slot of an idle container of the quiete
 keeps two pools used alike from taking each other's slots in turn). A policy whose pool is never used thus
 never keeps the slots its busiest neighbour needs.
 
+Ready kernels (``spec.sessions.pool``, :class:`KernelProfile`): the same pool keeps, per policy, kernels opened
+ahead for a kernel session asking for nothing (the policy's defaults: its kernel spec, assembled for the default
+lifetime, and on Docker its workspace's size, uid and gid), on a runner that can (:class:`ReadyKernelRunner`).
+The session manager claims one (:meth:`WarmPool.claim_kernel`) only when its session's kernel spec and workspace
+are exactly those (the runner's key of them, then the guard and the option check of a pooled run's claim);
+anything else (another lifetime, image or limits) opens its kernel on request. A ready kernel's deadline is the
+spec's plus ``idle_s`` (how long it may wait), so a claimed one still has the session's whole deadline; it
+expires after ``idle_s`` and is replaced, like a claimed one, at once. It is handed to one session and never
+reused; nothing of a request is in it before the claim (the payload that opened it holds the policy's
+environment, no code, no files). It counts against the host's slots, yields them and is drained, reaped and
+destroyed (with its workspace) like a pooled container.
+
 Every pooled container holds one of the host's execution slots (``gateway.slots``) from its creation until
 the request that claimed it has finished, so the pool counts against the host's bound. An idle pooled
 container never holds a slot a live run needs: a cold run that finds every slot taken removes an idle
@@ -49,15 +61,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
+from gateway.decision.sessions import decide_session
 from gateway.decision.settings import SandboxProfile, SandboxSettings, resolve
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy, PoolConfig
-from gateway.request import ExecutionRequest
-from gateway.runner.interface import PoolingRunner, PoolStatus, RunSpec, Sandbox
+from gateway.request import ExecutionRequest, SessionRequest
+from gateway.runner.interface import Kernel, PoolingRunner, PoolStatus, RunSpec, Sandbox
+from gateway.runner.workspace import Workspace
 from gateway.slots import HostSlots, Slot
 
-__all__ = ["Lease", "PoolConfig", "PoolObserver", "PoolStats", "WarmPool", "default_profile"]
+__all__ = [
+    "KernelProfile", "Lease", "PoolConfig", "PoolObserver", "PoolStats", "ReadyKernelRunner", "WarmPool",
+    "WorkspaceShape", "default_profile", "kernel_profile",
+]  # fmt: skip
 
 _log = logging.getLogger("gateway.pool")
 
@@ -79,23 +97,77 @@ _BUSY_HALF_LIFE_S = 60.0
 """A profile's claims count half as much for sharing the host's slots after this long."""
 
 
+WorkspaceShape = tuple[int, int, int]
+"""A session workspace's size (bytes), uid and gid: what a ready kernel's workspace is made with."""
+
+
+@runtime_checkable
+class ReadyKernelRunner(Protocol):
+    """A runner that can open kernels ahead of sessions (Docker): :meth:`prepare_kernel` opens one for a kernel
+    spec (and a workspace of the shape), :meth:`claim_kernel` hands it to a session whose spec is exactly that
+    (the guard again, like a pooled run's claim), :meth:`discard_kernel` destroys one never claimed."""
+
+    def kernel_key(self, spec: RunSpec, workspace: WorkspaceShape | None) -> str | None: ...
+
+    def prepare_kernel(self, spec: RunSpec, *, workspace: WorkspaceShape | None, slot: Slot, wait_s: float) -> Any: ...
+
+    def claim_kernel(self, kernel: Any, spec: RunSpec) -> tuple[Kernel, Workspace | None] | None: ...
+
+    def discard_kernel(self, kernel: Any) -> None: ...
+
+
 def default_profile(policy: Policy) -> SandboxProfile:
     """The profile of a request that asks for nothing: what a policy's pool warms from the start."""
     return resolve(policy, ExecutionRequest(code="")).profile
 
 
+@dataclass(frozen=True)
+class KernelProfile:
+    """What a policy's ready kernels are opened for: the kernel spec of a session created with the policy's
+    defaults (:func:`kernel_profile`), named by the runner's key of it; equal keys, equal kernels."""
+
+    policy: str
+    """``name@sha256:<hex>`` of the policy."""
+    key: str
+    """The runner's :meth:`~ReadyKernelRunner.kernel_key` of ``spec`` and ``workspace``."""
+    spec: RunSpec = field(compare=False)
+    workspace: WorkspaceShape | None = field(compare=False)
+
+
+def kernel_profile(policy: Policy, runner: ReadyKernelRunner, assembler: Any) -> KernelProfile | None:
+    """The kernel profile a policy's ready kernels are opened for: a kernel session asking for nothing, decided
+    under ``policy`` (its kernel spec, for the default lifetime); None when the policy keeps none
+    (``spec.sessions.pool``) or such a session is not allowed or cannot be served ahead (mounts)."""
+    sessions = policy.sessions
+    if sessions is None or sessions.pool_size <= 0:
+        return None
+    decided = decide_session(policy, SessionRequest(mode="kernel"), live_sessions=0, assembler=assembler)
+    if not decided.allowed or decided.settings is None or decided.decision.run is None:
+        _log.warning("no ready kernels for %s: a kernel session with its defaults is not allowed", policy.ref)
+        return None
+    spec = decided.decision.run
+    profile = decided.settings.sandbox.profile
+    workspace: WorkspaceShape | None = (decided.settings.workspace_size, profile.uid, profile.gid)
+    if getattr(runner, "workspaces", None) is None:
+        workspace = None  # the backend keeps no workspaces: its kernels keep their own
+    key = runner.kernel_key(spec, workspace)
+    return None if key is None else KernelProfile(policy.ref, key, spec, workspace)
+
+
 @dataclass
 class _Ready:
-    sandbox: Sandbox
+    sandbox: Any
+    """A pooled sandbox, or a ready kernel (its pool's ``kernel``)."""
     slot: Slot
     since: float
+    kernel: bool = False
 
 
 @dataclass
 class _Pool:
     """The pool of one profile (guarded by the WarmPool's lock)."""
 
-    profile: SandboxProfile
+    profile: SandboxProfile | KernelProfile
     config: PoolConfig
     ttl_s: float
     target: int
@@ -108,6 +180,10 @@ class _Pool:
     busy: float = 0.0
     """The profile's claims as of ``busy_at``, each halved every ``_BUSY_HALF_LIFE_S`` since it was made."""
     busy_at: float = 0.0
+
+    @property
+    def kernel(self) -> KernelProfile | None:
+        return self.profile if isinstance(self.profile, KernelProfile) else None
 
     @property
     def deficit(self) -> int:
@@ -152,6 +228,12 @@ class PoolStats:
     cold: int
     errors: tuple[str, ...] = ()
     """The last preparation failure of each profile that has one."""
+    kernels: int = 0
+    """Ready kernels now (``spec.sessions.pool``); not counted in ``ready``, ``creating``, ``target``, ``profiles``."""
+    kernel_hits: int = 0
+    """Kernel sessions served by a ready kernel."""
+    kernel_misses: int = 0
+    """Kernel sessions of a kernel profile kept ready that found none ready (they opened their kernel on request)."""
 
 
 class WarmPool:
@@ -177,7 +259,7 @@ class WarmPool:
         self.observer = observer
         self._clock = clock
         self._cond = threading.Condition()
-        self._pools: dict[SandboxProfile, _Pool] = {}
+        self._pools: dict[SandboxProfile | KernelProfile, _Pool] = {}
         self._policies: dict[str, Policy] = {}
         """Policy ref → policy, for every policy the pool serves now."""
         self._closed = False
@@ -191,6 +273,8 @@ class WarmPool:
         self.hits = 0
         self.misses = 0
         self.cold = 0
+        self.kernel_hits = 0
+        self.kernel_misses = 0
 
     # -- configuration ---------------------------------------------------------------------------------
 
@@ -198,18 +282,26 @@ class WarmPool:
         return self.override if self.override is not None else policy.pool
 
     def configure(self, policies: Iterable[Policy]) -> None:
-        """Serve exactly ``policies`` from now on: warm each enabled policy's default profile, and drain the
-        profiles of policies no longer served (a reload, a policy edit: the sha256 is in the profile)."""
-        wanted = {p.ref: p for p in policies if self.config_for(p).enabled}
+        """Serve exactly ``policies`` from now on: warm each enabled policy's default profile and its ready
+        kernels, and drain the profiles of policies no longer served (a reload, a policy edit: the sha256 is in
+        the profile)."""
+        served = list(policies)
+        kernels = {p.ref: k for p in served if (k := self._kernel_profile(p)) is not None}
+        wanted = {p.ref: p for p in served if self.config_for(p).enabled or p.ref in kernels}
         drained: list[_Ready] = []
         with self._cond:
             if self._closed:
                 return
             self._policies = wanted
             for profile, pool in list(self._pools.items()):
-                if profile.policy not in wanted:
+                if profile.policy not in wanted or (pool.kernel is not None and kernels.get(profile.policy) != profile):
                     drained.extend(self._drop(profile, pool))
+            for ref, kernel in kernels.items():
+                if kernel not in self._pools:
+                    self._pools[kernel] = self._kernel_pool(kernel, wanted[ref])
             for ref, policy in wanted.items():
+                if not self.config_for(policy).enabled:
+                    continue
                 try:
                     profile = default_profile(policy)
                 except Exception as exc:  # noqa: BLE001 - a policy whose defaults do not resolve has no warm default
@@ -220,20 +312,40 @@ class WarmPool:
             self._cond.notify_all()
         self._discard_all(drained)
 
+    def _kernel_profile(self, policy: Policy) -> KernelProfile | None:
+        """The kernel profile of ``policy``'s ready kernels, or None (none asked for, no kernels on this backend)."""
+        if not isinstance(self.runner, ReadyKernelRunner):
+            return None
+        try:
+            return kernel_profile(policy, self.runner, self.runner.assembler)
+        except Exception as exc:  # noqa: BLE001 - a policy whose kernel session does not resolve keeps none ready
+            _log.warning("no ready kernels for %s: its kernel session does not resolve (%s)", policy.ref, exc)
+            return None
+
+    def _kernel_pool(self, kernel: KernelProfile, policy: Policy) -> _Pool:
+        """The pool of a policy's ready kernels: ``spec.sessions.pool.size`` of them, each expiring after the warm
+        pool's ``idle_s`` (its deadline runs from its opening) and replaced at once."""
+        size = policy.sessions.pool_size if policy.sessions is not None else 0
+        idle_s = self.config_for(policy).idle_s
+        config = PoolConfig(size=size, min=size, idle_s=idle_s, profiles=1)
+        return _Pool(profile=kernel, config=config, ttl_s=idle_s, target=size)
+
     def _add(self, profile: SandboxProfile, policy: Policy) -> _Pool | None:
         """The pool of ``profile``, added when the policy allows one more profile (lock held)."""
         pool = self._pools.get(profile)
         if pool is not None:
             return pool
         config = self.config_for(policy)
-        if sum(1 for p in self._pools if p.policy == profile.policy) >= config.profiles:
+        if not config.enabled:
+            return None
+        if sum(1 for p, q in self._pools.items() if p.policy == profile.policy and q.kernel is None) >= config.profiles:
             return None
         ttl = config.idle_s + float(policy.limits.timeout_s.max) + TTL_GRACE_S
         pool = _Pool(profile=profile, config=config, ttl_s=ttl, target=config.size)
         self._pools[profile] = pool
         return pool
 
-    def _drop(self, profile: SandboxProfile, pool: _Pool) -> list[_Ready]:
+    def _drop(self, profile: SandboxProfile | KernelProfile, pool: _Pool) -> list[_Ready]:
         pool.closed = True
         del self._pools[profile]
         ready = list(pool.ready)
@@ -285,6 +397,45 @@ class WarmPool:
             if claimed is not None:
                 return Lease("hit", sandbox=claimed, slot=ready.slot)
             self._discard(ready)  # it died while waiting (an engine restart, a reaper): try the next one
+
+    def claim_kernel(
+        self, spec: RunSpec, policy: str, workspace: WorkspaceShape | None
+    ) -> tuple[Kernel, Workspace | None] | None:
+        """A ready kernel for a kernel session of ``policy`` (its ref) whose kernel spec is ``spec`` and whose
+        workspace has the shape ``workspace``, with that workspace; None when no ready kernel was opened for
+        exactly that (the session opens its kernel on request). The kernel is the session's alone from now on
+        (it holds its host slot until it is closed); a replacement is opened in the background at once.
+
+        Raises what the runner's claim raises (the guard refusing the kernel's options, or options that are not
+        the decision's): the kernel is destroyed and the session fails closed."""
+        runner = self.runner
+        if not isinstance(runner, ReadyKernelRunner):
+            return None
+        key = runner.kernel_key(spec, workspace)
+        if key is None:
+            return None
+        wanted = KernelProfile(policy, key, spec, workspace)
+        while True:
+            with self._cond:
+                pool = self._pools.get(wanted)
+                if self._closed or pool is None:
+                    return None
+                pool.claimed(self._clock())
+                ready = self._pop(pool)
+                self._cond.notify_all()  # a filler replaces what was taken
+                if ready is None:
+                    self.kernel_misses += 1
+                    return None
+            try:
+                claimed = runner.claim_kernel(ready.sandbox, spec)
+            except BaseException:
+                self._discard(ready)
+                raise
+            if claimed is not None:
+                with self._cond:
+                    self.kernel_hits += 1
+                return claimed
+            self._discard(ready)  # it ended while waiting, or waited too long to have the session's deadline
 
     def _take_ready(self, pool: _Pool) -> _Ready | None:
         """A ready container of ``pool``, after the burst response when there is none (lock held)."""
@@ -357,8 +508,9 @@ class WarmPool:
             if job is None:
                 return
             pool, slot = job
+            kernel = pool.kernel
             try:
-                sandbox = self.runner.prepare_idle(pool.profile, ttl_s=pool.ttl_s)
+                sandbox = self._prepare(pool, slot)
             except Exception as exc:  # noqa: BLE001 - a failed refill is retried with back-off, never fatal
                 slot.release()
                 message = exc.message if isinstance(exc, GatewayError) else f"{type(exc).__name__}: {exc}"
@@ -367,9 +519,10 @@ class WarmPool:
                     pool.failures += 1
                     pool.last_error = message
                     pool.retry_at = self._clock() + _BACKOFF_S[min(pool.failures, len(_BACKOFF_S)) - 1]
-                _log.warning("warm pool: preparing a %s container failed: %s", pool.profile.image, message)
+                what = f"{pool.profile.image} container" if isinstance(pool.profile, SandboxProfile) else "ready kernel"
+                _log.warning("warm pool: preparing a %s failed: %s", what, message)
                 continue
-            ready = _Ready(sandbox, slot, self._clock())
+            ready = _Ready(sandbox, slot, self._clock(), kernel=kernel is not None)
             with self._cond:
                 pool.creating -= 1
                 pool.failures = 0
@@ -380,6 +533,15 @@ class WarmPool:
                     self._cond.notify_all()
             if not keep:
                 self._discard(ready)
+
+    def _prepare(self, pool: _Pool, slot: Slot) -> Any:
+        """A pooled container of ``pool``'s profile, or a ready kernel of its kernel profile holding ``slot``."""
+        if isinstance(pool.profile, SandboxProfile):
+            return self.runner.prepare_idle(pool.profile, ttl_s=pool.ttl_s)
+        if not isinstance(self.runner, ReadyKernelRunner):  # configure keeps no kernel profile for such a runner
+            raise TypeError(f"{type(self.runner).__name__} cannot open ready kernels")
+        kernel = pool.profile
+        return self.runner.prepare_kernel(kernel.spec, workspace=kernel.workspace, slot=slot, wait_s=pool.config.idle_s)
 
     def _next_job(self) -> tuple[_Pool, Slot] | None:
         """Wait for a profile that needs a container and a free host slot; None once the pool is closed."""
@@ -460,7 +622,10 @@ class WarmPool:
 
     def _discard(self, ready: _Ready) -> None:
         try:
-            self.runner.discard(ready.sandbox)
+            if ready.kernel and isinstance(self.runner, ReadyKernelRunner):
+                self.runner.discard_kernel(ready.sandbox)  # and its workspace
+            else:
+                self.runner.discard(ready.sandbox)
         finally:
             ready.slot.release()
 
@@ -522,7 +687,8 @@ class WarmPool:
 
     def stats(self) -> PoolStats:
         with self._cond:
-            pools = list(self._pools.values())
+            pools = [p for p in self._pools.values() if p.kernel is None]
+            kernels = [p for p in self._pools.values() if p.kernel is not None]
             return PoolStats(
                 ready=sum(len(p.ready) for p in pools),
                 creating=sum(p.creating for p in pools),
@@ -531,7 +697,10 @@ class WarmPool:
                 hits=self.hits,
                 misses=self.misses,
                 cold=self.cold,
-                errors=tuple(p.last_error for p in pools if p.last_error),
+                errors=tuple(p.last_error for p in (*pools, *kernels) if p.last_error),
+                kernels=sum(len(p.ready) for p in kernels),
+                kernel_hits=self.kernel_hits,
+                kernel_misses=self.kernel_misses,
             )
 
     def ready_count(self) -> int:

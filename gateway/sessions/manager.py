@@ -211,13 +211,19 @@ class SessionManager:
                 workspace = _workspace_store(gw.runner).create(settings.workspace_size, profile.uid, profile.gid)
             else:
                 runner, spec = _kernel_spec(gw.runner, decision)
+                profile = settings.sandbox.profile
                 store = getattr(gw.runner, "workspaces", None)
-                if store is not None:  # the kernel's /workspace is the session's bounded workspace, with its files API
-                    profile = settings.sandbox.profile
-                    workspace = store.create(settings.workspace_size, profile.uid, profile.gid)
-                    spec = dataclasses.replace(spec, workspace=workspace)
-                slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
-                kernel = runner.open_kernel(spec, slot=slot)
+                # The kernel's /workspace is the session's bounded workspace (with its files API) where there is one.
+                shape = None if store is None else (settings.workspace_size, profile.uid, profile.gid)
+                ready = gw.pool.claim_kernel(spec, profile.policy, shape) if gw.pool is not None else None
+                if ready is not None:  # opened ahead for exactly this spec and workspace; never used before
+                    kernel, workspace = ready
+                else:
+                    if store is not None:
+                        workspace = store.create(settings.workspace_size, profile.uid, profile.gid)
+                        spec = dataclasses.replace(spec, workspace=workspace)
+                    slot = gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
+                    kernel = runner.open_kernel(spec, slot=slot)
         except GatewayError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - every failure is audited and returned, never a crash

@@ -6,12 +6,18 @@ The container is made exactly as a run's (``DockerRunner.prepare``: the same opt
 instances remove it like any run's container). The attach socket carries the engine's multiplexed streams
 (``collect.Demux``); when the supervisor does not answer by the host's deadline, the container is killed and
 removed.
+
+A ready kernel (``DockerRunner.prepare_kernel``, kept by the warm pool) is opened the same way before any
+session asks for it, from the profile part of a session's options; a session that claims it binds its own spec
+(:meth:`DockerKernel.bind`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
@@ -22,6 +28,7 @@ from gateway.runner.kernel import HostKernel
 
 if TYPE_CHECKING:
     from gateway.runner.docker.runner import DockerRunner, DockerSandbox
+    from gateway.runner.interface import RunSpec
     from gateway.slots import Slot
 
 __all__ = ["KERNEL_GRACE_S", "KERNEL_READY_S", "DockerKernel"]
@@ -36,6 +43,22 @@ class DockerKernel(HostKernel["DockerSandbox"]):
         super().__init__(sandbox, slot, grace_s)
         self._runner = runner
         self._demux = Demux()
+        self._opened_at = time.monotonic()
+        """Before the opening payload is sent: the supervisor's lifetime counts from a moment after this."""
+
+    @property
+    def sandbox(self) -> DockerSandbox:
+        """The kernel's container and its attach connection."""
+        return self._sandbox
+
+    def bind(self, spec: RunSpec) -> None:
+        """A ready kernel claimed by a session: its cells are judged by the session's spec from now on (the
+        runner checked it asks for exactly what the kernel was opened with)."""
+        self._sandbox = replace(self._sandbox, spec=spec)
+
+    def opened_for(self) -> float:
+        """Seconds left of the deadline the kernel was opened with (its supervisor's lifetime)."""
+        return self._sandbox.spec.timeout_s - (time.monotonic() - self._opened_at)
 
     @property
     def where(self) -> str:

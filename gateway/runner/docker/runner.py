@@ -34,6 +34,7 @@ requests exception is mapped by ``gateway.runner.docker.errors.map_engine_error`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import select
@@ -43,11 +44,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 
+from gateway.canonical import options_bytes
 from gateway.decision.settings import BackendLimits, SandboxProfile
 from gateway.errors import (
     CancelledRunError,
@@ -84,7 +86,11 @@ from gateway.runner.docker.workspace import DockerWorkspaces, bind_workspace, pr
 from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
 from gateway.runner.supervisor import encode_payload, new_key, supervisor_command
+from gateway.runner.workspace import Workspace
 from gateway.slots import Slot, instance_dead
+
+if TYPE_CHECKING:
+    from gateway.runner.pool import WorkspaceShape
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
 
@@ -453,8 +459,15 @@ class DockerRunner:
         grace_s: float = KERNEL_GRACE_S,
     ) -> DockerKernel:  # fmt: skip
         """A kernel in a container made exactly as a run's (see ``gateway.runner.interface.KernelRunner``)."""
+        kwargs = self._create_kwargs(spec.options, expires_s=spec.timeout_s)
+        return self._open_kernel(spec, kwargs, files, slot, grace_s)
+
+    def _open_kernel(
+        self, spec: RunSpec, kwargs: dict[str, Any], files: Mapping[str, bytes] | None, slot: Slot | None,
+        grace_s: float, *, pooled: bool = False,
+    ) -> DockerKernel:  # fmt: skip
         try:
-            sandbox = self.prepare(spec)
+            sandbox = self._prepare(spec, kwargs, pooled=pooled)
         except BaseException:
             if slot is not None:
                 slot.release()
@@ -468,6 +481,100 @@ class DockerRunner:
                 kernel.close()
             raise
         return kernel
+
+    # -- ready kernels (the warm pool's kernel profiles) -----------------------------------------------
+
+    def kernel_key(self, spec: RunSpec, workspace: WorkspaceShape | None) -> str | None:
+        """The sha256 of everything a kernel is opened with before a session claims it: the profile part of
+        ``spec``'s options, its environment (the opening payload's), its deadline and output caps, and the
+        workspace's size, uid and gid; None for a spec no ready kernel can serve (mounts are bound at create)."""
+        if spec.mounts or spec.workspace is not None or "mounts" in spec.options:
+            return None
+        opened = {
+            "options": profile_part(spec.options), "environment": dict(spec.options.get("environment") or {}),
+            "timeout_s": spec.timeout_s, "output_bytes": spec.output_bytes,
+            "output_files_bytes": spec.output_files_bytes, "output_files": spec.output_files, "pull": spec.pull,
+            "workspace": None if workspace is None else list(workspace),
+        }  # fmt: skip
+        return hashlib.sha256(options_bytes(opened)).hexdigest()
+
+    def prepare_kernel(
+        self, spec: RunSpec, *, workspace: WorkspaceShape | None, slot: Slot, wait_s: float
+    ) -> DockerKernel:
+        """A ready kernel for a session of ``spec`` not yet asked for: its container made from the profile part of
+        the options (guarded, the pool label, no label naming a request) over a fresh workspace of ``workspace``
+        (size, uid, gid), its interpreter up with ``spec``'s environment, holding ``slot``. Its deadline (the
+        label, the supervisor's) is ``spec``'s plus ``wait_s``, the longest it may wait to be claimed, so that it
+        still has ``spec``'s whole deadline when a session claims it (:meth:`claim_kernel`)."""
+        key = self.kernel_key(spec, workspace)
+        if key is None:
+            slot.release()
+            raise UnsafeOptionsError("a ready kernel is made before any request; its spec cannot hold mounts")
+        options = profile_part(spec.options)
+        options["labels"] = {**options["labels"], POOL_LABEL: key}
+        options["environment"] = dict(spec.options.get("environment") or {})
+        made: Workspace | None = None
+        try:
+            if workspace is not None:
+                made = self.workspaces.create(*workspace)
+            opened = replace(spec, options=options, timeout_s=spec.timeout_s + wait_s, workspace=made)
+            kwargs = self._create_kwargs(opened.options, expires_s=opened.timeout_s)
+            kernel = self._open_kernel(opened, kwargs, None, slot, KERNEL_GRACE_S, pooled=True)
+        except BaseException:
+            slot.release()
+            if made is not None:
+                with contextlib.suppress(Exception):
+                    self.workspaces.destroy(made)
+            raise
+        return kernel
+
+    def claim_kernel(self, kernel: Any, spec: RunSpec) -> tuple[DockerKernel, Workspace | None] | None:
+        """Hand a ready kernel to the session whose kernel spec is ``spec``: the kernel and its workspace; None
+        when it no longer lives or waited too long to still have ``spec``'s deadline (discard it).
+
+        As for a pooled run (:meth:`claim`), the guard runs again on the options its container was created with
+        and on the decision's, and they must be exactly the profile part of the decision's; its environment, output
+        caps and deadline must be the decision's too (they were in its opening payload)."""
+        if not isinstance(kernel, DockerKernel) or kernel.sandbox.created_with is None:
+            raise SandboxError("only a ready kernel can be claimed")
+        sandbox = kernel.sandbox
+        made = dict(sandbox.created_with or {})
+        guard(made)
+        guard(spec.options)
+        environment = made.pop("environment", None) or {}
+        made = profile_part(made)
+        made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
+        wanted = profile_part(spec.options)
+        opened = sandbox.spec
+        caps = (opened.output_bytes, opened.output_files_bytes, opened.output_files)
+        differ = sorted(k for k in set(made) | set(wanted) if made.get(k) != wanted.get(k))
+        if environment != dict(spec.options.get("environment") or {}):
+            differ.append("environment")
+        if caps != (spec.output_bytes, spec.output_files_bytes, spec.output_files):
+            differ.append("output caps")
+        if spec.mounts or spec.workspace is not None or "mounts" in spec.options:
+            differ.append("mounts")
+        if differ:
+            raise UnsafeOptionsError(
+                "the ready kernel was opened with options other than the profile part of the decision's "
+                f"({', '.join(differ)}); it was destroyed and nothing ran in it"
+            )
+        if kernel.killed is not None or kernel.opened_for() < spec.timeout_s or not _alive(sandbox.sock):
+            return None
+        kernel.bind(replace(spec, workspace=opened.workspace))
+        return kernel, opened.workspace
+
+    def discard_kernel(self, kernel: Any) -> None:
+        """Destroy a ready kernel no session claimed: its container, then its workspace."""
+        if not isinstance(kernel, DockerKernel):
+            return
+        try:
+            with contextlib.suppress(Exception):
+                kernel.close()
+        finally:
+            workspace = kernel.sandbox.spec.workspace
+            if workspace is not None:
+                self.workspaces.destroy(workspace)
 
     def discard(self, sandbox: Any) -> None:
         """Destroy a sandbox that will never run: its supervisor ends when its stdin closes; removed too."""

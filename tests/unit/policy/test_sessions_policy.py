@@ -35,6 +35,17 @@ def test_the_section_becomes_a_frozen_rule(make_policy: Callable[[str], Policy])
         lifetime_s=Limit(600, 3600, "audit", 7200),
         workspace_size=Limit(64 * 1024**2, 1024**3),
     )
+    assert make_policy(SESSIONS).sessions.pool_size == 0  # type: ignore[union-attr]  # no ready kernels unless asked
+
+
+def test_ready_kernels_are_sized_by_the_policy_and_need_kernel_mode(make_policy: Callable[[str], Policy]) -> None:
+    pooled = make_policy(SESSIONS + "  pool: {size: 2}\n").sessions
+    assert pooled is not None
+    assert pooled.pool_size == 2
+    assert _problems(make_policy, SESSIONS.replace("[workspace, kernel]", "[workspace]") + "  pool: {size: 1}\n") == [
+        "$.spec.sessions.pool.size: 1 ready kernels, but kernel is not in modes ['workspace']: no session could use "
+        "them; add kernel to modes or set pool.size to 0"
+    ]
 
 
 def test_no_section_means_no_sessions(default_policy: Policy, strict_policy: Policy) -> None:
@@ -46,6 +57,7 @@ def test_the_shipped_sessions_example_is_the_default_policy_plus_both_modes(defa
     example = load_policy(policies_dir() / "examples" / "sessions.yaml")
     assert example.sessions is not None
     assert example.sessions.modes == ("workspace", "kernel")
+    assert example.sessions.pool_size == 2  # ready kernels, for a gateway that keeps a pool
     assert (example.limits, example.images, example.network) == (
         default_policy.limits, default_policy.images, default_policy.network,
     )  # fmt: skip
@@ -76,6 +88,10 @@ def test_every_bound_is_checked_and_every_problem_reported(make_policy: Callable
         (("[workspace, kernel]", "[notebook]"), "$.spec.sessions.modes[0]"),
         (("idle_s: {default: 60, max: 600}", "idle_s: {default: 0, max: 600}"), "$.spec.sessions.idle_s.default"),
         (("  modes:", "  lifespan: 5\n  modes:"), "$.spec.sessions.lifespan"),
+        (("  modes:", "  pool: {size: -1}\n  modes:"), "$.spec.sessions.pool.size"),
+        (("  modes:", "  pool: {size: 17}\n  modes:"), "$.spec.sessions.pool.size"),
+        (("  modes:", "  pool: {}\n  modes:"), "$.spec.sessions.pool"),
+        (("  modes:", "  pool: {size: 1, min: 1}\n  modes:"), "$.spec.sessions.pool.min"),
     ],
 )
 def test_the_schema_is_strict(make_policy: Callable[[str], Policy], change: tuple[str, str], path: str) -> None:
