@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -44,7 +45,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ServiceStoppingError
+from gateway import Caller
+from gateway.errors import GatewayError, ServiceStoppingError
 from gateway.service import endpoints, session_files
 from gateway.service.auth import BearerTokens
 from gateway.service.mcp_http import McpEndpoint
@@ -65,8 +67,11 @@ def build_app(service: Service) -> Starlette:
     are open."""
     bearer = [Middleware(AuthenticationMiddleware, backend=BearerTokens())]
     mcp = McpEndpoint(
-        service.gateway, read_body=endpoints.mcp_body, admit=endpoints.mcp_admission, error=endpoints.mcp_error
-    )
+        service.gateway, read_body=endpoints.mcp_body, admit=endpoints.mcp_admission, error=endpoints.mcp_error,
+        settings=service.config.mcp, refused=functools.partial(_mcp_refused, service),
+        still_valid=lambda caller: service.refusal_of(caller.principal, caller.token_id) is None,
+    )  # fmt: skip
+    service.on_reload.append(mcp.end_revoked)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -96,9 +101,9 @@ def build_app(service: Service) -> Starlette:
         Route("/healthz", endpoints.healthz, methods=["GET"]),
         Route("/readyz", endpoints.readyz, methods=["GET"]),
         Route("/openapi.json", endpoints.openapi, methods=["GET"]),
-        # POST only: the stateless transport has no server-to-client stream (GET) and no sessions (DELETE); the
-        # SDK would answer a GET with an event stream that never ends. Anything else is the 405 error body.
-        Route("/mcp", mcp, methods=["POST"], middleware=bearer),
+        # POST, and DELETE when MCP sessions are kept (mcp.session): never GET, which the SDK would answer with an
+        # event stream that never ends (and that keeps its session from going idle). Else the 405 error body.
+        Route("/mcp", mcp, methods=mcp.methods, middleware=bearer),
     ]
     app = Starlette(
         routes=routes,
@@ -111,6 +116,13 @@ def build_app(service: Service) -> Starlette:
     app.router.redirect_slashes = False  # its redirect's Location would be built from the client's Host header
     app.state.service = service
     return app
+
+
+def _mcp_refused(service: Service, error: GatewayError, caller: Caller) -> None:
+    """An ``initialize`` over the MCP session bounds, in the ``request.refused`` summaries like every refusal."""
+    service.refusals.note(
+        error, principal=caller.principal, token_id=caller.token_id, request_id=uuid.uuid4().hex, path="/mcp"
+    )
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:

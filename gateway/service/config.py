@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from jsonschema import Draft202012Validator
 
@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_PORT",
     "MAX_CONFIG_BYTES",
     "KubernetesSettings",
+    "McpSettings",
     "ServerConfig",
     "load_server_config",
     "load_server_config_text",
@@ -55,6 +56,22 @@ class KubernetesSettings:
     kubeconfig: Path | None = None
     context: str | None = None
     in_cluster: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class McpSettings:
+    """The ``mcp:`` section: whether ``/mcp`` keeps state per MCP session, and its bounds
+    (:mod:`gateway.service.mcp_http`)."""
+
+    session: Literal["kernel", "workspace"] | None = None
+    """None: the stateless transport (no MCP session, each call starts from nothing); ``kernel`` or
+    ``workspace``: an MCP session per client, each with one gateway session of that mode for its tool calls."""
+    max_sessions: int = 256
+    """Live MCP sessions in the whole service; past them a new one is refused (429 ``service.over_quota``)."""
+    max_sessions_per_principal: int = 8
+    """Live MCP sessions of one principal; past them, the same 429."""
+    idle_s: float = 900.0
+    """An MCP session with no request for this long ends, and its gateway session is closed."""
 
 
 _SECONDS: Final = (
@@ -134,6 +151,8 @@ class ServerConfig:
     """``docker`` or ``kubernetes``: which runner ``gateway serve`` builds."""
     kubernetes: KubernetesSettings = KubernetesSettings()
     """The Kubernetes backend's connection (``backend: kubernetes``)."""
+    mcp: McpSettings = McpSettings()
+    """``/mcp``: stateless, or an MCP session per client with its gateway session (``mcp.session``)."""
     source: str | None = field(default=None, compare=False)
     """The file it was read from, if any."""
 
@@ -187,6 +206,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
     access_log = data.get("access_log", {})
     anchor = data.get("audit_anchor", {})
     kube = data.get("kubernetes", {})
+    mcp = data.get("mcp", {})
     return ServerConfig(
         host=data.get("host", DEFAULT_HOST),
         port=data.get("port", DEFAULT_PORT),
@@ -217,6 +237,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
             context=kube.get("context"),
             in_cluster=bool(kube.get("in_cluster", False)),
         ),
+        mcp=McpSettings(**{**mcp, **({"idle_s": float(mcp["idle_s"])} if "idle_s" in mcp else {})}),
         source=source,
     )
 

@@ -509,7 +509,8 @@ async def readyz(request: Request) -> Response:
 
 @counted("/openapi.json")
 async def openapi(request: Request) -> Response:
-    return _json(200, openapi_document(), new_request_id())
+    document = openapi_document(mcp_sessions=Service.of(request).config.mcp.session is not None)
+    return _json(200, document, new_request_id())
 
 
 # --- /mcp's hooks ----------------------------------------------------------------------------------------------

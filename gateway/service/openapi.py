@@ -282,31 +282,69 @@ def _session_paths(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
     }
 
 
-def _mcp_path(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
-    """``/mcp``: the Model Context Protocol's streamable HTTP transport (stateless), not a REST resource."""
-    described = (
-        "The Model Context Protocol's streamable HTTP transport (stateless: no "
-        "session; every request carries the bearer token). JSON-RPC messages of the MCP specification in, "
-        "answers as application/json or text/event-stream; the tool is execute_python, run as the token's "
-        "principal under its policy. Unauthenticated requests get the 401 error body; a body the gateway "
-        "cannot take gets its error body before the MCP layer sees it (the /v1 bounds, and at most 4096 JSON "
-        "values, checked by a decision worker: 400 request.malformed; 503 when no worker answered); a tool call "
-        "over the principal's quotas is a tool error; what the MCP layer refuses is answered by the MCP SDK "
-        "(JSON-RPC errors, 4xx). POST only: GET (a server-to-client stream) and DELETE (session termination) "
-        "have nothing to offer without sessions and get 405 with Allow: POST."
+def _mcp_path(auth: list[dict[str, list[str]]], sessions: bool) -> dict[str, Any]:
+    """``/mcp``: the Model Context Protocol's streamable HTTP transport, not a REST resource; stateless, or with
+    MCP sessions (``mcp.session`` in the server configuration)."""
+    common = (
+        "JSON-RPC messages of the MCP specification in, answers as application/json or text/event-stream; the tool "
+        "is execute_python, run as the token's principal under its policy. Unauthenticated requests get the 401 "
+        "error body; a body the gateway cannot take gets its error body before the MCP layer sees it (the /v1 "
+        "bounds, and at most 4096 JSON values, checked by a decision worker: 400 request.malformed; 503 when no "
+        "worker answered); a tool call over the principal's quotas is a tool error; what the MCP layer refuses is "
+        "answered by the MCP SDK (JSON-RPC errors, 4xx)."
     )
     ok = {
         "description": "An MCP answer (JSON-RPC).",
         "content": {_JSON: {"schema": {"type": "object"}}, _EVENT_STREAM: {"schema": {"type": "string"}}},
     }
+    if not sessions:
+        described = (
+            "The Model Context Protocol's streamable HTTP transport (stateless: no session; every request carries "
+            f"the bearer token). {common} POST only: GET (a server-to-client stream) and DELETE (session "
+            "termination) have nothing to offer without sessions and get 405 with Allow: POST."
+        )
+        return {
+            "post": {
+                "operationId": "mcp_post",
+                "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
+                "description": described,
+                "security": auth,
+                "responses": _responses(ok, "400", "401", "405", "408", "413", "415", "503"),
+            }
+        }
+    described = (
+        "The Model Context Protocol's streamable HTTP transport with MCP sessions: initialize opens one (its id in "
+        "the Mcp-Session-Id answer header), owned by the token that sent it; every later request carries that "
+        "header and is authenticated on its own. The tool calls of an MCP session share one gateway session (the "
+        "server's mcp.session mode), opened at the first call under the principal's policy. A live MCP session "
+        f"past the server's bounds (mcp.max_sessions, mcp.max_sessions_per_principal) gets 429. {common} GET (a "
+        "server-to-client stream) gets 405."
+    )
+    unknown = {
+        "description": "No live MCP session with this Mcp-Session-Id for this token: unknown, ended, or another "
+        "token's (another principal's, or another token of the same principal), answered alike with the MCP "
+        "SDK's JSON-RPC error (Session not found).",
+        "content": {_JSON: {"schema": {"type": "object"}}},
+    }
+    post = _responses(ok, "400", "401", "405", "408", "413", "415", "429", "503")
+    delete = _responses(
+        {"description": "The MCP session has ended, and its gateway session is closed."},
+        "400", "401", "405", "429",
+    )  # fmt: skip
     return {
         "post": {
             "operationId": "mcp_post",
             "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
             "description": described,
             "security": auth,
-            "responses": _responses(ok, "400", "401", "405", "408", "413", "415", "503"),
-        }
+            "responses": {**post, "404": unknown},
+        },
+        "delete": {
+            "operationId": "mcp_delete",
+            "summary": "End the MCP session named by Mcp-Session-Id, and close its gateway session.",
+            "security": auth,
+            "responses": {**delete, "404": unknown},
+        },
     }
 
 
@@ -407,7 +445,7 @@ def _session_file_paths(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
 
 
 @cache
-def _document() -> dict[str, Any]:
+def _document(mcp_sessions: bool) -> dict[str, Any]:
     schemas = {name: _rewrite(load_schema(file), name) for file, name in COMPONENTS.items()}
     auth: list[dict[str, list[str]]] = [{"bearer": []}]
     v1 = ("401", "405", "429")  # every authenticated request counts against its all_rpm
@@ -544,7 +582,7 @@ def _document() -> dict[str, Any]:
     }
     paths["/v1/executions"]["post"]["responses"]["200"]["content"][_EVENT_STREAM] = _EXECUTION_EVENTS
     paths.update(_session_paths(auth))
-    paths["/mcp"] = _mcp_path(auth)
+    paths["/mcp"] = _mcp_path(auth, mcp_sessions)
     responses: dict[str, Any] = {}
     paths.update(_session_file_paths(auth))
     for status, (name, description) in _ERRORS.items():
@@ -597,6 +635,7 @@ def _document() -> dict[str, Any]:
     }
 
 
-def openapi_document() -> dict[str, Any]:
-    """A fresh copy of the document (callers may not alter the cached one)."""
-    return copy.deepcopy(_document())
+def openapi_document(*, mcp_sessions: bool = False) -> dict[str, Any]:
+    """A fresh copy of the document (callers may not alter the cached one); ``mcp_sessions``: the service keeps
+    MCP sessions (``mcp.session``), so ``/mcp`` takes ``DELETE`` too."""
+    return copy.deepcopy(_document(mcp_sessions))

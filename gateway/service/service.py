@@ -134,6 +134,9 @@ class Service:
         self._loop: asyncio.AbstractEventLoop | None = None
         """The event loop serving the service (:meth:`running`): where :attr:`quota_gate` lives."""
         self._reload_lock = threading.Lock()
+        self.on_reload: list[Callable[[], None]] = []
+        """Called on the event loop after each good reload (``/mcp`` ends the MCP sessions of removed principals
+        and revoked tokens, :meth:`gateway.service.mcp_http.McpEndpoint.end_revoked`)."""
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, runner: Callable[[], Runner]) -> Service:
@@ -305,6 +308,8 @@ class Service:
         self._warn_of_shares()
         if self._loop is not None:  # the quota gate lives on the event loop's thread
             self._loop.call_soon_threadsafe(self.quota_gate.refuse_waiting, self.refusal_of)
+            for hook in self.on_reload:
+                self._loop.call_soon_threadsafe(hook)
         default = policies.default.policy
         loaded = [{"name": c.policy.name, "sha256": c.policy.sha256, "source": c.policy.source} for c in policies]
         data = {"ok": True, "source": source, "name": default.name, "sha256": default.sha256, "policies": loaded}

@@ -11,6 +11,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from gateway.resources import load_schema
+from gateway.service.config import McpSettings, ServerConfig
 from gateway.service.openapi import COMPONENTS, openapi_document
 
 pytest.importorskip("starlette")
@@ -103,14 +104,33 @@ def test_every_route_is_documented_with_its_errors_and_security() -> None:
 def test_the_document_is_valid_openapi_3_1() -> None:
     """What openapi-spec-validator finds (every error, with its place), so that tools that read the document
     (client generators, schemathesis, documentation viewers) can rely on it."""
-    errors = [
-        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
-        for error in OpenAPIV31SpecValidator(openapi_document()).iter_errors()
-    ]
-    assert errors == []
+    for sessions in (False, True):
+        errors = [
+            f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+            for error in OpenAPIV31SpecValidator(openapi_document(mcp_sessions=sessions)).iter_errors()
+        ]
+        assert errors == []
+
+
+def test_with_mcp_sessions_mcp_takes_delete_and_says_how_a_foreign_id_is_answered() -> None:
+    """A service keeping MCP sessions (mcp.session) routes DELETE /mcp, and its document says so; the routes and
+    the document agree as in the stateless default."""
+    from gateway.service.app import build_app
+
+    app = build_app(_NoService(ServerConfig(mcp=McpSettings(session="kernel"))))  # type: ignore[arg-type]
+    (route,) = [r for r in app.routes if getattr(r, "path", None) == "/mcp"]
+    assert set(route.methods or ()) - {"HEAD"} == {"POST", "DELETE"}  # GET: 405, no endless event stream
+    mcp = openapi_document(mcp_sessions=True)["paths"]["/mcp"]
+    assert set(mcp) == {"post", "delete"}
+    assert "another token's" in mcp["post"]["responses"]["404"]["description"]
+    assert {"401", "429"} <= set(mcp["post"]["responses"])
 
 
 class _NoService:
-    """build_app only reads ``service.gateway`` when building the routes."""
+    """build_app only reads ``service.gateway``, its configuration and its reload hooks when building the routes."""
 
     gateway = None
+
+    def __init__(self, config: ServerConfig = ServerConfig()) -> None:  # noqa: B008 - frozen
+        self.config = config
+        self.on_reload: list[object] = []
