@@ -187,8 +187,9 @@ class McpEndpoint:
                     tasks.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                for live in [*self._live.values()]:
-                    await self._close(live)
+                async with anyio.create_task_group() as closing:  # side by side: each removes a sandbox
+                    for live in [*self._live.values()]:
+                        closing.start_soon(self._close, live)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
