@@ -7,7 +7,7 @@ every step alike:
 
 - ``kernel_cell_local`` / ``kernel_reuse_local``: ``print(2+2)`` and ``n += 1; n`` (the value checked) as cells of
   one kernel session through ``Gateway.sessions.execute``;
-- ``kernel_cell_http`` / ``kernel_reuse_http``: the same through ``gateway.client.Client.execute_in_session``
+- ``kernel_cell_http`` / ``kernel_reuse_http``: the same through ``gateway.client.Client.sessions.execute``
   against a ``gateway serve`` this script starts on loopback (its principal under the sessions policy, its trail
   durable as the service's default: records fsynced before an answer);
 - ``workspace_run_local`` / ``workspace_reuse_local``: ``print(2+2)`` and a program that reads, increments and
@@ -134,18 +134,18 @@ def local_cells(gw: Gateway, mode: str, principal: str) -> tuple[Step, Step]:
 
 
 def http_cells(client: Client) -> tuple[Step, Step]:
-    created = client.create_session({"mode": "kernel"})
+    created = client.sessions.create({"mode": "kernel"})
     _check(created.session_id is not None, "creating a kernel session over HTTP", created.to_dict())
     sid = str(created.session_id)
-    _check(client.execute_in_session(sid, {"code": "n = 0"}).exit_status == 0, "the first cell", sid)
+    _check(client.sessions.execute(sid, {"code": "n = 0"}).exit_status == 0, "the first cell", sid)
     count = [0]
 
     def run() -> None:
-        result = client.execute_in_session(sid, {"code": CODE})
+        result = client.sessions.execute(sid, {"code": CODE})
         _check(result.stdout == EXPECTED, "print(2+2) over HTTP", result.to_dict())
 
     def reuse() -> None:
-        result = client.execute_in_session(sid, {"code": REUSE_CELL})
+        result = client.sessions.execute(sid, {"code": REUSE_CELL})
         count[0] += 1
         _check(result.value == str(count[0]), f"reuse over HTTP (expected {count[0]})", result.to_dict())
 
@@ -171,12 +171,12 @@ def http_create(client: Client) -> tuple[Step, Step]:
     made: list[str] = []
 
     def create() -> None:
-        result = client.create_session({"mode": "kernel"})
+        result = client.sessions.create({"mode": "kernel"})
         _check(result.session_id is not None, "creating a kernel session over HTTP", result.to_dict())
         made.append(str(result.session_id))
 
     def close() -> None:
-        client.close_session(made.pop())
+        client.sessions.close(made.pop())
 
     return create, close
 

@@ -16,19 +16,20 @@ in both: they travel as ``{"content": "<base64>", "encoding": "base64"}``):
   answer came (connection, TLS, timeout), and a success answer that is not the service's contract.
 - :meth:`Client.policy` and :meth:`Client.tools` return the JSON of ``GET /v1/policy`` / ``GET /v1/tools``
   and raise the mapped exception for any error.
-- Sessions, as :attr:`gateway.Gateway.sessions` has them: :meth:`Client.create_session` returns a
-  :class:`RemoteSessionResult` (shaped like :class:`gateway.sessions.SessionResult`: a denial or an error is a
-  result, not an exception), :meth:`Client.execute_in_session` a :class:`RemoteResult` (with ``value`` for a
-  kernel cell, and ``session_id``; ``session.not_found``, ``session.gone`` and ``session.busy`` are its
-  ``error``); :meth:`Client.sessions` and :meth:`Client.session` return :class:`RemoteSession` (the
-  :class:`gateway.sessions.SessionInfo` fields) and :meth:`Client.close_session` closes one; these three raise
-  the mapped exception (:class:`~gateway.errors.SessionNotFoundError` for an unknown id and another
-  principal's alike, :class:`~gateway.errors.SessionGoneError` for an ended one).
-- A workspace session's files, as :meth:`gateway.sessions.SessionManager.put_file` and its siblings have them:
-  :meth:`Client.put_session_file` returns the :class:`gateway.sessions.SessionFile` written,
-  :meth:`Client.get_session_file` the bytes, :meth:`Client.session_files` a
-  :class:`gateway.runner.workspace.WorkspaceListing`; they raise the mapped exception. The path travels
-  percent-encoded (``..`` too, which httpx would otherwise resolve away): the service alone judges it.
+- Sessions: :attr:`Client.sessions` (a :class:`RemoteSessions`; :class:`AsyncRemoteSessions` awaited) has
+  the methods of :attr:`gateway.Gateway.sessions` (:class:`gateway.sessions.SessionManager`), with the same
+  names and arguments, so ``gw.sessions.execute(sid, request)`` and ``client.sessions.execute(sid, request)``
+  are one call. ``create`` returns a :class:`RemoteSessionResult` (shaped like
+  :class:`gateway.sessions.SessionResult`: a denial or an error is a result, not an exception), ``execute`` a
+  :class:`RemoteResult` (with ``value`` for a kernel cell, and ``session_id``; ``session.not_found``,
+  ``session.gone`` and ``session.busy`` are its ``error``); ``list`` and ``get`` return :class:`RemoteSession`
+  (the :class:`gateway.sessions.SessionInfo` attributes) and ``close`` returns None once the sandbox is gone;
+  these raise the mapped exception (:class:`~gateway.errors.SessionNotFoundError` for an unknown id and
+  another principal's alike, :class:`~gateway.errors.SessionGoneError` for an ended one).
+- A workspace session's files: ``put_file`` returns the :class:`gateway.sessions.SessionFile` written,
+  ``get_file`` the bytes, ``list_files`` a :class:`gateway.runner.workspace.WorkspaceListing`; they raise the
+  mapped exception. The path travels percent-encoded (``..`` too, which httpx would otherwise resolve away):
+  the service alone judges it.
 
 Error bodies (``code``, ``message``, ``request_id``, ``violations`` / ``errors``) become the class of
 :mod:`gateway.errors` with that stable ``code``; an unknown code becomes a subclass (keeping the code) of
@@ -43,9 +44,11 @@ deadline bounds every run whatever the client does); the default is :data:`DEFAU
 
 from __future__ import annotations
 
+import builtins
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -70,10 +73,12 @@ from gateway.sessions.files import SessionFile
 __all__ = [
     "DEFAULT_TIMEOUT",
     "AsyncClient",
+    "AsyncRemoteSessions",
     "Client",
     "RemoteResult",
     "RemoteSession",
     "RemoteSessionResult",
+    "RemoteSessions",
     "error_from_response",
 ]
 
@@ -141,8 +146,13 @@ class RemoteResult:
         return list(self._data["violations"])
 
     @property
+    def audit_ok(self) -> bool:
+        """False when a record of this request could not be made durable on the service's trail."""
+        return bool(self._data.get("audit_ok", True))
+
+    @property
     def session_id(self) -> str | None:
-        """The session it ran in (``execute_in_session``); None for a single-use run."""
+        """The session it ran in (``sessions.execute``); None for a single-use run."""
         sid = self._data.get("session_id")
         return None if sid is None else str(sid)
 
@@ -151,6 +161,21 @@ class RemoteResult:
         """A kernel cell's value: the repr of its last expression (bounded), None when it has none."""
         value = self._data.get("value")
         return None if value is None else str(value)
+
+    @property
+    def value_truncated(self) -> bool:
+        return bool(self._data.get("value_truncated"))
+
+    @property
+    def interrupted(self) -> bool:
+        """A kernel cell was interrupted (its deadline, an output flood) and the kernel lives on."""
+        return bool(self._data.get("interrupted"))
+
+    @property
+    def session_ended(self) -> str | None:
+        """Why the session ended during this execution (its kernel was killed); None while it lives."""
+        ended = self._data.get("session_ended")
+        return None if ended is None else str(ended)
 
     def to_dict(self) -> dict[str, Any]:
         """A fresh copy of the result object (the keys of :meth:`gateway.ExecutionResult.to_dict`)."""
@@ -165,8 +190,9 @@ class RemoteResult:
 
 
 class RemoteSession:
-    """A session as the service describes it (``GET /v1/sessions/{id}``): the fields of
-    :meth:`gateway.sessions.SessionInfo.to_dict`, times as RFC 3339 UTC strings."""
+    """A session as the service describes it (``GET /v1/sessions/{id}``), read like
+    :class:`gateway.sessions.SessionInfo`: the same attributes, times as unix time (the service sends RFC 3339
+    UTC to the second), ``settings`` as JSON. Not told remotely: the kernel's ``container_id``."""
 
     __slots__ = ("_data",)
 
@@ -178,6 +204,11 @@ class RemoteSession:
         return str(self._data["session_id"])
 
     @property
+    def principal(self) -> str | None:
+        principal = self._data.get("principal")
+        return None if principal is None else str(principal)
+
+    @property
     def mode(self) -> str:
         return str(self._data["mode"])
 
@@ -186,15 +217,47 @@ class RemoteSession:
         return str(self._data["state"])
 
     @property
-    def expires_at(self) -> str:
-        return str(self._data["expires_at"])
+    def ready_at(self) -> float:
+        return _unix(self._data["ready_at"])
+
+    @property
+    def last_used_at(self) -> float:
+        return _unix(self._data["last_used_at"])
+
+    @property
+    def expires_at(self) -> float:
+        """Unix time it ends unless used (``to_dict()["expires_at"]`` is the service's RFC 3339 text)."""
+        return _unix(self._data["expires_at"])
+
+    @property
+    def lifetime_ends_at(self) -> float:
+        return _unix(self._data["lifetime_ends_at"])
+
+    @property
+    def executions(self) -> int:
+        return int(self._data["executions"])
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The resolved settings (:meth:`gateway.decision.sessions.SessionSettings.to_dict`'s JSON)."""
+        return copy.deepcopy(dict(self._data["settings"]))
+
+    @property
+    def ended(self) -> str | None:
+        ended = self._data.get("ended")
+        return None if ended is None else str(ended)
 
     def to_dict(self) -> dict[str, Any]:
-        """A fresh copy of the session object."""
+        """A fresh copy of the session object (the keys of :meth:`gateway.sessions.SessionInfo.to_dict`)."""
         return copy.deepcopy(self._data)
 
     def __repr__(self) -> str:
         return f"RemoteSession(session_id={self.session_id!r}, mode={self.mode!r}, state={self.state!r})"
+
+
+def _unix(text: Any) -> float:
+    """An RFC 3339 UTC time of the service (``2026-01-02T03:04:05Z``) as unix time."""
+    return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 class RemoteSessionResult:
@@ -222,6 +285,22 @@ class RemoteSessionResult:
         return list(self._data.get("violations") or [])
 
     @property
+    def decision(self) -> dict[str, Any] | None:
+        """None: the service answers with the decision's id and violations (``to_dict()``), not its record."""
+        return None
+
+    @property
+    def audit_ok(self) -> bool:
+        return bool(self._data.get("audit_ok", True))
+
+    @property
+    def exit_status(self) -> int:
+        """0 created; 77 denied by policy; else the error's exit status (as ``gateway session create``)."""
+        if self.error is not None:
+            return exit_code_for(self.error)
+        return 0 if self.allowed else EXIT_DENIED
+
+    @property
     def session(self) -> RemoteSession | None:
         """The new session; None unless it was created."""
         return RemoteSession(self._data) if self.allowed and "session_id" in self._data else None
@@ -240,7 +319,7 @@ class RemoteSessionResult:
 
 
 def _session_result(response: httpx.Response) -> RemoteSessionResult:
-    """``create_session``: the answer as a result; raises only for what is about the client (401)."""
+    """``sessions.create``: the answer as a result; raises only for what is about the client (401)."""
     status = response.status_code
     if status == 401:
         raise error_from_response(response)
@@ -261,6 +340,10 @@ def _sessions(response: httpx.Response) -> list[RemoteSession]:
     return [RemoteSession(item) for item in _json_answer(response)["sessions"]]
 
 
+def _list_path(operator: bool) -> str:
+    return "/v1/sessions?all=true" if operator else "/v1/sessions"
+
+
 def _closed(response: httpx.Response) -> None:
     if response.status_code != 204:
         raise error_from_response(response)
@@ -270,7 +353,7 @@ def _session_path(session_id: str, tail: str = "") -> str:
     """``/v1/sessions/<id><tail>``; an id that is not one (empty, or with a character outside the URL-safe
     alphabet the gateway's ids use) is a :class:`ValueError`, never a request for another path."""
     if not session_id or not all(c.isascii() and (c.isalnum() or c in "-_") for c in session_id):
-        raise ValueError(f"{session_id!r} is not a session id (URL-safe base64, as create_session returns)")
+        raise ValueError(f"{session_id!r} is not a session id (URL-safe base64, as sessions.create returns)")
     return f"/v1/sessions/{session_id}{tail}"
 
 
@@ -486,6 +569,8 @@ class Client:
     ) -> None:  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=_headers(token), timeout=timeout, verify=verify)
+        self.sessions = RemoteSessions(self._send)
+        """The caller's sessions, with the methods of :attr:`gateway.Gateway.sessions`."""
 
     def __repr__(self) -> str:
         return f"Client({self.base_url!r})"
@@ -523,42 +608,6 @@ class Client:
         """``GET /v1/tools``: the function-calling definitions for this caller (its ceilings in them)."""
         return list(_json_answer(self._send("GET", "/v1/tools"))["tools"])
 
-    def create_session(self, request: RequestBody) -> RemoteSessionResult:
-        """``POST /v1/sessions`` (``mode``, optional ``idle_s``, ``lifetime_s``, ``workspace_size`` and the
-        profile's request fields): the session, or a denial or error as a result."""
-        return _session_result(self._send("POST", "/v1/sessions", _content(request)))
-
-    def sessions(self, *, all_principals: bool = False) -> list[RemoteSession]:
-        """``GET /v1/sessions``: the caller's live sessions; ``all_principals`` (operators only): everyone's."""
-        path = "/v1/sessions?all=true" if all_principals else "/v1/sessions"
-        return _sessions(self._send("GET", path))
-
-    def session(self, session_id: str) -> RemoteSession:
-        """``GET /v1/sessions/{id}``."""
-        return RemoteSession(_json_answer(self._send("GET", _session_path(session_id))))
-
-    def execute_in_session(self, session_id: str, request: RequestBody) -> RemoteResult:
-        """``POST /v1/sessions/{id}/executions`` (``code``, optional ``limits.timeout_s``, ``files``, ``env``):
-        as :meth:`execute`, plus ``value`` for a kernel cell."""
-        return _result(self._send("POST", _session_path(session_id, "/executions"), _content(request)), dry_run=False)
-
-    def close_session(self, session_id: str) -> None:
-        """``DELETE /v1/sessions/{id}``: its sandbox is gone when this returns."""
-        _closed(self._send("DELETE", _session_path(session_id)))
-
-    def put_session_file(self, session_id: str, path: str, data: bytes) -> SessionFile:
-        """``PUT /v1/sessions/{id}/files/{path}``: write ``data`` at ``path`` in a workspace session (at most the
-        policy's ``limits.files_size`` ceiling); what was written, with its sha256."""
-        return _stored(self._send("PUT", _file_path(session_id, path), bytes(data), _OCTETS))
-
-    def get_session_file(self, session_id: str, path: str) -> bytes:
-        """``GET /v1/sessions/{id}/files/{path}``: the file's bytes (at most ``limits.output_files_bytes``)."""
-        return _downloaded(self._send("GET", _file_path(session_id, path)))
-
-    def session_files(self, session_id: str) -> WorkspaceListing:
-        """``GET /v1/sessions/{id}/files``: the regular files of a workspace session."""
-        return _listing(self._send("GET", _session_path(session_id, "/files")))
-
 
 class AsyncClient:
     """:class:`Client` for asyncio: the same methods, awaited; ``async with AsyncClient(...) as client``."""
@@ -569,6 +618,8 @@ class AsyncClient:
     ) -> None:  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=_headers(token), timeout=timeout, verify=verify)
+        self.sessions = AsyncRemoteSessions(self._send)
+        """:attr:`Client.sessions`, awaited."""
 
     def __repr__(self) -> str:
         return f"AsyncClient({self.base_url!r})"
@@ -604,28 +655,91 @@ class AsyncClient:
     async def tools(self) -> list[dict[str, Any]]:
         return list(_json_answer(await self._send("GET", "/v1/tools"))["tools"])
 
-    async def create_session(self, request: RequestBody) -> RemoteSessionResult:
+
+# --- sessions -----------------------------------------------------------------------------------------------
+
+Send = Callable[..., httpx.Response]
+"""``Client._send``: ``(method, path, content=None, headers=...)`` -> the answer (no answer: raised)."""
+AsyncSend = Callable[..., Awaitable[httpx.Response]]
+
+
+class RemoteSessions:
+    """``Client.sessions``: :class:`gateway.sessions.SessionManager`'s methods over ``/v1/sessions``, with its
+    names and arguments (what only the library takes is left out: ``principal``, the token's; ``caller``;
+    ``on_output``; ``cancel``; the lifecycle ``sweep`` and ``close_all``). The results are read like the
+    library's (see the module's docstring)."""
+
+    __slots__ = ("_send",)
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+
+    def create(self, request: RequestBody) -> RemoteSessionResult:
+        """``POST /v1/sessions`` (``mode``, optional ``idle_s``, ``lifetime_s``, ``workspace_size`` and the
+        profile's request fields): the session, or a denial or error as a result."""
+        return _session_result(self._send("POST", "/v1/sessions", _content(request)))
+
+    def list(self, *, operator: bool = False) -> builtins.list[RemoteSession]:
+        """``GET /v1/sessions``: the caller's live sessions, oldest first; ``operator`` (the operator role only,
+        else :class:`~gateway.errors.ForbiddenError`): every principal's."""
+        return _sessions(self._send("GET", _list_path(operator)))
+
+    def get(self, session_id: str) -> RemoteSession:
+        """``GET /v1/sessions/{id}``."""
+        return RemoteSession(_json_answer(self._send("GET", _session_path(session_id))))
+
+    def execute(self, session_id: str, request: RequestBody) -> RemoteResult:
+        """``POST /v1/sessions/{id}/executions`` (``code``, optional ``limits.timeout_s``, ``files``, ``env``):
+        as :meth:`Client.execute`, plus ``value`` for a kernel cell."""
+        return _result(self._send("POST", _session_path(session_id, "/executions"), _content(request)), dry_run=False)
+
+    def close(self, session_id: str) -> None:
+        """``DELETE /v1/sessions/{id}``: its sandbox is gone when this returns."""
+        _closed(self._send("DELETE", _session_path(session_id)))
+
+    def put_file(self, session_id: str, path: str, data: bytes) -> SessionFile:
+        """``PUT /v1/sessions/{id}/files/{path}``: write ``data`` at ``path`` in a workspace session (at most the
+        policy's ``limits.files_size`` ceiling); what was written, with its sha256."""
+        return _stored(self._send("PUT", _file_path(session_id, path), bytes(data), _OCTETS))
+
+    def get_file(self, session_id: str, path: str) -> bytes:
+        """``GET /v1/sessions/{id}/files/{path}``: the file's bytes (at most ``limits.output_files_bytes``)."""
+        return _downloaded(self._send("GET", _file_path(session_id, path)))
+
+    def list_files(self, session_id: str) -> WorkspaceListing:
+        """``GET /v1/sessions/{id}/files``: the regular files of a workspace session."""
+        return _listing(self._send("GET", _session_path(session_id, "/files")))
+
+
+class AsyncRemoteSessions:
+    """``AsyncClient.sessions``: :class:`RemoteSessions`' methods, awaited."""
+
+    __slots__ = ("_send",)
+
+    def __init__(self, send: AsyncSend) -> None:
+        self._send = send
+
+    async def create(self, request: RequestBody) -> RemoteSessionResult:
         return _session_result(await self._send("POST", "/v1/sessions", _content(request)))
 
-    async def sessions(self, *, all_principals: bool = False) -> list[RemoteSession]:
-        path = "/v1/sessions?all=true" if all_principals else "/v1/sessions"
-        return _sessions(await self._send("GET", path))
+    async def list(self, *, operator: bool = False) -> builtins.list[RemoteSession]:
+        return _sessions(await self._send("GET", _list_path(operator)))
 
-    async def session(self, session_id: str) -> RemoteSession:
+    async def get(self, session_id: str) -> RemoteSession:
         return RemoteSession(_json_answer(await self._send("GET", _session_path(session_id))))
 
-    async def execute_in_session(self, session_id: str, request: RequestBody) -> RemoteResult:
+    async def execute(self, session_id: str, request: RequestBody) -> RemoteResult:
         path = _session_path(session_id, "/executions")
         return _result(await self._send("POST", path, _content(request)), dry_run=False)
 
-    async def close_session(self, session_id: str) -> None:
+    async def close(self, session_id: str) -> None:
         _closed(await self._send("DELETE", _session_path(session_id)))
 
-    async def put_session_file(self, session_id: str, path: str, data: bytes) -> SessionFile:
+    async def put_file(self, session_id: str, path: str, data: bytes) -> SessionFile:
         return _stored(await self._send("PUT", _file_path(session_id, path), bytes(data), _OCTETS))
 
-    async def get_session_file(self, session_id: str, path: str) -> bytes:
+    async def get_file(self, session_id: str, path: str) -> bytes:
         return _downloaded(await self._send("GET", _file_path(session_id, path)))
 
-    async def session_files(self, session_id: str) -> WorkspaceListing:
+    async def list_files(self, session_id: str) -> WorkspaceListing:
         return _listing(await self._send("GET", _session_path(session_id, "/files")))

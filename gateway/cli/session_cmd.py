@@ -336,7 +336,7 @@ def _create(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     def create(client: Client) -> int:
-        result = client.create_session(body)
+        result = client.sessions.create(body)
         if result.error is not None:
             return _failed(args, result.error)
         data = result.to_dict()
@@ -350,7 +350,7 @@ def _create(args: argparse.Namespace) -> int:
         if not args.json:
             print(session.session_id)
             _tell(
-                f"created {session.mode} session {session.session_id} (expires {session.expires_at} unless used; "
+                f"created {session.mode} session {session.session_id} (expires {data['expires_at']} unless used; "
                 f"`gateway session close {session.session_id}` ends it)"
             )
         return 0
@@ -366,7 +366,7 @@ def _exec(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     def execute(client: Client) -> int:
-        result: RemoteResult = client.execute_in_session(args.session_id, body)
+        result: RemoteResult = client.sessions.execute(args.session_id, body)
         data = result.to_dict()
         if args.json:
             print(json.dumps(data, ensure_ascii=False))
@@ -393,7 +393,7 @@ def _write(stdout: str, stderr: str) -> None:
 
 def _ls(args: argparse.Namespace) -> int:
     def ls(client: Client) -> int:
-        found: list[RemoteSession] = client.sessions(all_principals=args.everyone)
+        found: list[RemoteSession] = client.sessions.list(operator=args.everyone)
         sessions = [s.to_dict() for s in found]
         if args.json:
             print(json.dumps({"sessions": sessions}))
@@ -409,7 +409,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _close(args: argparse.Namespace) -> int:
     def close(client: Client) -> int:
-        client.close_session(args.session_id)
+        client.sessions.close(args.session_id)
         if args.json:
             print(json.dumps({"session_id": args.session_id, "closed": True}))
         _tell(f"closed session {args.session_id}: its sandbox is gone")
@@ -433,7 +433,7 @@ def _put(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     def put(client: Client) -> int:
-        stored = client.put_session_file(args.session_id, remote, data)
+        stored = client.sessions.put_file(args.session_id, remote, data)
         if args.json:
             print(json.dumps(stored.to_dict()))
         _tell(f"wrote /workspace/{stored.path} ({stored.bytes} bytes, sha256 {stored.sha256})")
@@ -449,7 +449,7 @@ def _get(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     def get(client: Client) -> int:
-        data = client.get_session_file(args.session_id, args.remote)
+        data = client.sessions.get_file(args.session_id, args.remote)
         with output_file(local) as out:
             out.write(data)
         if args.json and local != "-":

@@ -388,10 +388,10 @@ async def session(request: Request, caller: Caller, request_id: str) -> Response
     service = Service.of(request)
     session_id = request.path_params["session_id"]
     manager, operator = service.gateway.sessions, is_operator(service, caller)
-    act = manager.close if request.method == "DELETE" else manager.get  # blocking: close removes the sandbox
-    info = await run_in_threadpool(functools.partial(act, session_id, principal=caller.principal, operator=operator))
-    if request.method == "DELETE":
+    if request.method == "DELETE":  # blocking: close removes the sandbox
+        await run_in_threadpool(manager.close, session_id, principal=caller.principal, operator=operator)
         return Response(status_code=204, headers={"X-Request-Id": request_id})
+    info = await run_in_threadpool(manager.get, session_id, principal=caller.principal, operator=operator)
     return _json(200, info.to_dict(), request_id)
 
 

@@ -119,7 +119,8 @@ class SessionManager:
 
     ``clock``: unix time (a test passes its own); ``sweep_every_s``: the sweeper's period (it starts with the
     first session and stops at :meth:`close_all`). Methods that take ``principal`` answer only for that
-    principal's sessions unless ``operator`` is set (the service's operator role)."""
+    principal's sessions (None: the sessions made without one, as a local Gateway's are) unless ``operator`` is
+    set (the service's operator role). ``gateway.client.Client.sessions`` has the same methods remotely."""
 
     def __init__(
         self, gateway: Gateway, *, clock: Callable[[], float] = time.time, sweep_every_s: float = SWEEP_EVERY_S
@@ -288,13 +289,13 @@ class SessionManager:
 
     # -- look up ---------------------------------------------------------------------------------------
 
-    def list(self, *, principal: str | None, operator: bool = False) -> builtins.list[SessionInfo]:
+    def list(self, *, principal: str | None = None, operator: bool = False) -> builtins.list[SessionInfo]:
         """The live sessions of ``principal`` (every one with ``operator``), oldest first."""
         with self._lock:
             found = [s for s in self._live.values() if s.state is not None and (operator or s.principal == principal)]
             return sorted((s.info() for s in found), key=lambda i: i.ready_at)
 
-    def get(self, session_id: str, *, principal: str | None, operator: bool = False) -> SessionInfo:
+    def get(self, session_id: str, *, principal: str | None = None, operator: bool = False) -> SessionInfo:
         """The live session ``session_id`` of ``principal``; :class:`SessionNotFoundError` for an unknown id and
         another principal's alike, :class:`SessionGoneError` for one that ended."""
         self._expire_due(session_id)
@@ -315,7 +316,7 @@ class SessionManager:
     # -- files (workspace mode) -------------------------------------------------------------------------
 
     def put_file(
-        self, session_id: str, path: str, data: bytes, *, principal: str | None, operator: bool = False,
+        self, session_id: str, path: str, data: bytes, *, principal: str | None = None, operator: bool = False,
         caller: Caller | None = None, request_id: str | None = None,
     ) -> SessionFile:  # fmt: skip
         """Write ``data`` at ``path`` (relative to ``/workspace``) in a workspace-mode session, replacing a file
@@ -328,7 +329,7 @@ class SessionManager:
             return files.put_file(self._gateway, target, path, data)
 
     def get_file(
-        self, session_id: str, path: str, *, principal: str | None, operator: bool = False,
+        self, session_id: str, path: str, *, principal: str | None = None, operator: bool = False,
         caller: Caller | None = None, request_id: str | None = None,
     ) -> bytes:  # fmt: skip
         """The content of the regular file at ``path`` in a workspace-mode session, at most the owner's policy's
@@ -337,7 +338,7 @@ class SessionManager:
         with self._using(session_id, principal, operator, caller, request_id) as target:
             return files.get_file(self._gateway, target, path)
 
-    def list_files(self, session_id: str, *, principal: str | None, operator: bool = False) -> WorkspaceListing:
+    def list_files(self, session_id: str, *, principal: str | None = None, operator: bool = False) -> WorkspaceListing:
         """The regular files of a workspace-mode session's workspace (not recorded: it moves no content)."""
         with self._using(session_id, principal, operator, None, None) as target:
             return files.list_files(target)
@@ -525,15 +526,14 @@ class SessionManager:
 
     # -- the end ---------------------------------------------------------------------------------------
 
-    def close(self, session_id: str, *, principal: str | None, operator: bool = False) -> SessionInfo:
+    def close(self, session_id: str, *, principal: str | None = None, operator: bool = False) -> None:
         """Close the session: its sandbox is removed (the container is gone when this returns, or the error that
         kept it is recorded as ``container.left``), then ``session.closed`` (reason ``owner`` or ``operator``).
-        Not found and gone as for :meth:`get`."""
+        Not found and gone as for :meth:`get`. Returns nothing, as ``DELETE /v1/sessions/{id}`` (204)."""
         with self._lock:
             session = self._find(session_id, principal, operator)
         own = session.principal == principal
         self._end(session, "closed", "owner" if own else "operator")
-        return session.info()
 
     def sweep(self) -> builtins.list[str]:
         """End every session idle past its ``idle_s`` or past its lifetime (``session.expired``, reason

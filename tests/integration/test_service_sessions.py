@@ -310,35 +310,35 @@ def test_the_client_creates_executes_lists_and_closes_sessions(
 ) -> None:
     server, tokens = served()
     with Client(server.url, tokens["alice"]) as alice, Client(server.url, tokens["bob"]) as bob:
-        created = alice.create_session(KERNEL)
+        created = alice.sessions.create(KERNEL)
         assert created.allowed, created
         assert created.status == 201
         session = created.session
         assert session is not None
         sid = session.session_id
-        assert alice.execute_in_session(sid, {"code": "x = 1"}).exit_code == 0
-        result = alice.execute_in_session(sid, {"code": "x + 1"})
+        assert alice.sessions.execute(sid, {"code": "x = 1"}).exit_code == 0
+        result = alice.sessions.execute(sid, {"code": "x + 1"})
         assert (result.value, result.session_id, result.error) == ("2", sid, None)
-        assert [s.session_id for s in alice.sessions()] == [sid]
-        assert alice.session(sid).mode == "kernel"
-        foreign = bob.execute_in_session(sid, {"code": "x"})
+        assert [s.session_id for s in alice.sessions.list()] == [sid]
+        assert alice.sessions.get(sid).mode == "kernel"
+        foreign = bob.sessions.execute(sid, {"code": "x"})
         assert isinstance(foreign.error, SessionNotFoundError)
         assert not foreign.allowed
         with pytest.raises(SessionNotFoundError):
-            bob.session(sid)
+            bob.sessions.get(sid)
         with pytest.raises(SessionNotFoundError):
-            bob.close_session(sid)
+            bob.sessions.close(sid)
         container_id = server.service.gateway.sessions.get(sid, principal="alice").container_id
-        alice.close_session(sid)
+        alice.sessions.close(sid)
         assert container_id is not None
         assert _container_gone(engine, container_id)
         with pytest.raises(SessionGoneError):
-            alice.session(sid)
-        assert isinstance(alice.execute_in_session(sid, {"code": "x"}).error, SessionGoneError)
+            alice.sessions.get(sid)
+        assert isinstance(alice.sessions.execute(sid, {"code": "x"}).error, SessionGoneError)
         with pytest.raises(ValueError, match="not a session id"):
-            alice.session("../executions")
+            alice.sessions.get("../executions")
     with Client(server.url, tokens["dave"]) as dave:
-        denied = dave.create_session(KERNEL)
+        denied = dave.sessions.create(KERNEL)
         assert (denied.allowed, denied.status, denied.session) == (False, 403, None)
         assert "sessions.enabled" in {v["rule"] for v in denied.violations}
 
@@ -348,14 +348,14 @@ def test_the_async_client_runs_a_kernel_session(served: Callable[..., tuple[Serv
 
     async def steps() -> tuple[str | None, str | None, int]:
         async with AsyncClient(server.url, tokens["alice"]) as alice:
-            created = await alice.create_session(KERNEL)
+            created = await alice.sessions.create(KERNEL)
             sid = created.session_id
             assert sid is not None
-            await alice.execute_in_session(sid, {"code": "import math\nr = 3"})
-            result = await alice.execute_in_session(sid, {"code": "math.floor(math.pi * r * r)"})
-            listed = len(await alice.sessions())
-            await alice.close_session(sid)
-            return result.value, (await alice.sessions() or [None])[0], listed
+            await alice.sessions.execute(sid, {"code": "import math\nr = 3"})
+            result = await alice.sessions.execute(sid, {"code": "math.floor(math.pi * r * r)"})
+            listed = len(await alice.sessions.list())
+            await alice.sessions.close(sid)
+            return result.value, (await alice.sessions.list() or [None])[0], listed
 
     value, left, listed = asyncio.run(steps())
     assert (value, left, listed) == ("28", None, 1)

@@ -332,24 +332,26 @@ def test_the_client_moves_files_whatever_their_names(serve_files: Callable[[str]
     sid = served.session()
     odd = "data/a b?#%&+é;=.bin"  # every character here means something in a URL
     with Client(served.url, served.tokens["alice"]) as client:
-        stored = client.put_session_file(sid, odd, EVERY_BYTE)
+        stored = client.sessions.put_file(sid, odd, EVERY_BYTE)
         assert stored == SessionFile(odd, len(EVERY_BYTE), hashlib.sha256(EVERY_BYTE).hexdigest())
-        assert client.get_session_file(sid, odd) == EVERY_BYTE
-        assert client.session_files(sid) == WorkspaceListing((WorkspaceFile(odd, len(EVERY_BYTE)),), truncated=False)
+        assert client.sessions.get_file(sid, odd) == EVERY_BYTE
+        assert client.sessions.list_files(sid) == WorkspaceListing(
+            (WorkspaceFile(odd, len(EVERY_BYTE)),), truncated=False
+        )
         for path in ("../escape", "data/../../escape", "./x", "/etc/passwd"):
             with pytest.raises(WorkspacePathError, match="workspace path"):
-                client.put_session_file(sid, path, b"x")  # sent as given (httpx would resolve ..), refused
+                client.sessions.put_file(sid, path, b"x")  # sent as given (httpx would resolve ..), refused
         with pytest.raises(WorkspaceFileNotFoundError):
-            client.get_session_file(sid, "absent")
+            client.sessions.get_file(sid, "absent")
     with Client(served.url, served.tokens["bob"]) as bob, pytest.raises(SessionNotFoundError):
-        bob.get_session_file(sid, odd)
+        bob.sessions.get_file(sid, odd)
     paths = [r["data"]["path"] for r in served.records("session.file.put")]
     assert paths == [odd, "../escape", "data/../../escape", "./x", "/etc/passwd"]
 
     async def from_asyncio() -> bytes:
         async with AsyncClient(served.url, served.tokens["alice"]) as client:
-            await client.put_session_file(sid, "async.bin", b"\0\1")
-            assert (await client.session_files(sid)).files[0].path == "async.bin"
-            return await client.get_session_file(sid, "async.bin")
+            await client.sessions.put_file(sid, "async.bin", b"\0\1")
+            assert (await client.sessions.list_files(sid)).files[0].path == "async.bin"
+            return await client.sessions.get_file(sid, "async.bin")
 
     assert asyncio.run(from_asyncio()) == b"\0\1"
