@@ -221,10 +221,16 @@ class Kernel(Protocol):
         ...
 
     def execute(
-        self, code: str, *, timeout_s: float, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        self, code: str, *, timeout_s: float, files: Mapping[str, bytes] | None = None,
+        env: Mapping[str, str] | None = None, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
     ) -> CellResult:  # fmt: skip
         """Run one cell; one at a time (a second caller meanwhile gets ``SandboxError``, nothing runs).
+
+        ``files`` are written into the kernel's ``/workspace`` first (over what is there, following no link; one
+        that cannot be written raises ``WorkspacePathError`` and the cell does not run, the kernel lives on);
+        ``env`` is set in the interpreter's ``os.environ`` for this cell only, then restored. A variable the
+        interpreter reads only at start (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``, ``TZ``) is
+        refused (``RequestError``).
 
         ``on_output`` and ``cancel`` as for ``Runner.run``; a cancel or a callback that raises kills the
         kernel (``CancelledRunError`` / ``OutputCallbackError`` carry the cell's outcome so far). A kernel that

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gateway.errors import CancelledRunError, GatewayError, OutputCallbackError, SandboxError
+from gateway.errors import CancelledRunError, GatewayError, OutputCallbackError, RequestError, SandboxError
 from gateway.runner.frames import (
     FRAME_CELL,
     FRAME_VALUE,
@@ -33,7 +33,8 @@ from gateway.runner.frames import (
     take_frame,
 )
 from gateway.runner.interface import CellResult, OnOutput, Outcome, Sandbox
-from gateway.runner.supervisor import encode_cell, encode_payload, new_key
+from gateway.runner.supervisor import STARTUP_ENV, STARTUP_ENV_PREFIXES, encode_cell, encode_payload, new_key
+from gateway.runner.workspace import path_refusal
 
 if TYPE_CHECKING:
     from gateway.slots import Slot
@@ -142,11 +143,19 @@ class HostKernel(abc.ABC, Generic[S]):
     # -- cells -----------------------------------------------------------------------------------------
 
     def execute(
-        self, code: str, *, timeout_s: float, on_output: OnOutput | None = None,
-        cancel: threading.Event | None = None,
+        self, code: str, *, timeout_s: float, files: Mapping[str, bytes] | None = None,
+        env: Mapping[str, str] | None = None, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
     ) -> CellResult:  # fmt: skip
         if not timeout_s > 0:
             raise SandboxError(f"a cell's timeout_s must be > 0 seconds, got {timeout_s!r}")
+        starting = sorted(k for k in env or {} if k.startswith(STARTUP_ENV_PREFIXES) or k in STARTUP_ENV)
+        if starting:
+            raise RequestError(
+                f"a kernel cell's env cannot set {', '.join(starting)}: the interpreter reads them only when it "
+                "starts, and the kernel's has started; nothing ran",
+                hint="give them when the session is created (its env is the kernel's), or run the program in a "
+                "subprocess from the cell with env=...",
+            )
         if not self._busy.acquire(blocking=False):
             raise SandboxError(
                 f"a cell is already running in the kernel in {self.where}; cells of one kernel run one at a time: "
@@ -155,13 +164,16 @@ class HostKernel(abc.ABC, Generic[S]):
         try:
             if self.killed is not None:
                 raise SandboxError(f"the kernel in {self.where} is gone ({self.killed}); open a new kernel")
-            return self._execute(code, timeout_s, on_output, cancel)
+            return self._execute(
+                code, timeout_s, files=dict(files or {}), env=dict(env or {}), on_output=on_output, cancel=cancel
+            )
         finally:
             self._busy.release()
 
     def _execute(
-        self, code: str, timeout_s: float, on_output: OnOutput | None, cancel: threading.Event | None
-    ) -> CellResult:
+        self, code: str, timeout_s: float, *, files: dict[str, bytes], env: dict[str, str],
+        on_output: OnOutput | None, cancel: threading.Event | None,
+    ) -> CellResult:  # fmt: skip
         spec = self._sandbox.spec
         self._seq += 1
         got = Collected()
@@ -171,7 +183,7 @@ class HostKernel(abc.ABC, Generic[S]):
         deadline = start + timeout_s + self._grace_s + MARGIN_S
         try:
             with self._talking(got):
-                self._send(encode_cell(code, timeout_s), deadline - time.monotonic())
+                self._send(encode_cell(code, timeout_s, files=files, env=env), deadline - time.monotonic())
                 for frame in self._frames(got, deadline, cancel):
                     if frame.kind == FRAME_VALUE:
                         value = frame.data or b"\0"
@@ -184,6 +196,12 @@ class HostKernel(abc.ABC, Generic[S]):
         except GatewayError as exc:
             exc.outcome = self._outcome(got, start, exit_code=None, files_truncated=False)
             raise
+        refused = cell.get("refused") if cell is not None else None
+        if isinstance(refused, dict):  # a file could not be written: the cell did not run, the kernel lives on
+            raise path_refusal(
+                str(refused.get("name")), OSError(refused.get("errno"), refused.get("strerror")),
+                "; the cell did not run (the files before it in name order were written)",
+            )  # fmt: skip
         end = cell_end(got, cell, value, gone=self.killed, memory=self._memory)
         outcome = self._outcome(
             got, start, exit_code=end.exit_code, files_truncated=end.files_truncated, timed_out=end.timed_out,

@@ -64,6 +64,8 @@ from collections.abc import Mapping
 __all__ = [
     "CELL_MAGIC",
     "MAGIC",
+    "STARTUP_ENV",
+    "STARTUP_ENV_PREFIXES",
     "SUPERVISOR",
     "WORKSPACE",
     "encode_cell",
@@ -78,6 +80,10 @@ and returns what the program leaves under ``out/``. Every backend mounts it and 
 MAGIC = b"GWP1"
 CELL_MAGIC = b"GWC1"
 """Opens each cell the host sends a kernel-mode supervisor after its payload."""
+STARTUP_ENV = ("LANG", "LANGUAGE", "HOME", "TZ")
+STARTUP_ENV_PREFIXES = ("PYTHON", "LC_")
+"""The variables the interpreter reads only while it starts (the supervisor's ``STARTUP`` and its prefixes): a
+run setting one gets an interpreter of its own, a kernel cannot be given one after its interpreter started."""
 PAYLOAD_MARSHAL_VERSION = 4
 """The payload's body is ``marshal`` data of this version (Python 3.4 and later read it; only dicts, str, bytes,
 int and float are in it)."""
@@ -142,10 +148,12 @@ def program():
     leave()
 def kernel():
     # Kernel mode, in the forked child: a persistent interpreter. Cells arrive on fd 3 (a 4-byte length, then
-    # marshal data ``{"seq", "code", "cap"}`` from the supervisor); each runs in ``__main__``'s namespace, the
-    # repr of a last expression statement is kept (at most ``cap`` bytes), an exception's traceback goes to
-    # stderr; then the child reports on its result pipe (fd 4): a 4-byte length, the cell's 8-byte ``seq``, one
-    # flag byte (1: a value, 2: value truncated, 4: the cell raised) and the value's bytes. SIGINT (the
+    # marshal data ``{"seq", "code", "cap", "env"}`` from the supervisor); each runs in ``__main__``'s namespace
+    # with its ``env`` set in os.environ for the cell only (then each of those names is restored: removed if it
+    # was not there, its old value otherwise), the repr of a last expression statement is kept (at most ``cap``
+    # bytes), an exception's traceback goes to stderr; then the child reports on its result pipe (fd 4): a
+    # 4-byte length, the cell's 8-byte ``seq``, one flag byte (1: a value, 2: value truncated, 4: the cell
+    # raised) and the value's bytes. SIGINT (the
     # supervisor's interrupt at a cell's deadline) raises KeyboardInterrupt while a cell runs and is ignored
     # between cells, so a late one is dropped, not kept for the next cell.
     # Everything it uses is bound here: the cells' namespace is ``__main__``'s, this script's globals.
@@ -170,10 +178,12 @@ def kernel():
         view = memoryview(len(msg).to_bytes(4, "big") + msg)
         while view:
             view = view[os.write(4, view):]
-    def cell(seq, code, cap):
+    def cell(seq, code, cap, env):
         name = "<cell %d>" % seq
         flags, value = 0, b""
+        saved = [(k, os.environ.get(k)) for k in env]
         try:
+            os.environ.update(env)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 linecache.cache[name] = (len(code), None, code.splitlines(True), name)
@@ -199,6 +209,11 @@ def kernel():
                 sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
             except BaseException:
                 pass
+        for k, v in saved:  # SIGINT is ignored again here: the restore is never cut short
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -208,7 +223,7 @@ def kernel():
     report(0, 0, b"")
     while True:
         msg = marshal.loads(rd(int.from_bytes(rd(4), "big")))
-        flags, value = cell(msg["seq"], msg["code"], msg["cap"])
+        flags, value = cell(msg["seq"], msg["code"], msg["cap"], msg["env"])
         if os.getpid() != me:  # a fork the cell made finished it too: only the kernel reports
             os._exit(0)
         report(msg["seq"], flags, value)
@@ -357,6 +372,48 @@ def safe(name):
     if not name or name.startswith("/") or "\x00" in name:
         return False
     return all(p not in ("", ".", "..") for p in name.split("/"))
+def place(files):
+    # A kernel cell's files, written over what is there, through no symlink and into no non-directory (a cell
+    # before may have planted either): each component is opened O_PATH | O_NOFOLLOW below the last and must be
+    # a directory (gVisor follows a symlink opened O_DIRECTORY | O_NOFOLLOW; O_PATH gets the link itself). None
+    # when all were written, else JSON naming the file refused and the errno (the files before it stay written).
+    for rel, data in sorted(files.items()):
+        fd = -1
+        try:
+            if not safe(rel):
+                raise OSError(22, "refused file name")
+            parts = rel.split("/")
+            d = os.open(W, os.O_PATH | os.O_DIRECTORY)
+            try:
+                for part in parts[:-1]:
+                    try:
+                        os.mkdir(part, 0o700, dir_fd=d)
+                    except FileExistsError:
+                        pass
+                    n = os.open(part, os.O_PATH | os.O_NOFOLLOW, dir_fd=d)
+                    os.close(d)
+                    d = n
+                    kind = os.fstat(d).st_mode & 0o170000
+                    if kind != 0o040000:
+                        raise OSError(40 if kind == 0o120000 else 20, "not a directory")  # ELOOP, ENOTDIR
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=d)
+            finally:
+                os.close(d)
+            if os.fstat(fd).st_mode & 0o170000 != 0o100000:
+                raise OSError(6, "not a regular file")  # ENXIO, as the workspace's file helpers say
+            os.ftruncate(fd, 0)
+            try:
+                put(fd, data)
+            except OSError:
+                os.ftruncate(fd, 0)  # a full workspace keeps no half file
+                raise
+        except OSError as exc:
+            import json
+            return json.dumps({"name": rel, "errno": exc.errno or 0, "strerror": exc.strerror or str(exc)}).encode()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return None
 def create(rel, data):
     path = W + "/" + rel
     head = os.path.dirname(path)
@@ -561,8 +618,10 @@ def finish(code, extra=b""):
     os._exit(code)
 if KERNEL:
     # Kernel mode: the child is a persistent interpreter (``kernel``). Cells come from the host on stdin
-    # (MAGIC "GWC1", a 4-byte length, marshal data {"code", "timeout_s"}); each is handed to the child on its
-    # go pipe, its output relayed, and its report (on the result pipe) ends it: the processes the cell started
+    # (MAGIC "GWC1", a 4-byte length, marshal data {"code", "timeout_s", "files", "env"}); each one's files are
+    # written into the workspace first (``place``: one that cannot be written gets a cell frame saying
+    # "refused", and the cell does not run), then it is handed to the child on its go pipe with its env, its
+    # output relayed, and its report (on the result pipe) ends it: the processes the cell started
     # are killed, then come the files under out/ that changed, a value frame (the child's flags and repr) and
     # a cell frame {"seq", "interrupted", "files_truncated"}. At a cell's deadline, or once its stdout or
     # stderr passed the cap (the value cap, which is the run's output cap), the child gets SIGINT;
@@ -699,10 +758,14 @@ if KERNEL:
         cell = marshal.loads(body)
         del body
         seq += 1
+        refused = place(cell["files"])
+        if refused is not None:  # the cell does not run; the kernel goes on
+            send(b"c", b'{"seq":%d,"interrupted":false,"files_truncated":false,"refused":%s}' % (seq, refused))
+            continue
         limit = time.monotonic() + float(cell["timeout_s"])
         OOM0 = ooms()
         SENT = {out_r: 0, err_r: 0}
-        msg = marshal.dumps({"seq": seq, "code": cell["code"], "cap": VCAP}, 4)
+        msg = marshal.dumps({"seq": seq, "code": cell["code"], "cap": VCAP, "env": cell["env"]}, 4)
         del cell
         put(go_w, len(msg).to_bytes(4, "big") + msg)
         del msg
@@ -802,8 +865,19 @@ def encode_payload(
     return MAGIC + struct.pack(">I", len(body)) + body
 
 
-def encode_cell(code: str, timeout_s: float) -> bytes:
-    """One cell for a kernel-mode supervisor: it is interrupted (SIGINT) ``timeout_s`` seconds after it
-    arrived."""
-    body = marshal.dumps({"code": str(code), "timeout_s": float(timeout_s)}, PAYLOAD_MARSHAL_VERSION)
+def encode_cell(
+    code: str, timeout_s: float, *, files: Mapping[str, bytes] | None = None, env: Mapping[str, str] | None = None
+) -> bytes:
+    """One cell for a kernel-mode supervisor: ``files`` are written into the workspace before it runs (over
+    what is there, following no symlink), ``env`` is set in the interpreter's ``os.environ`` for this cell only,
+    and it is interrupted (SIGINT) ``timeout_s`` seconds after it arrived."""
+    body = marshal.dumps(
+        {
+            "code": str(code),
+            "timeout_s": float(timeout_s),
+            "files": {str(name): bytes(data) for name, data in (files or {}).items()},
+            "env": {str(k): str(v) for k, v in (env or {}).items()},
+        },
+        PAYLOAD_MARSHAL_VERSION,
+    )
     return CELL_MAGIC + struct.pack(">I", len(body)) + body

@@ -15,13 +15,15 @@ replaces the workspace's), and empties ``out/``: the files an execution returns 
 from __future__ import annotations
 
 import builtins
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.errors import WorkspaceFileNotFoundError, WorkspaceFullError, WorkspacePathError
 from gateway.runspec import Workspace
 
-__all__ = ["MAX_LISTED", "Workspace", "WorkspaceFile", "WorkspaceListing", "Workspaces"]
+__all__ = ["MAX_LISTED", "Workspace", "WorkspaceFile", "WorkspaceListing", "Workspaces", "path_refusal"]
 
 MAX_LISTED = 10_000
 """At most this many entries are walked by a listing (a larger workspace is listed ``truncated``)."""
@@ -78,3 +80,23 @@ class Workspaces(Protocol):
         """Remove leftover workspaces: this instance's (unless ``expired_only``), those of instances that
         ``dead`` says are gone, or all of them (``everything``). Returns the names of those removed."""
         ...
+
+
+def path_refusal(path: str, exc: OSError, then: str = "") -> WorkspacePathError:
+    """The error for a workspace path the system refused with ``exc`` (following no link, writing no further
+    than the workspace's size): the store's file helpers and a kernel cell's files say the same (``then``:
+    what follows, appended to the message)."""
+    why = {
+        errno.ELOOP: "is or passes through a symlink, which is never followed",
+        errno.EXDEV: "leaves the workspace",
+        errno.ENOENT: "does not exist",
+        errno.ENOTDIR: "passes through something that is not a directory",
+        errno.EISDIR: "is a directory",
+        errno.ENXIO: "is not a regular file",
+        errno.ENOSPC: "does not fit: the workspace is full",
+        errno.EFBIG: "does not fit: the file is too large",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    kind = {errno.ENOENT: WorkspaceFileNotFoundError, errno.ENOSPC: WorkspaceFullError}
+    error = kind.get(exc.errno or 0, WorkspacePathError)(f"workspace path {path!r} {why}{then}")
+    error.__cause__ = exc
+    return error

@@ -505,17 +505,11 @@ class SessionManager:
         kernel = session.kernel
         if kernel is None:
             return None, None, SessionGoneError(f"session {session.session_id} has no kernel")
-        if request.files or request.env:
-            return (
-                None,
-                None,
-                SessionUnavailableError(
-                    "files and env in a kernel cell are not available yet: the kernel keeps its own workspace; write "
-                    "files from the cell's code instead; nothing ran"
-                ),
-            )
         try:
-            cell = kernel.execute(request.code, timeout_s=timeout_s, on_output=on_output, cancel=cancel)
+            cell = kernel.execute(
+                request.code, timeout_s=timeout_s, files=request.file_contents(), env=dict(request.env),
+                on_output=on_output, cancel=cancel,
+            )  # fmt: skip
         except GatewayError as exc:
             return None, exc.outcome if isinstance(exc.outcome, Outcome) else None, exc
         except Exception as exc:  # noqa: BLE001 - a kernel bug comes back as an audited failure, not a crash

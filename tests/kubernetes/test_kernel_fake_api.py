@@ -76,6 +76,21 @@ def test_a_kernel_is_one_pod_and_one_attach_session_for_all_its_cells(
         kernel.execute("1", timeout_s=1)
 
 
+def test_a_cells_files_and_env_travel_in_its_cell_to_the_pods_supervisor(
+    kube_runner: KubernetesRunner, fake_api: FakeApiServer, default_policy: Policy
+) -> None:
+    kernel = _open(kube_runner, default_policy)
+    try:
+        kernel.execute("print(2+2)", timeout_s=5, files={"in/data.bin": b"\x00\xff"}, env={"APP_CELL": "1"})
+        kernel.execute("print(2+2)", timeout_s=5)
+    finally:
+        kernel.close()
+    assert [(c["files"], c["env"]) for c in fake_api.cluster.cells] == [
+        ({"in/data.bin": b"\x00\xff"}, {"APP_CELL": "1"}),
+        ({}, {}),
+    ]
+
+
 def test_an_exception_an_interrupt_and_an_output_flood_leave_the_kernel_usable(
     kube_runner: KubernetesRunner, fake_api: FakeApiServer, default_policy: Policy
 ) -> None:

@@ -5,6 +5,7 @@ disk, and a clock the test moves."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +32,17 @@ class FakeKernel:
         self.release = threading.Event()
         self.entered = threading.Event()
         self.cells: list[tuple[str, float]] = []
+        self.given: list[tuple[dict[str, bytes], dict[str, str]]] = []
+        """Each cell's ``files`` and ``env``."""
 
     def execute(
-        self, code: str, *, timeout_s: float, on_output: OnOutput | None = None, cancel: threading.Event | None = None
-    ) -> CellResult:
+        self, code: str, *, timeout_s: float, files: Mapping[str, bytes] | None = None,
+        env: Mapping[str, str] | None = None, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+    ) -> CellResult:  # fmt: skip
         if self.killed is not None:
             raise SandboxError(f"kernel is gone ({self.killed})")
         self.cells.append((code, timeout_s))
+        self.given.append((dict(files or {}), dict(env or {})))
         if code == "wait":
             self.entered.set()
             self.release.wait(10)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
-import errno
 import os
 import re
 import secrets
@@ -51,7 +50,7 @@ from gateway.hostfs import RESOLVE_NO_LINKS, file_system_of, openat2
 from gateway.payload import file_name_problem
 from gateway.runner.docker.mounts import _container_root, _is_mount_point, _mount, _umount
 from gateway.runner.supervisor import WORKSPACE
-from gateway.runner.workspace import MAX_LISTED, Workspace, WorkspaceFile, WorkspaceListing
+from gateway.runner.workspace import MAX_LISTED, Workspace, WorkspaceFile, WorkspaceListing, path_refusal
 from gateway.slots import default_runtime_dir
 
 __all__ = [
@@ -453,23 +452,6 @@ def _checked(path: str) -> list[str]:
     return path.split("/")
 
 
-def _refusal(path: str, exc: OSError) -> WorkspacePathError:
-    why = {
-        errno.ELOOP: "is or passes through a symlink, which is never followed",
-        errno.EXDEV: "leaves the workspace",
-        errno.ENOENT: "does not exist",
-        errno.ENOTDIR: "passes through something that is not a directory",
-        errno.EISDIR: "is a directory",
-        errno.ENXIO: "is not a regular file",
-        errno.ENOSPC: "does not fit: the workspace is full",
-        errno.EFBIG: "does not fit: the file is too large",
-    }.get(exc.errno or 0, exc.strerror or str(exc))
-    kind = {errno.ENOENT: WorkspaceFileNotFoundError, errno.ENOSPC: WorkspaceFullError}
-    error = kind.get(exc.errno or 0, WorkspacePathError)(f"workspace path {path!r} {why}")
-    error.__cause__ = exc
-    return error
-
-
 def put(workspace: Workspace, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` in the workspace (see :meth:`Workspaces.put`)."""
     parts = _checked(path)
@@ -487,7 +469,7 @@ def put(workspace: Workspace, path: str, data: bytes) -> None:
                 parent = child
             fd = openat2(parent, parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _FILE_FLAGS, mode=0o600)
         except OSError as exc:
-            raise _refusal(path, exc) from exc
+            raise path_refusal(path, exc) from exc
         finally:
             os.close(parent)
         try:
@@ -500,7 +482,7 @@ def put(workspace: Workspace, path: str, data: bytes) -> None:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
-            raise _refusal(path, exc) from exc
+            raise path_refusal(path, exc) from exc
         finally:
             os.close(fd)
 
@@ -512,7 +494,7 @@ def get(workspace: Workspace, path: str, max_bytes: int) -> bytes:
         try:
             fd = openat2(root, path, os.O_RDONLY | _FILE_FLAGS)
         except OSError as exc:
-            raise _refusal(path, exc) from exc
+            raise path_refusal(path, exc) from exc
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

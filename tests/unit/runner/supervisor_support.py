@@ -124,9 +124,12 @@ class LocalKernel:
                 return frames
             self.pending.extend(self.decoder.feed(chunk))
 
-    def cell(self, code: str, timeout_s: float = 30) -> list[Frame]:
+    def cell(
+        self, code: str, timeout_s: float = 30, *, files: dict[str, bytes] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> list[Frame]:  # fmt: skip
         assert self.proc.stdin is not None
-        self.proc.stdin.write(encode_cell(code, timeout_s))
+        self.proc.stdin.write(encode_cell(code, timeout_s, files=files, env=env))
         self.proc.stdin.flush()
         return self._frames()
 

@@ -6,6 +6,7 @@ Deadlines, interrupts and containment are tested against the real engine (``test
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from gateway.runner.frames import (
     FRAME_VALUE,
     Frame,
 )
+from gateway.runner.supervisor import STARTUP_ENV, STARTUP_ENV_PREFIXES, SUPERVISOR
 from tests.unit.runner.supervisor_support import LocalKernel, needs_system_python
 
 pytestmark = needs_system_python
@@ -129,3 +131,59 @@ def test_kernel_refuses_a_start_up_environment_it_cannot_honour(tmp_path: Path) 
     assert [f.kind for f in k.ready] == [FRAME_ERROR]
     assert "kernel mode needs the pre-started interpreter" in json.loads(k.ready[0].data)["error"]
     assert k.close() == 125
+
+
+def test_a_cells_env_is_set_for_it_alone_and_restored_exactly(tmp_path: Path) -> None:
+    k = LocalKernel(tmp_path / "w", env={"APP_OPEN": "kernel"})
+    try:
+        k.cell("import os\nos.environ['APP_MINE'] = 'mine'")
+        inside = k.cell(
+            "(os.environ['APP_OPEN'], os.environ['APP_MINE'], os.environ['APP_NEW'])",
+            env={"APP_OPEN": "cell", "APP_MINE": "cell", "APP_NEW": "new"},
+        )
+        assert data(inside, FRAME_VALUE)[1:] == b"('cell', 'cell', 'new')"
+        after = k.cell("(os.environ.get('APP_OPEN'), os.environ.get('APP_MINE'), os.environ.get('APP_NEW'))")
+        assert data(after, FRAME_VALUE)[1:] == b"('kernel', 'mine', None)"
+    finally:
+        k.close()
+
+
+def test_a_cells_files_are_written_before_it_runs_over_what_is_there(kernel: LocalKernel, tmp_path: Path) -> None:
+    (tmp_path / "w" / "old.txt").write_text("old")
+    frames = kernel.cell("open('old.txt').read() + open('d/e/new.bin', 'rb').read().hex()",
+                        files={"old.txt": b"new", "d/e/new.bin": b"\x00\xff"})  # fmt: skip
+    assert data(frames, FRAME_VALUE)[1:] == b"'new00ff'"
+    assert (tmp_path / "w" / "d" / "e" / "new.bin").read_bytes() == b"\x00\xff"
+
+
+@pytest.mark.parametrize(
+    ("plant", "name", "errno"),
+    [
+        ("os.symlink(OUT, 'link')", "link/x", 40),  # ELOOP: a directory on the way is a symlink
+        ("os.symlink(OUT + '/x', 'link')", "link", 40),  # the file itself is a symlink
+        ("open('file', 'w').close()", "file/x", 20),  # ENOTDIR
+        ("os.mkfifo('fifo')", "fifo", 6),  # ENXIO: not a regular file (and never blocks on it)
+        ("os.mkdir('dir')", "dir", 21),  # EISDIR
+    ],
+)
+def test_a_cells_file_is_refused_where_a_cell_planted_something_and_the_kernel_goes_on(
+    kernel: LocalKernel, tmp_path: Path, plant: str, name: str, errno: int
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    kernel.cell(f"import os\nOUT = {str(outside)!r}\n{plant}")
+    refused = kernel.cell("ran = True", files={"a.txt": b"a", name: b"x"})
+    found = cell(refused)
+    assert found["refused"] == {"name": name, "errno": errno, "strerror": found["refused"]["strerror"]}  # type: ignore[index]
+    assert list(outside.iterdir()) == []
+    assert (tmp_path / "w" / "a.txt").read_bytes() == b"a"  # the files before it in name order were written
+    after = kernel.cell("globals().get('ran')")
+    assert cell(after)["seq"] == 3
+    assert data(after, FRAME_VALUE) == b"\x00"  # the refused cell did not run
+
+
+def test_the_start_up_variables_are_the_supervisors() -> None:
+    line = next(line for line in SUPERVISOR.splitlines() if line.startswith("STARTUP = "))
+    assert ast.literal_eval(line.removeprefix("STARTUP = ")) == STARTUP_ENV
+    assert 'k.startswith(("PYTHON", "LC_"))' in SUPERVISOR
+    assert STARTUP_ENV_PREFIXES == ("PYTHON", "LC_")

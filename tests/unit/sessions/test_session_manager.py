@@ -389,3 +389,15 @@ def test_a_session_id_never_starts_with_a_dash_so_no_tool_reads_it_as_an_option(
     assert not [sid for sid in ids if sid.startswith("-")]
     assert {len(sid) for sid in ids} == {32}
     assert len(set(ids)) == len(ids)
+
+
+def test_a_cells_files_and_env_reach_its_kernel_only_when_the_policy_allows_them(
+    gateway: Gateway, runner: KernelFakeRunner
+) -> None:
+    sid = create(gateway)
+    body = {"principal": "alice", "files": {"in.bin": b"\x00\xff", "a.txt": "text"}, "env": {"APP_X": "1"}}
+    given = gateway.sessions.execute(sid, {"code": "1", **body})
+    assert (given.allowed, given.error) == (True, None)
+    denied = gateway.sessions.execute(sid, {"code": "2", "principal": "alice", "env": {"LD_PRELOAD": "/x.so"}})
+    assert not denied.allowed  # decided as a run's env: the kernel never sees the cell
+    assert runner.kernels[0].given == [({"in.bin": b"\x00\xff", "a.txt": b"text"}, {"APP_X": "1"})]
