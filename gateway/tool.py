@@ -6,11 +6,12 @@ model gets a JSON-serialisable answer it can read, denials included with their r
 program wrote under ``./out`` with their contents (text as text, binary as base64), all within fixed bounds
 (:data:`MAX_TOOL_OUTPUT_CHARS` per stream, :data:`MAX_TOOL_FILES_CHARS` for the files): what is cut is marked.
 
-State between calls is the host's choice, never the model's: ``ToolHandler(gateway, session="kernel")`` keeps
-one gateway session per handler (opened at the first call, or by :meth:`ToolHandler.open`; closed by
-:meth:`ToolHandler.close`), so the model's consecutive calls share variables, imports and files; the model still
-sets only ``code`` and ``timeout`` and never sees or names a session id. A session that ended (idle, lifetime,
-killed) is replaced by a new one at the next call, and that answer says the state is gone (``state_lost``).
+State between calls is the host's choice, never the model's: ``ToolHandler(gateway, session="kernel")`` (a
+local Gateway or a ``gateway.client.Client``) keeps one gateway session per handler (opened at the first call,
+or by :meth:`ToolHandler.open`; closed by :meth:`ToolHandler.close`), so the model's consecutive calls share
+variables, imports and files; the model still sets only ``code`` and ``timeout`` and never sees or names a
+session id. A session that ended (idle, lifetime, killed) is replaced by a new one at the next call, and that
+answer says the state is gone (``state_lost``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ import contextlib
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from gateway import Caller, Gateway
 from gateway.errors import CancelledRunError, SessionGoneError, SessionNotFoundError
 from gateway.executor import Executor, ResultLike
 from gateway.policy.model import Policy
+from gateway.result import ExecutionResult
 from gateway.sessions.model import SessionResult
 from gateway.sizes import format_size
+
+if TYPE_CHECKING:
+    from gateway.client import Client, RemoteResult, RemoteSessionResult
 
 __all__ = [
     "DEFAULT_TOOL_PRINCIPAL",
@@ -164,10 +169,11 @@ class ToolHandler:
     principal's policy and the audit trail says who asked. With a remote client the token *is* the principal:
     the requests name none (the service refuses a body naming another), and ``principal`` may not be given.
 
-    ``session`` (a local gateway only, for now): every call runs in one gateway session of that mode, created
-    under the principal's policy at the first call (or :meth:`open`) and closed by :meth:`close` (or the
-    ``with`` block's end). Calls run one at a time, in order (a model's parallel calls queue). The session may
-    let each call ask for a timeout up to the policy's ceiling; a call that names none gets the policy's default.
+    ``session``: every call runs in one gateway session of that mode (``gateway.sessions``, local or remote:
+    the answers are the same), created under the principal's policy at the first call (or :meth:`open`) and
+    closed by :meth:`close` (or the ``with`` block's end). Calls run one at a time, in order (a model's
+    parallel calls queue). The session may let each call ask for a timeout up to the policy's ceiling; a call
+    that names none gets the policy's default (both as they were when the session was created).
     A session that ended is replaced at the next call, whose answer says ``state_lost``: the model must not
     rely on what the old one held."""
 
@@ -190,8 +196,11 @@ class ToolHandler:
         if session is not None:
             if session not in _PERSISTS:
                 raise ValueError(f"session {session!r} is not one of {sorted(_PERSISTS)}")
-            if not self.local:
-                raise ValueError("a session-keeping tool handler needs a local Gateway (the client has no sessions)")
+            if not self.local and not hasattr(gateway, "sessions"):
+                raise ValueError(
+                    f"a session-keeping tool handler needs gateway sessions: {type(gateway).__name__} has none; pass "
+                    "a local Gateway or a gateway.client.Client"
+                )
         self.caller = caller
         self.principal = (principal or DEFAULT_TOOL_PRINCIPAL) if self.local else None
         self.session: ToolSession | None = session
@@ -201,6 +210,8 @@ class ToolHandler:
         the call that killed it may never have reached the model: a cancelled MCP call's does not)."""
         self._lock = threading.Lock()
         """Held by a session call from before it opens a session to its answer: one cell at a time, in order."""
+        self._default_timeout: float | None = None
+        """The timeout of a call that names none: the policy's default when the session was created."""
 
     @property
     def policy(self) -> Policy:
@@ -226,14 +237,22 @@ class ToolHandler:
                 raise TypeError(f"{type(self.gateway).__name__} has no tools() to read the tool definition from")
             for tool in tools():
                 if tool.get("function", {}).get("name") == TOOL_NAME:
-                    return dict(tool)
+                    return self._persisting(dict(tool))
             raise LookupError(f"the service does not offer the {TOOL_NAME} tool")
         policy = self.policy
         return tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings_text(policy), session=self.session)
 
+    def _persisting(self, tool: dict[str, Any]) -> dict[str, Any]:
+        """The service's definition (which says nothing persists), saying what this handler's session keeps."""
+        if self.session is None:
+            return tool
+        function = dict(tool["function"])
+        function["description"] = str(function["description"]).replace(_STATELESS, _PERSISTS[self.session])
+        return {**tool, "function": function}
+
     # -- the session -----------------------------------------------------------------------------------
 
-    def open(self) -> SessionResult | None:
+    def open(self) -> SessionResult | RemoteSessionResult | None:
         """Create the handler's session now rather than at the first call (``gateway mcp --session`` does, to
         refuse at start what the policy denies). The result says why there is none (a denial with its rule
         ids, an error); None when one is already open."""
@@ -245,9 +264,13 @@ class ToolHandler:
         call would open a new one. A session that already ended is left as it is."""
         with self._lock:
             session_id, self._session_id = self._session_id, None
-        if session_id is not None and isinstance(self.gateway, Gateway):
-            with contextlib.suppress(SessionGoneError, SessionNotFoundError):
+        if session_id is None:
+            return
+        with contextlib.suppress(SessionGoneError, SessionNotFoundError):
+            if isinstance(self.gateway, Gateway):
                 self.gateway.sessions.close(session_id, principal=self.principal)
+            else:
+                self._client.sessions.close(session_id)
 
     def __enter__(self) -> ToolHandler:
         return self
@@ -255,28 +278,49 @@ class ToolHandler:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _create(self) -> SessionResult:
+    @property
+    def _client(self) -> Client:
+        """The remote gateway (``__init__`` checked that it has sessions)."""
+        return cast("Client", self.gateway)
+
+    def _timeouts(self) -> tuple[float, float]:
+        """The principal's timeout default and ceiling: its policy's, or remotely ``GET /v1/policy``'s."""
+        if self.local:
+            limit = self.policy.limits.timeout_s
+            return float(limit.default), float(limit.max)
+        summary = self._client.policy()
+        return float(summary["defaults"]["limits"]["timeout_s"]), float(summary["ceilings"]["limits"]["timeout_s"])
+
+    def _create(self) -> SessionResult | RemoteSessionResult:
         """Under the lock."""
-        assert isinstance(self.gateway, Gateway)  # noqa: S101 - __init__ checked
-        assert self.session is not None  # noqa: S101 - as above
-        policy = self.policy
+        assert self.session is not None  # noqa: S101 - __init__ checked
+        self._default_timeout, ceiling = self._timeouts()
         body: dict[str, Any] = {
             "mode": self.session,
             "language": "python",
-            "limits": {"timeout_s": policy.limits.timeout_s.max},  # each call may ask up to the policy's ceiling
+            "limits": {"timeout_s": ceiling},  # each call may ask up to the policy's ceiling
         }
-        if self.principal is not None:
+        created: SessionResult | RemoteSessionResult
+        if isinstance(self.gateway, Gateway):
             body["principal"] = self.principal
-        created = self.gateway.sessions.create(body, caller=self.caller)
+            created = self.gateway.sessions.create(body, caller=self.caller)
+        else:
+            created = self._client.sessions.create(body)
         if created.allowed and created.session is not None:
             self._session_id = created.session.session_id
         return created
 
+    def _execute(
+        self, session_id: str, request: dict[str, Any], cancel: threading.Event | None
+    ) -> ExecutionResult | RemoteResult:
+        """One execution in the session (``cancel``: a local Gateway only, :meth:`__call__` checked)."""
+        if isinstance(self.gateway, Gateway):
+            return self.gateway.sessions.execute(session_id, request, caller=self.caller, cancel=cancel)
+        return self._client.sessions.execute(session_id, request)
+
     def _in_session(self, request: dict[str, Any], cancel: threading.Event | None) -> dict[str, Any]:
         """One call in the handler's session, opened (or replaced) first when there is none."""
-        assert isinstance(self.gateway, Gateway)  # noqa: S101 - __init__ checked
-        assert self.session is not None  # noqa: S101 - as above
-        request.setdefault("limits", {"timeout_s": self.policy.limits.timeout_s.default})
+        assert self.session is not None  # noqa: S101 - __init__ checked
         with self._lock:
             if cancel is not None and cancel.is_set():  # queued behind another call, then cancelled
                 return _error(CancelledRunError.code, "the call was cancelled before it ran; nothing ran")
@@ -290,7 +334,8 @@ class ToolHandler:
                     if self._session_id is None:
                         return _answer(created.to_dict())  # denied (rule ids sessions.*) or failed
                 assert self._session_id is not None  # noqa: S101 - just created
-                result = self.gateway.sessions.execute(self._session_id, request, caller=self.caller, cancel=cancel)
+                request.setdefault("limits", {"timeout_s": self._default_timeout})
+                result = self._execute(self._session_id, request, cancel)
                 if new or not isinstance(result.error, SessionGoneError | SessionNotFoundError):
                     break
                 lost = (
@@ -344,15 +389,15 @@ class ToolHandler:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return _error("invalid_arguments", "'timeout' must be a positive number of seconds")
             request["limits"] = {"timeout_s": timeout}
+        if cancel is not None and not self.local:
+            raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
         if self.session is not None:
             return self._in_session(request, cancel)
         outcome: ResultLike
         if isinstance(self.gateway, Gateway):
             outcome = self.gateway.execute(request, cancel=cancel, caller=self.caller)
-        elif cancel is None:
-            outcome = self.gateway.execute(request)
         else:
-            raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
+            outcome = self.gateway.execute(request)
         return _answer(outcome.to_dict())
 
 

@@ -302,7 +302,7 @@ def _open_session(handler: ToolHandler, session: ToolSession) -> int | None:
     if opened.error is not None:
         raise opened.error
     policy = handler.policy
-    reasons = "; ".join(f"{v.rule}: {v.message}" for v in opened.decision.violations) if opened.decision else ""
+    reasons = "; ".join(f"{v['rule']}: {v['message']}" for v in opened.to_dict()["violations"])
     print(
         f"gateway mcp: --session {session} is denied for principal {handler.principal} by policy {policy.ref}: "
         f"{reasons}. Serve without --session (each call then starts from nothing), or give the principal a "

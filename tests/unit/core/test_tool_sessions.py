@@ -190,14 +190,14 @@ def test_a_workspace_session_is_not_asked_of_a_backend_without_workspaces(gw: Ga
 
 
 class RemoteLike:
-    """An executor that is not a local Gateway (a client)."""
+    """An executor that is neither a local Gateway nor a client: it has no sessions."""
 
     def execute(self, request: Any) -> Any:
         raise AssertionError("not reached")
 
 
-def test_sessions_need_a_local_gateway_and_a_known_mode(gw: Gateway) -> None:
-    with pytest.raises(ValueError, match="needs a local Gateway"):
+def test_sessions_need_gateway_sessions_and_a_known_mode(gw: Gateway) -> None:
+    with pytest.raises(ValueError, match="RemoteLike has none; pass a local Gateway or a gateway"):
         ToolHandler(RemoteLike(), session="kernel")
     with pytest.raises(ValueError, match="'forever' is not one of"):
         ToolHandler(gw, session="forever")  # type: ignore[arg-type]
