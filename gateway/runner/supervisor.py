@@ -20,8 +20,9 @@ content on the command line) that:
    JSON, because the supervisor's start-up is on every cold run's path and ``json`` (with ``re``, ``enum``,
    ...) is most of its imports; the payload comes only from the host, which is trusted, and the supervisor's
    frames to the host stay JSON (the host never unmarshals anything from a sandbox);
-3. writes the files and ``main.py`` into the workspace (refusing path escapes again: ``O_NOFOLLOW``,
-   ``O_EXCL``, no ``..``), creates ``out/``;
+3. writes the files and ``main.py`` into the workspace (refusing path escapes again: no ``..``, each
+   directory on the way opened ``O_PATH | O_NOFOLLOW``, the file ``O_NOFOLLOW``: a link an earlier execution
+   planted in a session's workspace is never followed), creates ``out/``;
 4. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
    cannot trace it or read its memory (the per-run key) or file descriptors through ``/proc``. The policy's
    environment travels in the payload and is given to the program's process only: the supervisor's own
@@ -373,10 +374,11 @@ def safe(name):
         return False
     return all(p not in ("", ".", "..") for p in name.split("/"))
 def place(files):
-    # A kernel cell's files, written over what is there, through no symlink and into no non-directory (a cell
-    # before may have planted either): each component is opened O_PATH | O_NOFOLLOW below the last and must be
-    # a directory (gVisor follows a symlink opened O_DIRECTORY | O_NOFOLLOW; O_PATH gets the link itself). None
-    # when all were written, else JSON naming the file refused and the errno (the files before it stay written).
+    # Request files (a run's, a kernel cell's), written over what is there, through no symlink and into no
+    # non-directory (an execution before may have planted either in a session's workspace): each component is
+    # opened O_PATH | O_NOFOLLOW below the last and must be a directory (gVisor follows a symlink opened
+    # O_DIRECTORY | O_NOFOLLOW; O_PATH gets the link itself). None when all were written, else JSON naming the
+    # file refused and the errno (the files before it stay written).
     for rel, data in sorted(files.items()):
         fd = -1
         try:
@@ -414,23 +416,20 @@ def place(files):
             if fd >= 0:
                 os.close(fd)
     return None
-def create(rel, data):
-    path = W + "/" + rel
-    head = os.path.dirname(path)
-    if head != W:
-        os.makedirs(head, 0o700, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        put(fd, data)
-    finally:
-        os.close(fd)
 try:
-    for name, data in sorted(req["files"].items()):
+    for name in req["files"]:
         if not safe(name) or name == "main.py":
             fail("refused file name %r" % (name,))
-        create(name, data)
+    refused = place(req["files"])
+    if refused is not None:
+        fail("a request file could not be written (no symlink is followed, no non-directory entered): "
+             + refused.decode())
     if not KERNEL:
-        create("main.py", req["code"].encode("utf-8", "surrogatepass"))
+        fd = os.open(W + "/main.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            put(fd, req["code"].encode("utf-8", "surrogatepass"))
+        finally:
+            os.close(fd)
     os.makedirs(W + "/out", 0o700, exist_ok=True)
     cap = int(req["files_cap"])
     env = dict(os.environ)

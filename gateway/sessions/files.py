@@ -13,8 +13,9 @@ its answer: ``session.file.put`` / ``session.file.get`` with the path, the bytes
 refused). A download's bytes are returned only once its record is written (fail closed). A listing moves no
 content across the sandbox's boundary and changes nothing, like an execution's ``ls``: it is not recorded.
 
-Kernel-mode sessions have no workspace store (the kernel's ``/workspace`` is its container's own tmpfs, which the
-kernel protocol offers no safe way to read or write): their file requests are refused
+On Docker a kernel session's ``/workspace`` is a workspace of the store too, so the file API serves it as it
+serves workspace mode. A kernel without one (the Kubernetes backend: its ``/workspace`` is the Pod's own tmpfs,
+which the kernel protocol offers no safe way to read or write) has its file requests refused
 (:class:`~gateway.errors.SessionUnavailableError`, 501).
 """
 
@@ -58,7 +59,7 @@ class Target:
     principal: str | None
     """The session's owner: its policy caps the transfer."""
     workspace: Workspace | None
-    """None: a kernel-mode session."""
+    """None: a session without a workspace of the store (a kernel on Kubernetes)."""
     store: Workspaces | None
     """The runner's workspace store (None: a backend without one, which has no workspace sessions)."""
     caller: Caller | None
@@ -67,12 +68,12 @@ class Target:
 
 
 def workspace_of(target: Target) -> tuple[Workspaces, Workspace]:
-    """The store and the session's workspace; :class:`SessionUnavailableError` for a kernel-mode session."""
+    """The store and the session's workspace; :class:`SessionUnavailableError` for a session without one."""
     if target.workspace is None or target.store is None:
         raise SessionUnavailableError(
-            f"session {target.session_id} is a kernel-mode session: the file API serves workspace-mode sessions "
-            "only (a kernel's /workspace is its container's own tmpfs); nothing was read or written",
-            hint="create the session with mode: workspace, or read and write files from the kernel's cells",
+            f"session {target.session_id} has no workspace the gateway can reach: its kernel's /workspace is its "
+            "Pod's own tmpfs (the Kubernetes backend); nothing was read or written",
+            hint="read and write files from the kernel's cells, or use the Docker backend",
         )
     return target.store, target.workspace
 

@@ -285,3 +285,24 @@ def test_a_workspace_session_keeps_its_files_across_fresh_containers_until_close
     gw.close()
     assert os.listdir(workspace_root) == []
     assert verify_trail(tmp_path / "audit").ok
+
+
+def test_a_request_file_is_never_written_through_a_link_an_earlier_execution_planted(
+    make_gateway: Callable[..., Gateway], runtime: str, workspace_root: str
+) -> None:
+    """An execution plants ``data -> /tmp`` in the persistent workspace; the next request's file ``data/x`` is
+    refused (the link is not followed), and no file appears where the link points."""
+    gw = make_gateway(runtime, workspace_root=workspace_root)
+    created = gw.sessions.create({"mode": "workspace", "principal": "alice", "workspace_size": "16m"})
+    assert created.session is not None, created.to_dict()
+    sid = created.session.session_id
+    planted = cell(gw, sid, "import os\nos.symlink('/tmp', 'data')\nos.symlink('/tmp/y', 'y')")
+    assert planted.exit_status == 0, planted.to_dict()
+    through = cell(gw, sid, "import os\nprint(os.path.exists('/tmp/x'))", files={"data/x": "planted"})
+    assert not through.ran or through.outcome.stdout != b"True\n", through.to_dict()
+    assert through.error is not None, through.to_dict()
+    assert "data/x" in through.error.message, through.to_dict()
+    replaced = cell(gw, sid, "import os\nprint(os.path.islink('y'), open('y').read())", files={"y": "mine"})
+    assert replaced.outcome.stdout == b"False mine\n", replaced.to_dict()
+    after = cell(gw, sid, "import os\nprint(os.path.islink('data'))")
+    assert after.outcome.stdout == b"True\n"  # the planted link is the program's own, left as it made it
