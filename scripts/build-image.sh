@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Build the sandbox image locally when it is missing (no registry needed), reproducibly, and record its SBOM.
+# Build the sandbox images locally when they are missing (no registry needed), reproducibly, and record their SBOMs.
 #
-# Air-gapped by design: the image is made from Debian packages with debootstrap
-# (minbase + the full python3: python3-minimal lacks most of the standard
-# library) from the apt mirror this machine already uses. Nothing is pulled
-# from an image registry. The image id is printed on stdout.
+# One definition per image, images/<name>.conf (a bash fragment: name:tag, the packages debootstrap adds to
+# minbase, the image's command and environment, a check that the interpreter and its libraries import, the
+# labels); images/<name>.packages pins its package set. Every image has bash (minbase's, essential in Debian)
+# and python3 (the gateway's supervisor runs on it), so shell needs no image of its own.
+#
+# Air-gapped by design: each image is made from Debian packages with debootstrap (minbase + the definition's
+# packages; the Python image takes the full python3: python3-minimal lacks most of the standard library) from
+# the apt mirror this machine already uses. Nothing is pulled from an image registry. The image id is printed on
+# stdout (one line per image).
 #
 # Reproducible: the same package set gives the same image id. Every file time
 # is clamped to SOURCE_DATE_EPOCH (the newest Debian changelog date of the
@@ -14,8 +19,8 @@
 # image config is written by scripts/image-archive.py with that time instead
 # of `docker import`'s wall clock (an image id is the sha256 of its config).
 #
-# Pinned: images/sandbox-python.packages lists the packages (name version arch)
-# the image is built from. When the mirror serves a different set, the build
+# Pinned: images/<name>.packages lists the packages (name version arch) the
+# image is built from. When the mirror serves a different set, the build
 # warns and names each difference (GATEWAY_IMAGE_PINS=strict refuses instead;
 # GATEWAY_IMAGE_PINS=update re-pins to what was installed).
 #
@@ -24,9 +29,13 @@
 # and the compliance report read it there); also done for an image that is
 # already present but has none recorded yet.
 #
-# Usage: scripts/build-image.sh [NAME:TAG]      (default gateway/sandbox-python:3.11-bookworm)
+# Usage: scripts/build-image.sh [IMAGE ...]   (default: sandbox-python, i.e. gateway/sandbox-python:3.11-bookworm)
+#        scripts/build-image.sh --all         (every definition in images/, one after the other)
+#        scripts/build-image.sh --list        (each definition's name and image, nothing built)
+#   IMAGE is a definition's name (sandbox-node) or its image (gateway/sandbox-node:18-bookworm).
 # Environment:
-#   GATEWAY_IMAGE           image name (overridden by the argument)
+#   GATEWAY_IMAGE           the image to build when no argument is given
+#   GATEWAY_TAG             load the one image built under this NAME:TAG instead (to compare two builds)
 #   GATEWAY_MIRROR          apt mirror URL (default: read from the machine's apt sources)
 #   GATEWAY_REBUILD=1       rebuild even if the image exists
 #   GATEWAY_IMAGE_PINS      warn (default) | strict | update: what to do when the packages differ from the pins
@@ -35,10 +44,9 @@
 #   GATEWAY_KEEP_WORK=1     keep the work directory (root file system, layer tar) to compare two builds
 set -euo pipefail
 
-IMAGE="${1:-${GATEWAY_IMAGE:-gateway/sandbox-python:3.11-bookworm}}"
 SUITE=bookworm
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PINS="$ROOT/images/sandbox-python.packages"
+DEFINITIONS="$ROOT/images"
 PIN_MODE="${GATEWAY_IMAGE_PINS:-warn}"
 GATEWAY_BIN="${GATEWAY_BIN:-$ROOT/.venv/bin/gateway}"
 
@@ -49,6 +57,50 @@ say() { if [[ "$GATEWAY_QUIET" == 0 ]]; then printf 'build-image: %s\n' "$*" >&2
 die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 
 case "$PIN_MODE" in warn|strict|update) ;; *) die "GATEWAY_IMAGE_PINS must be warn, strict or update, got '$PIN_MODE'" ;; esac
+
+# The definitions: NAME IMAGE per line, sorted by name.
+definitions() {
+    local f
+    for f in "$DEFINITIONS"/*.conf; do
+        [[ -r "$f" ]] || continue
+        printf '%s %s\n' "$(basename "$f" .conf)" "$(IMAGE='' && source "$f" && printf '%s' "$IMAGE")"
+    done
+}
+# The definition an argument names (its name, its image, or its image's repository): "NAME IMAGE".
+resolve() {
+    local want="$1" name image
+    while read -r name image; do
+        if [[ "$want" == "$name" || "$want" == "$image" || "$want" == "${image%:*}" ]]; then
+            printf '%s %s\n' "$name" "$image"; return 0
+        fi
+    done < <(definitions)
+    die "no image definition for '$want' in ${DEFINITIONS#"$ROOT"/}/ (defined: $(definitions | sed 's/ / = /' | paste -sd ',' | sed 's/,/, /g'))"
+}
+
+if [[ "${1:-}" == --list ]]; then definitions; exit 0; fi
+if [[ "${1:-}" == --all ]]; then
+    [[ $# == 1 ]] || die "--all takes no other argument"
+    mapfile -t names < <(definitions | cut -d' ' -f1)
+    set -- "${names[@]}"
+fi
+[[ -z "${GATEWAY_TAG:-}" || $# -le 1 ]] || die "GATEWAY_TAG names one image: give one definition"
+if [[ $# -gt 1 ]]; then
+    # One after the other, each in its own run of this script (its own work directory, cleanup and exit).
+    for want in "$@"; do resolve "$want" >/dev/null; done
+    for want in "$@"; do bash "${BASH_SOURCE[0]}" "$want"; done
+    exit 0
+fi
+read -r NAME IMAGE < <(resolve "${1:-${GATEWAY_IMAGE:-sandbox-python}}") || exit 1
+INCLUDE='' CMD='' ENV=''
+customize() { :; }
+# shellcheck source=/dev/null
+source "$DEFINITIONS/$NAME.conf"
+IMAGE="${GATEWAY_TAG:-$IMAGE}"
+[[ -n "$INCLUDE" && -n "$CMD" ]] || die "${DEFINITIONS#"$ROOT"/}/$NAME.conf must set INCLUDE and CMD"
+declare -F check >/dev/null && declare -F labels >/dev/null \
+    || die "${DEFINITIONS#"$ROOT"/}/$NAME.conf must define the functions check and labels"
+PINS="$DEFINITIONS/$NAME.packages"
+
 docker info >/dev/null 2>&1 || die "no Docker engine answers: run scripts/setup-engine.sh first"
 
 # The SBOM is keyed by the image id, so it is recorded for whatever image the tag names now.
@@ -113,20 +165,20 @@ cleanup() { if [[ -z "${GATEWAY_KEEP_WORK:-}" ]]; then rm -rf --one-file-system 
 trap cleanup EXIT
 ROOTFS="$WORK/rootfs"
 
-say "debootstrap $SUITE (minbase + python3) into $ROOTFS (about a minute)"
-if ! debootstrap --variant=minbase --include=python3 "$SUITE" "$ROOTFS" "$MIRROR" >"$WORK/debootstrap.log" 2>&1; then
+say "debootstrap $SUITE (minbase + $INCLUDE) into $ROOTFS for $IMAGE (a minute or more)"
+if ! debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$ROOTFS" "$MIRROR" >"$WORK/debootstrap.log" 2>&1; then
     tail -n 30 "$WORK/debootstrap.log" >&2 || true
     die "debootstrap failed (mirror from apt sources: see log above)"
 fi
-[[ -x "$ROOTFS/usr/bin/python3" ]] || die "python3 is missing from the new root file system"
-chroot "$ROOTFS" /usr/bin/python3 -c 'import json, tarfile, base64, ctypes' \
-    || die "the image's python3 lacks part of the standard library"
+[[ -x "$ROOTFS/usr/bin/python3" ]] || die "python3 (the supervisor's interpreter) is missing from the new root file system"
+customize "$ROOTFS" || die "customize in ${DEFINITIONS#"$ROOT"/}/$NAME.conf failed for $IMAGE"
+check "$ROOTFS" || die "the check of ${DEFINITIONS#"$ROOT"/}/$NAME.conf failed: $IMAGE lacks what it is for"
+LABELS="$(labels "$ROOTFS")" || die "the labels of ${DEFINITIONS#"$ROOT"/}/$NAME.conf failed"
 
 # What installing wrote that depends on the day or the run rather than on the packages.
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/cache/apt/*.bin "$ROOTFS"/var/lib/apt/lists/* \
     "$ROOTFS"/var/log/* "$ROOTFS"/var/cache/ldconfig/aux-cache "$ROOTFS"/var/lib/dpkg/*-old \
     "$ROOTFS"/var/cache/debconf/*-old "$ROOTFS"/etc/*- "$ROOTFS"/etc/machine-id "$ROOTFS"/debootstrap
-PYVER="$(chroot "$ROOTFS" /usr/bin/python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
 # SOURCE_DATE_EPOCH: the newest changelog among the installed packages (their files keep the packages' times).
 EPOCH="$(find "$ROOTFS/usr/share/doc" -name 'changelog.Debian.gz' -printf '%T@\n' | sort -n | tail -n 1 | cut -d. -f1)"
 [[ "$EPOCH" =~ ^[0-9]+$ ]] || die "no Debian changelog found to derive SOURCE_DATE_EPOCH from"
@@ -143,10 +195,10 @@ pinned() { grep -v '^#' "$PINS" | grep -v '^[[:space:]]*$' | LC_ALL=C sort; }
 if [[ "$PIN_MODE" == update || ! -f "$PINS" ]]; then
     mkdir -p "$(dirname "$PINS")"
     {
-        printf '# The Debian packages the sandbox image is built from (name version architecture), as\n'
-        printf '# scripts/build-image.sh installed them from %s (debootstrap minbase + python3).\n' "$SUITE"
+        printf '# The Debian packages %s is built from (name version architecture), as\n' "${IMAGE%:*}"
+        printf '# scripts/build-image.sh installed them from %s (debootstrap minbase + %s).\n' "$SUITE" "${INCLUDE//,/ }"
         printf '# A build that gets another set warns (GATEWAY_IMAGE_PINS=strict refuses); re-pin with\n'
-        printf '# GATEWAY_IMAGE_PINS=update GATEWAY_REBUILD=1 bash scripts/build-image.sh\n'
+        printf '# GATEWAY_IMAGE_PINS=update GATEWAY_REBUILD=1 bash scripts/build-image.sh %s\n' "$NAME"
         cat "$WORK/packages"
     } >"$PINS"
     say "pinned $(wc -l <"$WORK/packages") packages in ${PINS#"$ROOT"/}"
@@ -155,15 +207,21 @@ elif ! diff <(pinned) "$WORK/packages" >"$WORK/pins.diff"; then
     if [[ "$PIN_MODE" == strict ]]; then
         die "the mirror no longer serves the pinned package set (${PINS#"$ROOT"/}): $changes"
     fi
-    printf 'build-image: warning: the mirror serves another package set than %s pins, so this image differs from the pinned one: %s (re-pin: GATEWAY_IMAGE_PINS=update GATEWAY_REBUILD=1 bash scripts/build-image.sh)\n' \
-        "${PINS#"$ROOT"/}" "$changes" >&2
+    printf 'build-image: warning: the mirror serves another package set than %s pins, so this image differs from the pinned one: %s (re-pin: GATEWAY_IMAGE_PINS=update GATEWAY_REBUILD=1 bash scripts/build-image.sh %s)\n' \
+        "${PINS#"$ROOT"/}" "$changes" "$NAME" >&2
 fi
 
 say "layer: sorted tar, times clamped to SOURCE_DATE_EPOCH=$EPOCH"
 tar --format=gnu --sort=name --numeric-owner --mtime="@$EPOCH" --clamp-mtime -C "$ROOTFS" -cf "$WORK/layer.tar" .
-python3 "$ROOT/scripts/image-archive.py" "$WORK/layer.tar" "$IMAGE" "$EPOCH" "$WORK/image.tar" \
-    io.agent-gateway.image=sandbox-python io.agent-gateway.built-by=scripts/build-image.sh \
-    "io.agent-gateway.suite=$SUITE" "io.agent-gateway.python=$PYVER" >"$WORK/id" || die "writing the image archive failed"
+label_args=()
+while IFS= read -r label; do [[ -z "$label" ]] || label_args+=("io.agent-gateway.$label"); done <<<"$LABELS"
+env_args=()
+for setting in $ENV; do env_args+=(--env "$setting"); done
+python3 "$ROOT/scripts/image-archive.py" "${env_args[@]}" --cmd "$CMD" \
+    --history "scripts/build-image.sh: debootstrap minbase + ${INCLUDE//,/ }" \
+    "$WORK/layer.tar" "$IMAGE" "$EPOCH" "$WORK/image.tar" \
+    "io.agent-gateway.image=$NAME" io.agent-gateway.built-by=scripts/build-image.sh \
+    "io.agent-gateway.suite=$SUITE" "${label_args[@]}" >"$WORK/id" || die "writing the image archive failed"
 id="$(cat "$WORK/id")"
 say "docker load as $IMAGE"
 docker load -i "$WORK/image.tar" >/dev/null || die "docker load failed"

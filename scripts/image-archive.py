@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a `docker load` archive of a one-layer image whose id depends only on its content.
 
-    image-archive.py LAYER.tar NAME:TAG EPOCH OUT.tar [KEY=VALUE label ...]
+    image-archive.py [--cmd WORD] [--env KEY=VALUE ...] [--history TEXT] LAYER.tar NAME:TAG EPOCH OUT.tar
+                     [KEY=VALUE label ...]
 
 `docker import` stamps the image config with the time of the import, so every build gets a new image id even
 when the file system is byte for byte the same. An image id is the sha256 of its config, and the config names
@@ -13,6 +14,7 @@ It needs nothing beyond the engine (no BuildKit, no registry). Prints the image 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -22,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
-"""The sandbox's settings; the same as the former `docker import --change` lines."""
+"""The sandbox's settings; the same as the former `docker import --change` lines (``--env`` adds to them)."""
 
 
 def _digest(path: Path) -> str:
@@ -40,11 +42,18 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, epoch: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    layer, tag, epoch, out = Path(argv[0]), argv[1], int(argv[2]), Path(argv[3])
-    labels = dict(arg.split("=", 1) for arg in argv[4:])
+    parser = argparse.ArgumentParser(prog="image-archive.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cmd", default="python3", help="the image's command (default: python3)")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="one more variable")
+    parser.add_argument("--history", default="scripts/build-image.sh: debootstrap minbase + python3")
+    parser.add_argument("layer", type=Path)
+    parser.add_argument("tag")
+    parser.add_argument("epoch", type=int)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("labels", nargs="*", metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    layer, tag, epoch, out = args.layer, args.tag, args.epoch, args.out
+    labels = dict(arg.split("=", 1) for arg in args.labels)
     created = datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     diff_id = _digest(layer)
     config = {
@@ -52,14 +61,14 @@ def main(argv: list[str]) -> int:
         "os": "linux",
         "created": created,
         "config": {
-            "Env": ENV,
+            "Env": ENV + args.env,
             "User": "65534:65534",
             "WorkingDir": "/workspace",
-            "Cmd": ["python3"],
+            "Cmd": [args.cmd],
             "Labels": dict(sorted(labels.items())),
         },
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
-        "history": [{"created": created, "created_by": "scripts/build-image.sh: debootstrap minbase + python3"}],
+        "history": [{"created": created, "created_by": args.history}],
     }
     config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     image_hex = hashlib.sha256(config_bytes).hexdigest()

@@ -4,7 +4,8 @@
 #      package itself editable with --no-deps; skipped when the venv's stamp says it already holds this lock;
 #      then the package's bytecode compiled (what is stale only);
 #   2. a Docker engine (scripts/setup-engine.sh: touches nothing when an engine already answers);
-#   3. the sandbox image (scripts/build-image.sh: built locally, reproducibly, only when missing; its SBOM recorded);
+#   3. the sandbox images of images/ (scripts/build-image.sh --all: each built locally, reproducibly, only when
+#      missing, one after the other; their SBOMs recorded; on a fresh machine about 6 minutes on 2 cores);
 #   4. Debian's chromium for the HTML report test (only when missing);
 #   5. podman and catatonit (the Kubernetes backend's `podman kube play` tests), only when missing.
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
@@ -81,9 +82,9 @@ fi
 # 2. Docker engine.
 "$ROOT/scripts/setup-engine.sh"
 
-# 3. Sandbox image (its id goes to stderr when verbose; the build script prints it on stdout).
-id="$("$ROOT/scripts/build-image.sh")"
-say "sandbox image: $id"
+# 3. Sandbox images: Python (the default policy's), Node.js, data science (the build script prints their ids).
+ids="$("$ROOT/scripts/build-image.sh" --all)"
+say "sandbox images: $(printf '%s\n' "$ids" | paste -sd ' ')"
 
 # 4. A headless browser for the HTML report test (tests/unit/report/test_html.py): Debian's chromium.
 if [[ ! -x /usr/bin/chromium ]] && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then

@@ -1,5 +1,6 @@
 """Supply chain: the hash lock covers pyproject and is what setup installs; the audit step's verdicts; SBOMs
-that a maintained CycloneDX validator accepts; the deterministic image archive; the pinned package set."""
+that a maintained CycloneDX validator accepts; the deterministic image archive; the sandbox images' definitions
+and pinned package sets."""
 
 from __future__ import annotations
 
@@ -347,18 +348,110 @@ def test_the_image_archive_id_is_the_digest_of_a_config_fixed_by_the_layer_and_t
     assert config["config"]["User"] == "65534:65534"
 
 
-def test_the_pinned_package_set_lists_python3_with_a_version() -> None:
+def test_the_archive_takes_the_images_command_environment_and_history(tmp_path: Path) -> None:
+    layer = _layer(tmp_path / "layer.tar")
+    plain = _archive(layer, tmp_path / "a.tar")
+    options = ["--cmd", "node", "--env", "MPLCONFIGDIR=/tmp/m", "--history", "built so"]
+    other = _archive(layer, tmp_path / "b.tar", *options)
+    assert other != plain
+    with tarfile.open(tmp_path / "b.tar") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        config = json.load(tar.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
+    assert config["config"]["Cmd"] == ["node"]
+    assert config["config"]["Env"][-1] == "MPLCONFIGDIR=/tmp/m"
+    assert config["config"]["Env"][:-1] == _script("image-archive").ENV
+    assert config["history"][0]["created_by"] == "built so"
+
+
+# -- the image definitions ----------------------------------------------------------------------------------
+
+DEFINITIONS = sorted(path.stem for path in (ROOT / "images").glob("*.conf"))
+BUILD_IMAGE = ROOT / "scripts" / "build-image.sh"
+
+
+def _definition(name: str) -> dict[str, str]:
+    """What scripts/build-image.sh takes from images/NAME.conf (sourced by bash, as the script does)."""
+    shown = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'set -eu; source "$1"; printf "%s\\n" "$IMAGE" "$INCLUDE" "$CMD" "$ENV"; declare -F check labels',
+            "-",
+            str(ROOT / "images" / f"{name}.conf"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return dict(zip(["image", "include", "cmd", "env", "check", "labels"], shown, strict=True))
+
+
+def _pins(name: str) -> dict[str, str]:
     lines = [
         line
-        for line in (ROOT / "images" / "sandbox-python.packages").read_text().splitlines()
+        for line in (ROOT / "images" / f"{name}.packages").read_text().splitlines()
         if line and not line.startswith("#")
     ]
     assert lines == sorted(lines)
     rows = [line.split(" ") for line in lines]
     assert all(len(row) == 3 for row in rows), "name version architecture"
-    versions = {name: version for name, version, _ in rows}
+    return {package: version for package, version, _ in rows}
+
+
+def test_the_sandbox_images_are_defined() -> None:
+    assert DEFINITIONS == ["sandbox-datascience", "sandbox-node", "sandbox-python"]
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_each_definition_names_its_image_and_pins_what_it_installs(name: str) -> None:
+    definition = _definition(name)
+    repository, tag = definition["image"].split(":")
+    assert repository == f"gateway/{name}"
+    assert tag.endswith("-bookworm")
+    assert definition["check"] == "check"
+    assert definition["labels"] == "labels"
+    included = definition["include"].split(",")
+    assert "python3" in included, "the supervisor runs on the image's python3"
+    versions = _pins(name)
+    assert all(package in versions for package in included), "each package the definition adds is pinned"
+    assert "bash" in versions, "shell is in every image (minbase's bash): no image of its own"
     assert re.match(r"^3\.11\.", versions["python3"])
     assert "libpython3.11-stdlib" in versions, "the full standard library, not python3-minimal alone"
+
+
+def test_the_image_tags_follow_the_pinned_interpreters() -> None:
+    assert _definition("sandbox-python")["image"] == "gateway/sandbox-python:3.11-bookworm"
+    assert _definition("sandbox-python")["cmd"] == "python3"
+    node = _definition("sandbox-node")
+    assert node["image"] == f"gateway/sandbox-node:{_pins('sandbox-node')['nodejs'].split('.')[0]}-bookworm"
+    assert node["cmd"] == "node"
+
+
+def test_the_datascience_image_has_its_libraries_from_debian_and_draws_without_a_display() -> None:
+    versions = _pins("sandbox-datascience")
+    for package in ("python3-numpy", "python3-pandas", "python3-scipy", "python3-matplotlib", "python3-pil"):
+        assert package in versions, package
+    definition = _definition("sandbox-datascience")
+    assert "MPLCONFIGDIR=/tmp/matplotlib" in definition["env"].split(), "the root file system is read-only"
+    conf = (ROOT / "images" / "sandbox-datascience.conf").read_text()
+    assert "backend: Agg" in conf
+
+
+def test_build_image_lists_the_definitions_without_an_engine() -> None:
+    listed = subprocess.run(["bash", str(BUILD_IMAGE), "--list"], capture_output=True, text=True, check=True)
+    assert listed.stdout.splitlines() == [f"{name} {_definition(name)['image']}" for name in DEFINITIONS]
+
+
+def test_build_image_refuses_an_image_it_has_no_definition_for_naming_those_it_has() -> None:
+    done = subprocess.run(["bash", str(BUILD_IMAGE), "gateway/other:1"], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "no image definition for 'gateway/other:1' in images/" in done.stderr
+    assert "sandbox-node = gateway/sandbox-node:" in done.stderr
+
+
+def test_setup_builds_every_defined_image_when_missing() -> None:
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert '"$ROOT/scripts/build-image.sh" --all' in setup
 
 
 @pytest.mark.parametrize(
