@@ -1,9 +1,10 @@
 """``gateway doctor``: is this machine ready to run requests? Each check says PASS, WARN or FAIL, why, and what
 to do; the exit status is 1 if and only if some check FAILs.
 
-The checks, in order: the policy, the trail, the engine, gVisor, mounts, the image (the first doctor's), then
-the daemon settings (live restore, user namespace remapping, default no-new-privileges, the default bridge,
-an authorization plugin, the default seccomp profile), the engine and runc versions against the table of
+The checks, in order: the policy, the trail, the engine, gVisor, mounts, the images every loaded policy names
+(its own and the principals': each default image and allowlisted tag) and their recorded SBOMs, then the daemon
+settings (live restore, user namespace remapping, default no-new-privileges, the default bridge, an
+authorization plugin, the default seccomp profile), the engine and runc versions against the table of
 known-vulnerable ranges (:mod:`gateway.doctor.vulns`), the trail directory's owner and permissions, and every
 configured file: the server configuration (``--config``), the principals file (``--principals``, as ``gateway
 serve`` finds it) and each principal's policy. The daemon checks are :mod:`gateway.doctor.checks`, pure
@@ -28,6 +29,7 @@ from gateway.policy import Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import DockerRunner
 from gateway.runner.docker.mounts import STAGING_ROOT
+from gateway.runner.docker.runner import build_command
 from gateway.runner.docker.workspace import backing, default_root
 from gateway.runner.docker.workspace import missing as workspace_missing
 from gateway.sbom import sbom_digest_for_image, sbom_path_for_image
@@ -150,6 +152,19 @@ def _bridge(runner: DockerRunner) -> Mapping[str, Any] | None:
     return None
 
 
+def _image_checks(runner: DockerRunner, policies: list[Policy]) -> tuple[Check, Check]:
+    """The image and sbom checks: every image the policies name, present, with its SBOM recorded."""
+    named = checks.named_images([p.images for p in policies])
+    try:
+        ids = {image: runner.image_id(image) for image in named}
+    except Exception as exc:  # noqa: BLE001 - as _guarded: the engine may be gone
+        remediation = "make the engine answer (see the engine check) and re-run"
+        return Check("image", "FAIL", _failure(exc), remediation), Check("sbom", "FAIL", _failure(exc), remediation)
+    recorded = {i: sbom_digest_for_image(i) for i in ids.values() if i is not None}
+    where = str(sbom_path_for_image("0" * 64).parent)
+    return checks.images(named, ids, build_command), checks.sboms(named, ids, recorded, where)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     configured = _Configured(args)
     config_check = configured.check_config()
@@ -202,43 +217,18 @@ def _doctor(args: argparse.Namespace) -> int:
             )
         return f"root: judged mounts can be staged under {STAGING_ROOT}"
 
-    def check_image() -> str:
-        if not policy:
-            raise RuntimeError("no policy loaded, so no image to check")
-        image = policy[0].images.default
-        image_id = runner.image_id(image)
-        if image_id is None:
-            raise RuntimeError(f"{image} is missing; build it with scripts/build-image.sh")
-        return f"{image} {image_id}"
-
-    def check_sbom() -> str:
-        if not policy:
-            raise RuntimeError("no policy loaded, so no image to check")
-        image = policy[0].images.default
-        found = runner.image_id(image)
-        if found is None:
-            raise RuntimeError(f"{image} is missing, so it has no SBOM")
-        digest = sbom_digest_for_image(found)
-        if digest is None:
-            raise RuntimeError(
-                f"no SBOM recorded for {image} ({found}) in {sbom_path_for_image(found).parent}; record it with "
-                f"`gateway sbom --image {image} --record` (scripts/build-image.sh does)"
-            )
-        return f"{image} SBOM {digest}"
-
     for name, fn, remediation in (
         ("policy", check_policy, "fix the policy (`gateway policy validate FILE`) or pass --policy"),
         ("audit", check_audit, "`gateway audit verify` locates the break, `gateway audit repair` seals it"),
         ("engine", check_engine, "start dockerd or set DOCKER_HOST (scripts/setup-engine.sh)"),
         ("gvisor", check_runsc, "register runsc with --oci-seccomp (scripts/setup-engine.sh)"),
         ("mounts", check_mounts, "run the gateway as root on the engine's host, or use no mounts"),
-        ("image", check_image, "scripts/build-image.sh builds the sandbox image"),
-        ("sbom", check_sbom, "`gateway sbom --image IMAGE --record` records it (scripts/build-image.sh does)"),
     ):
         found.append(_run_check(name, fn, remediation))
 
     principals_check = configured.check_principals()
     policies = policy + configured.policies
+    found.extend(_image_checks(runner, policies))
     runtimes = {r for p in policies for r in p.runtime.allowed} or {"runc"}
     seccomp = {p.seccomp for p in policies} or {"gateway"}
     if "info" in answers:

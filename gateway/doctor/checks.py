@@ -18,9 +18,12 @@ import stat
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from gateway.doctor.vulns import Finding, match
+
+if TYPE_CHECKING:
+    from gateway.policy.model import ImagesRule
 
 __all__ = [
     "Check",
@@ -29,9 +32,12 @@ __all__ = [
     "authz_plugin",
     "default_bridge",
     "engine_version",
+    "images",
     "live_restore",
+    "named_images",
     "no_new_privileges",
     "runc_version",
+    "sboms",
     "seccomp_default",
     "security_options",
     "userns_remap",
@@ -230,6 +236,65 @@ def runc_version(info: Mapping[str, Any], *, runtimes: Collection[str] = ("runc"
         status = "WARN"
         detail += "; the configured policies allow only " + ", ".join(sorted(runtimes)) + ", not runc"
     return Check("runc_version", status, detail, remediation)
+
+
+def named_images(rules: Collection[ImagesRule]) -> dict[str, bool]:
+    """Every image the policies' ``images`` rules name, each once: first each default image (``True``), then
+    each allowlisted ``repository:tag`` that is no policy's default (``False``). A digest-only entry names no
+    image to look for (the runner checks a pin at run time)."""
+    named = dict.fromkeys((rule.default for rule in rules), True)
+    for rule in rules:
+        for entry in rule.allow:
+            for tag in entry.tags:
+                named.setdefault(f"{entry.repository}:{tag}", False)
+    return named
+
+
+def images(named: Mapping[str, bool], ids: Mapping[str, str | None], build: Callable[[str], str]) -> Check:
+    """Are the images the policies name (:func:`named_images`) on the engine (``ids``: image → id, ``None``
+    when missing)? A missing default image FAILs (requests that name no image are refused); a missing
+    allowlisted one WARNs (only requests naming it are). ``build`` gives the command that builds an image."""
+    if not named:
+        return Check("image", "FAIL", "no policy loaded, so no image to check", "fix the policy, then re-run")
+    present = ", ".join(f"{image} {ids[image]}" for image in named if ids.get(image))
+    missing = [image for image in named if not ids.get(image)]
+    if not missing:
+        return Check("image", "PASS", present)
+    status: Status = "FAIL" if any(named[image] for image in missing) else "WARN"
+    detail = "; ".join(
+        f"{image} is missing ({'the default image' if named[image] else 'allowlisted'}): requests for it are refused"
+        for image in missing
+    )
+    return Check("image", status, detail + (f"; present: {present}" if present else ""), "; ".join(map(build, missing)))
+
+
+def sboms(
+    named: Mapping[str, bool], ids: Mapping[str, str | None], recorded: Mapping[str, str | None], where: str
+) -> Check:
+    """Is an SBOM recorded (``recorded``: image id → the SBOM's digest, ``None`` when none is, in ``where``)
+    for each image the policies name? As :func:`images`: FAIL for a default image without one (missing or
+    unrecorded), WARN for an allowlisted one; an allowlisted image that is missing is the image check's."""
+    if not named:
+        return Check("sbom", "FAIL", "no policy loaded, so no image to check", "fix the policy, then re-run")
+    found = [f"{image} SBOM {recorded[i]}" for image in named if (i := ids.get(image)) and recorded.get(i)]
+    lacking = [image for image in named if (i := ids.get(image)) and not recorded.get(i)]
+    gone = [image for image in named if named[image] and not ids.get(image)]
+    if not lacking and not gone:
+        return Check("sbom", "PASS", ", ".join(found) or "no allowlisted image is present")
+    problems = [f"{image} is missing, so it has no SBOM" for image in gone]
+    problems += [
+        f"no SBOM recorded for {image} ({ids[image]}) in {where}; record it with "
+        f"`gateway sbom --image {image} --record`"
+        for image in lacking
+    ]
+    status: Status = "FAIL" if gone or any(named[image] for image in lacking) else "WARN"
+    return Check(
+        "sbom",
+        status,
+        "; ".join(problems) + (f"; recorded: {', '.join(found)}" if found else ""),
+        "`gateway sbom --image IMAGE --record` records an image's SBOM (scripts/build-image.sh does for each "
+        "image it builds); a missing image: see the image check",
+    )
 
 
 def audit_permissions(

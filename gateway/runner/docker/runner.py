@@ -107,6 +107,13 @@ def new_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def build_command(image: str) -> str:
+    """How to build ``image`` locally: the one place that says so (the runner's error for a missing image,
+    ``gateway doctor``). The script knows each sandbox image by its definition in ``images/``
+    (``images/<name>.conf``) and refuses an image it has none for, naming the ones it has."""
+    return f"{BUILD_COMMAND} {image}"
+
+
 @dataclass(eq=False)
 class DockerSandbox:
     """A created, started container whose supervisor waits for one payload. Used once, then destroyed."""
@@ -307,8 +314,8 @@ class DockerRunner:
                 )
             raise ImageMissingError(
                 f"image {image!r} is not present on the engine and the policy does not allow pulls; "
-                f"build it locally with {BUILD_COMMAND}",
-                hint=f"run {BUILD_COMMAND} (it builds the default sandbox image without any registry)",
+                f"build it locally with {build_command(image)}",
+                hint=f"run {build_command(image)} (it builds the sandbox images of images/ without any registry)",
             )
         try:
             self.client.images.pull(image)
@@ -316,7 +323,7 @@ class DockerRunner:
             detail = map_engine_error(exc, f"pulling {image}").message
             raise ImageMissingError(
                 f"image {image!r} is missing and pulling it failed (registry unreachable or image unknown): {detail}",
-                hint=f"build the image locally ({BUILD_COMMAND}) or make its registry reachable",
+                hint=f"build the image locally ({build_command(image)}) or make its registry reachable",
             ) from exc
         resolved = self._resolve(image)
         if resolved is None:

@@ -163,7 +163,7 @@ def test_missing_image_is_a_clear_error_before_any_container() -> None:
     runner = DockerRunner(client)
     with pytest.raises(ImageMissingError) as info:
         runner.execute(RunSpec(OPTIONS, timeout_s=5, output_bytes=100), Payload("print(1)"))
-    assert "scripts/build-image.sh" in info.value.message
+    assert f"build it locally with scripts/build-image.sh {OPTIONS['image']}" in info.value.message
     assert client.api.calls == ["inspect_image"]
     assert client.pulled == []
 
