@@ -24,6 +24,7 @@ from gateway.errors import (
 )
 from gateway.runner.docker.options import POOL_LABEL, DockerAssembler, guard, pool_key, profile_options, profile_part
 from gateway.runner.interface import NOTHING_RAN, OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
+from gateway.runspec import Workspace
 
 __all__ = ["FakeRunner", "FakeSandbox", "make_outcome"]
 
@@ -142,27 +143,27 @@ class FakeRunner:
     def pool_key(self, profile: SandboxProfile) -> str:
         return pool_key(profile)
 
-    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> FakeSandbox:
-        """A pooled fake sandbox of ``profile`` (``error`` raised instead, like ``prepare``)."""
+    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float, workspace: Workspace | None = None) -> FakeSandbox:
+        """A pooled fake sandbox of ``profile``, with ``workspace`` (``error`` raised instead, like ``prepare``)."""
         if self.error is not None:
             raise self.error
         options = profile_options(profile)
         options["labels"] = {**options["labels"], POOL_LABEL: pool_key(profile)}
-        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=profile.pull)
+        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=profile.pull, workspace=workspace)
         cid = f"fake-pool-{next(iter(self._ids))}"
         self.live.add(cid)
         self.pooled.append(cid)
         return FakeSandbox(spec=spec, container_id=cid, profile=profile)
 
     def claim(self, sandbox: Any, spec: RunSpec) -> FakeSandbox | None:
-        """The Docker runner's checks (guard again, exactly the decision's profile part); None once the
-        sandbox was discarded or reaped."""
+        """The Docker runner's checks (guard again, exactly the decision's profile part, the same workspace);
+        None once the sandbox was discarded or reaped."""
         if not isinstance(sandbox, FakeSandbox) or sandbox.profile is None or sandbox.used:
             raise SandboxError("only an unused pooled fake sandbox can be claimed")
         guard(sandbox.spec.options)
         made = profile_part(sandbox.spec.options)
         made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
-        if spec.mounts or made != profile_part(spec.options):
+        if spec.mounts or spec.workspace != sandbox.spec.workspace or made != profile_part(spec.options):
             raise UnsafeOptionsError("the pooled fake sandbox was made with other options than the decision's")
         if sandbox.container_id not in self.live:
             return None

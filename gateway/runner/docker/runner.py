@@ -411,23 +411,30 @@ class DockerRunner:
     def pool_key(self, profile: SandboxProfile) -> str:
         return pool_key(profile)
 
-    def prepare_idle(self, profile: SandboxProfile, *, ttl_s: float) -> DockerSandbox:
+    def prepare_idle(
+        self, profile: SandboxProfile, *, ttl_s: float, workspace: Workspace | None = None
+    ) -> DockerSandbox:
         """A container of ``profile`` alone, for a warm pool: the profile's options (guarded), the pool label,
-        no environment, no mounts, no label naming a request; it waits for one payload on stdin."""
+        no environment, no mounts, no label naming a request; it waits for one payload on stdin. ``workspace``:
+        a session's, bound at ``/workspace`` and checked after start as for a run (its next container,
+        ``gateway.sessions.ahead``); only a spec with that workspace can claim it."""
         options = profile_options(profile)
         options["labels"] = {**options["labels"], POOL_LABEL: pool_key(profile)}
-        return self.prepare_pooled(options, ttl_s=ttl_s, pull=profile.pull)
+        return self.prepare_pooled(options, ttl_s=ttl_s, pull=profile.pull, workspace=workspace)
 
-    def prepare_pooled(self, options: Mapping[str, Any], *, ttl_s: float, pull: str = "never") -> DockerSandbox:
+    def prepare_pooled(
+        self, options: Mapping[str, Any], *, ttl_s: float, pull: str = "never", workspace: Workspace | None = None
+    ) -> DockerSandbox:
         """A pooled container made from ``options`` as they are (guarded; refused when they hold anything of
-        one run: an environment, mounts, a label naming a request). :meth:`prepare_idle` gives it a profile's
-        options; the containment suite gives it the profile part of the options it tests."""
+        one run: an environment, mounts, a label naming a request), with ``workspace`` bound when given.
+        :meth:`prepare_idle` gives it a profile's options; the containment suite gives it the profile part of
+        the options it tests."""
         run_keys = sorted(k for k in options if k in RUN_OPTION_KEYS) + sorted(
             k for k in dict(options.get("labels") or {}) if k in RUN_LABELS
         )
         if run_keys:
             raise UnsafeOptionsError(f"a pooled container is made before any request; it cannot hold {run_keys}")
-        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=pull)
+        spec = RunSpec(options=options, timeout_s=ttl_s, output_bytes=0, pull=pull, workspace=workspace)
         kwargs = self._create_kwargs(spec.options, expires_s=ttl_s)
         return self._prepare(spec, kwargs, pooled=True)
 
@@ -436,7 +443,8 @@ class DockerRunner:
 
         The guard runs again on the options the container was created with (and on the decision's), and those
         options must be exactly the profile part of the decision's (``profile_part``): same image, runtime,
-        limits, user, seccomp profile, every hardening key. A request with mounts never matches."""
+        limits, user, seccomp profile, every hardening key; and the same workspace as the container's (a
+        session's next container, or none). A request with mounts never matches."""
         if not isinstance(sandbox, DockerSandbox) or sandbox.created_with is None:
             raise SandboxError("only an idle pooled sandbox can be claimed")
         if sandbox.used:
@@ -445,10 +453,11 @@ class DockerRunner:
         guard(spec.options)
         made = profile_part(sandbox.created_with)
         made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
-        if spec.mounts or spec.workspace is not None or "mounts" in spec.options or made != profile_part(spec.options):
+        other_workspace = spec.workspace != sandbox.spec.workspace
+        if spec.mounts or other_workspace or "mounts" in spec.options or made != profile_part(spec.options):
             differ = sorted(
                 k for k in set(made) | set(spec.options) if made.get(k) != profile_part(spec.options).get(k)
-            )
+            ) + (["workspace"] if other_workspace else [])
             raise UnsafeOptionsError(
                 "the pooled container was created with options other than the profile part of the decision's "
                 f"({', '.join(differ) or 'mounts'}); it was destroyed and nothing ran in it"
