@@ -1,5 +1,6 @@
 """The data-science image on the real engine, through the gateway's own runner: numpy, pandas, scipy, matplotlib
-and pillow import as the sandbox user, and a plot saved by matplotlib comes back as a PNG file of the result.
+and pillow import as the sandbox user, a plot saved by matplotlib comes back as a PNG file of the result, and
+`gateway sbom --image` lists the pinned package set.
 
 The image is named in a policy written here (the default policy allows the Python image only);
 ``scripts/setup.sh`` builds it (``scripts/build-image.sh --all``).
@@ -8,6 +9,7 @@ The image is named in a policy written here (the default policy allows the Pytho
 from __future__ import annotations
 
 import base64
+import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +18,14 @@ from typing import Any
 import pytest
 
 from gateway import Gateway
+from gateway.cli import main
 from gateway.resources import policies_dir
 from tests.integration.conftest import _unavailable, gateway_containers
 
 pytestmark = pytest.mark.integration
 
 IMAGE = "gateway/sandbox-datascience:3.11-bookworm"
+PINS = Path(__file__).resolve().parents[2] / "images" / "sandbox-datascience.packages"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROGRAM = textwrap.dedent(
     """
@@ -36,11 +40,16 @@ PROGRAM = textwrap.dedent(
 
 
 @pytest.fixture
-def gateway(engine: Any, tmp_path: Path) -> Iterator[Gateway]:
+def image(engine: Any) -> str:
     try:
-        engine.images.get(IMAGE)
+        found: str = engine.images.get(IMAGE).id
     except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound, without importing docker here
         _unavailable(f"the image {IMAGE} is missing; run scripts/build-image.sh {IMAGE}")
+    return found
+
+
+@pytest.fixture
+def gateway(engine: Any, image: str, tmp_path: Path) -> Iterator[Gateway]:
     default = (policies_dir() / "default.yaml").read_text()
     policy = tmp_path / "data.yaml"
     policy.write_text(
@@ -65,3 +74,14 @@ def test_the_libraries_import_and_a_saved_plot_comes_back_as_a_png(gateway: Gate
     png = base64.b64decode(files["plot.png"]["content"], validate=True)
     assert png.startswith(PNG_SIGNATURE)
     assert len(png) > 1000, "a drawn figure, not an empty file"
+
+
+def test_the_images_sbom_lists_the_pinned_libraries(image: str, tmp_path: Path) -> None:
+    out = tmp_path / "image.cdx.json"
+    assert main(["sbom", "--image", IMAGE, "-o", str(out)]) == 0
+    bom = json.loads(out.read_text())
+    assert bom["metadata"]["component"]["version"] == image
+    listed = {c["name"]: c["version"] for c in bom["components"]}
+    pinned = dict(line.split(" ")[:2] for line in PINS.read_text().splitlines() if not line.startswith("#"))
+    assert listed == pinned, "the SBOM lists exactly the pinned package set"
+    assert listed["python3-numpy"].startswith("1:1.24.")
