@@ -2,7 +2,8 @@
 
 :class:`SessionManager` (``manager.py``) is owned by the Gateway (:attr:`gateway.Gateway.sessions`);
 ``model.py`` holds what it hands out (:class:`SessionInfo`, :class:`SessionResult`); ``files.py`` moves a
-workspace session's files (:class:`SessionFile`).
+workspace session's files (:class:`SessionFile`); ``ahead.py`` makes a workspace session's next container
+ahead.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ unknown one (:class:`SessionNotFoundError`); an ended one, :class:`SessionGoneEr
 
 Kernel mode: one long-lived container with a persistent interpreter (``KernelRunner.open_kernel``), an execution
 is a cell. Workspace mode: a size-bounded workspace (the runner's ``workspaces`` store), each execution a fresh
-single-use container with it at ``/workspace``; it is destroyed when the session ends (after the execution using
-it, if one is). A backend without kernels or workspaces refuses the mode after its decision
+single-use container with it at ``/workspace`` (with a warm pool, made ahead while the one before runs:
+``gateway.sessions.ahead``); it is destroyed when the session ends (after the execution using it, if one is,
+and after every container that held it). A backend without kernels or workspaces refuses the mode after its decision
 (:class:`SessionUnavailableError`). A session belongs to the gateway instance that made it: its kernel ends when
 that process does (the kernel's connection closes), and the start-up reap removes what is left (containers and
 workspaces of dead instances).
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from gateway._ticker import Ticker
 from gateway.decision import Decision, decide_in_session, decide_session
 from gateway.decision.sessions import SessionSettings
+from gateway.decision.settings import SandboxSettings
 from gateway.errors import (
     AuthenticationError,
     CancelledRunError,
@@ -54,8 +56,10 @@ from gateway.result import ExecutionResult, outcome_data
 from gateway.runner.interface import CellResult, Kernel, KernelRunner, OnOutput, Outcome, RunSpec
 from gateway.runner.workspace import Workspace, WorkspaceListing, Workspaces
 from gateway.sessions import files
+from gateway.sessions.ahead import AheadRunner, NextContainers, ttl_for
 from gateway.sessions.files import SessionFile
 from gateway.sessions.model import END_EVENTS, SessionInfo, SessionResult, SessionState, utc
+from gateway.slots import Slot
 from gateway.telemetry import SPAN_EXECUTE, annotate_error
 
 if TYPE_CHECKING:
@@ -135,6 +139,8 @@ class SessionManager:
         self._sweeping = False
         self._closed = False
         """Set by :meth:`close_all`: no session is created after it."""
+        self._ahead = _next_containers(gateway)
+        """Workspace sessions' next containers, made ahead (``gateway.sessions.ahead``); None without a warm pool."""
 
     # -- create ----------------------------------------------------------------------------------------
 
@@ -259,6 +265,8 @@ class SessionManager:
             self._discard(kernel, workspace)
             return SessionResult(request_id, decision, error=exc, audit_ok=False)
         self._start_sweeper()
+        if workspace is not None and kernel is None:
+            self._prepare_next(session, settings.sandbox)
         return SessionResult(request_id, decision, session=info)
 
     def _discard(self, kernel: Kernel | None, workspace: Workspace | None) -> None:
@@ -480,16 +488,37 @@ class SessionManager:
         cancel: threading.Event | None,
     ) -> tuple[Outcome | None, GatewayError | None]:  # fmt: skip
         """One execution in a fresh single-use container with the session's workspace at ``/workspace``, holding
-        a host slot until the container is gone."""
+        a host slot until the container is gone. With containers made ahead (``gateway.sessions.ahead``): the
+        session's next container when it was made for this decision's profile, and the next one's begun as soon
+        as this one has its container; otherwise a cold one, removed before this returns."""
         gw = self._gateway
         if decision.run is None or decision.settings is None:
             return None, SessionGoneError(f"session {session.session_id}: an allowed decision without a run")
+        settings = decision.settings
         spec = dataclasses.replace(decision.run, workspace=session.workspace)
-        payload = Payload(code=request.code, language=decision.settings.language, files=request.file_contents())
+        payload = Payload(code=request.code, language=settings.language, files=request.file_contents())
         if cancel is not None and cancel.is_set():
             return None, CancelledRunError("the run was cancelled by its caller before it started; nothing ran")
+        ahead = self._ahead if not settings.mounts else None  # judged mounts are staged per decision: never ahead
+        records: dict[str, Any] = {
+            "request_id": decision.request_id, "principal": session.principal, "caller": session.caller,
+            "policy": {"name": decision.policy.name, "sha256": decision.policy.sha256},
+        }  # fmt: skip
+
+        def left(error: GatewayError) -> None:  # labelled, it ends itself at its deadline; `gateway reap` removes it
+            gw._append("container.left", {"error": {"code": error.code, "message": error.message}}, **records)
+
+        def cold_slot() -> Slot:
+            return gw.pool.cold_slot() if gw.pool is not None else gw.slots.take()
+
         try:
-            with gw.pool.cold_slot() if gw.pool is not None else gw.slots.take():
+            if ahead is not None:
+                outcome = ahead.execute(
+                    session.session_id, settings, spec, payload, cold_slot=cold_slot, on_left=left,
+                    then=lambda: self._prepare_next(session, settings), on_output=on_output, cancel=cancel,
+                )  # fmt: skip
+                return outcome, None
+            with cold_slot():
                 return gw.runner.execute(spec, payload, on_output=on_output, cancel=cancel), None
         except GatewayError as exc:
             return (exc.outcome if isinstance(exc.outcome, Outcome) else None), exc
@@ -497,6 +526,17 @@ class SessionManager:
             error = SandboxError(f"the runner failed unexpectedly: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             return None, error
+
+    def _prepare_next(self, session: _Session, settings: SandboxSettings) -> None:
+        """Begin making ``session``'s next container ahead (``gateway.sessions.ahead``) with ``settings``' profile,
+        while the session lives: checked and begun under the lock, so that a session that ends afterwards finds
+        it and removes it before its workspace (:meth:`_destroy_workspace`)."""
+        ahead, workspace = self._ahead, session.workspace
+        if ahead is None or workspace is None or settings.mounts:
+            return
+        with self._lock:
+            if session.state == "ready":
+                ahead.prepare(session.session_id, settings.profile, workspace, ttl_s=ttl_for(session.settings))
 
     def _cell(
         self, session: _Session, request: Any, timeout_s: float, on_output: OnOutput | None,
@@ -557,6 +597,8 @@ class SessionManager:
             live = [s for s in self._live.values() if s.state is not None]
         for session in live:
             self._end(session, "closed", reason)
+        if self._ahead is not None:  # what the executions still under way made ahead (nothing is made after this)
+            self._ahead.close()
 
     def _end(self, session: _Session, state: SessionState, reason: str) -> None:
         """End ``session`` once (the first caller wins): remove its sandbox, remember it, record the end."""
@@ -572,6 +614,8 @@ class SessionManager:
                 self._ended.popitem(last=False)
         gw = self._gateway
         records: dict[str, Any] = {"principal": session.principal, "policy": session.policy, "caller": session.caller}
+        if self._ahead is not None:  # nothing is made ahead for it any more: its slot is free at once
+            self._ahead.drop(session.session_id)
         kernel = session.kernel
         if kernel is not None:
             try:
@@ -591,9 +635,14 @@ class SessionManager:
             gw._append(END_EVENTS[state], data, **records)
 
     def _destroy_workspace(self, session: _Session) -> GatewayError | None:
-        """Remove the session's workspace; the error that kept it (left for ``gateway reap``), if any."""
+        """Remove the session's next container made ahead and wait until its executions' containers are gone, then
+        its workspace (a container holding the workspace's file system would keep it mounted); the error that kept
+        the workspace (left for ``gateway reap``), if any."""
         if session.workspace is None:
             return None
+        if self._ahead is not None:
+            self._ahead.drop(session.session_id)
+            self._ahead.settle(session.session_id)
         try:
             _workspace_store(self._gateway.runner).destroy(session.workspace)
         except GatewayError as exc:
@@ -678,3 +727,12 @@ def _decimals(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_decimals(item) for item in value]
     return value
+
+
+def _next_containers(gateway: Gateway) -> NextContainers | None:
+    """The workspace sessions' next containers of ``gateway``: made ahead when it keeps a warm pool (it makes
+    single-use containers ahead for its runs too) and its runner can bind a workspace into one."""
+    runner = gateway.runner
+    if gateway.pool is None or not isinstance(runner, AheadRunner) or getattr(runner, "workspaces", None) is None:
+        return None
+    return NextContainers(runner, gateway.slots)
