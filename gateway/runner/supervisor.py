@@ -16,11 +16,13 @@ content on the command line) that:
    has the program's process ready when the request arrives;
 2. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
    big-endian length, then a ``marshal``-encoded dict ``{"key": bytes, "code": str, "files": {relpath:
-   bytes}, "files_cap": int, "files_max": int, "env": {name: value}, "timeout_s": float}``. ``marshal``, not
+   bytes}, "files_cap": int, "files_max": int, "env": {name: value}, "timeout_s": float, "language": str}``
+   (and the kernel-mode keys below). ``marshal``, not
    JSON, because the supervisor's start-up is on every cold run's path and ``json`` (with ``re``, ``enum``,
    ...) is most of its imports; the payload comes only from the host, which is trusted, and the supervisor's
    frames to the host stay JSON (the host never unmarshals anything from a sandbox);
-3. writes the files and ``main.py`` into the workspace (refusing path escapes again: no ``..``, each
+3. writes the files and the program file (``main.py``, ``main.sh`` or ``main.js`` by the payload's language)
+   into the workspace (refusing path escapes again: no ``..``, each
    directory on the way opened ``O_PATH | O_NOFOLLOW``, the file ``O_NOFOLLOW``: a link an earlier execution
    planted in a session's workspace is never followed), creates ``out/``;
 4. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so the program, which runs as the same uid,
@@ -32,7 +34,13 @@ content on the command line) that:
    its own globals, tracebacks without the supervisor's frames, the interpreter's own exit). A request whose
    environment the interpreter reads while it starts (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``,
    ``TZ``), or an image whose environment has a ``PYTHON*`` variable, gets a fresh ``python3 main.py`` with
-   that environment instead. It relays what the program writes as frames on the container's stdout. It
+   that environment instead. A shell or JavaScript program is exec'd fresh, never the forked Python process:
+   ``/bin/bash --noprofile --norc main.sh`` or ``/usr/bin/node main.js``, the file's path as the only argument
+   (the code is never on a command line, so never shell-quoted), in the same session, with the same pipes, the
+   same environment handling and the same deadline; the forked Python process is killed unused. What those
+   interpreters read while they start from the environment (``BASH_ENV``, ``SHELLOPTS``, ``NODE_OPTIONS``, ...)
+   the policy refuses in a request (rule ``env.dangerous``). It relays what the program writes as frames on the
+   container's stdout. It
    enforces the deadline itself (``timeout_s`` after the payload arrived: kill every process, exit 124) and
    watches its stdin, which the host keeps open for the whole run: EOF there means the gateway went away
    (killed, or its engine connection lost), so it kills every process and exits 137 at once. Either way the
@@ -102,6 +110,13 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 W = sys.argv[1]
 PY = "/usr/bin/python3"
 STARTUP = ("LANG", "LANGUAGE", "HOME", "TZ")
+# Each language: the workspace file its code is written to, and the interpreter that runs that file (never the
+# code itself on a command line). Only Python's can be the pre-forked process; the others are exec'd fresh.
+PROGRAMS = {
+    "python": ("main.py", [PY]),
+    "shell": ("main.sh", ["/bin/bash", "--noprofile", "--norc"]),
+    "javascript": ("main.js", ["/usr/bin/node"]),
+}
 def program():
     # The forked child becomes the program (see ``prefork``). It waits on fd 3 for the request's environment,
     # then runs main.py in ``__main__`` as ``python3 main.py`` would: site-packages on the path (``-S`` kept
@@ -260,7 +275,7 @@ def spawn(argv, env):
         try:
             for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
-            os.execve(PY, argv, env)
+            os.execve(argv[0], argv, env)
         finally:
             os._exit(127)
     return child
@@ -355,6 +370,7 @@ req = marshal.loads(raw)
 del raw
 END = time.monotonic() + float(req["timeout_s"])
 KERNEL = bool(req.get("kernel"))
+LANGUAGE = req.get("language", "python")
 KEY = req["key"].ljust(64, b"\0")
 INNER = bytes(b ^ 0x36 for b in KEY)
 OUTER = bytes(b ^ 0x5C for b in KEY)
@@ -417,15 +433,23 @@ def place(files):
                 os.close(fd)
     return None
 try:
+    if LANGUAGE not in PROGRAMS or (KERNEL and LANGUAGE != "python"):
+        fail("cannot run language %r%s; the sandbox runs %s" % (
+            LANGUAGE, " in kernel mode" if KERNEL else "", "python" if KERNEL else ", ".join(PROGRAMS)))
+    MAIN, INTERPRETER = PROGRAMS[LANGUAGE]
     for name in req["files"]:
-        if not safe(name) or name == "main.py":
+        if not safe(name) or name.split("/")[0] in ("main.py", "main.sh", "main.js"):
             fail("refused file name %r" % (name,))
     refused = place(req["files"])
     if refused is not None:
         fail("a request file could not be written (no symlink is followed, no non-directory entered): "
              + refused.decode())
     if not KERNEL:
-        fd = os.open(W + "/main.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:  # a session's workspace may hold an earlier program file (a link is removed, never followed)
+            os.unlink(W + "/" + MAIN)
+        except FileNotFoundError:
+            pass
+        fd = os.open(W + "/" + MAIN, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             put(fd, req["code"].encode("utf-8", "surrogatepass"))
         finally:
@@ -437,7 +461,9 @@ try:
     most = int(req["files_max"])
     # A request whose environment the interpreter reads while it starts (locale, PYTHON*, HOME, TZ) gets an
     # interpreter of its own, started with that environment, exactly as it would start alone.
-    ready = forked is not None and not any(k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
+    # Only Python's program can be the pre-forked interpreter: another language's is exec'd fresh.
+    ready = forked is not None and LANGUAGE == "python" and not any(
+        k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
     if KERNEL and not ready:
         fail("kernel mode needs the pre-started interpreter: no PYTHON*, LC_*, LANG, LANGUAGE, HOME or TZ in "
              "the request's environment and no PYTHON* in the image's")
@@ -470,7 +496,7 @@ try:
             os.close(forked[1])
             os.close(forked[2])
             os.waitpid(forked[0], 0)
-        pid, out_r, err_r = spawn([PY, W + "/main.py"], env)
+        pid, out_r, err_r = spawn(INTERPRETER + [W + "/" + MAIN], env)
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
 del env, extra
@@ -837,10 +863,13 @@ def encode_payload(
     kernel: bool = False,
     value_cap: int = 0,
     grace_s: float = 0.0,
+    language: str = "python",
 ) -> bytes:
     """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
     included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline).
 
+    ``language``: how ``code`` is run (``python3 main.py``, ``bash --noprofile --norc main.sh``, ``node main.js``;
+    the supervisor refuses any other, and any but python in kernel mode).
     ``kernel``: start a persistent interpreter instead of running ``code`` (ignored); ``timeout_s`` is then the
     kernel's lifetime, cells follow (:func:`encode_cell`), a cell's value is kept to ``value_cap`` bytes, and a
     cell still running ``grace_s`` after the SIGINT at its deadline gets the kernel killed."""
@@ -858,6 +887,7 @@ def encode_payload(
             "kernel": int(kernel),
             "value_cap": int(value_cap),
             "grace_s": float(grace_s),
+            "language": str(language),
         },
         PAYLOAD_MARSHAL_VERSION,
     )

@@ -678,6 +678,7 @@ class DockerRunner:
             spec.output_files,
             env=env,
             timeout_s=spec.timeout_s,
+            language=payload.language,
         )
         deadline = start + spec.timeout_s
         kill = False

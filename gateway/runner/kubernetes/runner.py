@@ -368,7 +368,7 @@ class KubernetesRunner:
         key = new_key()
         data = encode_payload(
             key, payload.code, payload.files, spec.output_files_bytes, spec.output_files,
-            env=dict(spec.options.get("environment") or {}), timeout_s=spec.timeout_s,
+            env=dict(spec.options.get("environment") or {}), timeout_s=spec.timeout_s, language=payload.language,
         )  # fmt: skip
         deadline = start + spec.timeout_s
         decoder = FrameDecoder(key)
