@@ -19,6 +19,7 @@ __all__ = [
     "LANGUAGES",
     "MAX_NAME_BYTES",
     "MAX_PART_BYTES",
+    "PROGRAM_FILES",
     "RESERVED_NAMES",
     "Payload",
     "file_name_problem",
@@ -26,7 +27,10 @@ __all__ = [
     "request_file",
 ]
 
-LANGUAGES = ("python",)
+PROGRAM_FILES = {"python": "main.py", "shell": "main.sh", "javascript": "main.js"}
+"""Each language a sandbox can run, and the workspace file its code is written to and run from (``python3
+main.py``, ``bash --noprofile --norc main.sh``, ``node main.js``)."""
+LANGUAGES = tuple(PROGRAM_FILES)
 """Languages a sandbox can run."""
 
 MAX_NAME_BYTES = 1024
@@ -35,11 +39,12 @@ MAX_PART_BYTES = 255
 """Longest component of a file name (the kernel's NAME_MAX)."""
 
 RESERVED_NAMES = {
-    "main.py": "is reserved for the submitted code",
+    **dict.fromkeys(PROGRAM_FILES.values(), "is reserved for the submitted code"),
     "out": "is reserved: out/ is the directory of the files the program returns",
 }
-"""Top-level workspace entries the sandbox itself creates, with why. ``main.py`` is a file, so nothing may
-be placed as or beneath it; ``out`` is a directory, so a file may go inside it but not take its name."""
+"""Top-level workspace entries the sandbox itself creates, with why. The program files (``main.py``,
+``main.sh``, ``main.js``, whatever the language: one check for every request) are files, so nothing may be placed
+as or beneath them; ``out`` is a directory, so a file may go inside it but not take its name."""
 
 _CONTROL_CHAR = re.compile("[\x00-\x1f\x7f]")
 
@@ -61,7 +66,7 @@ def file_name_problem(name: str) -> str | None:
         return "has an empty or '.' component"
     if _CONTROL_CHAR.search(name) is not None:
         return "contains a control character"
-    if parts[0] == "main.py" or name == "out":
+    if parts[0] in PROGRAM_FILES.values() or name == "out":
         return RESERVED_NAMES[parts[0]]
     encoded = name.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_NAME_BYTES:
@@ -103,7 +108,8 @@ class Payload:
     """
 
     code: str
-    """Source code; written to ``main.py`` in the workspace and run with the language's interpreter."""
+    """Source code; written to the language's program file (:data:`PROGRAM_FILES`) in the workspace and run with
+    the language's interpreter."""
     language: str = "python"
     """One of :data:`LANGUAGES`."""
     files: Mapping[str, bytes] = field(default_factory=dict)

@@ -15,6 +15,7 @@ SUITES = list(discover_suites(POLICY_CASES))
 def test_every_shipped_policy_and_the_invalid_fixtures_have_a_suite() -> None:
     names = {p.parent.name for p in SUITES}
     assert {"default", "strict", "readonly-data-mount", "invalid", "data-science", "exceptions", "sessions"} <= names
+    assert {"polyglot", "data-agent", "coding-agent"} <= names
 
 
 def _cases() -> list[CaseResult]:

@@ -165,11 +165,14 @@ def pick(asked: float | None, limit: Limit) -> float:
 
 
 def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
-    """Decide every setting: the request's value where it gave one, otherwise the policy default; a limit in
-    audit mode is clamped to its ceiling (the rule still judges, and warns about, what was asked)."""
+    """Decide every setting: the request's value where it gave one, otherwise the policy default (the image: its
+    language's default image, if the policy names one); a limit in audit mode is clamped to its ceiling (the rule
+    still judges, and warns about, what was asked)."""
     lim = policy.limits
     req = request.limits
     runtime = request.runtime or policy.runtime.default
+    language = request.language or policy.languages.default
+    own_images = policy.languages.images_of(language)
     pids = req.pids if req.pids is None else int(pick(req.pids, lim.pids))
     if pids is None:
         pids = int(lim.pids.default)
@@ -177,7 +180,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
             pids = min(RUNSC_MIN_PIDS, int(lim.pids.max))
     profile = SandboxProfile(
         policy=policy.ref,
-        image=request.image or policy.images.default,
+        image=request.image or (own_images or policy.images).default,
         runtime=runtime,
         network=request.network or policy.network.default,
         memory=int(pick(req.memory, lim.memory)),
@@ -192,7 +195,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
     )
     return SandboxSettings(
         profile=profile,
-        language=request.language or policy.languages.default,
+        language=language,
         timeout_s=float(pick(req.timeout_s, lim.timeout_s)),
         output_bytes=int(pick(req.output_bytes, lim.output_bytes)),
         output_files_bytes=int(pick(req.output_files_bytes, lim.output_files_bytes)),

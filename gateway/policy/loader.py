@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from gateway.canonical import policy_fingerprint_bytes, sha256_hex
 from gateway.errors import PolicyError, Problem
 from gateway.policy.compose import MAX_POLICY_BYTES, decode_policy, read_policy, resolve_extends
-from gateway.policy.images import image_allowed
+from gateway.policy.images import image_allowed, parse_image_ref
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
     DEFAULT_OUTPUT_FILES,
@@ -166,13 +166,44 @@ class _Semantic:
             )
 
 
-def _languages(spec: dict[str, Any], sem: _Semantic) -> LanguagesRule:
+_OWN_IMAGE = ("javascript",)
+"""Languages whose interpreter not every sandbox image has (every gateway image has python3 and bash): a policy
+allowing one names its images in ``spec.languages.images``."""
+
+
+def _languages(spec: dict[str, Any], sem: _Semantic, images: ImagesRule) -> LanguagesRule:
+    """``spec.languages``: the default among the allowed, and per language a default image its own allowlist and
+    ``spec.images`` both allow."""
     lang_raw = spec.get("languages", {"allowed": [DEFAULT_LANGUAGE]})
     lang_allowed = tuple(lang_raw["allowed"])
     lang_default = lang_raw.get("default", lang_allowed[0])
+    mode = lang_raw.get("mode", "enforce")
     if lang_default not in lang_allowed:
         sem.fail("$.spec.languages.default", f"default {lang_default!r} is not in allowed {list(lang_allowed)}")
-    return LanguagesRule(lang_allowed, lang_default, lang_raw.get("mode", "enforce"))
+    per_language: list[tuple[str, ImagesRule]] = []
+    for language, raw in lang_raw.get("images", {}).items():
+        path = f"$.spec.languages.images.{language}"
+        if language not in lang_allowed:
+            sem.fail(path, f"{language!r} has images but is not in allowed {list(lang_allowed)}; allow it or drop this")
+        if "allow" in raw:
+            entries = _image_entries(raw["allow"], f"{path}.allow", sem)
+        else:
+            ref = parse_image_ref(raw["default"])
+            entries = (ImageEntry(ref.repository, tuple(filter(None, [ref.tag])), tuple(filter(None, [ref.digest]))),)
+        rule = ImagesRule(raw["default"], entries, mode)
+        for why in (image_allowed(rule, rule.default), image_allowed(images, rule.default)):
+            if why is not None:
+                sem.fail(f"{path}.default", f"the default image of {language} is not allowed: {why}")
+        per_language.append((language, rule))
+    named = {language for language, _ in per_language}
+    for language in _OWN_IMAGE:
+        if language in lang_allowed and language not in named:
+            sem.fail(
+                "$.spec.languages.images",
+                f"{language} is allowed but has no images: name the image with its interpreter, e.g. "
+                f"images: {{{language}: {{default: gateway/sandbox-node:18-bookworm}}}}",
+            )
+    return LanguagesRule(lang_allowed, lang_default, mode, tuple(per_language))
 
 
 def _images(spec: dict[str, Any], sem: _Semantic) -> ImagesRule:
@@ -369,8 +400,8 @@ def _compile(loaded: LoadedYaml) -> Policy:
     doc: dict[str, Any] = loaded.data
     spec: dict[str, Any] = doc["spec"]
     sem = _Semantic(loaded)
-    languages = _languages(spec, sem)
     images = _images(spec, sem)
+    languages = _languages(spec, sem, images)
     limits = _limits(spec, sem)
     network = _network(spec, sem)
     runtime = _runtime(spec, sem, limits)

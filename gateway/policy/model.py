@@ -63,13 +63,6 @@ the settings resolver and the limits rule all use it."""
 
 
 @dataclass(frozen=True, slots=True)
-class LanguagesRule:
-    allowed: tuple[str, ...]
-    default: str
-    mode: Mode = "enforce"
-
-
-@dataclass(frozen=True, slots=True)
 class ImageEntry:
     repository: str
     tags: tuple[str, ...] = ()
@@ -83,6 +76,23 @@ class ImagesRule:
     default: str
     allow: tuple[ImageEntry, ...]
     mode: Mode = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class LanguagesRule:
+    """Which languages a request may name (``spec.languages``), and per language the images it runs in."""
+
+    allowed: tuple[str, ...]
+    default: str
+    mode: Mode = "enforce"
+    images: tuple[tuple[str, ImagesRule], ...] = ()
+    """``(language, its default image and allowlist)`` for the languages with an entry in
+    ``spec.languages.images``; a language without one runs in ``spec.images``' default and any image it allows.
+    The entry's ``mode`` is the languages' mode (rule ``language.image``)."""
+
+    def images_of(self, language: str) -> ImagesRule | None:
+        """The images of ``language``'s entry, or ``None`` when it has none (``spec.images`` alone applies)."""
+        return dict(self.images).get(language)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,22 @@ def _language(ctx: Context) -> Iterator[Finding]:
     yield _one_of("language", "$.language", ctx.settings.language, list(ctx.policy.languages.allowed), "supported")
 
 
+def _language_image(ctx: Context) -> Iterator[Finding]:
+    language = ctx.settings.language
+    rule = ctx.policy.languages.images_of(language)
+    if rule is None:
+        yield skip("$.image", f"the policy names no images of its own for {language!r}: spec.images applies")
+        return
+    image = ctx.settings.profile.image
+    expected = {"language": language, "allow": [{"repository": e.repository, "tags": list(e.tags),
+                                                  "digests": list(e.digests)} for e in rule.allow]}  # fmt: skip
+    why = image_allowed(rule, image)
+    if why is None:
+        yield ok("$.image", image, expected, f"image {image!r} may run {language}")
+    else:
+        yield fail("$.image", image, expected, f"image {image!r} may not run {language}: {why}")
+
+
 def _images(ctx: Context) -> Iterator[Finding]:
     image = ctx.settings.profile.image
     expected = list(ctx.compiled.images_expected)
@@ -102,6 +118,14 @@ RULES: tuple[Rule, ...] = (
         never_relaxed="nothing is pulled unless the policy says pull: if-missing; a digest pin is still checked "
         "against the engine before create",
         example="tag 'latest' of 'gateway/sandbox-python' is not allowed (allowed tags: 3.11-bookworm)",
+    ),
+    Rule(
+        "language.image", _language_image, lambda p: p.languages.mode, "$.image",
+        checks="the image is one of those the policy allows for the request's language (spec.languages.images), "
+        "when it names any for that language",
+        setting="$.spec.languages.images", audit="warn",
+        example="image 'gateway/sandbox-python:3.11-bookworm' may not run javascript: repository "
+        "'gateway/sandbox-python' is not on the allowlist (gateway/sandbox-node)",
     ),
 )  # fmt: skip
 """Judged before the limits (the order results appear in a decision)."""

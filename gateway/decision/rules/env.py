@@ -24,9 +24,18 @@ DANGEROUS_ENV: tuple[str, ...] = (
     "PYTHONWARNINGS",
     "BASH_ENV",
     "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
     "PERL5OPT",
     "PERL5LIB",
     "NODE_OPTIONS",
+    "NODE_PATH",
+    "NODE_REPL_EXTERNAL_MODULE",
+    "NODE_ICU_DATA",
+    "OPENSSL_CONF",
+    "OPENSSL_ENGINES",
+    "OPENSSL_MODULES",
     "RUBYOPT",
     "JAVA_TOOL_OPTIONS",
     "_JAVA_OPTIONS",
@@ -38,7 +47,11 @@ DANGEROUS_ENV: tuple[str, ...] = (
     "IFS",
 )
 """Variables that change how the interpreter or the loader behaves. Denied unless the policy lists the
-exact name under ``env.allow_dangerous``; a glob in ``env.allowed`` never allows them."""
+exact name under ``env.allow_dangerous``; a glob in ``env.allowed`` never allows them. Each language's own
+are here: bash sources ``BASH_ENV`` before the script and runs ``PS4``'s command substitutions under
+``SHELLOPTS=xtrace``; node loads ``NODE_OPTIONS``' ``--require`` and ``--import`` modules and searches
+``NODE_PATH``; OpenSSL (Python's and Node's) loads the engines and providers ``OPENSSL_CONF`` names. So a
+request cannot run code that is not its program; the supervisor does not filter what the policy allowed."""
 
 _DANGEROUS = compile_globs(DANGEROUS_ENV)
 

@@ -16,7 +16,7 @@ from gateway.policy.model import MIN_WORKSPACE, Limit, Policy, SessionsRule
 from gateway.request import SessionRequest
 from gateway.sizes import format_size
 
-__all__ = ["SESSION_RULES", "SessionContext", "SessionRule"]
+__all__ = ["KERNEL_LANGUAGES", "SESSION_RULES", "SessionContext", "SessionRule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,24 @@ def _mode(ctx: SessionContext) -> Iterator[Finding]:
         yield ok("$.mode", got, allowed, f"session mode {got!r} is allowed")
     else:
         yield fail("$.mode", got, allowed, f"session mode {got!r} is not allowed (allowed: {allowed})")
+
+
+KERNEL_LANGUAGES = ("python",)
+"""The languages a kernel-mode session can run: the supervisor's persistent interpreter is Python's."""
+
+
+def _language(ctx: SessionContext) -> Iterator[Finding]:
+    language = ctx.request.language or ctx.policy.languages.default
+    if ctx.request.mode != "kernel":
+        yield skip("$.language", f"a {ctx.request.mode} session runs every language the policy allows")
+    elif language in KERNEL_LANGUAGES:
+        yield ok("$.language", language, list(KERNEL_LANGUAGES), f"a kernel session can run {language}")
+    else:
+        message = (
+            f"a kernel session cannot run {language} (kernel mode runs {', '.join(KERNEL_LANGUAGES)} only); use "
+            f"mode workspace, whose executions each run {language} in a fresh sandbox"
+        )
+        yield fail("$.language", language, list(KERNEL_LANGUAGES), message, never_relaxed=True)
 
 
 def _count(ctx: SessionContext) -> Iterator[Finding]:
@@ -148,6 +166,14 @@ SESSION_RULES: tuple[SessionRule, ...] = (
         checks="the session mode (workspace, kernel) is one the policy allows",
         setting="$.spec.sessions.modes", audit="warn",
         example="session mode 'kernel' is not allowed (allowed: ['workspace'])",
+    ),
+    SessionRule(
+        "sessions.language", _language, lambda _p: "enforce", "$.language",
+        checks="a kernel session's language has a persistent interpreter (python); workspace sessions run any "
+        "language the policy allows",
+        never_relaxed="always enforced: no kernel of another language exists",
+        example="a kernel session cannot run shell (kernel mode runs python only); use mode workspace, whose "
+        "executions each run shell in a fresh sandbox",
     ),
     SessionRule(
         "sessions.count", _count, lambda _p: "enforce", "$",
