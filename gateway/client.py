@@ -605,7 +605,8 @@ class Client:
         return _json_answer(self._send("GET", "/v1/policy"))
 
     def tools(self) -> list[dict[str, Any]]:
-        """``GET /v1/tools``: the function-calling definitions for this caller (its ceilings in them)."""
+        """``GET /v1/tools``: the function-calling definitions for this caller, one per language its policy
+        allows (``execute_python``, ``execute_shell``, ``execute_javascript``), its ceilings in them."""
         return list(_json_answer(self._send("GET", "/v1/tools"))["tools"])
 
 

@@ -1,17 +1,21 @@
-"""The ``execute_python`` function-calling tool for LLMs, routed through the gateway.
+"""The function-calling tools for LLMs, one per language the policy allows (``execute_python``,
+``execute_shell``, ``execute_javascript``), routed through the gateway.
 
-The model may set only ``code`` and a ``timeout`` (up to the policy's ceiling): image, mounts, network, limits
-and env stay the operator's. Every call is decided, audited and contained like any other request, and the
-model gets a JSON-serialisable answer it can read, denials included with their reasons, and the files the
-program wrote under ``./out`` with their contents (text as text, binary as base64), all within fixed bounds
-(:data:`MAX_TOOL_OUTPUT_CHARS` per stream, :data:`MAX_TOOL_FILES_CHARS` for the files): what is cut is marked.
+The model may set only ``code`` and a ``timeout`` (up to the policy's ceiling), and the tool's name sets the
+language: image, mounts, network, limits and env stay the operator's. Every call is decided, audited and
+contained like any other request, and the model gets a JSON-serialisable answer it can read, denials included
+with their reasons, and the files the program wrote under ``./out`` with their contents (text as text, binary as
+base64), all within fixed bounds (:data:`MAX_TOOL_OUTPUT_CHARS` per stream, :data:`MAX_TOOL_FILES_CHARS` for
+the files): what is cut is marked.
 
 State between calls is the host's choice, never the model's: ``ToolHandler(gateway, session="kernel")`` (a
 local Gateway or a ``gateway.client.Client``) keeps one gateway session per handler (opened at the first call,
-or by :meth:`ToolHandler.open`; closed by :meth:`ToolHandler.close`), so the model's consecutive calls share
-variables, imports and files; the model still sets only ``code`` and ``timeout`` and never sees or names a
-session id. A session that ended (idle, lifetime, killed) is replaced by a new one at the next call, and that
-answer says the state is gone (``state_lost``).
+or by :meth:`ToolHandler.open`; closed by :meth:`ToolHandler.close`), so the model's consecutive
+``execute_python`` calls share variables, imports and files; the model still sets only ``code`` and ``timeout``
+and never sees or names a session id. A session that ended (idle, lifetime, killed) is replaced by a new one at
+the next call, and that answer says the state is gone (``state_lost``). The session is Python's
+(:data:`SESSION_LANGUAGES`): in a session handler, the other languages' tools still run each call in a fresh
+sandbox, and their descriptions say so.
 """
 
 from __future__ import annotations
@@ -38,15 +42,19 @@ __all__ = [
     "EXECUTE_PYTHON_TOOL",
     "MAX_TOOL_FILES_CHARS",
     "MAX_TOOL_OUTPUT_CHARS",
+    "SESSION_LANGUAGES",
     "TOOL_NAME",
     "ToolHandler",
     "ToolSession",
     "ceilings_text",
     "handle_tool_call",
     "tool_definition",
+    "tool_definitions",
+    "tool_name",
 ]
 
 TOOL_NAME = "execute_python"
+"""The Python tool's name; each language's tool is ``execute_<language>`` (:func:`tool_name`)."""
 MAX_TOOL_OUTPUT_CHARS = 16_000
 """What the model is shown of each stream; the full capped output stays in the result and the audit digest."""
 MAX_TOOL_FILES_CHARS = 16_000
@@ -59,6 +67,16 @@ ToolSession = Literal["kernel", "workspace"]
 """A handler's session mode (see :class:`ToolHandler`): ``kernel`` keeps one live interpreter (variables,
 imports and files persist), ``workspace`` one persistent working directory under fresh containers (files
 persist, variables do not)."""
+
+_LANGUAGES: dict[str, tuple[str, str]] = {
+    "python": ("Execute Python 3 code", "Complete Python 3 program to run."),
+    "shell": ("Run a bash script", "Complete bash script to run (bash, not sh)."),
+    "javascript": ("Run a Node.js program", "Complete Node.js program to run."),
+}
+"""Each language with a tool: what its description opens with, and what its ``code`` is."""
+SESSION_LANGUAGES = ("python",)
+"""The languages whose tool a session handler runs in its session (kernel mode is Python's for now); the other
+tools of such a handler run each call in a fresh sandbox."""
 
 _STATELESS = "State does not persist between calls."
 _PERSISTS: dict[str, str] = {
@@ -87,30 +105,49 @@ def ceilings_text(policy: Policy) -> str:
     )
 
 
+def tool_name(language: str) -> str:
+    """The name of ``language``'s tool: ``execute_<language>``."""
+    return f"execute_{language}"
+
+
+def _language_of(name: str) -> str | None:
+    """The language a tool name runs, or None for a name no tool has."""
+    return next((language for language in _LANGUAGES if tool_name(language) == name), None)
+
+
 def tool_definition(
-    max_timeout_s: float = 60, *, ceilings: str | None = None, session: ToolSession | None = None
+    max_timeout_s: float = 60,
+    *,
+    ceilings: str | None = None,
+    session: ToolSession | None = None,
+    language: str = "python",
 ) -> dict[str, Any]:
-    """The OpenAI-style function-calling definition (also what Anthropic's tool ``input_schema`` takes).
+    """The OpenAI-style function-calling definition of ``language``'s tool (also what Anthropic's tool
+    ``input_schema`` takes).
 
     ``ceilings`` (see :func:`ceilings_text`) is appended to the description. ``session``: the description says
-    what persists between calls in that mode (a :class:`ToolHandler` built with the same ``session``); the
-    parameters stay ``code`` and ``timeout``."""
+    what persists between calls in that mode (a :class:`ToolHandler` built with the same ``session``), for a
+    language of :data:`SESSION_LANGUAGES`; another language's tool says nothing persists, as it runs each call
+    afresh. The parameters stay ``code`` and ``timeout``."""
     if session is not None and session not in _PERSISTS:
         raise ValueError(f"session {session!r} is not one of {sorted(_PERSISTS)}")
+    if language not in _LANGUAGES:
+        raise ValueError(f"language {language!r} has no tool; the tools' languages are {sorted(_LANGUAGES)}")
+    opening, code = _LANGUAGES[language]
     description = (
-        "Execute Python 3 code in an isolated, network-less sandbox and return stdout, stderr and the "
-        "exit code. Files written under ./out are returned with their contents (UTF-8 text as text, other bytes as "
-        "base64); long contents are cut and marked truncated. "
-    ) + (_PERSISTS[session] if session is not None else _STATELESS)
+        f"{opening} in an isolated, network-less sandbox and return stdout, stderr and the exit code. Files "
+        "written under ./out are returned with their contents (UTF-8 text as text, other bytes as base64); long "
+        "contents are cut and marked truncated. "
+    ) + (_PERSISTS[session] if session is not None and language in SESSION_LANGUAGES else _STATELESS)
     return {
         "type": "function",
         "function": {
-            "name": TOOL_NAME,
+            "name": tool_name(language),
             "description": f"{description} {ceilings}" if ceilings else description,
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "code": {"type": "string", "description": "Complete Python 3 program to run."},
+                    "code": {"type": "string", "description": code},
                     "timeout": {
                         "type": "number",
                         "exclusiveMinimum": 0,
@@ -126,6 +163,17 @@ def tool_definition(
 
 
 EXECUTE_PYTHON_TOOL: dict[str, Any] = tool_definition()
+"""``execute_python``'s definition with no policy's ceilings (kept for callers of the one-language tool)."""
+
+
+def tool_definitions(policy: Policy, *, session: ToolSession | None = None) -> list[dict[str, Any]]:
+    """The tools a caller under ``policy`` is offered: one per language it allows, in the policy's order, each
+    with the policy's timeout ceiling as its schema's maximum and its ceilings in the description."""
+    ceilings = ceilings_text(policy)
+    return [
+        tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings, session=session, language=language)
+        for language in policy.languages.allowed
+    ]
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:
@@ -169,11 +217,16 @@ class ToolHandler:
     principal's policy and the audit trail says who asked. With a remote client the token *is* the principal:
     the requests name none (the service refuses a body naming another), and ``principal`` may not be given.
 
-    ``session``: every call runs in one gateway session of that mode (``gateway.sessions``, local or remote:
-    the answers are the same), created under the principal's policy at the first call (or :meth:`open`) and
-    closed by :meth:`close` (or the ``with`` block's end). Calls run one at a time, in order (a model's
-    parallel calls queue). The session may let each call ask for a timeout up to the policy's ceiling; a call
-    that names none gets the policy's default (both as they were when the session was created).
+    The handler serves every tool of :func:`tool_definitions` (:meth:`definitions`: those the policy offers);
+    a call's tool name sets its request's ``language``, and the policy decides it like any request (a language
+    it does not allow is denied with the rule). A name no tool has is refused (``unknown_tool``).
+
+    ``session``: every ``execute_python`` call (:data:`SESSION_LANGUAGES`) runs in one gateway session of that
+    mode (``gateway.sessions``, local or remote: the answers are the same), created under the principal's
+    policy at the first call (or :meth:`open`) and closed by :meth:`close` (or the ``with`` block's end). Calls
+    run one at a time, in order (a model's parallel calls queue). The session may let each call ask for a
+    timeout up to the policy's ceiling; a call that names none gets the policy's default (both as they were when
+    the session was created). The other languages' calls run as without a session.
     A session that ended is replaced at the next call, whose answer says ``state_lost``: the model must not
     rely on what the old one held."""
 
@@ -227,24 +280,30 @@ class ToolHandler:
         call, after :meth:`close`, and once the session has ended."""
         return self._session_id
 
-    def definition(self) -> dict[str, Any]:
-        """The tool definition with the timeout bounded by the principal's policy ceiling, which the
-        description states with the other ceilings, and what persists between calls (remotely: the service's
-        ``GET /v1/tools``)."""
+    def definitions(self) -> list[dict[str, Any]]:
+        """The tools offered to the principal, one per language its policy allows (:func:`tool_definitions`):
+        each with the timeout bounded by the policy's ceiling, which the description states with the other
+        ceilings, and what persists between calls (remotely: the service's ``GET /v1/tools``)."""
         if not self.local:
             tools = getattr(self.gateway, "tools", None)
             if not callable(tools):
-                raise TypeError(f"{type(self.gateway).__name__} has no tools() to read the tool definition from")
-            for tool in tools():
-                if tool.get("function", {}).get("name") == TOOL_NAME:
-                    return self._persisting(dict(tool))
-            raise LookupError(f"the service does not offer the {TOOL_NAME} tool")
-        policy = self.policy
-        return tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings_text(policy), session=self.session)
+                raise TypeError(f"{type(self.gateway).__name__} has no tools() to read the tool definitions from")
+            return [self._persisting(dict(tool)) for tool in tools()]
+        return tool_definitions(self.policy, session=self.session)
+
+    def definition(self) -> dict[str, Any]:
+        """The ``execute_python`` tool of :meth:`definitions`; :class:`LookupError` when the policy does not
+        allow Python."""
+        tools = self.definitions()
+        for tool in tools:
+            if tool.get("function", {}).get("name") == TOOL_NAME:
+                return tool
+        offered = ", ".join(str(tool.get("function", {}).get("name")) for tool in tools) or "none"
+        raise LookupError(f"the policy does not offer the {TOOL_NAME} tool (offered: {offered})")
 
     def _persisting(self, tool: dict[str, Any]) -> dict[str, Any]:
         """The service's definition (which says nothing persists), saying what this handler's session keeps."""
-        if self.session is None:
+        if self.session is None or tool.get("function", {}).get("name") not in map(tool_name, SESSION_LANGUAGES):
             return tool
         function = dict(tool["function"])
         function["description"] = str(function["description"]).replace(_STATELESS, _PERSISTS[self.session])
@@ -366,8 +425,13 @@ class ToolHandler:
     ) -> dict[str, Any]:
         """The model's answer to one call; ``cancel`` (set from any thread) abandons the run, as for
         :meth:`Gateway.execute` (in a kernel session it ends the session: a kernel cannot be rolled back)."""
-        if name != TOOL_NAME:
-            return _error("unknown_tool", f"no tool named {name!r}; available: {TOOL_NAME}")
+        language = _language_of(name)
+        if language is None:
+            return _error(
+                "unknown_tool",
+                f"no tool named {name!r}; the tools are {', '.join(map(tool_name, _LANGUAGES))}, each offered "
+                "when the policy allows its language: call one of those listed",
+            )
         if isinstance(args, str):
             try:
                 args = json.loads(args)
@@ -381,7 +445,7 @@ class ToolHandler:
         code = args.get("code")
         if not isinstance(code, str):
             return _error("invalid_arguments", "'code' must be a string")
-        request: dict[str, Any] = {"code": code, "language": "python"}
+        request: dict[str, Any] = {"code": code, "language": language}
         if self.principal is not None:
             request["principal"] = self.principal
         timeout = args.get("timeout")
@@ -391,7 +455,7 @@ class ToolHandler:
             request["limits"] = {"timeout_s": timeout}
         if cancel is not None and not self.local:
             raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
-        if self.session is not None:
+        if self.session is not None and language in SESSION_LANGUAGES:
             return self._in_session(request, cancel)
         outcome: ResultLike
         if isinstance(self.gateway, Gateway):

@@ -54,7 +54,7 @@ from gateway.service.replies import Reply, error_reply, gateway_error_reply
 from gateway.service.service import Service
 from gateway.service.streaming import EventStreamExecution, Execute, execute_watched, wants_events
 from gateway.sessions import SessionResult
-from gateway.tool import tool_definition
+from gateway.tool import tool_definitions
 
 T = TypeVar("T")
 
@@ -78,8 +78,8 @@ __all__ = [
     "session",
     "session_executions",
     "sessions",
-    "tool_for",
     "tools",
+    "tools_for",
     "unexpected",
     "v1",
 ]
@@ -451,7 +451,7 @@ async def policy(request: Request, caller: Caller, request_id: str) -> Response:
 @v1
 async def tools(request: Request, caller: Caller, request_id: str) -> Response:
     compiled = Service.of(request).gateway.policies.for_principal(caller.principal)
-    return _json(200, {"tools": [tool_for(compiled.policy)]}, request_id)
+    return _json(200, {"tools": tools_for(compiled.policy)}, request_id)
 
 
 @counted("/v1/audit/records")
@@ -597,16 +597,14 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
     }
 
 
-def tool_for(policy: Policy) -> dict[str, Any]:
-    """The ``execute_python`` definition for a caller under ``policy``: its timeout ceiling as the schema's
-    maximum, and its ceilings stated in the description so that the model does not ask for more."""
-    definition = tool_definition(float(policy.limits.timeout_s.max))
-    limits = policy.limits
-    function = definition["function"]
-    function["description"] += (
-        f" Limits of this caller (policy {policy.name}): at most {limits.timeout_s.max} s wall clock "
-        f"(default {limits.timeout_s.default} s), {limits.memory.max} bytes of memory, {limits.cpus.max} CPUs, "
-        f"{limits.output_bytes.max} bytes of output per stream; network {'/'.join(policy.network.allowed)}."
-        f' Call it through POST /v1/executions with {{"code": code, "limits": {{"timeout_s": timeout}}}}.'
-    )
-    return definition
+def tools_for(policy: Policy) -> list[dict[str, Any]]:
+    """The tools of a caller under ``policy`` (:func:`gateway.tool.tool_definitions`: one per language it allows,
+    its timeout ceiling as each schema's maximum, its ceilings in each description so that the model does not
+    ask for more), each saying which ``POST /v1/executions`` body it stands for."""
+    tools = tool_definitions(policy)
+    for tool, language in zip(tools, policy.languages.allowed, strict=True):
+        tool["function"]["description"] += (
+            f' Call it through POST /v1/executions with {{"code": code, "language": "{language}", '
+            '"limits": {"timeout_s": timeout}}.'
+        )
+    return tools

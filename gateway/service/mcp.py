@@ -1,7 +1,9 @@
-"""``gateway mcp``: the ``execute_python`` tool served over MCP stdio, as one configured principal.
+"""``gateway mcp``: the LLM tools (``execute_python``, and ``execute_shell`` / ``execute_javascript`` where the
+policy allows those languages) served over MCP stdio, as one configured principal.
 
-The tool is :mod:`gateway.tool`'s (one definition, one handler): the model sets only ``code`` and a
-``timeout`` up to the principal's policy ceiling, which the tool description states. Every call goes through
+The tools are :mod:`gateway.tool`'s (one definition, one handler): ``tools/list`` offers one per language the
+principal's policy allows, and the model sets only ``code`` and a ``timeout`` up to the policy's ceiling,
+which each tool's description states. Every call goes through
 one local :class:`~gateway.Gateway` with the principal's name in the request, so it is decided under that
 principal's policy and audited with it.
 
@@ -18,12 +20,13 @@ error: the model reads them like any answer. A run's answer carries the files th
 with their contents (text as text, binary as base64), within the tool's bounds and marked where cut.
 
 State (``--session kernel|workspace``, off by default): the server keeps one gateway session for its one MCP
-session (the stdio connection), so the model's consecutive calls share state (:class:`~gateway.tool.ToolHandler`
-with ``session``). It is created at start, under the principal's policy: a policy that does not allow it stops
-the server before it serves anything (exit status 77, every rule id and reason on stderr). It is closed when the
-connection ends (stdin closed, SIGTERM / SIGINT: ``session.closed``); a server killed outright leaves a kernel
-that ends with its connection, and the next start's reap records it. A session that ends meanwhile (idle,
-lifetime, killed) is replaced at the next call, whose answer says ``state_lost``.
+session (the stdio connection), so the model's consecutive ``execute_python`` calls share state
+(:class:`~gateway.tool.ToolHandler` with ``session``). It is created at start, under the principal's policy: a
+policy that does not allow it stops the server before it serves anything (exit status 77, every rule id and
+reason on stderr). It is closed when the connection ends (stdin closed, SIGTERM / SIGINT: ``session.closed``); a
+server killed outright leaves a kernel that ends with its connection, and the next start's reap records it. A
+session that ends meanwhile (idle, lifetime, killed) is replaced at the next call, whose answer says
+``state_lost``. The other languages' tools run each call in a fresh sandbox.
 
 Stdout belongs to the protocol: :func:`claim_stdio` moves the wire to private descriptors and points fd 1 at
 stderr (fd 0 at the null device) before anything else happens, so no print, warning or library output can
@@ -167,9 +170,10 @@ def tool_result(answer: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-def _tool(handler: ToolHandler) -> types.Tool:
-    spec = handler.definition()["function"]
-    return types.Tool(name=spec["name"], description=spec["description"], input_schema=spec["parameters"])
+def _tools(handler: ToolHandler) -> list[types.Tool]:
+    """The handler's tools (one per language its policy allows) as MCP tools."""
+    specs = [definition["function"] for definition in handler.definitions()]
+    return [types.Tool(name=s["name"], description=s["description"], input_schema=s["parameters"]) for s in specs]
 
 
 HandlerFor = Callable[[ServerRequestContext[Any]], ToolHandler]
@@ -189,9 +193,10 @@ def build_server(
     admit: Admit | None = None,
 ) -> Server[Any]:
     """The MCP server of one tool handler (or of a function giving each request's, see :data:`HandlerFor`):
-    ``tools/list`` and ``tools/call``, at most ``max_concurrent`` runs at once (None: the thread pool's
-    limit). A call whose request is cancelled (or a server that is stopped) cancels its run: the sandbox is
-    killed and removed and the outcome recorded, before the call returns."""
+    ``tools/list`` (the handler's tools, one per language its policy allows) and ``tools/call``, at most
+    ``max_concurrent`` runs at once (None: the thread pool's limit). A call whose request is cancelled (or a
+    server that is stopped) cancels its run: the sandbox is killed and removed and the outcome recorded, before
+    the call returns."""
     fixed = handler if isinstance(handler, ToolHandler) else None
     resolve: HandlerFor | None = None if isinstance(handler, ToolHandler) else handler
 
@@ -201,13 +206,13 @@ def build_server(
         assert resolve is not None  # noqa: S101 - one of the two is set
         return resolve(ctx)
 
-    tool = _tool(fixed) if fixed is not None else None
+    tools = _tools(fixed) if fixed is not None else None
     limiter = anyio.CapacityLimiter(max_concurrent) if max_concurrent is not None else None
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool or _tool(handler_for(ctx))])
+        return types.ListToolsResult(tools=tools if tools is not None else _tools(handler_for(ctx)))
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         handler = handler_for(ctx)
@@ -237,7 +242,8 @@ def build_server(
         version=__version__,
         title="Agent gateway",
         instructions=instructions
-        or f"Runs Python in a hardened single-use sandbox as principal {fixed.principal if fixed else '?'}.",
+        or f"Runs code (one tool per language the policy allows) in a hardened single-use sandbox as principal "
+        f"{fixed.principal if fixed else '?'}.",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
@@ -263,7 +269,7 @@ async def _serve(server: Server[Any], wire: StdioWire) -> None:
 
 
 def serve(gateway: Gateway, identity: PrincipalIdentity, wire: StdioWire, *, session: ToolSession | None = None) -> int:
-    """Serve ``execute_python`` for ``identity`` over ``wire`` until the client closes stdin or a SIGTERM /
+    """Serve the tools of ``identity``'s policy over ``wire`` until the client closes stdin or a SIGTERM /
     SIGINT arrives (in-flight runs are cancelled and recorded first). With ``session``, the calls share one
     gateway session, opened first and closed at the end (see the module). Returns the exit status: 0, or
     :data:`~gateway.errors.EXIT_DENIED` when the policy denies the session (nothing is served); a failure to
@@ -276,14 +282,15 @@ def serve(gateway: Gateway, identity: PrincipalIdentity, wire: StdioWire, *, ses
                 return refused
         kept = f", one {session} session for the connection" if session is not None else ""
         instructions = (
-            f"Runs Python in one persistent {session} session (state is kept between calls) as principal "
-            f"{identity.principal}."
+            f"Runs Python in one persistent {session} session (state is kept between execute_python calls; the "
+            f"other languages' tools start afresh at each call) as principal {identity.principal}."
             if session is not None
             else None
         )
         server = build_server(handler, max_concurrent=identity.max_concurrent, instructions=instructions)
+        names = ", ".join(tool["function"]["name"] for tool in handler.definitions())
         print(
-            f"gateway mcp: serving {handler.definition()['function']['name']} over stdio as principal "
+            f"gateway mcp: serving {names} over stdio as principal "
             f"{identity.principal} (policy {handler.policy.ref}){kept}",
             file=sys.stderr,
         )

@@ -1,6 +1,6 @@
-"""``/mcp``: the ``execute_python`` tool over MCP's streamable HTTP transport, inside ``gateway serve``:
-stateless by default; with ``mcp.session`` (server config), one MCP session per client, each with its own
-gateway session, so that a model's consecutive tool calls share state.
+"""``/mcp``: the LLM tools (one per language the caller's policy allows) over MCP's streamable HTTP transport,
+inside ``gateway serve``: stateless by default; with ``mcp.session`` (server config), one MCP session per
+client, each with its own gateway session, so that a model's consecutive ``execute_python`` calls share state.
 
 The same server as ``gateway mcp`` (:func:`gateway.service.mcp.build_server`, one tool definition, one handler),
 but each HTTP request is its caller's: the route authenticates the bearer token exactly like a ``/v1`` call
@@ -10,8 +10,10 @@ anything, failures in the ``auth.failed`` summaries), its body is read with the 
 SDK sees it, and the tool's calls run through the service's Gateway with that :class:`~gateway.Caller`, so they
 are decided under the principal's own policy, pass the same checks (quotas included) and are audited with the
 principal and its token id.
-``tools/list`` states the caller's ceilings. A call whose HTTP request goes away cancels its run (the sandbox is
-killed and removed, ``gateway.cancelled``), as in the stdio server.
+``tools/list`` offers the tools of the caller's policy (``execute_python``, and ``execute_shell`` /
+``execute_javascript`` where it allows those languages), each stating the caller's ceilings. A call whose HTTP
+request goes away cancels its run (the sandbox is killed and removed, ``gateway.cancelled``), as in the stdio
+server.
 
 Stateless (the default): the SDK's ``StreamableHTTPSessionManager(stateless=True)``; no MCP session outlives a
 request and each call starts from nothing. An HTTP client keeps state through ``/v1/sessions`` instead.
@@ -150,10 +152,11 @@ class McpEndpoint:
             handler_for,
             admit=admit_call,
             max_concurrent=None,
-            instructions="Runs Python in a hardened single-use sandbox as the principal of your bearer token."
+            instructions="Runs code (one tool per language your policy allows) in a hardened single-use sandbox as "
+            "the principal of your bearer token."
             if mode is None
-            else f"Runs Python as the principal of your bearer token, in one persistent {mode} session per MCP "
-            "session: state is kept between the calls of this MCP session.",
+            else f"Runs code as the principal of your bearer token; Python in one persistent {mode} session per MCP "
+            "session: state is kept between the execute_python calls of this MCP session.",
         )
         self._manager = (
             StreamableHTTPSessionManager(server, stateless=True)

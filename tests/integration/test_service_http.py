@@ -418,8 +418,7 @@ def test_tools_endpoint_states_the_callers_ceilings(server: Server) -> None:
     assert a["function"]["name"] == b["function"]["name"] == "execute_python"
     assert a["function"]["parameters"]["properties"]["timeout"]["maximum"] == 60
     assert b["function"]["parameters"]["properties"]["timeout"]["maximum"] == 10
-    assert "at most 10 s" in b["function"]["description"]
-    assert "policy tight" in b["function"]["description"]
+    assert "Policy tight: timeout up to 10 s (default 5 s)" in b["function"]["description"]
 
 
 def test_healthz_and_readyz(server: Server, tmp_path: Path) -> None:

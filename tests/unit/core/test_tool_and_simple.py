@@ -70,8 +70,16 @@ def test_model_cannot_set_operator_fields_or_bad_arguments(
 
 
 def test_unknown_tool_is_refused(gw: Gateway, runner: FakeRunner) -> None:
-    answer = handle_tool_call("execute_shell", {"code": "ls"}, gateway=gw)
+    answer = handle_tool_call("execute_ruby", {"code": "puts 1"}, gateway=gw)
     assert answer["error"]["type"] == "unknown_tool"
+    assert "execute_python, execute_shell, execute_javascript" in answer["error"]["message"]
+    assert runner.calls == []
+
+
+def test_a_language_the_policy_does_not_allow_is_denied_by_its_rule(gw: Gateway, runner: FakeRunner) -> None:
+    answer = handle_tool_call("execute_shell", {"code": "ls"}, gateway=gw)  # the default policy: Python only
+    assert answer["allowed"] is False
+    assert [d["rule"] for d in answer["denied_because"]] == ["language.supported"]
     assert runner.calls == []
 
 

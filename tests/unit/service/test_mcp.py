@@ -165,7 +165,7 @@ def test_a_gateway_failure_is_a_tool_error_with_its_code() -> None:
     ("name", "args", "kind"),
     [
         (TOOL_NAME, {"code": "x", "image": "python:latest"}, "invalid_arguments"),
-        ("execute_shell", {"code": "ls"}, "unknown_tool"),
+        ("execute_ruby", {"code": "puts 1"}, "unknown_tool"),
     ],
 )
 def test_refused_calls_are_tool_errors_and_run_nothing(name: str, args: dict[str, Any], kind: str) -> None:
