@@ -1,4 +1,5 @@
-"""``gateway mcp``: serve the ``execute_python`` tool over MCP stdio (see :mod:`gateway.service.mcp`).
+"""``gateway mcp``: serve the LLM tools (one per language the policy allows) over MCP stdio (see
+:mod:`gateway.service.mcp`).
 
 Stdout carries only the protocol: the wire is claimed before the principal, the policy or the trail are even
 read, so every message of this command (errors included) goes to stderr.
@@ -20,13 +21,14 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     mcp = sub.add_parser(
         "mcp",
-        help="serve the execute_python tool to an MCP client over stdio",
-        description="Serve the execute_python tool over MCP stdio as one principal: --principal NAME from the "
+        help="serve the execute_<language> tools to an MCP client over stdio",
+        description="Serve the tools of the policy (execute_python, and execute_shell / execute_javascript where "
+        "it allows those languages) over MCP stdio as one principal: --principal NAME from the "
         "principals file (its policy and max_concurrent quota), or, without one, an explicit --policy FILE with "
         "calls audited as local:<process owner>. Every call is decided by that policy and audited. Stdout "
         "carries only the protocol; logs go to stderr. Stops when the client closes stdin, or on SIGTERM/SIGINT "
-        "(running sandboxes are removed first). With --session, the calls of the connection share one gateway "
-        "session (a live interpreter, or a persistent workspace), created at start if the policy allows it "
+        "(running sandboxes are removed first). With --session, the execute_python calls of the connection share one "
+        "gateway session (a live interpreter, or a persistent workspace), created at start if the policy allows it "
         "(else exit status 77) and closed when the connection ends.",
     )
     mcp.add_argument("--principal", help="act as this principal of the principals file")

@@ -286,8 +286,9 @@ def _mcp_path(auth: list[dict[str, list[str]]], sessions: bool) -> dict[str, Any
     """``/mcp``: the Model Context Protocol's streamable HTTP transport, not a REST resource; stateless, or with
     MCP sessions (``mcp.session`` in the server configuration)."""
     common = (
-        "JSON-RPC messages of the MCP specification in, answers as application/json or text/event-stream; the tool "
-        "is execute_python, run as the token's principal under its policy. Unauthenticated requests get the 401 "
+        "JSON-RPC messages of the MCP specification in, answers as application/json or text/event-stream; the tools "
+        "are one per language of the token's principal's policy (execute_python, execute_shell, "
+        "execute_javascript), run as that principal under its policy. Unauthenticated requests get the 401 "
         "error body; a body the gateway cannot take gets its error body before the MCP layer sees it (the /v1 "
         "bounds, and at most 4096 JSON values, checked by a decision worker: 400 request.malformed; 503 when no "
         "worker answered); a tool call over the principal's quotas is a tool error; what the MCP layer refuses is "
