@@ -325,3 +325,9 @@ class Policy:
     def ref(self) -> str:
         """``name@sha256:<hex>``: how labels and logs name this exact policy content."""
         return f"{self.name}@sha256:{self.sha256}"
+
+    @property
+    def default_images(self) -> tuple[str, ...]:
+        """Every image a request that names none may run in (``spec.images.default`` and each language's default),
+        sorted: what must be present for the policy's defaults to run."""
+        return tuple(sorted({self.images.default, *(rule.default for _, rule in self.languages.images)}))

@@ -343,10 +343,10 @@ class Service:
 
     def readiness(self) -> dict[str, tuple[bool, str]]:
         """``GET /readyz``: each check's outcome and, when it failed, why (for the log): the engine answers,
-        every policy's default image is present (both :class:`~gateway.service.readiness.EngineState`), the trail is
-        writable and above its free-space watermark (:func:`~gateway.service.readiness.trail_check`). Blocking:
-        call it in a worker thread."""
-        images = sorted({compiled.policy.images.default for compiled in self.gateway.policies})
+        every policy's default images (each language's too) are present (both
+        :class:`~gateway.service.readiness.EngineState`), the trail is writable and above its free-space watermark
+        (:func:`~gateway.service.readiness.trail_check`). Blocking: call it in a worker thread."""
+        images = sorted({image for compiled in self.gateway.policies for image in compiled.policy.default_images})
         checks = self.engine_state(images)  # remembered for a second: /readyz is open to anyone
         checks["audit"] = trail_check(self.gateway.audit)
         return checks

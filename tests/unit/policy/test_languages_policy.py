@@ -78,6 +78,12 @@ def test_a_language_default_image_must_be_allowed_by_its_list_and_by_spec_images
     assert paths == ["$.spec.languages.images.javascript.default", "$.spec.languages.images.shell"]
 
 
+def test_the_default_images_are_each_languages_default(polyglot: Policy, default_policy: Policy) -> None:
+    # What /readyz checks is present: javascript's node image too, not only spec.images.default.
+    assert polyglot.default_images == (NODE, PYTHON)
+    assert default_policy.default_images == (PYTHON,)
+
+
 def test_the_default_image_is_allowed_alone_when_allow_is_omitted(polyglot: Policy) -> None:
     rule = polyglot.languages.images_of("javascript")
     assert rule is not None
