@@ -36,6 +36,7 @@ def supervise(
     env: dict[str, str] | None = None,
     image_env: dict[str, str] | None = None,
     language: str = "python",
+    kernel: bool = False,
 ) -> tuple[int, list[Frame]]:
     """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed.
 
@@ -54,7 +55,10 @@ def supervise(
     ) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None
-        proc.stdin.write(encode_payload(key, code, files, cap, most, timeout_s=timeout_s, env=env, language=language))
+        payload = encode_payload(
+            key, code, files, cap, most, timeout_s=timeout_s, env=env, language=language, kernel=kernel
+        )
+        proc.stdin.write(payload)
         proc.stdin.flush()
         while not decoder.finished:
             chunk = os.read(proc.stdout.fileno(), 1 << 16)

@@ -11,7 +11,6 @@ import pytest
 from supervisor_support import ended, needs_system_python, supervise
 
 from gateway.runner.frames import FRAME_ERROR, FRAME_EXIT, FRAME_FILE_DATA, FRAME_FILE_NAME, FRAME_STDOUT, Frame
-from gateway.runner.supervisor import encode_payload, new_key
 
 pytestmark = needs_system_python
 needs_node = pytest.mark.skipif(shutil.which("node") != "/usr/bin/node", reason="no /usr/bin/node on this host")
@@ -77,9 +76,10 @@ def test_an_unknown_language_and_a_kernel_of_another_language_are_refused(tmp_pa
     assert frames[-1].kind == FRAME_ERROR
     assert b"cannot run language 'ruby'" in frames[-1].data
     assert not (tmp_path / "main.py").exists()
-    with pytest.raises(ValueError, match="1 to 64 bytes"):
-        encode_payload(b"", "x", {}, 0, language="shell")
-    assert b"shell" in encode_payload(new_key(), "x", {}, 0, language="shell")
+    status, frames = supervise(tmp_path, "", {}, language="shell", kernel=True)
+    assert status == 125
+    assert frames[-1].kind == FRAME_ERROR
+    assert b"cannot run language 'shell' in kernel mode" in frames[-1].data
 
 
 def test_a_program_file_left_in_a_session_workspace_is_replaced_not_followed(tmp_path: Path) -> None:
