@@ -24,31 +24,13 @@ LANGS = tuple(IMAGES)
 
 
 @pytest.fixture(params=LANGS)
-def lang(request: pytest.FixtureRequest, engine: Any, runtime: str, make_options: Options) -> str:
+def lang(request: pytest.FixtureRequest, engine: Any) -> str:
     name: str = request.param
     try:
         engine.images.get(IMAGES[name])
     except Exception:  # noqa: BLE001 - any failure: the image is not here
         pytest.skip(f"{IMAGES[name]} is missing; run scripts/build-image.sh (images/sandbox-node.conf)")
-    if name == "javascript" and runtime == "runsc" and not _threads_start(engine, make_options(runtime="runsc")):
-        pytest.skip(
-            "this host's runsc applies the seccomp profile's clone3 rule (ENOSYS) as EPERM, so no thread can "
-            "start (Python's threading neither) and node aborts at start; a newer gVisor runs these"
-        )
     return name
-
-
-_THREADS: dict[str, bool] = {}
-
-
-def _threads_start(engine: Any, options: dict[str, Any]) -> bool:
-    """Whether a thread can start in a hardened sandbox of ``options`` (probed once per runtime, with Python)."""
-    key = str(options.get("runtime"))
-    if key not in _THREADS:
-        code = "import threading\nt = threading.Thread(target=print, args=('ok',))\nt.start()\nt.join()\n"
-        outcome = DockerRunner(engine).execute(RunSpec(options, timeout_s=20, output_bytes=4096), Payload(code))
-        _THREADS[key] = outcome.stdout == b"ok\n"
-    return _THREADS[key]
 
 
 def run(

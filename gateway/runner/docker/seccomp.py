@@ -11,7 +11,9 @@ Derived, never hand-edited: ``scripts/gen-seccomp.py`` reads the pinned copy of 
    unconditional allow rule and allows them again only when that number is not 1: the program may signal
    its own processes, never the container's PID 1 (the supervisor). Under runc the kernel already protects a
    namespace's init; gVisor does not, so this rule is what keeps a program there from stopping its supervisor;
-4. checks that no allow rule names any of :data:`NEVER` any more, that the calls of :data:`AT_INIT` are
+4. turns each rule that answers ENOSYS (moby's ``clone3`` rule, see :data:`AS_MISSING`) into
+   ``SCMP_ACT_TRACE``, which both runtimes answer with ENOSYS, the call not run;
+5. checks that no allow rule names any of :data:`NEVER` any more, that the calls of :data:`AT_INIT` are
    allowed only with that condition, and that the default action still refuses.
 
 The result is shipped as ``gateway-seccomp.json`` next to this module and given to the engine as
@@ -36,6 +38,7 @@ from importlib import resources
 from typing import Any
 
 __all__ = [
+    "AS_MISSING",
     "AT_INIT",
     "NEVER",
     "PROFILE_FILE",
@@ -83,6 +86,8 @@ NEVER: Mapping[str, str] = {
     "unshare": "new namespaces (capability rule): a sandbox never makes its own",
     "setns": "joins namespaces (capability rule)",
     "mount": "mounts (capability rule)",
+    # Answered ENOSYS (moby too), never allowed: its flags are in a struct seccomp cannot read (see AS_MISSING).
+    "clone3": "would make namespaces with flags the profile cannot filter (clone's flags it can)",
 }
 """Every system call the gateway's profile refuses beyond the engine's, with the reason."""
 
@@ -96,9 +101,30 @@ AT_INIT: Mapping[str, str] = {
 }
 """Calls allowed only when their first argument (the target pid) is not 1, with the reason."""
 
+AS_MISSING = "SCMP_ACT_TRACE"
+"""The action of every rule that must answer ENOSYS ("no such call"), the call not run: moby's ``clone3`` rule.
+
+``clone3`` takes its flags in a struct that seccomp cannot read, so moby answers it ENOSYS (``SCMP_ACT_ERRNO``
+with ``errnoRet: 38``): glibc (2.34+) then falls back to ``clone``, whose flags the profile filters (no
+namespace flags), and threads start. glibc falls back on ENOSYS only: on EPERM ``pthread_create`` fails ("can't
+start new thread"; node aborts at start). Debian's runsc 0.0~20221219 ignores ``errnoRet`` and
+``defaultErrnoRet`` and answers every ``SCMP_ACT_ERRNO`` with EPERM (newer gVisor honours them), so there no
+thread could start. ``SCMP_ACT_TRACE`` instead hands the call to a ptrace tracer and, with none attached,
+answers ENOSYS without running it: so the Linux kernel (seccomp(2)) and gVisor's sentry
+(``pkg/sentry/kernel/seccomp.go``) alike, whatever ``errnoRet`` says. None can be attached: ``ptrace`` is in
+:data:`NEVER`. This keeps one profile for both runtimes, and unlike allowing ``clone3`` under runsc (this gVisor
+has no ``clone3`` and answers ENOSYS itself) it still holds the day gVisor implements ``clone3``.
+``tests/integration/test_seccomp_engine.py`` pins both: ``clone3`` answers ENOSYS, threads start, no namespace
+can be made."""
+
 _NOT_INIT = [{"index": 0, "value": 1, "valueTwo": 0, "op": "SCMP_CMP_NE"}]
 
+_ENOSYS = 38
+
 _REFUSING = frozenset({"SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD"})
+
+_REFUSING_RULE = _REFUSING | {AS_MISSING}
+"""What a rule may do with a call of :data:`NEVER`: refuse it, or (:data:`AS_MISSING`) answer ENOSYS."""
 
 
 def derive(moby: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,6 +139,9 @@ def derive(moby: Mapping[str, Any]) -> dict[str, Any]:
             rule["names"] = [n for n in rule["names"] if n not in NEVER and not (unconditional and n in AT_INIT)]
             if not rule["names"]:
                 continue
+        elif rule["action"] == "SCMP_ACT_ERRNO" and rule.get("errnoRet") == _ENOSYS:
+            rule["action"] = AS_MISSING
+            del rule["errnoRet"]
         rules.append(rule)
     rules.append({"names": sorted(AT_INIT), "action": "SCMP_ACT_ALLOW", "args": copy.deepcopy(_NOT_INIT)})
     profile["syscalls"] = rules
@@ -134,7 +163,7 @@ def profile_problems(profile: Any) -> list[str]:
         if not isinstance(rule, Mapping):
             problems.append(f"syscalls[{index}] is not an object")
             continue
-        if rule.get("action") in _REFUSING:
+        if rule.get("action") in _REFUSING_RULE:
             continue
         names = rule.get("names") or ([rule["name"]] if "name" in rule else [])
         listed = sorted(set(names) & set(NEVER))

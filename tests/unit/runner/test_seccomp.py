@@ -14,6 +14,7 @@ from gateway.policy import load_policy_text
 from gateway.request import parse_request
 from gateway.resources import policies_dir
 from gateway.runner.docker.seccomp import (
+    AS_MISSING,
     AT_INIT,
     NEVER,
     PROFILE_FILE,
@@ -121,3 +122,22 @@ def test_signal_calls_reach_everything_but_pid_1() -> None:
         assert rules[0]["args"] == [{"index": 0, "value": 1, "valueTwo": 0, "op": "SCMP_CMP_NE"}], name
     loose = {**profile, "syscalls": [*profile["syscalls"], {"names": ["kill"], "action": "SCMP_ACT_ALLOW"}]}
     assert any("kill reach PID 1" in p for p in profile_problems(loose))
+
+
+def test_clone3_answers_enosys_by_trace_on_both_runtimes() -> None:
+    # moby answers clone3 ENOSYS with SCMP_ACT_ERRNO/errnoRet 38, which runsc 20221219 turns into EPERM (no thread
+    # can start); SCMP_ACT_TRACE with no tracer is ENOSYS under Linux and gVisor alike.
+    moby = json.loads(PINNED.read_text())
+    assert [r["action"] for r in moby["syscalls"] if r.get("errnoRet") == 38] == ["SCMP_ACT_ERRNO"]
+    profile = json.loads(gateway_profile())
+    rules = [r for r in profile["syscalls"] if "clone3" in r["names"]]
+    assert [(r["action"], "errnoRet" in r) for r in rules] == [(AS_MISSING, False)]
+    assert not [r for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ERRNO"]
+    assert {"clone3", "ptrace"} <= set(NEVER)  # ptrace: nothing in the sandbox can become the tracer
+
+
+def test_a_profile_that_lets_clone3_through_is_refused() -> None:
+    # clone3's flags are out of seccomp's reach: allowing it would let a program make namespaces.
+    loose = json.loads(gateway_profile())
+    loose["syscalls"].append({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
+    assert any("lets through clone3" in p for p in profile_problems(loose))
