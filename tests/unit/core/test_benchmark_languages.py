@@ -59,3 +59,11 @@ def test_languages_always_include_the_python_baseline(languages: ModuleType) -> 
     assert [lang.name for lang in languages.languages_arg("shell")] == ["python", "shell"]
     with pytest.raises(SystemExit):
         languages.main(["--languages", "ruby"])
+
+
+def test_only_nodes_plain_run_under_runsc_drops_seccomp(languages: ModuleType) -> None:
+    unconfined = ["--security-opt", "seccomp=unconfined"]
+    node_runsc = languages.plain_run("runsc", "x=1", languages.NODE_IMAGE)
+    assert node_runsc[-3:] == [*unconfined, languages.NODE_IMAGE]
+    for runtime, image in (("runc", languages.NODE_IMAGE), ("runsc", languages.PYTHON_IMAGE)):
+        assert "--security-opt" not in languages.plain_run(runtime, "x=1", image)
