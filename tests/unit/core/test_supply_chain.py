@@ -449,6 +449,17 @@ def test_build_image_refuses_an_image_it_has_no_definition_for_naming_those_it_h
     assert "sandbox-node = gateway/sandbox-node:" in done.stderr
 
 
+def test_the_definitions_are_exactly_the_images_the_shipped_policies_run_by_default() -> None:
+    """``--all`` (what setup builds) is what the shipped policies name: no shipped policy's default image lacks a
+    definition, and no definition is an image no shipped policy runs."""
+    from gateway.policy import load_policy
+    from gateway.resources import policies_dir
+
+    shipped = sorted(policies_dir().glob("*.yaml")) + sorted((policies_dir() / "examples").glob("*.yaml"))
+    named = {image for path in shipped for image in load_policy(path).default_images}
+    assert named == {_definition(name)["image"] for name in DEFINITIONS}
+
+
 def test_setup_builds_every_defined_image_when_missing() -> None:
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert '"$ROOT/scripts/build-image.sh" --all' in setup
