@@ -9,14 +9,19 @@
 
 Every runner raises ``SystemExit`` with what it got when the output is not ``4\\n``: a benchmark never counts
 a failed run as a fast one. Only the local engine is contacted; the image is never pulled.
+
+:func:`run_info` and :func:`print_steps` are the report's parts that the sessions and languages benchmarks share.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import subprocess
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +188,42 @@ def percentile(values: list[float], q: float) -> float:
 
 def cpus() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def run_info(
+    args: argparse.Namespace, engine: Any, started: datetime, load_before: tuple[float, float, float],
+    measured_s: float, **fields: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """A report's ``info``: when the run started and how long it took, its ``--runtime``, ``--rounds`` and
+    ``--warmup``, the run's own ``fields``, then the machine, the engine's version and the load around the run."""
+    return {
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
+        "measured_seconds": measured_s,
+        "runtime": args.runtime,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        **fields,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "docker": engine.version().get("Version"),
+        "load_avg_before": [round(x, 2) for x in load_before],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def print_steps(report: Mapping[str, Any]) -> None:
+    """A report's head as a table: the run's line, each step's p50, p95 and count, each failed case's error
+    (``errors``, where the report has them), the ratios and the targets."""
+    info = report["info"]
+    print(f"{info['date']}  {info['runtime']}  rounds {info['rounds']}  load {info['load_avg_before']} -> "
+          f"{info['load_avg_after']}  {info['seconds']} s")  # fmt: skip
+    print(f"{'step':<24} {'p50 ms':>9} {'p95 ms':>9} {'n':>4}")
+    for step, row in report["steps"].items():
+        print(f"{step:<24} {row['p50_ms']:>9} {row['p95_ms']:>9} {row['n']:>4}")
+    for name, error in report.get("errors", {}).items():
+        print(f"{name:<24} error: {error[:200]}")
+    for key, value in report["ratios"].items():
+        print(f"{key}: {value}")
+    for t in report["targets"]:
+        print(f"target {t['target']}: {t['value']} (bound {t['bound']}) met={t['met']}")

@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import sessions
-from cases import EXPECTED, gateway_failure
+from cases import EXPECTED, gateway_failure, print_steps, run_info
 from peers import RUN_LABEL
 from sessions import private_slots, summarize, sweep
 
@@ -286,23 +285,17 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
     summary = summarize(times)
     ratios, found = targets(summary)
     return {
-        "info": {
-            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-            "seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
-            "measured_seconds": measured_s,
-            "runtime": args.runtime,
-            "rounds": args.rounds,
-            "warmup": args.warmup,
-            "pool_size": size,
-            "policy": policy.name,
-            "languages": [lang.name for lang in langs],
-            "images": sorted({lang.image for lang in langs}),
-            "machine": platform.platform(),
-            "cpus": os.cpu_count(),
-            "docker": engine.version().get("Version"),
-            "load_avg_before": [round(x, 2) for x in load_before],
-            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "info": run_info(
+            args,
+            engine,
+            started,
+            load_before,
+            measured_s,
+            pool_size=size,
+            policy=policy.name,
+            languages=[lang.name for lang in langs],
+            images=sorted({lang.image for lang in langs}),
+        ),
         "steps": summary,
         "ratios": ratios,
         "targets": found,
@@ -314,16 +307,7 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
 
 
 def print_table(report: dict[str, Any]) -> None:
-    info = report["info"]
-    print(f"{info['date']}  {info['runtime']}  rounds {info['rounds']}  load {info['load_avg_before']} -> "
-          f"{info['load_avg_after']}  {info['seconds']} s")  # fmt: skip
-    print(f"{'step':<24} {'p50 ms':>9} {'p95 ms':>9} {'n':>4}")
-    for step, row in report["steps"].items():
-        print(f"{step:<24} {row['p50_ms']:>9} {row['p95_ms']:>9} {row['n']:>4}")
-    for key, value in report["ratios"].items():
-        print(f"{key}: {value}")
-    for t in report["targets"]:
-        print(f"target {t['target']}: {t['value']} (bound {t['bound']}) met={t['met']}")
+    print_steps(report)
     startup = ", ".join(f"{name} {ms} ms" for name, ms in report["startup_p50_ms"].items())
     print(f"interpreter start-up p50 inside a running container: {startup}")
     print(f"pool statuses: {report['pool']}; leaked containers: {report['leaked_containers']} {report['leaked']}")

@@ -55,7 +55,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cases import CODE, EXPECTED, IMAGE, percentile
+from cases import CODE, EXPECTED, IMAGE, percentile, print_steps, run_info
 from peers import RUN_LABEL, peers_dir
 from service import gateway_serve_with
 
@@ -473,22 +473,16 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
     steps = summarize(times)
     ratios, found = targets(steps, args.runtime)
     return {
-        "info": {
-            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-            "seconds": round((datetime.now(UTC) - started).total_seconds(), 1),
-            "measured_seconds": measured_s,
-            "runtime": args.runtime,
-            "rounds": args.rounds,
-            "warmup": args.warmup,
-            "pool_size": size,
-            "image": IMAGE,
-            "machine": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "docker": engine.version().get("Version"),
-            "load_avg_before": [round(x, 2) for x in load_before],
-            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "info": run_info(
+            args,
+            engine,
+            started,
+            load_before,
+            measured_s,
+            pool_size=size,
+            image=IMAGE,
+            python=platform.python_version(),
+        ),
         "steps": steps,
         "ratios": ratios,
         "targets": found,
@@ -522,18 +516,7 @@ def sweep(engine: Any, labels: list[str], grace_s: float = 10.0) -> list[str]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    info = report["info"]
-    print(f"{info['date']}  {info['runtime']}  rounds {info['rounds']}  load {info['load_avg_before']} -> "
-          f"{info['load_avg_after']}  {info['seconds']} s")  # fmt: skip
-    print(f"{'step':<24} {'p50 ms':>9} {'p95 ms':>9} {'n':>4}")
-    for step, row in report["steps"].items():
-        print(f"{step:<24} {row['p50_ms']:>9} {row['p95_ms']:>9} {row['n']:>4}")
-    for name, error in report["errors"].items():
-        print(f"{name:<24} error: {error[:200]}")
-    for key, value in report["ratios"].items():
-        print(f"{key}: {value}")
-    for t in report["targets"]:
-        print(f"target {t['target']}: {t['value']} (bound {t['bound']}) met={t['met']}")
+    print_steps(report)
     print(
         f"pooled run: {report['pooled_run_pool']}; ready kernels (local): {report['ready_kernels_local']}; "
         f"leaked containers: {report['leaked_containers']} {report['leaked']}"
