@@ -298,10 +298,21 @@ def serve_process(tmp_path: Path, engine: Any) -> Iterator[Callable[..., ServePr
         served.stop()
 
 
+def loops_backing(root: str) -> list[str]:
+    """Loop devices whose backing file is below ``root`` (as the kernel names it, deleted files included)."""
+    found = []
+    for name in os.listdir("/sys/block"):
+        with contextlib.suppress(OSError):
+            if Path(f"/sys/block/{name}/loop/backing_file").read_text().strip().startswith(root + "/"):
+                found.append(name)
+    return found
+
+
 @pytest.fixture
 def workspace_root(tmp_path: Path) -> Iterator[str]:
-    """A workspace root of this test's own; at the end whatever a failing test left there is reaped and every
-    mount below it (the store's private mount of the root included) undone."""
+    """A workspace root of this test's own; at the end whatever a failing test left there is reaped, every
+    mount below it (the store's private mount of the root included) undone, and no loop device may be left
+    backed by a file below it."""
     if missing():
         pytest.skip(f"workspaces need {', '.join(missing())}")
     directory = tmp_path / "run"
@@ -316,4 +327,8 @@ def workspace_root(tmp_path: Path) -> Iterator[str]:
     finally:
         for point in [*reversed(mount_points_below(str(directory))), root]:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        left = loops_backing(str(directory))
+        for loop in left:
+            subprocess.run(["losetup", "-d", f"/dev/{loop}"], capture_output=True, check=False)
         assert not mount_points_below(str(directory))
+        assert not left, f"loop devices left behind: {left}"

@@ -8,25 +8,24 @@ execution's ``pool`` (``hit``: served by the container made ahead), never timing
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import docker.errors
 import pytest
 
 from gateway import Gateway, PoolConfig
 from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.hostfs import mount_points_below
 from gateway.policy import load_policy
-from gateway.resources import policies_dir
 from gateway.runner.docker.options import INSTANCE_LABEL
 from gateway.runner.docker.runner import DockerRunner
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
+from tests.integration.conftest import loops_backing
+from tests.integration.session_checks import Clock, assert_gone, sessions_policy_text
 
 pytestmark = pytest.mark.integration
 
@@ -34,27 +33,13 @@ PROCESSES = "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.is
 """Prints whether the program sees no process but its container's supervisor (PID 1) and itself."""
 
 
-class Clock:
-    def __init__(self) -> None:
-        import time
-
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def policy_file(directory: Path, runtime: str) -> Path:
-    """The shipped default (runc) or strict (gVisor) policy plus workspace sessions, four per principal."""
-    base = "strict.yaml" if runtime == "runsc" else "default.yaml"
+    """Workspace sessions only, four per principal."""
     path = directory / f"ahead-{runtime}.yaml"
     path.write_text(
-        "apiVersion: gateway.agent-exec/v1\nkind: Policy\n"
-        f"extends: {policies_dir() / base}\n"
-        f"metadata:\n  name: ahead-{runtime}\n"
-        "spec:\n  sessions:\n    modes: [workspace]\n    max_per_principal: 4\n"
-        "    idle_s: {default: 600, max: 1800}\n    lifetime_s: {default: 3600, max: 14400}\n"
-        "    workspace_size: {default: 16m, max: 64m}\n"
+        sessions_policy_text(
+            "ahead", runtime, modes="[workspace]", per_principal=4, workspace_size="{default: 16m, max: 64m}"
+        )
     )
     return path
 
@@ -130,24 +115,6 @@ def execute(gw: Gateway, sid: str, code: str, **body: Any) -> Any:
     assert result.error is None, result.to_dict()
     assert result.outcome is not None
     return result.outcome
-
-
-def loops_backing(root: str) -> list[str]:
-    """Loop devices whose backing file is below ``root`` (deleted files included)."""
-    found = []
-    for name in os.listdir("/sys/block"):
-        with contextlib.suppress(OSError):
-            if Path(f"/sys/block/{name}/loop/backing_file").read_text().strip().startswith(root + "/"):
-                found.append(name)
-    return found
-
-
-def assert_gone(engine: Any, container_id: str | None) -> None:
-    assert container_id is not None
-    with contextlib.suppress(docker.errors.NotFound):
-        engine.api.wait(container_id, timeout=30, condition="removed")
-    with pytest.raises(docker.errors.NotFound):
-        engine.api.inspect_container(container_id)
 
 
 def assert_nothing_left(engine: Any, gw: Gateway, workspace: str, workspace_root: str) -> None:

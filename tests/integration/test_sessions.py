@@ -5,7 +5,6 @@ State, isolation and close under runc and gVisor (runsc); the rest under runc.""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -13,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import docker.errors
 import pytest
 
 from gateway import Gateway
@@ -21,37 +19,19 @@ from gateway.audit import JsonlAuditTrail, verify_trail
 from gateway.cli import main
 from gateway.errors import SessionGoneError, SessionNotFoundError
 from gateway.policy import load_policy
-from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.service.lifecycle import reap_stale
 from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
+from tests.integration.session_checks import Clock, assert_gone, sessions_policy_text
 
 pytestmark = pytest.mark.integration
 
 
-class Clock:
-    def __init__(self) -> None:
-        import time
-
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def sessions_policy(directory: Path, runtime: str) -> Path:
-    """The shipped default (runc) or strict (gVisor) policy plus kernel sessions, two per principal."""
-    base = "strict.yaml" if runtime == "runsc" else "default.yaml"
+    """Workspace and kernel sessions, two per principal."""
     path = directory / f"sessions-{runtime}.yaml"
-    path.write_text(
-        "apiVersion: gateway.agent-exec/v1\nkind: Policy\n"
-        f"extends: {policies_dir() / base}\n"
-        f"metadata:\n  name: sessions-{runtime}\n"
-        "spec:\n  sessions:\n    modes: [workspace, kernel]\n    max_per_principal: 2\n"
-        "    idle_s: {default: 600, max: 1800}\n    lifetime_s: {default: 3600, max: 14400}\n"
-        "    workspace_size: {default: 64m, max: 256m}\n"
-    )
+    path.write_text(sessions_policy_text("sessions", runtime))
     return path
 
 
@@ -90,14 +70,6 @@ def records(tmp_path: Path, event_type: str) -> list[dict[str, Any]]:
         for line in seg.read_bytes().splitlines()
         if f'"event_type":"{event_type}"'.encode() in line
     ]
-
-
-def assert_gone(engine: Any, container_id: str | None) -> None:
-    assert container_id is not None
-    with contextlib.suppress(docker.errors.NotFound):
-        engine.api.wait(container_id, timeout=30, condition="removed")
-    with pytest.raises(docker.errors.NotFound):
-        engine.api.inspect_container(container_id)
 
 
 def create(gw: Gateway, principal: str = "alice", **body: Any) -> tuple[str, str]:
