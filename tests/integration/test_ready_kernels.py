@@ -5,10 +5,7 @@ Serving, state and replacement under runc and gVisor (runsc); the rest under run
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +14,13 @@ import pytest
 
 from gateway import Gateway, PoolConfig
 from gateway.audit.memory import MemoryAuditSink
-from gateway.errors import GatewayError
-from gateway.hostfs import mount_points_below
 from gateway.policy import PolicySet, load_policy, load_policy_text
 from gateway.resources import policies_dir
-from gateway.runner.docker.options import INSTANCE_LABEL, POOL_LABEL
+from gateway.runner.docker.options import POOL_LABEL
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.docker.workspace import DockerWorkspaces, missing
 from gateway.slots import HostSlots
+from tests.integration.conftest import loops_backing
+from tests.integration.session_checks import eventually, exists, pooled_ids, sessions_policy_text
 
 pytestmark = pytest.mark.integration
 
@@ -32,67 +28,11 @@ WAIT = 60.0
 
 
 def _policy_text(runtime: str, *, lifetime: int = 3600) -> str:
-    """The shipped default (runc) or strict (gVisor) policy plus kernel sessions with one ready kernel."""
-    base = "strict.yaml" if runtime == "runsc" else "default.yaml"
-    return (
-        "apiVersion: gateway.agent-exec/v1\nkind: Policy\n"
-        f"extends: {policies_dir() / base}\n"
-        f"metadata:\n  name: ready-kernels-{runtime}\n"
-        "spec:\n  sessions:\n    modes: [workspace, kernel]\n    max_per_principal: 4\n"
-        f"    idle_s: {{default: 600, max: 1800}}\n    lifetime_s: {{default: {lifetime}, max: 14400}}\n"
-        "    workspace_size: {default: 8m, max: 64m}\n    pool: {size: 1}\n"
-    )
-
-
-def _exists(engine: Any, container_id: str) -> bool:
-    return bool(engine.api.containers(all=True, filters={"id": container_id}))
-
-
-def _ready_ids(engine: Any, instance: str) -> list[str]:
-    """This instance's containers made ahead (the pool label), claimed or not."""
-    found = engine.api.containers(all=True, filters={"label": [POOL_LABEL, f"{INSTANCE_LABEL}={instance}"]})
-    return sorted(str(c["Id"]) for c in found)
-
-
-def _eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
-
-
-def _loops_backing(root: str) -> list[str]:
-    found = []
-    for name in os.listdir("/sys/block"):
-        with contextlib.suppress(OSError):
-            if Path(f"/sys/block/{name}/loop/backing_file").read_text().strip().startswith(root + "/"):
-                found.append(name)
-    return found
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Iterator[str]:
-    """A workspace root of this test's own; at the end it is reaped and no loop device may be backed below it."""
-    if missing():
-        pytest.skip(f"workspaces need {', '.join(missing())}")
-    directory = str(tmp_path / "run")
-    os.mkdir(directory, 0o700)
-    workspaces = f"{directory}/workspaces"
-    yield workspaces
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(workspaces):
-                with contextlib.suppress(GatewayError):
-                    DockerWorkspaces(name.rpartition("--")[0], root=workspaces).reap(everything=True)
-    finally:
-        for point in [*reversed(mount_points_below(directory)), workspaces]:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-        left = _loops_backing(directory)
-        for loop in left:
-            subprocess.run(["losetup", "-d", f"/dev/{loop}"], capture_output=True, check=False)
-        assert not left, f"loop devices left behind: {left}"
+    """Kernel sessions with one ready kernel, four per principal."""
+    return sessions_policy_text(
+        "ready-kernels", runtime, per_principal=4, lifetime=lifetime, workspace_size="{default: 8m, max: 64m}",
+        pool="{size: 1}",
+    )  # fmt: skip
 
 
 def _workspaces(root: str) -> list[str]:
@@ -100,12 +40,13 @@ def _workspaces(root: str) -> list[str]:
 
 
 @pytest.fixture
-def make_gateway(engine: Any, root: str, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
-    """Gateways keeping ready kernels only (the warm pool's runs off: ``PoolConfig()``), closed at the end."""
+def make_gateway(engine: Any, workspace_root: str, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    """Gateways keeping ready kernels only (the warm pool's runs off: ``PoolConfig()``), each with its one ready
+    kernel there; closed at the end."""
     made: list[Gateway] = []
 
     def make(runtime: str = "runc", slots: int = 8) -> Gateway:
-        runner = DockerRunner(engine, workspace_root=root)
+        runner = DockerRunner(engine, workspace_root=workspace_root)
         gw = Gateway(
             load_policy_text(_policy_text(runtime)), runner=runner, audit=MemoryAuditSink(), pool=PoolConfig(),
             slots=HostSlots(tmp_path / "slots", slots),
@@ -119,6 +60,13 @@ def make_gateway(engine: Any, root: str, tmp_path: Path) -> Iterator[Callable[..
     yield make
     for gw in made:
         gw.close()
+
+
+def _ready(engine: Any, gw: Gateway) -> list[str]:
+    """The containers ``gw`` made ahead (its ready kernels), claimed or not."""
+    runner = gw.runner
+    assert isinstance(runner, DockerRunner)
+    return pooled_ids(engine, runner.instance)
 
 
 def _create(gw: Gateway, **body: Any) -> tuple[str, str]:
@@ -135,13 +83,11 @@ def _cell(gw: Gateway, sid: str, code: str) -> Any:
 
 
 def test_a_kernel_session_is_served_by_a_ready_kernel_keeps_its_state_and_it_is_replaced(
-    make_gateway: Callable[..., Gateway], engine: Any, runtime: str, root: str
+    make_gateway: Callable[..., Gateway], engine: Any, runtime: str, workspace_root: str
 ) -> None:
     gw = make_gateway(runtime)
     assert gw.pool is not None
-    runner = gw.runner
-    assert isinstance(runner, DockerRunner)
-    (ready,) = _ready_ids(engine, runner.instance)
+    (ready,) = _ready(engine, gw)
     sid, container = _create(gw)
     stats = gw.pool.stats()
     assert (stats.kernel_hits, stats.kernel_misses) == (1, 0)
@@ -155,11 +101,11 @@ def test_a_kernel_session_is_served_by_a_ready_kernel_keeps_its_state_and_it_is_
     # Replaced at once: a new kernel with a workspace of its own, never the claimed one.
     assert gw.pool.wait_ready(timeout_s=WAIT)
     assert gw.pool.stats().kernels == 1
-    fresh = set(_ready_ids(engine, runner.instance)) - {container}
+    fresh = set(_ready(engine, gw)) - {container}
     assert len(fresh) == 1
-    assert len(_workspaces(root)) == 2  # the session's and the replacement's
+    assert len(_workspaces(workspace_root)) == 2  # the session's and the replacement's
     gw.sessions.close(sid, principal="alice")
-    assert _eventually(lambda: not _exists(engine, container))
+    assert eventually(lambda: not exists(engine, container))
     # The replacement serves the next session, which sees nothing of the first.
     other, again = _create(gw)
     assert again in fresh
@@ -172,9 +118,7 @@ def test_a_session_asking_for_another_lifetime_opens_its_kernel_on_request(
 ) -> None:
     gw = make_gateway()
     assert gw.pool is not None
-    runner = gw.runner
-    assert isinstance(runner, DockerRunner)
-    (ready,) = _ready_ids(engine, runner.instance)
+    (ready,) = _ready(engine, gw)
     sid, container = _create(gw, lifetime_s=120)
     assert container != ready
     stats = gw.pool.stats()
@@ -190,19 +134,17 @@ def test_a_session_asking_for_another_lifetime_opens_its_kernel_on_request(
 
 
 def test_a_policy_change_discards_the_old_ready_kernels_and_their_workspaces(
-    make_gateway: Callable[..., Gateway], engine: Any, root: str
+    make_gateway: Callable[..., Gateway], engine: Any, workspace_root: str
 ) -> None:
     gw = make_gateway()
     assert gw.pool is not None
-    runner = gw.runner
-    assert isinstance(runner, DockerRunner)
-    (old,) = _ready_ids(engine, runner.instance)
-    (old_workspace,) = _workspaces(root)
+    (old,) = _ready(engine, gw)
+    (old_workspace,) = _workspaces(workspace_root)
     gw.policies = PolicySet.single(load_policy_text(_policy_text("runc", lifetime=3000)))
-    assert _eventually(lambda: not _exists(engine, old))
+    assert eventually(lambda: not exists(engine, old))
     assert gw.pool.wait_ready(timeout_s=WAIT)
-    (new,) = _ready_ids(engine, runner.instance)
-    assert old_workspace not in _workspaces(root)
+    (new,) = _ready(engine, gw)
+    assert old_workspace not in _workspaces(workspace_root)
     sid, container = _create(gw)
     assert container == new
     assert gw.pool.stats().kernel_hits == 1
@@ -213,42 +155,35 @@ def test_a_waiting_run_takes_the_slot_of_an_idle_ready_kernel(
     make_gateway: Callable[..., Gateway], engine: Any
 ) -> None:
     gw = make_gateway(slots=1)
-    runner = gw.runner
-    assert isinstance(runner, DockerRunner)
-    (ready,) = _ready_ids(engine, runner.instance)  # it holds the host's only slot
+    (ready,) = _ready(engine, gw)  # it holds the host's only slot
     result = gw.execute({"code": "print(2+2)"})
     assert result.error is None, result.to_dict()["error"]
     assert result.to_dict()["stdout"] == "4\n"
-    assert not _exists(engine, ready)  # given up (removed), not just forgotten
+    assert not exists(engine, ready)  # given up (removed), not just forgotten
 
 
-def test_close_leaves_no_ready_kernel_workspace_or_loop_device(engine: Any, root: str, tmp_path: Path) -> None:
-    runner = DockerRunner(engine, workspace_root=root)
-    gw = Gateway(
-        load_policy_text(_policy_text("runc")), runner=runner, audit=MemoryAuditSink(), pool=PoolConfig(),
-        slots=HostSlots(tmp_path / "slots", 8),
-    )  # fmt: skip
-    assert gw.pool is not None
-    assert gw.pool.wait_ready(timeout_s=WAIT)
-    _create(gw)  # a live session too
-    assert gw.pool.wait_ready(timeout_s=WAIT)
-    assert len(_ready_ids(engine, runner.instance)) == 2
-    gw.close()
-    assert _eventually(lambda: not _ready_ids(engine, runner.instance))
-    assert _workspaces(root) == []
-    assert _loops_backing(str(tmp_path)) == []
-
-
-def test_gateway_reap_removes_its_ready_kernels_and_the_pool_refills(
-    make_gateway: Callable[..., Gateway], engine: Any, root: str
+def test_close_leaves_no_ready_kernel_workspace_or_loop_device(
+    make_gateway: Callable[..., Gateway], engine: Any, workspace_root: str
 ) -> None:
     gw = make_gateway()
     assert gw.pool is not None
-    runner = gw.runner
-    assert isinstance(runner, DockerRunner)
-    (ready,) = _ready_ids(engine, runner.instance)
+    _create(gw)  # a live session too
+    assert gw.pool.wait_ready(timeout_s=WAIT)
+    assert len(_ready(engine, gw)) == 2
+    gw.close()
+    assert eventually(lambda: not _ready(engine, gw))
+    assert _workspaces(workspace_root) == []
+    assert loops_backing(os.path.dirname(workspace_root)) == []
+
+
+def test_gateway_reap_removes_its_ready_kernels_and_the_pool_refills(
+    make_gateway: Callable[..., Gateway], engine: Any, workspace_root: str
+) -> None:
+    gw = make_gateway()
+    assert gw.pool is not None
+    (ready,) = _ready(engine, gw)
     gw.reap()
-    assert not _exists(engine, ready)
+    assert not exists(engine, ready)
     assert gw.pool.wait_ready(timeout_s=WAIT)
     _, container = _create(gw)
     assert container != ready

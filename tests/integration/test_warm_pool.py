@@ -22,6 +22,7 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.options import DECISION_LABEL, INSTANCE_LABEL, POOL_LABEL, REQUEST_LABEL
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
+from tests.integration.session_checks import eventually, exists, pooled_ids
 
 pytestmark = pytest.mark.integration
 
@@ -30,24 +31,6 @@ WAIT = 60.0
 
 def _policy(runtime: str) -> Policy:
     return load_policy(policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml"))
-
-
-def _eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
-
-
-def _exists(engine: Any, container_id: str) -> bool:
-    return bool(engine.api.containers(all=True, filters={"id": container_id}))
-
-
-def _pooled_ids(engine: Any, instance: str) -> list[str]:
-    found = engine.api.containers(all=True, filters={"label": [POOL_LABEL, f"{INSTANCE_LABEL}={instance}"]})
-    return sorted(str(c["Id"]) for c in found)
 
 
 @pytest.fixture
@@ -66,7 +49,7 @@ def test_a_pooled_container_holds_nothing_of_a_request_and_serves_exactly_one(
     gw, sink = pooled
     runner = gw.runner
     assert isinstance(runner, DockerRunner)
-    (ready,) = _pooled_ids(engine, runner.instance)
+    (ready,) = pooled_ids(engine, runner.instance)
     info = engine.api.inspect_container(ready)
     labels = info["Config"]["Labels"]
     assert labels[INSTANCE_LABEL] == runner.instance
@@ -94,10 +77,10 @@ def test_a_pooled_container_holds_nothing_of_a_request_and_serves_exactly_one(
     assert outcome["data"]["container_id"] == ready
     assert outcome["data"]["pool"] == "hit"
     assert outcome["request_id"] == result.request_id
-    assert _eventually(lambda: not _exists(engine, ready))  # used once, then destroyed
+    assert eventually(lambda: not exists(engine, ready))  # used once, then destroyed
     assert gw.pool is not None
     assert gw.pool.wait_ready(timeout_s=WAIT)
-    (replacement,) = _pooled_ids(engine, runner.instance)
+    (replacement,) = pooled_ids(engine, runner.instance)
     assert replacement != ready
     second = gw.execute({"code": "print(2+2)"})
     assert second.outcome is not None
@@ -120,7 +103,7 @@ def test_the_deadline_counts_from_the_hand_over_and_the_output_cap_holds(
     assert data["output_limit_killed"]
     assert data["exit_status"] == 137
     assert flood.outcome is not None
-    assert _eventually(lambda: not _exists(engine, str(flood.outcome.container_id)))  # type: ignore[union-attr]
+    assert eventually(lambda: not exists(engine, str(flood.outcome.container_id)))  # type: ignore[union-attr]
 
 
 def test_a_reload_destroys_the_old_policys_containers(
@@ -129,11 +112,11 @@ def test_a_reload_destroys_the_old_policys_containers(
     gw, _ = pooled
     runner = gw.runner
     assert isinstance(runner, DockerRunner)
-    old = _pooled_ids(engine, runner.instance)
+    old = pooled_ids(engine, runner.instance)
     name = "strict.yaml" if runtime == "runsc" else "default.yaml"
     text = (policies_dir() / name).read_text().replace("idle_s: 300", "idle_s: 301")
     gw.policies = PolicySet.single(load_policy_text(text))
-    assert _eventually(lambda: not any(_exists(engine, c) for c in old))
+    assert eventually(lambda: not any(exists(engine, c) for c in old))
     assert gw.pool is not None
     assert gw.pool.wait_ready(timeout_s=WAIT)
     result = gw.execute({"code": "print(2+2)"})
@@ -147,10 +130,10 @@ def test_close_destroys_the_pool(engine: Any, runtime: str) -> None:
     gw = Gateway(_policy(runtime), runner=runner, audit=MemoryAuditSink(), pool=PoolConfig(size=2))
     assert gw.pool is not None
     assert gw.pool.wait_ready(timeout_s=WAIT)
-    ids = _pooled_ids(engine, runner.instance)
+    ids = pooled_ids(engine, runner.instance)
     assert len(ids) == 2
     gw.close()
-    assert not any(_exists(engine, c) for c in ids)
+    assert not any(exists(engine, c) for c in ids)
 
 
 _CHILD = """
@@ -176,19 +159,19 @@ def test_a_gateway_killed_by_sigterm_leaves_no_pooled_container(engine: Any, tmp
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        ids = _pooled_ids(engine, instance)
+        ids = pooled_ids(engine, instance)
         assert len(ids) == 2
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         # The supervisors saw their stdin close and ended; the engine removed them (AutoRemove).
-        assert _eventually(lambda: not _pooled_ids(engine, instance)), _pooled_ids(engine, instance)
+        assert eventually(lambda: not pooled_ids(engine, instance)), pooled_ids(engine, instance)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-        for cid in _pooled_ids(engine, instance):
+        for cid in pooled_ids(engine, instance):
             engine.api.remove_container(cid, force=True)
 
 
@@ -200,10 +183,10 @@ def test_the_reapers_treat_pooled_containers_like_any_other(engine: Any) -> None
     try:
         assert gw.pool is not None
         assert gw.pool.wait_ready(timeout_s=WAIT)
-        (cid,) = _pooled_ids(engine, owner.instance)
+        (cid,) = pooled_ids(engine, owner.instance)
         other = DockerRunner(engine)
         assert cid not in other.reap(expired_only=True)  # a live pool's container is not expired
-        assert _exists(engine, cid)
+        assert exists(engine, cid)
         removed = other.reap(expired_only=True, dead=lambda i: i == owner.instance or instance_dead(i))
         assert cid in removed
         # The pool notices its container is gone and does not hand it out.
@@ -214,7 +197,7 @@ def test_the_reapers_treat_pooled_containers_like_any_other(engine: Any) -> None
         assert result.to_dict()["stdout"] == "4\n"
     finally:
         gw.close()
-    assert not _pooled_ids(engine, owner.instance)
+    assert not pooled_ids(engine, owner.instance)
 
 
 def test_gateway_run_reaps_its_own_pool_first(engine: Any) -> None:
@@ -222,9 +205,9 @@ def test_gateway_run_reaps_its_own_pool_first(engine: Any) -> None:
     with Gateway(_policy("runc"), runner=runner, audit=MemoryAuditSink(), pool=PoolConfig(size=1)) as gw:
         assert gw.pool is not None
         assert gw.pool.wait_ready(timeout_s=WAIT)
-        (cid,) = _pooled_ids(engine, runner.instance)
+        (cid,) = pooled_ids(engine, runner.instance)
         gw.reap()
-        assert not _exists(engine, cid)
+        assert not exists(engine, cid)
         assert gw.pool.wait_ready(timeout_s=WAIT)
         assert gw.execute({"code": "print(2+2)"}).to_dict()["pool"] == "hit"
 
@@ -245,9 +228,9 @@ def test_the_service_keeps_a_pool_and_counts_it_in_metrics(serve: Callable[..., 
     assert "gateway_pool_ready" in metrics
     (outcome,) = server.records("execution.outcome")
     assert outcome["data"]["pool"] == "hit"
-    ids = _pooled_ids(engine, runner.instance)
+    ids = pooled_ids(engine, runner.instance)
     server.stop()  # the service's shutdown (SIGTERM's path) destroys its pool
-    assert not any(_exists(engine, c) for c in ids)
+    assert not any(exists(engine, c) for c in ids)
 
 
 def test_a_pool_config_key_is_strict(tmp_path: Path) -> None:
@@ -271,6 +254,7 @@ from gateway.audit.memory import MemoryAuditSink
 from gateway.policy import load_policy
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
+from tests.integration.session_checks import eventually, exists, pooled_ids
 slots = HostSlots(Path(sys.argv[3]), count=2)
 runner = DockerRunner(instance=sys.argv[2])
 gw = Gateway(load_policy(sys.argv[1]), runner=runner, audit=MemoryAuditSink(), slots=slots, pool=PoolConfig(size=2))
@@ -298,7 +282,7 @@ def test_a_live_run_in_another_process_takes_a_slot_from_an_idle_pool(
         assert proc.stdout is not None
         assert proc.stdin is not None
         assert proc.stdout.readline().strip() == "ready"
-        warm = _pooled_ids(engine, instance)
+        warm = pooled_ids(engine, instance)
         assert len(warm) == 2
         assert HostSlots(slots, 2).try_take() is None  # A's idle pool holds every slot of the host
         live = Gateway(policy, runner=DockerRunner(engine), audit=MemoryAuditSink(), slots=HostSlots(slots, 2, 15.0))
@@ -307,14 +291,14 @@ def test_a_live_run_in_another_process_takes_a_slot_from_an_idle_pool(
         assert result.error is None, result.to_dict()["error"]
         assert result.to_dict()["stdout"] == "4\n"
         assert result.to_dict()["pool"] == "cold"
-        gave_up = [c for c in warm if not _exists(engine, c)]
+        gave_up = [c for c in warm if not exists(engine, c)]
         assert gave_up, "no pooled container of process A gave its slot up"  # removed, not just forgotten
         # Once the live run is over, A's pool is whole again (new containers: the old ones never come back).
-        assert _eventually(lambda: len(_pooled_ids(engine, instance)) == 2, WAIT), _pooled_ids(engine, instance)
-        assert not set(gave_up) & set(_pooled_ids(engine, instance))
+        assert eventually(lambda: len(pooled_ids(engine, instance)) == 2, WAIT), pooled_ids(engine, instance)
+        assert not set(gave_up) & set(pooled_ids(engine, instance))
         proc.stdin.close()
         assert proc.wait(timeout=WAIT) == 0
-        assert not _pooled_ids(engine, instance)
+        assert not pooled_ids(engine, instance)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -322,7 +306,7 @@ def test_a_live_run_in_another_process_takes_a_slot_from_an_idle_pool(
         for stream in (proc.stdin, proc.stdout):
             if stream is not None and not stream.closed:
                 stream.close()
-        for cid in _pooled_ids(engine, instance):
+        for cid in pooled_ids(engine, instance):
             with contextlib.suppress(Exception):  # AutoRemove may be removing it already
                 engine.api.remove_container(cid, force=True)
 
@@ -354,14 +338,14 @@ def test_the_busiest_policys_pool_is_not_starved_by_an_idle_one(engine: Any, run
     with gw:
         pool = gw.pool
         assert pool is not None
-        assert _eventually(lambda: pool.stats().ready == 2)  # the host is full
+        assert eventually(lambda: pool.stats().ready == 2)  # the host is full
         first = gw.execute({"code": "print(2+2)"}, caller=caller)
         assert first.to_dict()["stdout"] == "4\n", first.to_dict()
         # Both slots to the busy policy's pool, both containers ready (the engine lists one while it starts).
-        assert _eventually(lambda: len(busy_ready()) == 2 and pool.stats().ready == 2), (busy_ready(), pool.stats())
-        before = set(_pooled_ids(engine, runner.instance))
+        assert eventually(lambda: len(busy_ready()) == 2 and pool.stats().ready == 2), (busy_ready(), pool.stats())
+        before = set(pooled_ids(engine, runner.instance))
         second = gw.execute({"code": "print(2+2)"}, caller=caller)
         assert second.to_dict()["pool"] == "hit"
         assert second.outcome is not None
         assert second.outcome.container_id in before
-    assert not _pooled_ids(engine, runner.instance)
+    assert not pooled_ids(engine, runner.instance)

@@ -10,12 +10,11 @@ Every test's workspaces live under its own root, torn down (and checked free of 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ import pytest
 from gateway import Gateway
 from gateway.audit.memory import MemoryAuditSink
 from gateway.cli import main
-from gateway.errors import GatewayError
 from gateway.hostfs import mount_points_below
 from gateway.payload import Payload
 from gateway.policy import load_policy
@@ -37,11 +35,11 @@ from gateway.runner.docker.workspace import (
     WorkspaceFullError,
     WorkspacePathError,
     list_files,
-    missing,
 )
 from gateway.runner.interface import Outcome, RunSpec
 from gateway.runner.workspace import Workspace
 from gateway.service.lifecycle import reap_stale
+from tests.integration.conftest import loops_backing
 
 pytestmark = pytest.mark.integration
 
@@ -49,40 +47,11 @@ Options = Callable[..., dict[str, Any]]
 MiB = 1 << 20
 
 
-def _loops_backing(root: str) -> list[str]:
-    """Loop devices whose backing file is below ``root`` (as the kernel names it, deleted files included)."""
-    found = []
-    for name in os.listdir("/sys/block"):
-        with contextlib.suppress(OSError):
-            backing = Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
-            if backing.startswith(root + "/"):
-                found.append(name)
-    return found
-
-
 @pytest.fixture
-def runtime_dir(tmp_path: Path) -> Iterator[str]:
-    """A runtime directory of this test's own; at the end every workspace below it is reaped, its private mount
-    undone and no loop device may be left backed by it."""
-    if missing():
-        pytest.skip(f"workspaces need {', '.join(missing())}")
-    directory = str(tmp_path / "run")
-    os.mkdir(directory, 0o700)
-    root = f"{directory}/workspaces"
-    yield directory
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(root):
-                instance = name.rpartition("--")[0]
-                with contextlib.suppress(GatewayError):
-                    DockerWorkspaces(instance, root=root).reap(everything=True)
-    finally:
-        for point in [*reversed(mount_points_below(directory)), root]:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-        left = _loops_backing(directory)
-        for loop in left:
-            subprocess.run(["losetup", "-d", f"/dev/{loop}"], capture_output=True, check=False)
-        assert not left, f"loop devices left behind: {left}"
+def runtime_dir(workspace_root: str) -> str:
+    """The runtime directory of this test's own (its workspaces' root below it), torn down by ``workspace_root``:
+    every workspace reaped, its private mount undone and no loop device left backed by it."""
+    return os.path.dirname(workspace_root)
 
 
 @pytest.fixture
@@ -172,10 +141,10 @@ def test_destroy_removes_the_mount_the_loop_device_and_the_image(
     directory = Path(ws.path).parent
     assert _run(runner, options, ws, "open('f', 'w').write('x')").exit_code == 0
     assert ws.path in mount_points_below(runtime_dir)
-    assert len(_loops_backing(runtime_dir)) == 1
+    assert len(loops_backing(runtime_dir)) == 1
     store.destroy(ws)
     assert ws.path not in mount_points_below(runtime_dir)
-    assert _loops_backing(runtime_dir) == []
+    assert loops_backing(runtime_dir) == []
     assert not directory.exists()
     store.destroy(ws)  # idempotent
     with pytest.raises(WorkspaceError, match="destroyed or reaped"):
@@ -224,7 +193,7 @@ def test_gateway_reap_removes_a_dead_instances_workspace_and_audits_it(
     reaped = [r["data"] for r in records if r["event_type"] == "containers.reaped"]
     assert [r.get("workspaces") for r in reaped] == [[Path(left.path).parent.name]]
     assert not Path(left.path).parent.exists()
-    assert _loops_backing(runtime_dir) == []
+    assert loops_backing(runtime_dir) == []
 
 
 def test_the_file_helpers_refuse_path_tricks_and_planted_links(
