@@ -254,7 +254,6 @@ from gateway.audit.memory import MemoryAuditSink
 from gateway.policy import load_policy
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
-from tests.integration.session_checks import eventually, exists, pooled_ids
 slots = HostSlots(Path(sys.argv[3]), count=2)
 runner = DockerRunner(instance=sys.argv[2])
 gw = Gateway(load_policy(sys.argv[1]), runner=runner, audit=MemoryAuditSink(), slots=slots, pool=PoolConfig(size=2))
