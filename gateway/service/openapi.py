@@ -298,21 +298,23 @@ def _mcp_path(auth: list[dict[str, list[str]]], sessions: bool) -> dict[str, Any
         "description": "An MCP answer (JSON-RPC).",
         "content": {_JSON: {"schema": {"type": "object"}}, _EVENT_STREAM: {"schema": {"type": "string"}}},
     }
+
+    def post(described: str, responses: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "operationId": "mcp_post",
+            "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
+            "description": described,
+            "security": auth,
+            "responses": responses,
+        }
+
     if not sessions:
         described = (
             "The Model Context Protocol's streamable HTTP transport (stateless: no session; every request carries "
             f"the bearer token). {common} POST only: GET (a server-to-client stream) and DELETE (session "
             "termination) have nothing to offer without sessions and get 405 with Allow: POST."
         )
-        return {
-            "post": {
-                "operationId": "mcp_post",
-                "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
-                "description": described,
-                "security": auth,
-                "responses": _responses(ok, "400", "401", "405", "408", "413", "415", "503"),
-            }
-        }
+        return {"post": post(described, _responses(ok, "400", "401", "405", "408", "413", "415", "503"))}
     described = (
         "The Model Context Protocol's streamable HTTP transport with MCP sessions: initialize opens one (its id in "
         "the Mcp-Session-Id answer header), owned by the token that sent it; every later request carries that "
@@ -327,19 +329,13 @@ def _mcp_path(auth: list[dict[str, list[str]]], sessions: bool) -> dict[str, Any
         "SDK's JSON-RPC error (Session not found).",
         "content": {_JSON: {"schema": {"type": "object"}}},
     }
-    post = _responses(ok, "400", "401", "405", "408", "413", "415", "429", "503")
+    posted = _responses(ok, "400", "401", "405", "408", "413", "415", "429", "503")
     delete = _responses(
         {"description": "The MCP session has ended, and its gateway session is closed."},
         "400", "401", "405", "429",
     )  # fmt: skip
     return {
-        "post": {
-            "operationId": "mcp_post",
-            "summary": "Send MCP JSON-RPC messages (initialize, tools/list, tools/call, ...).",
-            "description": described,
-            "security": auth,
-            "responses": {**post, "404": unknown},
-        },
+        "post": post(described, {**posted, "404": unknown}),
         "delete": {
             "operationId": "mcp_delete",
             "summary": "End the MCP session named by Mcp-Session-Id, and close its gateway session.",
