@@ -12,7 +12,7 @@ from typing import Any
 from gateway.errors import SandboxError
 from gateway.resources import default_policy_path
 from gateway.runner.fake import FakeRunner, make_outcome
-from gateway.runner.interface import CellResult, OnOutput, RunSpec
+from gateway.runner.interface import CellResult, OnOutput, Outcome, RunSpec
 from gateway.runner.workspace import Workspace
 from gateway.slots import Slot
 
@@ -81,6 +81,21 @@ class KernelFakeRunner(FakeRunner):
         kernel = FakeKernel(spec, slot, len(self.kernels))
         self.kernels.append(kernel)
         return kernel
+
+
+class HeldRun:
+    """A fake runner's ``outcome`` that holds each run until :attr:`release` is set (at most ``wait_s``);
+    :attr:`entered` is set once a run has begun."""
+
+    def __init__(self, wait_s: float = 10.0) -> None:
+        self.wait_s = wait_s
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, spec: RunSpec, payload: Any) -> Outcome:
+        self.entered.set()
+        self.release.wait(self.wait_s)
+        return make_outcome()
 
 
 class FakeWorkspaces:

@@ -19,14 +19,14 @@ from gateway.payload import Payload
 from gateway.policy import load_policy
 from gateway.request import ExecutionRequest
 from gateway.runner.docker.options import profile_options
-from gateway.runner.fake import FakeRunner, make_outcome
+from gateway.runner.fake import FakeRunner
 from gateway.runner.interface import Outcome, RunSpec
 from gateway.runner.pool import default_profile
 from gateway.runner.workspace import Workspace
 from gateway.sessions import SessionManager
 from gateway.sessions.ahead import AheadStats, NextContainers
 from gateway.slots import HostSlots, Slot
-from tests.unit.sessions_support import SESSIONS_POLICY, Clock, FakeWorkspaces, KernelFakeRunner
+from tests.unit.sessions_support import SESSIONS_POLICY, Clock, FakeWorkspaces, HeldRun, KernelFakeRunner
 
 
 @pytest.fixture
@@ -319,22 +319,17 @@ def test_expiry_and_the_gateways_stop_remove_the_container_before_the_workspace(
 def test_closing_a_session_while_it_executes_removes_the_next_container_at_once_and_the_workspace_after(
     tmp_path: Path,
 ) -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def slow(spec: RunSpec, payload: Any) -> Outcome:
-        entered.set()
-        release.wait(30)
-        return make_outcome()
+    held = HeldRun(30)
 
     gw, runner, store = make_gateway(tmp_path)
-    runner.outcome = slow
+    runner.outcome = held
     with gw:
         created = gw.sessions.create({"mode": "workspace", "principal": "alice"})
         assert created.session is not None
         sid = created.session.session_id
         worker = threading.Thread(target=gw.sessions.execute, args=(sid, {"code": "1", "principal": "alice"}))
         worker.start()
-        assert entered.wait(30)
+        assert held.entered.wait(30)
         ready(runner, 2)  # the next one, begun as the execution got its container
         closer = threading.Thread(target=gw.sessions.close, args=(sid,), kwargs={"principal": "alice"})
         closer.start()
@@ -342,6 +337,6 @@ def test_closing_a_session_while_it_executes_removes_the_next_container_at_once_
         assert not closer.is_alive()  # it does not wait for the execution
         assert runner.discarded == runner.pooled[1:]  # the next container is gone already
         assert store.destroyed == []  # the running execution's container still holds the workspace
-        release.set()
+        held.release.set()
         worker.join(30)
         assert (store.live, runner.live, len(store.destroyed), store.refused) == ([], set(), 1, [])

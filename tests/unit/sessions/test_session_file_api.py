@@ -27,11 +27,11 @@ from gateway.errors import (
 )
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path, load_schema
-from gateway.runner.fake import FakeRunner, make_outcome
+from gateway.runner.fake import FakeRunner
 from gateway.runner.interface import RunSpec
 from gateway.runner.workspace import Workspace, WorkspaceFile, WorkspaceListing
 from gateway.slots import HostSlots
-from tests.unit.sessions_support import KernelFakeRunner
+from tests.unit.sessions_support import HeldRun, KernelFakeRunner
 
 SESSIONS_POLICY = default_policy_path().parent / "examples" / "sessions.yaml"
 FILES_SIZE = 1 << 20
@@ -187,23 +187,18 @@ def test_another_principal_is_not_found_and_a_kernel_session_has_files_where_it_
 def test_a_transfer_while_an_execution_runs_is_refused_busy(
     tmp_path: Path, sink: MemoryAuditSink, store: MemoryWorkspaces
 ) -> None:
-    entered, release = threading.Event(), threading.Event()
+    held = HeldRun()
 
-    def slow(spec: RunSpec, payload: Any) -> Any:
-        entered.set()
-        release.wait(10)
-        return make_outcome()
-
-    gw = _gateway(tmp_path, sink, store, Runner(outcome=slow))
+    gw = _gateway(tmp_path, sink, store, Runner(outcome=held))
     sid = _session(gw)
     worker = threading.Thread(target=gw.sessions.execute, args=(sid, {"code": "1", "principal": "alice"}))
     worker.start()
     try:
-        assert entered.wait(10)
+        assert held.entered.wait(10)
         with pytest.raises(SessionBusyError) as busy:
             gw.sessions.put_file(sid, "a.txt", b"x", principal="alice")
         assert http_status_for(busy.value) == 409
     finally:
-        release.set()
+        held.release.set()
         worker.join()
     gw.sessions.put_file(sid, "a.txt", b"x", principal="alice")  # free again

@@ -24,12 +24,11 @@ from gateway.errors import (
 )
 from gateway.policy import load_policy
 from gateway.resources import default_policy_path
-from gateway.runner.fake import make_outcome
 from gateway.runner.interface import Kernel, KernelRunner, RunSpec
 from gateway.sessions import SessionManager
 from gateway.sessions.manager import new_session_id
 from gateway.slots import HostSlots, Slot
-from tests.unit.sessions_support import SESSIONS_POLICY, Clock, FakeKernel, FakeWorkspaces, KernelFakeRunner
+from tests.unit.sessions_support import SESSIONS_POLICY, Clock, FakeKernel, FakeWorkspaces, HeldRun, KernelFakeRunner
 
 
 @pytest.fixture
@@ -341,14 +340,9 @@ def test_workspace_mode_runs_each_execution_fresh_over_the_sessions_workspace(
 
 
 def test_a_workspace_in_use_is_destroyed_when_its_execution_ends(tmp_path: Path, sink: MemoryAuditSink) -> None:
-    entered, release = threading.Event(), threading.Event()
+    held = HeldRun()
 
-    def slow(spec: RunSpec, payload: Any) -> Any:
-        entered.set()
-        release.wait(10)
-        return make_outcome()
-
-    runner = KernelFakeRunner(outcome=slow)
+    runner = KernelFakeRunner(outcome=held)
     store = FakeWorkspaces()
     runner.workspaces = store  # type: ignore[attr-defined]
     gw = Gateway(load_policy(SESSIONS_POLICY), runner=runner, audit=sink, slots=HostSlots(tmp_path / "s", 2, wait_s=0))
@@ -357,12 +351,12 @@ def test_a_workspace_in_use_is_destroyed_when_its_execution_ends(tmp_path: Path,
     sid = created.session.session_id
     worker = threading.Thread(target=gw.sessions.execute, args=(sid, {"code": "1", "principal": "alice"}))
     worker.start()
-    assert entered.wait(10)
+    assert held.entered.wait(10)
     busy = gw.sessions.execute(sid, {"code": "2", "principal": "alice"})
     assert isinstance(busy.error, SessionBusyError)
     gw.sessions.close(sid, principal="alice")
     assert store.destroyed == []  # a container still uses it
-    release.set()
+    held.release.set()
     worker.join()
     assert len(store.destroyed) == 1
     assert store.live == []
