@@ -2,8 +2,8 @@
 
 :func:`resolve` takes the request's value where it gave one and the policy default otherwise. The rules judge
 these settings, and the backend's assembler turns the very same object into its own options, so what was
-judged is what runs. :class:`SandboxProfile` is the part that depends only on the policy and the resolved
-limits (what a warm pool can prepare ahead of a request); the rest belongs to one run.
+judged is what runs. :class:`SandboxProfile` is the part that depends only on the policy, the resolved limits
+and the language (what a warm pool can prepare ahead of a request); the rest belongs to one run.
 """
 
 from __future__ import annotations
@@ -110,6 +110,9 @@ class SandboxProfile:
     """``never`` or ``if-missing``."""
     seccomp: str = "gateway"
     """``gateway`` (the engine default minus what a code sandbox never needs) or ``engine-default``."""
+    interpreter: str = "python"
+    """The request's language: the interpreter the sandbox's supervisor starts ahead (``python``, ``shell``,
+    ``javascript``), so a warm pool keeps containers per language and a claim matches only its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +195,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         gid=policy.user.gid,
         pull=policy.pull,
         seccomp=policy.seccomp,
+        interpreter=language,
     )
     return SandboxSettings(
         profile=profile,

@@ -9,11 +9,13 @@ content on the command line) that:
 1. is the container's PID 1 (no ``docker-init``): the kernel delivers to a namespace's init only the signals it
    handles, so the program (same uid) can neither kill nor stop it, and it ignores ``SIGINT`` (Python's
    default handler would raise); it reaps every orphan itself;
-   first thing, before any payload exists, it forks the program's process (``prefork``): a child in its own
-   session, stdin ``/dev/null``, stdout / stderr pipes, that loads ``site`` and waits on a pipe for the
-   request's environment. So a run starts one interpreter, not two (each start is tens of milliseconds in a
-   fresh gVisor sandbox, which reads the interpreter's files through its gofer), and a warm pool's container
-   has the program's process ready when the request arrives;
+   first thing, before any payload exists, it starts the program's process (``prefork``): a child in its own
+   session, stdin ``/dev/null``, stdout / stderr pipes, that waits on a pipe for the request's environment.
+   Which interpreter is the container's (its second argument, from the runner: the profile's language, never
+   the request's data): a forked Python that loads ``site``, or ``node`` / ``bash`` exec'd with a small
+   bootstrap (``STARTS``). So a run starts one interpreter, not two (each start is tens of milliseconds in a
+   fresh gVisor sandbox, which reads the interpreter's files through its gofer; node 18 takes 70-280 ms), and
+   a warm pool's container has the program's process ready when the request arrives;
 2. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
    big-endian length, then a ``marshal``-encoded dict ``{"key": bytes, "code": str, "files": {relpath:
    bytes}, "files_cap": int, "files_max": int, "env": {name: value}, "timeout_s": float, "language": str}``
@@ -29,18 +31,23 @@ content on the command line) that:
    cannot trace it or read its memory (the per-run key) or file descriptors through ``/proc``. The policy's
    environment travels in the payload and is given to the program's process only: the supervisor's own
    environment (which gVisor shows the program whatever the dumpable flag) holds nothing of the request;
-5. starts the program: sends the forked child the environment, and the child runs ``main.py`` in its
-   ``__main__`` as ``python3 main.py`` would (the script's directory first on ``sys.path``, site-packages,
-   its own globals, tracebacks without the supervisor's frames, the interpreter's own exit). A request whose
-   environment the interpreter reads while it starts (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``,
-   ``TZ``), or an image whose environment has a ``PYTHON*`` variable, gets a fresh ``python3 main.py`` with
-   that environment instead. A shell or JavaScript program is exec'd fresh, never the forked Python process:
-   ``/bin/bash --noprofile --norc main.sh`` or ``/usr/bin/node main.js``, the file's path as the only argument
-   (the code is never on a command line, so never shell-quoted), in the same session, with the same pipes, the
-   same environment handling and the same deadline; the forked Python process is killed unused. What those
-   interpreters read while they start from the environment (``BASH_ENV``, ``SHELLOPTS``, ``NODE_OPTIONS``, ...)
-   the policy refuses in a request (rule ``env.dangerous``). It relays what the program writes as frames on the
-   container's stdout. It
+5. starts the program: sends the waiting child the environment, and the child runs the program as its
+   interpreter alone would: the forked Python runs ``main.py`` in its ``__main__`` as ``python3 main.py``
+   would (the script's directory first on ``sys.path``, site-packages, its own globals, tracebacks without the
+   supervisor's frames, the interpreter's own exit); node sets ``process.env``, removes what ``-e`` adds and
+   runs ``main.js`` as the main module (``require('module').runMain()``: its own ``require``, ``__filename``,
+   ``process.argv``, exit code and uncaught-exception report; only node's internal frames below ``runMain``
+   in a stack differ); bash exports the variables and sources ``main.sh`` with ``$0`` its path and no
+   positional arguments (``$-`` shows ``c``). A request of another language than the container's, or whose
+   environment that interpreter reads while it starts (``FRESH``: ``PYTHON*``, ``NODE_*``, ``UV_*``,
+   ``LC_*``, ``LANG``, ``HOME``, ``TZ``, bash's own variables, ...), or a Python container whose image
+   environment has a ``PYTHON*`` variable, gets a fresh interpreter with that environment instead:
+   ``python3 main.py``, ``/bin/bash --noprofile --norc main.sh`` or ``/usr/bin/node main.js``, the file's path
+   as the only argument (the code is never on a command line, so never shell-quoted), in the same session,
+   with the same pipes, the same environment handling and the same deadline; the waiting process is killed
+   unused (before its pipe closes: it never runs anything). What those interpreters read while they start
+   from the environment (``BASH_ENV``, ``SHELLOPTS``, ``NODE_OPTIONS``, ...) the policy refuses in a request
+   (rule ``env.dangerous``). It relays what the program writes as frames on the container's stdout. It
    enforces the deadline itself (``timeout_s`` after the payload arrived: kill every process, exit 124) and
    watches its stdin, which the host keeps open for the whole run: EOF there means the gateway went away
    (killed, or its engine connection lost), so it kills every process and exits 137 at once. Either way the
@@ -72,6 +79,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "CELL_MAGIC",
+    "INTERPRETERS",
     "MAGIC",
     "STARTUP_ENV",
     "STARTUP_ENV_PREFIXES",
@@ -103,20 +111,66 @@ int and float are in it)."""
 # each imported file costs start-up time on every cold run, most under gVisor, where a fresh sandbox reads it
 # through the gofer (`signal` and `json` bring `enum`, `re`, `functools`, ...; `hmac` loads OpenSSL). Measured
 # in fresh runsc sandboxes: 100-125 ms with those imports, 51-61 ms without. Keep it small and self-contained.
-# The program's process is a fork of this interpreter (``prefork``): one interpreter start per run, not two.
+# The program's process is a fork of this interpreter, or node / bash exec'd from that fork (``prefork``): one
+# interpreter start per run, not two.
 SUPERVISOR = r"""
 import os, sys, _signal as signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 W = sys.argv[1]
+# The interpreter this container is made for (its profile's, from the runner; never the request's): started
+# ahead, before any payload, and used when the request's language is the same.
+AHEAD = sys.argv[2] if len(sys.argv) > 2 else "python"
 PY = "/usr/bin/python3"
 STARTUP = ("LANG", "LANGUAGE", "HOME", "TZ")
-# Each language: the workspace file its code is written to, and the interpreter that runs that file (never the
-# code itself on a command line). Only Python's can be the pre-forked process; the others are exec'd fresh.
+# Each language: the workspace file its code is written to, and the interpreter that runs that file fresh (never
+# the code itself on a command line).
 PROGRAMS = {
     "python": ("main.py", [PY]),
     "shell": ("main.sh", ["/bin/bash", "--noprofile", "--norc"]),
     "javascript": ("main.js", ["/usr/bin/node"]),
 }
+# Node and bash started ahead (``prefork``) wait on fd 3 for the go message, then run the program as
+# ``node main.js`` / ``bash --noprofile --norc main.sh`` would. Node's: the same length-prefixed block as the
+# Python child's; it sets process.env, closes fds 3 and 4, takes off what ``-e`` adds (the builtin modules as
+# globals: their setter is ``setReal``; ``require``, ``module``, ...; ``execArgv``, which
+# ``child_process.fork`` would pass on), all its own names in a closure, and runs
+# main.js (its path is ``process.argv[1]``) as the main module. Bash's: "r", then each variable NUL-terminated;
+# ``$0`` is main.sh's path, no positional arguments, and it sources main.sh (no second exec).
+NODE_BOOT = r'''(() => { const fs = require("fs"), M = require("module");
+process.stdout; process.stderr;
+const rd = (n) => { const b = Buffer.alloc(n); let o = 0; while (o < n) { const k = fs.readSync(3, b, o, n - o, null);
+  if (k === 0) process.exit(125); o += k; } return b; };
+const d = rd(rd(4).readUInt32BE(0));
+fs.closeSync(3); fs.closeSync(4);
+if (d.length > 1) for (const e of d.toString("utf8", 1).split("\0")) { const i = e.indexOf("=");
+  process.env[e.slice(0, i)] = e.slice(i + 1); }
+for (const n of Object.getOwnPropertyNames(globalThis)) { const p = Object.getOwnPropertyDescriptor(globalThis, n);
+  if (p.set && p.set.name === "setReal") delete globalThis[n]; }
+for (const n of ["require", "module", "exports", "__filename", "__dirname"]) delete globalThis[n];
+process.execArgv.length = 0;
+M.runMain(); })();'''
+BASH_BOOT = ('read -r -N 1 <&3 && [ "$REPLY" = r ] || exit 125; '
+             'while IFS= read -r -d "" <&3; do export "$REPLY"; done; unset REPLY; exec 3<&- 4>&-; . "$0"')
+STARTS = {
+    "javascript": ["/usr/bin/node", "-e", NODE_BOOT, W + "/main.js"],
+    "shell": ["/bin/bash", "--noprofile", "--norc", "-c", BASH_BOOT, W + "/main.sh"],
+}
+# What each interpreter reads from the environment only while it starts (or, for bash, what its own
+# variables are): a request setting one gets a fresh interpreter, exactly as it would start alone.
+FRESH = {
+    "python": (("PYTHON", "LC_"), STARTUP),
+    "javascript": (("NODE_", "UV_", "LC_", "LD_", "MALLOC_", "OPENSSL_", "SSL_"), STARTUP + ("ICU_DATA",)),
+    "shell": (("BASH", "LC_", "LD_", "MALLOC_", "HIST", "COMP_"), STARTUP + (
+        "ENV", "SHELLOPTS", "PS0", "PS1", "PS2", "PS4", "IFS", "PATH", "SHLVL", "PWD", "OLDPWD", "SHELL",
+        "POSIXLY_CORRECT", "TERM", "REPLY", "UID", "EUID", "PPID", "GROUPS", "HOSTNAME", "HOSTTYPE", "OSTYPE",
+        "MACHTYPE", "CDPATH", "GLOBIGNORE", "TMOUT", "OPTIND", "OPTARG", "OPTERR", "LINENO", "RANDOM",
+        "SRANDOM", "SECONDS", "EPOCHSECONDS", "EPOCHREALTIME", "FUNCNAME", "DIRSTACK", "PROMPT_COMMAND",
+        "MAIL", "MAILPATH", "MAILCHECK", "TIMEFORMAT", "FIGNORE", "EXECIGNORE", "INPUTRC", "COLUMNS", "LINES")),
+}
+def fresh(language, names):
+    prefixes, exact = FRESH[language]
+    return any(k.startswith(prefixes) or k in exact or (language == "shell" and not (k.isascii() and
+               k.isidentifier())) for k in names)
 def program():
     # The forked child becomes the program (see ``prefork``). It waits on fd 3 for the request's environment,
     # then runs main.py in ``__main__`` as ``python3 main.py`` would: site-packages on the path (``-S`` kept
@@ -281,14 +335,21 @@ def spawn(argv, env):
     return child
 def prefork():
     # The program's process, forked first thing, before the supervisor's own imports and before any payload
-    # exists: it holds nothing of a request. One interpreter start per run instead of two (under gVisor each
-    # start reads the interpreter's files through the gofer). The supervisor makes itself non-dumpable (below)
-    # before the go message, so the program can never trace it or read its key.
+    # exists: it holds nothing of a request (node and bash get the image's environment, their bootstrap and the
+    # program file's path). One interpreter start per run instead of two (under gVisor each start reads the
+    # interpreter's files through the gofer). The supervisor makes itself non-dumpable (below) before the go
+    # message, so the program can never trace it or read its key.
     go_r, go_w = os.pipe()
     back_r, back_w = os.pipe()
     child = fork_child(go_r, back_w)
     if child is None:
         try:
+            if AHEAD in STARTS:  # node or bash, with the supervisor's environment (the image's) only
+                for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                for fd in (3, 4):  # a pipe created at 3 or 4 was not dup'ed there: still close-on-exec
+                    os.set_inheritable(fd, True)
+                os.execv(STARTS[AHEAD][0], STARTS[AHEAD])
             signal.signal(signal.SIGINT, signal.default_int_handler)
         except BaseException:
             os._exit(127)
@@ -300,7 +361,10 @@ def prefork():
 # any in the image's environment the program gets an interpreter of its own (exec), as it does when the
 # request sets one.
 forked = go_w = back_r = None
-if not any(k.startswith("PYTHON") for k in os.environ):
+if AHEAD not in PROGRAMS:
+    sys.stderr.write("supervisor: unknown interpreter %r to start ahead\n" % (AHEAD,))
+    os._exit(125)
+if AHEAD != "python" or not any(k.startswith("PYTHON") for k in os.environ):
     try:
         forked, go_w, back_r = prefork()
     except OSError:
@@ -459,18 +523,20 @@ try:
     env = dict(os.environ)
     env.update(req["env"])
     most = int(req["files_max"])
-    # A request whose environment the interpreter reads while it starts (locale, PYTHON*, HOME, TZ) gets an
-    # interpreter of its own, started with that environment, exactly as it would start alone.
-    # Only Python's program can be the pre-forked interpreter: another language's is exec'd fresh.
-    ready = forked is not None and LANGUAGE == "python" and not any(
-        k.startswith(("PYTHON", "LC_")) or k in STARTUP for k in req["env"])
+    # The interpreter started ahead runs the program when it is the request's language and the request sets
+    # nothing that interpreter reads only while it starts (``FRESH``); otherwise a fresh one, started with the
+    # request's environment, exactly as it would start alone.
+    ready = forked is not None and LANGUAGE == AHEAD and not fresh(AHEAD, req["env"])
     if KERNEL and not ready:
         fail("kernel mode needs the pre-started interpreter: no PYTHON*, LC_*, LANG, LANGUAGE, HOME or TZ in "
              "the request's environment and no PYTHON* in the image's")
     GRACE = float(req.get("grace_s", 0))
     VCAP = int(req.get("value_cap", 0))
     extra = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in sorted(req["env"].items()))
-    extra = (b"k" if KERNEL else b"r") + extra
+    if AHEAD == "shell":  # bash reads NUL-terminated entries up to EOF, no length
+        extra = b"r" + b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in sorted(req["env"].items()))
+    else:
+        extra = (b"k" if KERNEL else b"r") + extra
     del req
     undumpable()
     wake_r, wake_w = os.pipe()
@@ -481,18 +547,18 @@ try:
     OOM0 = ooms()
     if ready:
         pid, out_r, err_r = forked
-        put(go_w, len(extra).to_bytes(4, "big") + extra)
+        put(go_w, extra if AHEAD == "shell" else len(extra).to_bytes(4, "big") + extra)
         if not KERNEL:
             os.close(go_w)
             os.close(back_r)
     else:
         if forked is not None:  # the forked process cannot serve this request: a fresh interpreter does
-            os.close(go_w)
-            os.close(back_r)
-            try:
+            try:  # killed before its go pipe closes: it never runs anything
                 os.killpg(forked[0], signal.SIGKILL)
             except OSError:
                 pass
+            os.close(go_w)
+            os.close(back_r)
             os.close(forked[1])
             os.close(forked[2])
             os.waitpid(forked[0], 0)
@@ -835,15 +901,26 @@ finish(code, b',"files_truncated":%s' % js(truncated))
 """
 
 
-def supervisor_command(workspace: str = WORKSPACE) -> list[str]:
-    """The container's fixed command: the supervisor and the workspace path, nothing from the caller.
+INTERPRETERS = ("python", "shell", "javascript")
+"""What a sandbox can be made for (``SandboxProfile.interpreter``): the interpreter its supervisor starts ahead."""
 
-    The supervisor forks the program's process first thing, before any payload exists (so a warm pool's
-    container has it ready, and a cold run starts one interpreter, not two); the process waits for the
-    request's environment, then runs ``main.py`` in its ``__main__``. A request setting a variable the
-    interpreter reads while starting (``PYTHON*``, ``LC_*``, ``LANG``, ``LANGUAGE``, ``HOME``, ``TZ``), or an
-    image whose environment has a ``PYTHON*`` one, gets a fresh ``python3 main.py`` instead."""
-    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace]
+
+def supervisor_command(workspace: str = WORKSPACE, interpreter: str = "python") -> list[str]:
+    """The container's fixed command: the supervisor, the workspace path and, unless ``python``, the
+    interpreter to start ahead (the container's profile's); nothing from the caller.
+
+    The supervisor starts the program's process first thing, before any payload exists (so a warm pool's
+    container has it ready, and a cold run starts one interpreter, not two): a forked Python, or ``node`` /
+    ``bash`` with a small bootstrap; the process waits for the request's environment, then runs ``main.py``
+    (``main.js``, ``main.sh``) as the interpreter would run it alone. A request of another language, or
+    setting a variable that interpreter reads while starting (``PYTHON*``, ``NODE_*``, ``LC_*``, ``LANG``,
+    ``HOME``, ``TZ``, ...), or a Python container whose image environment has a ``PYTHON*`` one, gets a fresh
+    interpreter instead."""
+    if interpreter not in INTERPRETERS:
+        raise ValueError(f"unknown interpreter {interpreter!r}: expected one of {', '.join(INTERPRETERS)}")
+    return ["/usr/bin/python3", "-I", "-S", "-c", SUPERVISOR, workspace] + (
+        [] if interpreter == "python" else [interpreter]
+    )
 
 
 def new_key() -> bytes:

@@ -1,10 +1,12 @@
 """Shell and JavaScript contained like Python: the hostile battery's classes per language, on the real engine, under
-runc and runsc, through the same hardened options; and `gateway run --policy FILE --language LANG`."""
+runc and runsc, cold and pooled (a container made for the language, its interpreter started ahead), through the
+same hardened options; and `gateway run --policy FILE --language LANG`."""
 
 from __future__ import annotations
 
 import json
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,11 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
+from gateway.errors import UnsafeOptionsError
 from gateway.resources import policies_dir
+from gateway.runner.docker.options import INTERPRETER_LABEL, profile_part
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.interface import Outcome, Payload, RunSpec
+from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +37,42 @@ def lang(request: pytest.FixtureRequest, engine: Any) -> str:
     return name
 
 
+class PooledRunner(DockerRunner):
+    """Every execution through a pooled container made from the profile part of the run's options before the
+    payload exists, idle for a moment, then claimed as the warm pool claims one."""
+
+    def execute(
+        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None, **kw: Any
+    ) -> Outcome:  # fmt: skip
+        idle = self.prepare_pooled(profile_part(spec.options), ttl_s=spec.timeout_s + 60, pull=spec.pull)
+        time.sleep(0.2)  # idle before the claim: the deadline must count from the hand-over, not from start
+        claimed = self.claim(idle, spec)
+        assert claimed is not None, "the pooled container died while idle"
+        return self.run(claimed, payload, on_output=on_output, **kw)
+
+
+@pytest.fixture(params=("cold", "pooled"))
+def runner(request: pytest.FixtureRequest, engine: Any) -> DockerRunner:
+    """Cold and pooled (overrides the package fixture)."""
+    return PooledRunner(engine) if request.param == "pooled" else DockerRunner(engine)
+
+
+def options_of(options_for: Options, lang: str) -> dict[str, Any]:
+    """The hardened options of a request in ``lang``: its image, and the label naming the interpreter its
+    container is made for (as ``profile_options`` of a decision in that language gives)."""
+    options = options_for(image=IMAGES[lang])
+    options["labels"] = {**options["labels"], INTERPRETER_LABEL: lang}
+    return options
+
+
 def run(
     runner: DockerRunner, options_for: Options, lang: str, code: str, *, timeout_s: float = 20,
-    files: dict[str, bytes] | None = None, **spec: Any,
+    files: dict[str, bytes] | None = None, env: dict[str, str] | None = None, **spec: Any,
 ) -> Outcome:  # fmt: skip
     spec.setdefault("output_bytes", 1 << 20)
-    options = options_for(image=IMAGES[lang])
+    options = options_of(options_for, lang)
+    if env is not None:
+        options["environment"] = env
     payload = Payload(textwrap.dedent(code), language=lang, files=files or {})
     return runner.execute(RunSpec(options, timeout_s=timeout_s, **spec), payload)
 
@@ -63,6 +97,75 @@ def test_four_with_files_in_and_out(runner: DockerRunner, options_for: Options, 
     assert (outcome.exit_code, outcome.stdout, outcome.stderr) == (0, b"4\n", b"")
     assert outcome.files == {"up.txt": b"ABC"}
     assert_gone(engine, outcome.container_id)
+
+
+CMDLINE = {
+    "shell": "tr '\\0' ' ' < /proc/$$/cmdline\n",
+    "javascript": "console.log(require('fs').readFileSync('/proc/self/cmdline', 'utf8').split('\\0').join(' '))\n",
+}
+STARTED_AHEAD = {"shell": "/bin/bash --noprofile --norc -c ", "javascript": "/usr/bin/node -e "}
+FRESH = {"shell": "/bin/bash --noprofile --norc /workspace/main.sh", "javascript": "/usr/bin/node /workspace/main.js"}
+
+
+def test_the_program_runs_in_the_interpreter_started_ahead(
+    runner: DockerRunner, options_for: Options, lang: str
+) -> None:
+    # The container is made for the language: its supervisor started the interpreter (with its bootstrap) before
+    # the payload, and that process runs main.*; a variable the interpreter reads only at start gets a fresh one.
+    ahead = run(runner, options_for, lang, CMDLINE[lang])
+    assert ahead.exit_code == 0, ahead.stderr
+    assert ahead.stdout.decode().startswith(STARTED_AHEAD[lang]), ahead.stdout
+    fresh = run(runner, options_for, lang, CMDLINE[lang], env={"LANG": "C.UTF-8"})
+    assert fresh.stdout.decode().strip() == FRESH[lang]
+
+
+BEHAVES = {
+    "shell": """
+    . ./lib.sh
+    echo "$0 $# $(greet) $GREETING"
+    echo "$*" > out/args.txt
+    false
+    """,
+    "javascript": """
+    const lib = require('./lib')
+    console.log(process.argv.slice(1).join(' '), require.main === module, __filename, lib.greet(), process.env.GREETING)
+    console.log(typeof fs, typeof require('fs').readFileSync, process.execArgv.length)
+    require('fs').writeFileSync('out/args.txt', process.argv.length + '\\n')
+    setTimeout(() => { throw new Error('late boom') }, 10)
+    """,
+}
+LIBS = {"shell": ("lib.sh", b"greet() { echo hi; }\n"), "javascript": ("lib.js", b"exports.greet = () => 'hi'\n")}
+BEHAVED = {
+    "shell": (1, "/workspace/main.sh 0 hi there\n", {"args.txt": b"\n"}),
+    "javascript": (
+        1,
+        "/workspace/main.js true /workspace/main.js hi there\nundefined function 0\n",
+        {"args.txt": b"2\n"},
+    ),
+}
+
+
+def test_a_program_behaves_as_its_interpreter_runs_it_alone(
+    runner: DockerRunner, options_for: Options, lang: str
+) -> None:
+    name, lib = LIBS[lang]
+    outcome = run(runner, options_for, lang, BEHAVES[lang], files={name: lib}, env={"GREETING": "there"})
+    assert (outcome.exit_code, outcome.stdout.decode(), outcome.files) == BEHAVED[lang], outcome.stderr
+    if lang == "javascript":  # an uncaught exception: node's report, the program's own frame first
+        err = outcome.stderr.decode()
+        assert "Error: late boom\n    at Timeout._onTimeout (/workspace/main.js:6:" in err, err
+
+
+def test_a_container_made_for_one_language_serves_no_other(
+    runner: DockerRunner, options_for: Options, engine: Any, lang: str
+) -> None:
+    made = options_of(options_for, lang)
+    for other in (options_for(), options_of(options_for, "shell" if lang == "javascript" else "javascript")):
+        idle = runner.prepare_pooled(profile_part(made), ttl_s=60)
+        with pytest.raises(UnsafeOptionsError, match="labels"):
+            runner.claim(idle, RunSpec(other, timeout_s=10, output_bytes=1024))
+        runner.discard(idle)
+        assert_gone(engine, idle.container_id)
 
 
 FORK_BOMB = {

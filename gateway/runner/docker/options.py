@@ -26,7 +26,7 @@ from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
 from gateway.runner.docker.seccomp import gateway_profile, profile_problems, profile_reference
-from gateway.runner.supervisor import WORKSPACE
+from gateway.runner.supervisor import INTERPRETERS, WORKSPACE
 
 __all__ = [
     "ASSEMBLED_OPTION_KEYS",
@@ -35,6 +35,7 @@ __all__ = [
     "DECISION_LABEL",
     "HOST_CONFIG_KEYS",
     "INSTANCE_LABEL",
+    "INTERPRETER_LABEL",
     "LABEL_PREFIX",
     "MANAGED_LABEL",
     "POLICY_LABEL",
@@ -64,6 +65,9 @@ INSTANCE_LABEL = "io.agent-gateway.instance"
 """The gateway instance (runner) that created the container: ``gateway reap`` removes its own by default."""
 DEADLINE_LABEL = "io.agent-gateway.deadline"
 """Unix time (seconds) after which the container is expired whoever created it: any reaper may remove it."""
+INTERPRETER_LABEL = "io.agent-gateway.interpreter"
+"""The interpreter the container's supervisor starts ahead (``SandboxProfile.interpreter``), when not ``python``:
+part of the profile's options, so a pooled container serves only requests of its language."""
 POOL_LABEL = "io.agent-gateway.pool"
 """On a warm pool's container: the digest of the profile options it was created with (:func:`pool_key`)."""
 SANDBOX_HOSTNAME = "sandbox"
@@ -169,6 +173,8 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
         "runtime": profile.runtime,
         "labels": {MANAGED_LABEL: "true", POLICY_LABEL: profile.policy},
     }
+    if profile.interpreter != "python":
+        options["labels"][INTERPRETER_LABEL] = profile.interpreter
     if profile.network == "none":
         # No network stack wiring at all (still a private namespace with only lo). Besides removing the
         # engine's network set-up from the attack surface, it makes container start about 2x faster here.
@@ -457,6 +463,8 @@ def _check_labels(options: Mapping[str, Any]) -> _Issues:
     labels = options.get("labels")
     if not isinstance(labels, Mapping) or labels.get(MANAGED_LABEL) != "true":
         yield "$.labels", f"the {MANAGED_LABEL} label is missing"
+    elif labels.get(INTERPRETER_LABEL, "python") not in INTERPRETERS:
+        yield "$.labels", f"the {INTERPRETER_LABEL} label names no interpreter (expected one of {INTERPRETERS})"
 
 
 _MOUNT_KEYS = frozenset({"Type", "Source", "Target", "ReadOnly", "BindOptions"})

@@ -72,6 +72,7 @@ from gateway.runner.docker.options import (
     DECISION_LABEL,
     HOST_CONFIG_KEYS,
     INSTANCE_LABEL,
+    INTERPRETER_LABEL,
     MANAGED_LABEL,
     POOL_LABEL,
     RUN_LABELS,
@@ -346,7 +347,7 @@ class DockerRunner:
             DEADLINE_LABEL: str(deadline),
         }
         options.update(
-            entrypoint=supervisor_command(),
+            entrypoint=supervisor_command(interpreter=str(options["labels"].get(INTERPRETER_LABEL, "python"))),
             command=[],
             stdin_open=True,
             stdin_once=True,

@@ -37,17 +37,19 @@ def supervise(
     image_env: dict[str, str] | None = None,
     language: str = "python",
     kernel: bool = False,
+    ahead: str = "python",
 ) -> tuple[int, list[Frame]]:
     """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed.
 
     The supervisor's own environment is the sandbox image's (``image_env``, default ``IMAGE_ENV``), not this
-    test process's: a ``PYTHON*`` variable there would change how it starts the program."""
+    test process's: a ``PYTHON*`` variable there would change how it starts the program. ``ahead``: the interpreter
+    the supervisor starts ahead (the container's profile's)."""
     key = new_key()
     workspace.mkdir(exist_ok=True)
     decoder = FrameDecoder(key)
     frames: list[Frame] = []
     with subprocess.Popen(
-        supervisor_command(str(workspace)),
+        supervisor_command(str(workspace), ahead),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -185,5 +185,5 @@ def test_a_cells_file_is_refused_where_a_cell_planted_something_and_the_kernel_g
 def test_the_start_up_variables_are_the_supervisors() -> None:
     line = next(line for line in SUPERVISOR.splitlines() if line.startswith("STARTUP = "))
     assert ast.literal_eval(line.removeprefix("STARTUP = ")) == STARTUP_ENV
-    assert 'k.startswith(("PYTHON", "LC_"))' in SUPERVISOR
+    assert '"python": (("PYTHON", "LC_"), STARTUP)' in SUPERVISOR  # the FRESH rule of the forked Python
     assert STARTUP_ENV_PREFIXES == ("PYTHON", "LC_")

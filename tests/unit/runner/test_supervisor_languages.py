@@ -1,5 +1,6 @@
-"""The supervisor runs shell and JavaScript programs from a file, exec'ing their interpreter fresh, with the same
-frames, files and environment handling as Python's (run locally: no engine)."""
+"""The supervisor runs shell and JavaScript programs from a file, in the interpreter it started ahead (a container
+made for the language) or in a fresh one, alike, with the same frames, files and environment handling as Python's
+(run locally: no engine)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from pathlib import Path
 import pytest
 from supervisor_support import ended, needs_system_python, supervise
 
-from gateway.runner.frames import FRAME_ERROR, FRAME_EXIT, FRAME_FILE_DATA, FRAME_FILE_NAME, FRAME_STDOUT, Frame
+from gateway.runner.frames import (
+    FRAME_ERROR,
+    FRAME_EXIT,
+    FRAME_FILE_DATA,
+    FRAME_FILE_NAME,
+    FRAME_STDERR,
+    FRAME_STDOUT,
+    Frame,
+)
 
 pytestmark = needs_system_python
 needs_node = pytest.mark.skipif(shutil.which("node") != "/usr/bin/node", reason="no /usr/bin/node on this host")
@@ -18,6 +27,10 @@ needs_node = pytest.mark.skipif(shutil.which("node") != "/usr/bin/node", reason=
 
 def _stdout(frames: list[Frame]) -> bytes:
     return b"".join(f.data for f in frames if f.kind == FRAME_STDOUT)
+
+
+def _stderr(frames: list[Frame]) -> bytes:
+    return b"".join(f.data for f in frames if f.kind == FRAME_STDERR)
 
 
 def _files(frames: list[Frame]) -> dict[bytes, bytes]:
@@ -92,3 +105,99 @@ def test_a_program_file_left_in_a_session_workspace_is_replaced_not_followed(tmp
     assert (status, _stdout(frames)) == (0, b"ran\n")
     assert outside.read_text() == "keep"
     assert frames[-1].kind == FRAME_EXIT
+
+
+PROBES = {
+    "shell": (
+        "main.sh",
+        ". ./lib.sh\necho \"$0|$#|$(greet)|$V\"\ncase $(tr '\\0' ' ' < /proc/$$/cmdline) in *' -c '*) echo ahead;; "
+        "*) echo fresh;; esac >&2\nexit 7\n",
+        {"lib.sh": b"greet() { echo hi; }\n"},
+    ),
+    "javascript": (
+        "main.js",
+        "const lib = require('./lib')\n"
+        "console.log([process.argv.slice(1), require.main === module, __filename, lib.greet(), process.env.V,"
+        " process.execArgv, Object.getOwnPropertyNames(globalThis).sort()])\n"
+        "const cmd = require('fs').readFileSync('/proc/self/cmdline', 'utf8')\n"
+        "console.error(cmd.includes('\\0-e\\0') ? 'ahead' : 'fresh')\n"
+        "process.exitCode = 7\n",
+        {"lib.js": b"exports.greet = () => 'hi'\n"},
+    ),
+}
+
+
+@pytest.mark.parametrize("lang", ["shell", pytest.param("javascript", marks=needs_node)])
+def test_the_interpreter_started_ahead_runs_the_program_as_a_fresh_one_does(tmp_path: Path, lang: str) -> None:
+    # The same workspace path both times: what the program sees must be equal, only how it started differs.
+    _, code, files = PROBES[lang]
+    seen = {}
+    for ahead in ("python", lang):
+        shutil.rmtree(tmp_path / "w", ignore_errors=True)
+        status, frames = supervise(tmp_path / "w", code, files, env={"V": "a b\nc"}, language=lang, ahead=ahead)
+        seen[ahead] = (status, _stdout(frames))
+        assert _stderr(frames) == (b"fresh\n" if ahead == "python" else b"ahead\n")
+    assert seen[lang] == seen["python"]
+    assert seen[lang][0] == 7
+    assert b"hi" in seen[lang][1]
+
+
+@needs_node
+def test_an_uncaught_exception_in_the_node_started_ahead_is_nodes_own_report(tmp_path: Path) -> None:
+    status, frames = supervise(
+        tmp_path, "\nthrow new TypeError('boom')\n", {}, language="javascript", ahead="javascript"
+    )
+    assert status == 1
+    err = _stderr(frames).decode()
+    assert err.startswith(f"{tmp_path}/main.js:2\nthrow new TypeError('boom')\n^\n\nTypeError: boom\n"), err
+    assert f"at Object.<anonymous> ({tmp_path}/main.js:2:7)" in err
+
+
+@pytest.mark.parametrize(
+    ("lang", "env"),
+    [
+        ("shell", {"LANG": "C"}),
+        ("shell", {"SHLVL": "5"}),
+        ("shell", {"BASH_FUNC_f%%": "() { :; }"}),
+        pytest.param("javascript", {"NODE_DEBUG": "x"}, marks=needs_node),
+        pytest.param("javascript", {"TZ": "UTC"}, marks=needs_node),
+        pytest.param("javascript", {"UV_THREADPOOL_SIZE": "2"}, marks=needs_node),
+    ],
+)
+def test_a_variable_read_only_at_start_gets_a_fresh_interpreter(tmp_path: Path, lang: str, env: dict[str, str]) -> None:
+    _, code, files = PROBES[lang]
+    _, frames = supervise(tmp_path, code, files, env=env, language=lang, ahead=lang)
+    assert _stderr(frames) == b"fresh\n"
+
+
+@pytest.mark.parametrize("ahead", ["shell", pytest.param("javascript", marks=needs_node)])
+def test_an_unused_interpreter_started_ahead_is_killed_before_the_program_runs(tmp_path: Path, ahead: str) -> None:
+    # A Python request in a container made for another language: the waiting process is killed (and reaped)
+    # before the go pipe closes, so it never runs the program file the Python program then leaves.
+    program = f"{tmp_path}/main.{'sh' if ahead == 'shell' else 'js'}"
+    code = (
+        "import os, time\n"
+        f"open({program!r}, 'w').write('echo ran > out/ran.txt' if {ahead == 'shell'} else "
+        '\'require("fs").writeFileSync("out/ran.txt", "")\')\n'
+        "left = []\n"
+        "for p in os.listdir('/proc'):\n"
+        "    try:\n"
+        "        cmd = open('/proc/%s/cmdline' % p, 'rb').read()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        f"    if {program.encode()!r} in cmd:\n"
+        "        left.append(p)\n"
+        "time.sleep(0.5)\n"
+        "print(left)\n"
+    )
+    status, frames = supervise(tmp_path, code, {}, ahead=ahead)
+    assert (status, _stdout(frames)) == (0, b"[]\n")
+    assert _files(frames) == {}
+
+
+@needs_node
+def test_the_deadline_ends_a_waiting_program_in_the_node_started_ahead(tmp_path: Path) -> None:
+    status, _ = supervise(
+        tmp_path, "setInterval(() => {}, 1000)\n", {}, timeout_s=1, language="javascript", ahead="javascript"
+    )
+    assert status == 124
