@@ -1,18 +1,26 @@
 """What the engine tests of sessions, ready kernels and the warm pool share: a clock the test moves, a sessions
-policy over the shipped one, and checks of the engine's containers (gone, there, made ahead)."""
+policy over the shipped one, gateways over one trail, and checks of the engine's containers (gone, there, made
+ahead)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import docker.errors
 import pytest
 
+from gateway import Gateway
+from gateway.audit import JsonlAuditTrail
+from gateway.policy import load_policy
 from gateway.resources import policies_dir
 from gateway.runner.docker.options import INSTANCE_LABEL, POOL_LABEL
+from gateway.runner.docker.runner import DockerRunner
+from gateway.sessions import SessionManager
+from gateway.slots import HostSlots
 
 
 class Clock:
@@ -41,6 +49,35 @@ def sessions_policy_text(
         f"    idle_s: {{default: 600, max: 1800}}\n    lifetime_s: {{default: {lifetime}, max: 14400}}\n"
         f"    workspace_size: {workspace_size}\n" + (f"    pool: {pool}\n" if pool else "")
     )
+
+
+class Gateways:
+    """Gateways over one trail (``directory/audit``) and one slots directory, each with its session manager on a
+    test's clock when given one; :meth:`close` closes them (and so their sessions), then their trails."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.made: list[Gateway] = []
+        self.trails: list[JsonlAuditTrail] = []
+
+    def make(
+        self, policy: Path, runner: DockerRunner, *, slots: int = 8, clock: Clock | None = None, **options: Any
+    ) -> Gateway:
+        """A gateway of ``policy`` on ``runner`` with ``slots`` host slots; ``options`` are Gateway's own."""
+        trail = JsonlAuditTrail(self.directory / "audit")
+        self.trails.append(trail)
+        host = HostSlots(self.directory / "slots", slots)
+        gw = Gateway(load_policy(policy), runner=runner, audit=trail, slots=host, **options)
+        if clock is not None:
+            gw.sessions = SessionManager(gw, clock=clock)
+        self.made.append(gw)
+        return gw
+
+    def close(self) -> None:
+        for gw in self.made:
+            gw.close()
+        for trail in self.trails:
+            trail.close()
 
 
 def assert_gone(engine: Any, container_id: str | None) -> None:

@@ -17,15 +17,13 @@ from typing import Any
 import pytest
 
 from gateway import Gateway, PoolConfig
-from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.audit import verify_trail
 from gateway.hostfs import mount_points_below
-from gateway.policy import load_policy
 from gateway.runner.docker.options import INSTANCE_LABEL
 from gateway.runner.docker.runner import DockerRunner
-from gateway.sessions import SessionManager
 from gateway.slots import HostSlots
 from tests.integration.conftest import loops_backing
-from tests.integration.session_checks import Clock, assert_gone, sessions_policy_text
+from tests.integration.session_checks import Clock, Gateways, assert_gone, sessions_policy_text
 
 pytestmark = pytest.mark.integration
 
@@ -48,26 +46,14 @@ def policy_file(directory: Path, runtime: str) -> Path:
 def make_gateway(tmp_path: Path, engine: Any, workspace_root: str) -> Iterator[Callable[..., Gateway]]:
     """Gateways with a warm pool that keeps nothing for plain runs (size 0: only sessions make containers ahead),
     over one trail; closed at the end."""
-    made: list[Gateway] = []
-    trails: list[JsonlAuditTrail] = []
+    gateways = Gateways(tmp_path)
 
     def make(runtime: str = "runc", *, slots: int = 8, clock: Clock | None = None) -> Gateway:
-        trail = JsonlAuditTrail(tmp_path / "audit")
-        trails.append(trail)
         runner = DockerRunner(engine, workspace_root=workspace_root)
-        host = HostSlots(tmp_path / "slots", slots)
-        gw = Gateway(load_policy(policy_file(tmp_path, runtime)), runner=runner, audit=trail, slots=host,
-                     pool=PoolConfig())  # fmt: skip
-        if clock is not None:
-            gw.sessions = SessionManager(gw, clock=clock)
-        made.append(gw)
-        return gw
+        return gateways.make(policy_file(tmp_path, runtime), runner, slots=slots, clock=clock, pool=PoolConfig())
 
     yield make
-    for gw in made:
-        gw.close()
-    for trail in trails:
-        trail.close()
+    gateways.close()
 
 
 def holders(engine: Any, gw: Gateway, workspace: str) -> list[str]:

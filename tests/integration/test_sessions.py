@@ -15,15 +15,12 @@ from typing import Any
 import pytest
 
 from gateway import Gateway
-from gateway.audit import JsonlAuditTrail, verify_trail
+from gateway.audit import verify_trail
 from gateway.cli import main
 from gateway.errors import SessionGoneError, SessionNotFoundError
-from gateway.policy import load_policy
 from gateway.runner.docker.runner import DockerRunner
 from gateway.service.lifecycle import reap_stale
-from gateway.sessions import SessionManager
-from gateway.slots import HostSlots
-from tests.integration.session_checks import Clock, assert_gone, sessions_policy_text
+from tests.integration.session_checks import Clock, Gateways, assert_gone, sessions_policy_text
 
 pytestmark = pytest.mark.integration
 
@@ -39,26 +36,16 @@ def sessions_policy(directory: Path, runtime: str) -> Path:
 def make_gateway(tmp_path: Path, engine: Any) -> Iterator[Callable[..., Gateway]]:
     """Gateways over one trail (``tmp_path/audit``), each with its session manager on ``clock``; closed at the
     end (which closes their sessions)."""
-    made: list[Gateway] = []
-    trails: list[JsonlAuditTrail] = []
+    gateways = Gateways(tmp_path)
 
     def make(runtime: str = "runc", clock: Clock | None = None, workspace_root: str | None = None) -> Gateway:
-        policy = load_policy(sessions_policy(tmp_path, runtime))
-        trail = JsonlAuditTrail(tmp_path / "audit")
         runner = DockerRunner(engine, workspace_root=workspace_root)
-        gw = Gateway(policy, runner=runner, audit=trail, slots=HostSlots(tmp_path / "slots", 8))
-        trails.append(trail)
-        if clock is not None:
-            gw.sessions = SessionManager(gw, clock=clock)
+        gw = gateways.make(sessions_policy(tmp_path, runtime), runner, clock=clock)
         gw.__enter__()
-        made.append(gw)
         return gw
 
     yield make
-    for gw in made:
-        gw.close()
-    for trail in trails:
-        trail.close()
+    gateways.close()
 
 
 def records(tmp_path: Path, event_type: str) -> list[dict[str, Any]]:
