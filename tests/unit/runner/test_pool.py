@@ -135,6 +135,32 @@ def test_a_request_for_another_profile_adds_a_pool_for_it(policy: Policy, slots:
         assert gw.execute(asked).to_dict()["pool"] == "hit"
 
 
+def test_each_language_has_a_pool_of_its_own_and_claims_only_from_it(slots: HostSlots) -> None:
+    # A container is made for its language (its supervisor starts that interpreter ahead): a JavaScript request
+    # never takes the Python pool's container, nor the reverse.
+    polyglot = load_policy(policies_dir() / "examples" / "polyglot.yaml")
+    runner = FakeRunner()
+    with _gateway(polyglot, runner, slots, size=1) as gw:
+        pool = _pool(gw)
+        assert pool.wait_ready(timeout_s=WAIT)
+        python_made = set(runner.pooled)  # the default language's pool, warm from the start
+        js = {"code": "console.log(2+2)", "language": "javascript"}
+        first = gw.execute(js)
+        assert first.to_dict()["pool"] == "miss"
+        assert pool.wait_ready(timeout_s=WAIT)
+        assert pool.stats().profiles == 2
+        second = gw.execute(js)
+        assert second.to_dict()["pool"] == "hit"
+        assert second.outcome is not None
+        assert second.outcome.container_id not in python_made
+        assert second.decision.options["labels"]["io.agent-gateway.interpreter"] == "javascript"
+        python = gw.execute({"code": "print(2+2)"})
+        assert python.to_dict()["pool"] == "hit"
+        assert python.outcome is not None
+        assert python.outcome.container_id in python_made
+        assert "io.agent-gateway.interpreter" not in python.decision.options["labels"]
+
+
 def test_the_wait_burst_response_waits_for_a_refill(policy: Policy, slots: HostSlots) -> None:
     runner = FakeRunner()
     with _gateway(policy, runner, slots, size=1, burst="wait", burst_wait_s=5.0) as gw:
