@@ -435,7 +435,7 @@ class EngineUnavailableError(RunnerError):
 
 class ImageMissingError(RunnerError):
     code = "runner.image_missing"
-    hint = "build the sandbox image locally with scripts/build-image.sh (no registry is contacted)"
+    hint = "build the missing sandbox image locally with scripts/build-image.sh IMAGE (--list names them; no registry)"
 
 
 class SandboxError(RunnerError):
