@@ -118,7 +118,7 @@ PROBES = {
         "main.js",
         "const lib = require('./lib')\n"
         "console.log([process.argv.slice(1), require.main === module, __filename, lib.greet(), process.env.V,"
-        " process.execArgv, Object.getOwnPropertyNames(globalThis).sort()])\n"
+        " process.execArgv, Object.getOwnPropertyNames(globalThis).sort(), Object.keys(require.cache)])\n"
         "const cmd = require('fs').readFileSync('/proc/self/cmdline', 'utf8')\n"
         "console.error(cmd.includes('\\0-e\\0') ? 'ahead' : 'fresh')\n"
         "process.exitCode = 7\n",
