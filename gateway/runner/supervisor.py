@@ -152,7 +152,8 @@ for (const n of ["require", "module", "exports", "__filename", "__dirname"]) del
 process.execArgv.length = 0;
 M.runMain(); })();'''
 BASH_BOOT = ('read -r -N 1 <&3 && [ "$REPLY" = r ] || exit 125; '
-             'while IFS= read -r -d "" <&3; do export "$REPLY"; done; unset REPLY; exec 3<&- 4>&-; . "$0"')
+             'while IFS= read -r -d "" <&3; do export "$REPLY"; done; unset REPLY BASH_EXECUTION_STRING; '
+             'exec 3<&- 4>&-; . "$0"')
 STARTS = {
     "javascript": ["/usr/bin/node", "-e", NODE_BOOT, W + "/main.js"],
     "shell": ["/bin/bash", "--noprofile", "--norc", "-c", BASH_BOOT, W + "/main.sh"],

@@ -110,7 +110,8 @@ def test_a_program_file_left_in_a_session_workspace_is_replaced_not_followed(tmp
 PROBES = {
     "shell": (
         "main.sh",
-        ". ./lib.sh\necho \"$0|$#|$(greet)|$V\"\ncase $(tr '\\0' ' ' < /proc/$$/cmdline) in *' -c '*) echo ahead;; "
+        '. ./lib.sh\necho "$0|$#|$(greet)|$V|${BASH_EXECUTION_STRING+set}"\n'
+        "case $(tr '\\0' ' ' < /proc/$$/cmdline) in *' -c '*) echo ahead;; "
         "*) echo fresh;; esac >&2\nexit 7\n",
         {"lib.sh": b"greet() { echo hi; }\n"},
     ),
