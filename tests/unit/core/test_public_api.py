@@ -180,6 +180,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "yamlstrict.py",
         ),
     ),
+    ("egress", ("egress/",)),
     ("audit", ("audit/",)),
     ("policy", ("policy/",)),
     ("request", ("request.py",)),
