@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.egress.addresses import Destination, EgressRules, HostError, Match, parse_ip_literal, refused_class
 
@@ -165,3 +168,23 @@ def test_entries_reject_bad_ports_and_networks() -> None:
         Destination("pypi.org", ports=(0,))
     with pytest.raises(ValueError, match="CIDR"):
         Destination("10.0.0.1/8")
+
+
+_PART = st.integers(min_value=0, max_value=2**32 + 1).flatmap(
+    lambda n: st.sampled_from([str(n), f"0{n:o}", f"0x{n:x}", f"0X{n:X}"])
+)
+
+
+@given(st.lists(_PART, min_size=1, max_size=4))
+def test_numeric_hosts_read_as_the_c_library_reads_them(parts: list[str]) -> None:
+    """Every dotted-number spelling means to the proxy what it means to inet_aton (curl, wget, glibc's resolver)."""
+    host = ".".join(parts)
+    try:
+        expected: ipaddress.IPv4Address | None = ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        expected = None
+    try:
+        found = parse_ip_literal(host)
+    except HostError:
+        found = None
+    assert found == expected

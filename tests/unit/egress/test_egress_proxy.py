@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -79,14 +80,15 @@ async def echo_upstream() -> AsyncIterator[Upstream]:
 
 @contextlib.asynccontextmanager
 async def http_upstream(body: bytes = b"") -> AsyncIterator[Upstream]:
-    """Answers the first request with the request head it received, then ``body``; keeps what else arrives."""
+    """Answers the first request (read whole) with its head, then ``body``; keeps what else arrives before the close."""
     upstream = Upstream()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream.connections += 1
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             head = await reader.readuntil(b"\r\n\r\n")
-            upstream.received += head
+            length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
+            upstream.received += head + await reader.readexactly(int(length[1]) if length else 0)
             payload = head + body
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
             await writer.drain()
@@ -538,5 +540,24 @@ def test_every_connection_is_closed_when_the_run_ends(tmp_path: Path) -> None:
         tunnel_record = next(r for r in records if r.method == "CONNECT")
         assert tunnel_record.allowed
         assert tunnel_record.bytes_out == tunnel_record.bytes_in == len(hello)
+
+    asyncio.run(scenario())
+
+
+def test_a_plain_http_request_body_is_forwarded_exactly(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with http_upstream() as upstream, running_proxy(tmp_path) as proxy:
+            authority = f"mirror.internal:{upstream.port}"
+            body = b"name=pkg&version=1"
+            answer = await proxy.exchange(
+                f"POST http://{authority}/upload HTTP/1.1\r\nHost: {authority}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            (record,) = await proxy.wait_records(1)
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert bytes(upstream.received).endswith(b"\r\n\r\n" + body)
+        assert record.allowed
+        assert record.bytes_out == len(upstream.received)
 
     asyncio.run(scenario())
