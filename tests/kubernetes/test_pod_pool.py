@@ -4,6 +4,7 @@ validates and is restricted like any other, serves exactly one request of its ow
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from gateway.errors import GatewayError, SandboxError, UnsafeOptionsError
 from gateway.policy import Policy
 from gateway.request import parse_request
 from gateway.runner.interface import Payload, RunSpec
-from gateway.runner.kubernetes.pod import DECISION_LABEL, POOL_LABEL, REQUEST_LABEL, guard, profile_part
+from gateway.runner.kubernetes.pod import DECISION_LABEL, POD_COMMAND, POOL_LABEL, REQUEST_LABEL, guard, profile_part
 from gateway.runner.kubernetes.runner import KubernetesRunner, KubernetesSandbox
 from tests.kubernetes.fakeapi import FakeApiServer
 from tests.kubernetes.test_pod_manifests import VERSION, restricted_violations
@@ -50,6 +51,20 @@ def test_a_pooled_pod_holds_nothing_of_a_request(
     guard(idle.created_with)
     assert fake_api.cluster.submitted == [pod]
     assert fake_api.cluster.payloads == []  # waiting for its one payload
+    kube_runner.discard(idle)
+    assert fake_api.cluster.live() == []
+
+
+def test_a_pooled_pod_of_another_language_keeps_the_supervisors_command(
+    kube_runner: KubernetesRunner, fake_api: FakeApiServer, default_policy: Policy
+) -> None:
+    # The profile names the language its sandbox is made for; a Pod keeps the fixed command (the supervisor
+    # pre-forks Python; a shell or JavaScript program gets its interpreter fresh).
+    profile, _ = _decide(kube_runner, default_policy)
+    idle = kube_runner.prepare_idle(dataclasses.replace(profile, interpreter="javascript"), ttl_s=600)
+    assert idle.created_with is not None
+    assert idle.created_with["pod"]["spec"]["containers"][0]["command"] == list(POD_COMMAND)
+    guard(idle.created_with)
     kube_runner.discard(idle)
     assert fake_api.cluster.live() == []
 
