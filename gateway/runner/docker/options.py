@@ -173,7 +173,8 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
         "runtime": profile.runtime,
         "labels": {MANAGED_LABEL: "true", POLICY_LABEL: profile.policy},
     }
-    if profile.interpreter != "python":
+    if profile.interpreter != "python" and profile.interpreter in INTERPRETERS:
+        # (A language no sandbox runs, which no loaded policy allows, keeps Python's: the payload refuses it.)
         options["labels"][INTERPRETER_LABEL] = profile.interpreter
     if profile.network == "none":
         # No network stack wiring at all (still a private namespace with only lo). Besides removing the
