@@ -130,9 +130,10 @@ PROGRAMS = {
     "javascript": ("main.js", ["/usr/bin/node"]),
 }
 # Node and bash started ahead (``prefork``) wait on fd 3 for the go message, then run the program as
-# ``node main.js`` / ``bash --noprofile --norc main.sh`` would. Node's: opens stdout / stderr and loads the
-# empty module /dev/null (uncached again) ahead, so the module loader's code is compiled before the program
-# (Debian's node has no code cache: 1-3 ms less per run); then, given the same length-prefixed block as the
+# ``node main.js`` / ``bash --noprofile --norc main.sh`` would. Node's: opens stdout / stderr, loads the empty
+# module /dev/null (uncached again) and formats a few values as console.log does (output to nothing) ahead, so
+# the module loader's and the formatter's code are compiled before the program (Debian's node has no code
+# cache: 2-4 ms less per run under runc); then, given the same length-prefixed block as the
 # Python child's, it sets process.env, closes fds 3 and 4, takes off what ``-e`` adds (the builtin modules as
 # globals: their setter is ``setReal``; ``require``, ``module``, ...; ``execArgv``, which
 # ``child_process.fork`` would pass on), all its own names in a closure, and runs main.js (its path is
@@ -140,6 +141,7 @@ PROGRAMS = {
 # path, no positional arguments, and it sources main.sh (no second exec).
 NODE_BOOT = r'''(() => { const fs = require("fs"), M = require("module");
 process.stdout; process.stderr; require("/dev/null"); delete require.cache["/dev/null"];
+require("util").format("%s %d %j", "", 0, {}, [0]);
 const rd = (n) => { const b = Buffer.alloc(n); let o = 0; while (o < n) { const k = fs.readSync(3, b, o, n - o, null);
   if (k === 0) process.exit(125); o += k; } return b; };
 const d = rd(rd(4).readUInt32BE(0));
