@@ -7,10 +7,10 @@ machine's load hits every step alike. Per language:
 
 - ``<language>_cold``: ``Gateway.execute`` of ``{"code": ..., "language": ...}`` with no pool: a hardened
   single-use container created, started, run and removed on the request's path;
-- ``<language>_pooled``: the same through a gateway with a warm pool (size 2 per profile; shell shares Python's
-  image and so its profile, JavaScript's Node image is a profile of its own, warmed once the warm-up asked for
-  it); the benchmark waits, untimed, until every profile has refilled before the step, so every timed run is
-  a hit (``pool`` in the report counts the statuses);
+- ``<language>_pooled``: the same through a gateway with a warm pool (size 2 per profile; each language is a
+  profile of its own, its interpreter started ahead, warmed once the warm-up asked for it); the benchmark waits,
+  untimed, until every profile has refilled before the step, so every timed run is a hit (``pool`` in the report
+  counts the statuses);
 - ``<language>_docker_cli``: ``docker run --rm --network none --runtime RUNTIME IMAGE`` with ``python3 -c
   'print(2+2)'``, ``bash -c 'echo 4'`` or ``node -e 'console.log(2+2)'`` (none of the gateway's hardening);
 - ``python_pooled_fresh``: Python's pooled step with ``LANG`` in the request's ``env``, which makes the
