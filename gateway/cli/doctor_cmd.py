@@ -5,9 +5,10 @@ The checks, in order: the policy, the trail, the engine, gVisor, mounts, the ima
 (its own and the principals': each default image and allowlisted tag) and their recorded SBOMs, then the daemon
 settings (live restore, user namespace remapping, default no-new-privileges, the default bridge, an
 authorization plugin, the default seccomp profile), the engine and runc versions against the table of
-known-vulnerable ranges (:mod:`gateway.doctor.vulns`), the trail directory's owner and permissions, and every
-configured file: the server configuration (``--config``), the principals file (``--principals``, as ``gateway
-serve`` finds it) and each principal's policy. The daemon checks are :mod:`gateway.doctor.checks`, pure
+known-vulnerable ranges (:mod:`gateway.doctor.vulns`), whether runsc lets a sandbox connect to a host unix
+socket (the egress proxy's), the trail directory's owner and permissions, and every configured file: the
+server configuration (``--config``), the principals file (``--principals``, as ``gateway serve`` finds it)
+and each principal's policy. The daemon checks are :mod:`gateway.doctor.checks`, pure
 functions of ``docker info`` / ``docker version``; this module fetches those once.
 """
 
@@ -244,6 +245,7 @@ def _doctor(args: argparse.Namespace) -> int:
                 ("seccomp", lambda: checks.seccomp_default(info, policy_seccomp=seccomp)),
                 ("engine_version", lambda: checks.engine_version(version, info)),
                 ("runc_version", lambda: checks.runc_version(info, runtimes=runtimes)),
+                ("runsc_host_uds", lambda: checks.runsc_host_uds(info)),
             )
         )
     else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -37,6 +37,7 @@ __all__ = [
     "named_images",
     "no_new_privileges",
     "runc_version",
+    "runsc_host_uds",
     "sboms",
     "seccomp_default",
     "security_options",
@@ -236,6 +237,46 @@ def runc_version(info: Mapping[str, Any], *, runtimes: Collection[str] = ("runc"
         status = "WARN"
         detail += "; the configured policies allow only " + ", ".join(sorted(runtimes)) + ", not runc"
     return Check("runc_version", status, detail, remediation)
+
+
+def _connects_to_host_sockets(args: Sequence[str]) -> bool:
+    """Do runsc's ``args`` let a sandbox connect to a host unix socket? ``--host-uds=open`` or ``all`` (also as
+    ``--host-uds open``), or the older ``--fsgofer-host-uds``; the last such flag wins, as in runsc."""
+    found = False
+    for i, arg in enumerate(args):
+        name, eq, value = arg.lstrip("-").partition("=")
+        if name == "host-uds":
+            found = (value if eq else (args[i + 1] if i + 1 < len(args) else "")) in ("open", "all")
+        elif name == "fsgofer-host-uds":
+            found = not eq or value.lower() in ("1", "t", "true")
+    return found
+
+
+def runsc_host_uds(info: Mapping[str, Any]) -> Check:
+    """Is runsc registered so that a sandbox may connect to a host unix socket bound into it? Egress goes
+    through one (the proxy's per-run socket); gVisor refuses them unless runsc runs with ``--host-uds``."""
+    remediation = (
+        'run scripts/setup-engine.sh as root (it adds the flag and reloads dockerd), or add "--host-uds=open" '
+        f"to runtimes.runsc.runtimeArgs in {_DAEMON_JSON} and reload dockerd (SIGHUP)"
+    )
+    runsc = (info.get("Runtimes") or {}).get("runsc")
+    if not isinstance(runsc, Mapping):
+        return Check(
+            "runsc_host_uds",
+            "WARN",
+            "runsc is not registered (see the gvisor check), so no sandbox under gVisor can reach the egress proxy",
+            remediation,
+        )
+    args = [str(a) for a in runsc.get("runtimeArgs") or ()]
+    if _connects_to_host_sockets(args):
+        return Check("runsc_host_uds", "PASS", "runsc lets a sandbox connect to a host unix socket bound into it")
+    return Check(
+        "runsc_host_uds",
+        "WARN",
+        "runsc is registered without --host-uds=open: a sandbox under gVisor cannot connect to the egress proxy's "
+        "unix socket, so network egress under runsc will not work (runc is unaffected)",
+        remediation,
+    )
 
 
 def named_images(rules: Collection[ImagesRule]) -> dict[str, bool]:

@@ -370,6 +370,7 @@ DAEMON_CHECKS = [
     "seccomp",
     "engine_version",
     "runc_version",
+    "runsc_host_uds",
 ]
 
 
@@ -409,6 +410,8 @@ def test_doctor_reports_every_check(
     )
     assert (by_name["authz_plugin"]["status"] == "PASS") is bool(info["Plugins"].get("Authorization"))
     assert info["RuncCommit"]["ID"] in by_name["runc_version"]["detail"]
+    runsc_args = (info["Runtimes"].get("runsc") or {}).get("runtimeArgs") or []
+    assert (by_name["runsc_host_uds"]["status"] == "PASS") is ("--host-uds=open" in runsc_args)
     assert engine.version()["Version"] in by_name["engine_version"]["detail"]
 
 

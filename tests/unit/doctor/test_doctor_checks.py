@@ -42,6 +42,7 @@ def test_the_recorded_machine(info: dict[str, Any], version: dict[str, Any]) -> 
     assert runc.status == "FAIL"  # 1.1.5+ds1-1+deb12u1 carries the CVE-2024-21626 fix, not the 2025 ones
     assert "CVE-2025-31133" in runc.detail
     assert "CVE-2024-21626" not in runc.detail
+    assert checks.runsc_host_uds(info).status == "WARN"  # recorded before runsc got --host-uds=open
 
 
 def test_live_restore(info: dict[str, Any]) -> None:
@@ -122,6 +123,47 @@ def test_runc_version_statuses(info: dict[str, Any]) -> None:
     assert "only runsc" in warned.detail
     info["RuncCommit"]["ID"] = ""
     assert checks.runc_version(info).status == "WARN"
+
+
+def test_runsc_host_uds_warns_on_the_recorded_machine(info: dict[str, Any]) -> None:
+    """Registered before the egress proxy: no --host-uds, so a sandbox under gVisor cannot reach its socket."""
+    check = checks.runsc_host_uds(info)
+    assert check.status == "WARN"
+    assert "--host-uds=open" in check.detail
+    assert "scripts/setup-engine.sh" in check.remediation
+    assert "/etc/docker/daemon.json" in check.remediation
+
+
+@pytest.mark.parametrize(
+    ("added", "status"),
+    [
+        (["--host-uds=open"], "PASS"),
+        (["--host-uds=all"], "PASS"),
+        (["-host-uds", "open"], "PASS"),  # Go's flag package takes the value as the next argument too
+        (["--fsgofer-host-uds"], "PASS"),  # the older releases' flag
+        (["--fsgofer-host-uds=true"], "PASS"),
+        (["--host-uds=create"], "WARN"),  # may bind a socket, not connect to one
+        (["--host-uds=none"], "WARN"),
+        (["--host-uds"], "WARN"),  # no value
+        (["--fsgofer-host-uds=false"], "WARN"),
+        (["--host-uds=open", "--host-uds=none"], "WARN"),  # the last one wins
+        (["--host-uds=none", "--host-uds=open"], "PASS"),
+    ],
+)
+def test_runsc_host_uds_reads_the_runtime_args(info: dict[str, Any], added: list[str], status: str) -> None:
+    info["Runtimes"]["runsc"]["runtimeArgs"] += added
+    check = checks.runsc_host_uds(info)
+    assert check.status == status
+    assert bool(check.remediation) == (status == "WARN")
+
+
+def test_runsc_host_uds_without_runsc(info: dict[str, Any]) -> None:
+    del info["Runtimes"]["runsc"]
+    check = checks.runsc_host_uds(info)
+    assert check.status == "WARN"
+    assert "not registered" in check.detail
+    info["Runtimes"] = None
+    assert checks.runsc_host_uds(info).status == "WARN"
 
 
 def test_version_ranges() -> None:
