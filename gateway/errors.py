@@ -31,6 +31,7 @@ __all__ = [
     "ContainerLeftError",
     "ContractError",
     "DecisionWorkerError",
+    "EgressUnavailableError",
     "EngineUnavailableError",
     "ForbiddenError",
     "GatewayError",
@@ -436,6 +437,14 @@ class EngineUnavailableError(RunnerError):
 class ImageMissingError(RunnerError):
     code = "runner.image_missing"
     hint = "build the missing sandbox image locally with scripts/build-image.sh IMAGE (--list names them; no registry)"
+
+
+class EgressUnavailableError(RunnerError):
+    """A run the decision allowed network ``egress`` that this version's sandbox cannot give yet: refused before
+    any container is made (fail closed), never run without the proxy."""
+
+    code = "runner.egress_unavailable"
+    hint = "ask for network none; egress through the gateway's proxy is not wired into runs in this version"
 
 
 class SandboxError(RunnerError):

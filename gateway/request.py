@@ -59,6 +59,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "MAX_VALUES",
     "BinaryFile",
+    "EgressAsk",
     "ExecutionRequest",
     "MountRequest",
     "RequestLimits",
@@ -164,6 +165,15 @@ class RequestLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class EgressAsk:
+    """One destination a request with network ``egress`` narrows the policy's egress list to."""
+
+    host: str
+    """A host name, ``*.`` wildcard or IP literal, within a policy entry's host."""
+    ports: tuple[int, ...] = (443,)
+
+
+@dataclass(frozen=True, slots=True)
 class ExecutionRequest:
     """A validated request. Sizes are bytes; omitted fields are ``None`` (or empty) and get policy defaults."""
 
@@ -184,6 +194,9 @@ class ExecutionRequest:
     """Who is asking; recorded in the audit trail."""
     metadata: Mapping[str, Any] = field(default_factory=_empty)
     """Free-form caller data, recorded but never used for decisions; read-only at the top level."""
+    egress: tuple[EgressAsk, ...] | None = None
+    """With network ``egress``: the destinations the run may reach, each within the policy's list (rule
+    ``network.egress``); ``None``: the policy's whole list."""
 
     @property
     def code_bytes(self) -> int:
@@ -220,6 +233,8 @@ class ExecutionRequest:
             out["env"] = dict(self.env)
         if self.metadata:
             out["metadata"] = json.loads(json.dumps(dict(self.metadata)))
+        if self.egress is not None:
+            out["egress"] = [{"host": e.host, "ports": list(e.ports)} for e in self.egress]
         return out
 
 
@@ -510,6 +525,9 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
         env=MappingProxyType(doc.get("env", {})),
         principal=doc.get("principal"),
         metadata=MappingProxyType(doc.get("metadata", {})),
+        egress=None
+        if "egress" not in doc
+        else tuple(EgressAsk(e["host"], tuple(e.get("ports", (443,)))) for e in doc["egress"]),
     )
 
 

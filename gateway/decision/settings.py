@@ -13,12 +13,23 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.egress.addresses import Destination, HostError
+from gateway.egress.proxy import EgressLimits
 from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
-from gateway.policy.model import RUNSC_MIN_PIDS, Limit, Policy
+from gateway.policy.model import EGRESS, RUNSC_MIN_PIDS, EgressRule, Limit, Policy
 from gateway.policy.paths import is_within
-from gateway.request import ExecutionRequest
+from gateway.request import EgressAsk, ExecutionRequest
 
-__all__ = ["BackendLimits", "ResolvedMount", "SandboxProfile", "SandboxSettings", "pick", "resolve"]
+__all__ = [
+    "BackendLimits",
+    "ResolvedEgress",
+    "ResolvedMount",
+    "SandboxProfile",
+    "SandboxSettings",
+    "covering_entry",
+    "pick",
+    "resolve",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +97,95 @@ def _judge_mount(policy: Policy, source: str, target: str, mode: str) -> Resolve
 
 
 @dataclass(frozen=True, slots=True)
+class ResolvedEgress:
+    """The egress of one run with network ``egress``: exactly the destinations it may reach, and its limits.
+
+    ``destinations`` are the policy's entries, or the request's narrowing of them (each keeping the CIDRs of the
+    policy entry covering it): what the proxy is given as it is. A requested destination no entry covers is in
+    ``outside`` (rule ``network.egress`` judges it) and never among the destinations: a request never widens."""
+
+    destinations: tuple[Destination, ...]
+    connections: int
+    bytes_out: int
+    bytes_in: int
+    rate: int
+    outside: tuple[tuple[int, str], ...] = ()
+    """``(index in the request's egress list, why no policy entry covers it)``."""
+
+    def proxy_limits(self) -> EgressLimits:
+        """The proxy's limits for this run."""
+        return EgressLimits(
+            connections=self.connections, bytes_out=self.bytes_out, bytes_in=self.bytes_in, rate=self.rate
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "destinations": [
+                {"host": d.host, "ports": list(d.ports), "cidrs": [str(c) for c in d.cidrs]} for d in self.destinations
+            ],
+            "limits": {
+                "connections": self.connections,
+                "bytes_out": self.bytes_out,
+                "bytes_in": self.bytes_in,
+                "rate": self.rate,
+            },
+        }
+
+
+def covering_entry(rule: EgressRule, ask: EgressAsk) -> Destination | str:
+    """The policy entry that covers a requested destination (its host and every port), or why none does.
+
+    A name is covered by an entry naming it or a wildcard above it; a wildcard by the same or a wider wildcard;
+    an IP literal or network by an entry whose network holds it."""
+    try:
+        asked = Destination(ask.host, ask.ports)
+    except (HostError, ValueError) as exc:
+        return str(exc)
+    hosts: list[Destination] = []
+    for entry in rule.allow:
+        if asked.kind == "network":
+            covers = (
+                entry.network is not None
+                and asked.network is not None
+                and entry.network.version == asked.network.version
+                and asked.network.subnet_of(entry.network)  # type: ignore[arg-type]
+            )
+        elif asked.kind == "name":
+            covers = entry.names(asked.key)
+        else:
+            covers = entry.kind == "wildcard" and (asked.key == entry.key or asked.key.endswith("." + entry.key))
+        if covers:
+            hosts.append(entry)
+            if set(asked.ports) <= set(entry.ports):
+                return entry
+    if not hosts:
+        return f"host {ask.host!r} is not within any host of the policy's egress list"
+    allowed = sorted({p for e in hosts for p in e.ports})
+    return f"host {ask.host!r} ports {list(ask.ports)} are not all allowed; the policy allows {allowed} for it"
+
+
+def _resolve_egress(rule: EgressRule, asks: tuple[EgressAsk, ...] | None) -> ResolvedEgress:
+    destinations = list(rule.allow)
+    outside: list[tuple[int, str]] = []
+    if asks is not None:
+        destinations = []
+        for index, ask in enumerate(asks):
+            found = covering_entry(rule, ask)
+            if isinstance(found, str):
+                outside.append((index, found))
+            else:
+                destinations.append(Destination(ask.host, ask.ports, found.cidrs))
+    return ResolvedEgress(
+        destinations=tuple(destinations),
+        connections=int(rule.connections.default),
+        bytes_out=int(rule.bytes_out.default),
+        bytes_in=int(rule.bytes_in.default),
+        rate=int(rule.rate.default),
+        outside=tuple(outside),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxProfile:
     """What a sandbox is made of before any request arrives: the policy, the image, the runtime, the limits.
 
@@ -130,11 +230,13 @@ class SandboxSettings:
     mounts: tuple[ResolvedMount, ...]
     code_bytes: int
     files_bytes: int
+    egress: ResolvedEgress | None = None
+    """With network ``egress`` under a policy that lists destinations: what the run may reach; else None."""
 
     def plan(self) -> dict[str, Any]:
         """The ``plan`` object of the decision record (a contract: keys are added, never renamed)."""
         p = self.profile
-        return {
+        plan: dict[str, Any] = {
             "image": p.image,
             "runtime": p.runtime,
             "network": p.network,
@@ -148,6 +250,9 @@ class SandboxSettings:
             "files_bytes": self.files_bytes,
             "mounts": [m.to_dict() for m in self.mounts],
         }
+        if self.egress is not None:
+            plan["egress"] = self.egress.to_dict()
+        return plan
 
 
 def _canonical(path: str) -> str:
@@ -208,4 +313,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         mounts=tuple(_judge_mount(policy, m.source, m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,
         files_bytes=request.files_bytes,
+        egress=_resolve_egress(policy.network.egress, request.egress)
+        if profile.network == EGRESS and policy.network.egress is not None
+        else None,
     )

@@ -6,6 +6,7 @@ that fails any stage is never half-loaded. Compile once, evaluate many times.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import posixpath
 from dataclasses import replace
@@ -16,12 +17,14 @@ from typing import Any, cast
 from jsonschema import Draft202012Validator
 
 from gateway.canonical import policy_fingerprint_bytes, sha256_hex
+from gateway.egress.addresses import DEFAULT_PORT, Destination, HostError, refused_class
 from gateway.errors import PolicyError, Problem
 from gateway.policy.compose import MAX_POLICY_BYTES, decode_policy, read_policy, resolve_extends
 from gateway.policy.images import image_allowed, parse_image_ref
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
     DEFAULT_OUTPUT_FILES,
+    EGRESS,
     MAX_ENV_TOTAL_BYTES,
     MAX_ENV_VALUE_BYTES,
     MIN_CPUS,
@@ -29,6 +32,7 @@ from gateway.policy.model import (
     MIN_WORKSPACE,
     RELAXABLE_LIMITS,
     RUNSC_MIN_PIDS,
+    EgressRule,
     EnvRule,
     FilesRule,
     ImageEntry,
@@ -253,9 +257,81 @@ def _network(spec: dict[str, Any], sem: _Semantic) -> NetworkRule:
     for index, name in enumerate(net_allowed):
         if name == "host" or name.startswith("container:"):
             sem.fail(f"$.spec.network.allowed[{index}]", f"{name!r} can never be allowed")
+        elif name == EGRESS:
+            sem.fail(
+                f"$.spec.network.allowed[{index}]",
+                "'egress' is not a Docker network: list the destinations under spec.network.egress.allow, and a "
+                "request may then ask for network egress",
+            )
     if net_default not in net_allowed:
         sem.fail("$.spec.network.default", f"default {net_default!r} is not in allowed {list(net_allowed)}")
-    return NetworkRule(net_default, net_allowed, net_raw.get("mode", "enforce"))
+    egress = _egress(net_raw["egress"], sem) if "egress" in net_raw else None
+    return NetworkRule(net_default, net_allowed, net_raw.get("mode", "enforce"), egress)
+
+
+_EGRESS = "$.spec.network.egress"
+_EGRESS_DEFAULTS = EgressRule(allow=())
+
+
+def _refused_literal(entry: Destination) -> str | None:
+    """The refused class an IP literal or network host reaches into (judged by its first and last address), when
+    no CIDR of the entry holds it; None for a name, or a literal the entry's CIDRs show to be meant."""
+    network = entry.network
+    if network is None:
+        return None
+    if any(network.version == c.version and network.subnet_of(c) for c in entry.cidrs):  # type: ignore[arg-type]
+        return None
+    for address in (network.network_address, network.broadcast_address):
+        refused = refused_class(address)
+        if refused is not None:
+            return refused
+    return None
+
+
+def _egress(raw: dict[str, Any], sem: _Semantic) -> EgressRule:
+    """``spec.network.egress``: each entry a valid :class:`Destination`, no host twice, a literal in a refused
+    class only with a CIDR naming it, and each limit's default within its ceiling."""
+    destinations: list[Destination] = []
+    first: dict[str, int] = {}
+    for index, item in enumerate(raw["allow"]):
+        path = f"{_EGRESS}.allow[{index}]"
+        cidrs = []
+        for c_index, text in enumerate(item.get("cidrs", ())):
+            try:
+                cidrs.append(ipaddress.ip_network(text, strict=True))
+            except ValueError as exc:
+                sem.fail(f"{path}.cidrs[{c_index}]", f"{text!r} is not a network: {exc}; write e.g. 10.1.0.0/16")
+        try:
+            entry = Destination(item["host"], tuple(item.get("ports", (DEFAULT_PORT,))), tuple(cidrs))
+        except (HostError, ValueError) as exc:
+            sem.fail(f"{path}.host", str(exc))
+            continue
+        refused = _refused_literal(entry)
+        if refused is not None:
+            sem.fail(
+                f"{path}.host",
+                f"{item['host']!r} holds {refused} addresses; list a network holding it under cidrs too, to show it "
+                "is meant, or name the host instead",
+            )
+        key = f"{entry.kind}:{entry.key}"
+        if key in first:
+            sem.fail(f"{path}.host", f"host {item['host']!r} is already listed by allow[{first[key]}]; merge the ports")
+        first.setdefault(key, index)
+        destinations.append(entry)
+    lim = raw.get("limits", {})
+    section = f"{_EGRESS}.limits"
+    rule = EgressRule(
+        allow=tuple(destinations),
+        connections=sem.limit(lim, "connections", size=False, section=section, absent=_EGRESS_DEFAULTS.connections),
+        bytes_out=sem.limit(lim, "bytes_out", size=True, section=section, absent=_EGRESS_DEFAULTS.bytes_out),
+        bytes_in=sem.limit(lim, "bytes_in", size=True, section=section, absent=_EGRESS_DEFAULTS.bytes_in),
+        rate=sem.limit(lim, "rate", size=False, section=section, absent=_EGRESS_DEFAULTS.rate),
+        mode=raw.get("mode", "enforce"),
+    )
+    for name in ("bytes_out", "bytes_in"):
+        if getattr(rule, name).default == 0:
+            sem.fail(f"{section}.{name}.default", "0 bytes would let no connection carry anything; give a size")
+    return rule
 
 
 def _runtime(spec: dict[str, Any], sem: _Semantic, limits: Limits) -> RuntimeRule:

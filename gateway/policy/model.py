@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from gateway.egress.addresses import Destination
+
 __all__ = [
     "BURST_RESPONSES",
     "DEFAULT_LANGUAGE",
     "DEFAULT_OUTPUT_FILES",
+    "EGRESS",
     "MAX_ENV_TOTAL_BYTES",
     "MAX_ENV_VALUE_BYTES",
     "MIN_CPUS",
@@ -22,6 +25,7 @@ __all__ = [
     "RELAXABLE_LIMITS",
     "RUNSC_MIN_PIDS",
     "SESSION_MODES",
+    "EgressRule",
     "EnvRule",
     "FilesRule",
     "ImageEntry",
@@ -129,11 +133,38 @@ class Limits:
     """How many files a run returns at most (``/workspace/out``); the rest are left out, marked truncated."""
 
 
+EGRESS = "egress"
+"""The network a request names to reach the policy's egress list through the gateway's proxy (no network of
+its own: the sandbox keeps only loopback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRule:
+    """``spec.network.egress``: the destinations a run with network ``egress`` may reach, and its proxy's limits.
+
+    The entries are the proxy's own :class:`~gateway.egress.Destination` objects, built once here, so what the
+    decision records is exactly what the proxy will enforce."""
+
+    allow: tuple[Destination, ...]
+    connections: Limit = Limit(default=256, max=256)
+    """Connections one run may open in all."""
+    bytes_out: Limit = Limit(default=256 * 1024 * 1024, max=256 * 1024 * 1024)
+    """Bytes one run may send upstream in all."""
+    bytes_in: Limit = Limit(default=1024 * 1024 * 1024, max=1024 * 1024 * 1024)
+    """Bytes one run may receive from upstreams in all."""
+    rate: Limit = Limit(default=32, max=32)
+    """Connection attempts allowed within any second."""
+    mode: Mode = "enforce"
+    """The mode of the ``network.egress`` rule (a requested destination outside the list)."""
+
+
 @dataclass(frozen=True, slots=True)
 class NetworkRule:
     default: str = "none"
     allowed: tuple[str, ...] = ("none",)
     mode: Mode = "enforce"
+    egress: EgressRule | None = None
+    """``spec.network.egress``; ``None``: no destinations, so network ``egress`` is never allowed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gateway.decision.rules.base import Context, Finding, Rule, fail, ok, skip
+from gateway.egress.addresses import Destination
 from gateway.payload import file_name_problems
 from gateway.policy.images import image_allowed
+from gateway.policy.model import EGRESS
 
 __all__ = ["RULES"]
 
@@ -73,10 +75,49 @@ def _files(ctx: Context) -> Iterator[Finding]:
 def _network(ctx: Context) -> Iterator[Finding]:
     got = ctx.settings.profile.network
     allowed = list(ctx.policy.network.allowed)
+    egress = ctx.policy.network.egress
     if got == "host" or got.startswith("container:"):
         yield fail("$.network", got, allowed, f"network {got!r} can never be allowed", never_relaxed=True)
+    elif got == EGRESS and egress is None:
+        message = "network 'egress' is not allowed: the policy lists no egress destinations (spec.network.egress)"
+        yield fail("$.network", got, [*allowed, "egress (with spec.network.egress)"], message, never_relaxed=True)
+    elif got == EGRESS:
+        assert egress is not None  # noqa: S101 -- the branch above
+        count = len(egress.allow)
+        yield ok("$.network", got, [*allowed, EGRESS], f"network 'egress' is allowed ({count} destination(s))")
     else:
         yield _one_of("network", "$.network", got, allowed)
+
+
+def _show_destination(destination: Destination) -> dict[str, object]:
+    return {"host": destination.host, "ports": list(destination.ports)}
+
+
+def _egress(ctx: Context) -> Iterator[Finding]:
+    asks = ctx.request.egress
+    network = ctx.settings.profile.network
+    resolved = ctx.settings.egress
+    if network != EGRESS:
+        if asks is not None:
+            message = f"an egress list was given but the network is {network!r}; ask for network egress with it"
+            yield fail("$.egress", len(asks), {"network": EGRESS}, message, never_relaxed=True)
+        else:
+            yield skip("$.egress", f"network {network!r}: no egress")
+        return
+    if resolved is None:
+        yield skip("$.egress", "the policy lists no egress destinations (rule network.mode)")
+        return
+    rule = ctx.policy.network.egress
+    expected = [_show_destination(d) for d in rule.allow] if rule is not None else []
+    for index, why in resolved.outside:
+        assert asks is not None  # noqa: S101 -- only a request's own list has destinations outside
+        got = {"host": asks[index].host, "ports": list(asks[index].ports)}
+        yield fail(f"$.egress[{index}]", got, expected, f"{why}; a request may narrow the list, never widen it")
+    if not resolved.outside:
+        hosts = ", ".join(f"{d.host}:{','.join(map(str, d.ports))}" for d in resolved.destinations)
+        what = "the policy's list" if asks is None else "within the policy's list"
+        got_list = [_show_destination(d) for d in resolved.destinations]
+        yield ok("$.egress", got_list, expected, f"the run may reach {hosts} ({what})")
 
 
 def _runtime_allowed(ctx: Context) -> Iterator[Finding]:
@@ -140,10 +181,20 @@ LATER_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "network.mode", _network, lambda p: p.network.mode, "$.network",
-        checks="the network is one the policy allows",
+        checks="the network is one the policy allows; 'egress' only when the policy lists egress destinations",
         setting="$.spec.network", audit="warn",
-        never_relaxed="host networking and container:* networks",
+        never_relaxed="host networking and container:* networks; 'egress' without spec.network.egress",
         example="network 'bridge' is not allowed (allowed: ['none'])",
+    ),
+    Rule(
+        "network.egress", _egress, lambda p: p.network.egress.mode if p.network.egress else p.network.mode, "$.egress",
+        checks="with network egress, each destination the request lists (host and every port) is within the "
+        "policy's egress list; the run may reach exactly the resolved list (the decision's plan.egress)",
+        setting="$.spec.network.egress", audit="warn",
+        never_relaxed="a destination outside the list is never added to the run's (audit mode only warns about "
+        "it); an egress list without network egress",
+        example="host 'pypi.org' is not within any host of the policy's egress list; a request may narrow the "
+        "list, never widen it",
     ),
     Rule(
         "runtime.allowed", _runtime_allowed, lambda p: p.runtime.mode, "$.runtime",

@@ -22,7 +22,8 @@ from typing import Any
 from gateway.canonical import options_bytes
 from gateway.decision.model import copy_json
 from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
-from gateway.errors import Problem, UnsafeOptionsError
+from gateway.errors import EgressUnavailableError, Problem, UnsafeOptionsError
+from gateway.policy.model import EGRESS
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
 from gateway.runner.docker.seccomp import gateway_profile, profile_problems, profile_reference
@@ -33,6 +34,7 @@ __all__ = [
     "CONTAINER_CONFIG_KEYS",
     "DEADLINE_LABEL",
     "DECISION_LABEL",
+    "EGRESS_LABEL",
     "HOST_CONFIG_KEYS",
     "INSTANCE_LABEL",
     "INTERPRETER_LABEL",
@@ -70,6 +72,10 @@ INTERPRETER_LABEL = "io.agent-gateway.interpreter"
 part of the profile's options, so a pooled container serves only requests of its language."""
 POOL_LABEL = "io.agent-gateway.pool"
 """On a warm pool's container: the digest of the profile options it was created with (:func:`pool_key`)."""
+EGRESS_LABEL = "io.agent-gateway.egress"
+"""On the options of a run the decision allowed network ``egress``: it has no network (``network_mode: none``)
+and would reach its hosts through the gateway's proxy. This version cannot give it one, so the run-time guard
+refuses such options (:class:`~gateway.errors.EgressUnavailableError`) before any container is made."""
 SANDBOX_HOSTNAME = "sandbox"
 _TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
 _TMPFS_REQUIRED_FLAGS = ("noexec", "nosuid", "nodev")
@@ -176,7 +182,11 @@ def profile_options(profile: SandboxProfile) -> dict[str, Any]:
     if profile.interpreter != "python" and profile.interpreter in INTERPRETERS:
         # (A language no sandbox runs, which no loaded policy allows, keeps Python's: the payload refuses it.)
         options["labels"][INTERPRETER_LABEL] = profile.interpreter
-    if profile.network == "none":
+    if profile.network == EGRESS:
+        # Egress goes through the gateway's proxy only: the sandbox itself keeps no network but loopback.
+        options["network_mode"] = "none"
+        options["labels"][EGRESS_LABEL] = "proxy"
+    if options["network_mode"] == "none":
         # No network stack wiring at all (still a private namespace with only lo). Besides removing the
         # engine's network set-up from the attack surface, it makes container start about 2x faster here.
         options["network_disabled"] = True
@@ -292,7 +302,7 @@ class DockerAssembler:
         return build_options(settings, decision_id=decision_id, request_id=request_id)
 
     def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
-        guard(options, denied_paths=denied_paths)
+        guard(options, denied_paths=denied_paths, at_run=False)
 
     def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
         return recorded_options(options)
@@ -521,8 +531,13 @@ _CHECKS = (
 )
 
 
-def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
+def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = (), at_run: bool = True) -> None:
     """Refuse ``options`` (raise :class:`UnsafeOptionsError` listing every problem) unless all invariants hold.
+
+    At run time (``at_run``: every path that creates or claims a container) it also refuses what this version's
+    sandbox cannot give yet, though the decision may allow it: network ``egress`` (:data:`EGRESS_LABEL`) raises
+    :class:`~gateway.errors.EgressUnavailableError`, so such a run fails closed and nothing runs. The decision's
+    own check (:meth:`DockerAssembler.guard`) passes ``at_run=False``.
 
     ``denied_paths`` (deployment paths such as the audit sink's directory) needs no check here any more: no
     host path reaches the options, only this run's staging paths (``_check_mounts``); the judged host paths
@@ -532,3 +547,9 @@ def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> No
     if issues:
         problems = [Problem(message, path=path, code="decision.unsafe_options") for path, message in issues]
         raise UnsafeOptionsError(f"refused unsafe run options ({len(problems)} problem(s))", problems=problems)
+    labels = options.get("labels")
+    if at_run and isinstance(labels, Mapping) and EGRESS_LABEL in labels:
+        raise EgressUnavailableError(
+            "the decision allows network egress, but this version's sandbox cannot provide it yet (the egress "
+            "proxy is not wired into runs); nothing ran"
+        )

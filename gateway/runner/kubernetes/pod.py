@@ -34,7 +34,8 @@ from typing import Any
 
 from gateway.canonical import options_bytes
 from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
-from gateway.errors import Problem, UnsafeOptionsError
+from gateway.errors import EgressUnavailableError, Problem, UnsafeOptionsError
+from gateway.policy.model import EGRESS
 from gateway.runner.supervisor import SUPERVISOR, WORKSPACE
 
 __all__ = [
@@ -168,6 +169,11 @@ def _profile_pod(
 ) -> dict[str, Any]:
     """The Pod of ``profile``: everything but the labels that name one run."""
     p = profile
+    if p.network == EGRESS:
+        raise EgressUnavailableError(
+            "the decision allows network egress, but this version's Kubernetes sandbox cannot provide it yet (the "
+            "egress proxy is not wired into runs); nothing ran"
+        )
     if p.network != "none":
         raise UnsafeOptionsError(
             f"network {p.network!r} is not available on the Kubernetes backend: sandboxes have no network "

@@ -112,7 +112,9 @@ def test_gateway_policy_rules_json_and_text(capsys: pytest.CaptureFixture[str]) 
     assert by_id["limits.memory"]["audit"] == "clamp"
     assert by_id["limits.memory"]["path"] == "$.limits.memory"
     assert by_id["limits.memory"]["setting"] == "$.spec.limits.memory"
-    assert by_id["network.mode"]["never_relaxed"] == "host networking and container:* networks"
+    assert by_id["network.mode"]["never_relaxed"] == (
+        "host networking and container:* networks; 'egress' without spec.network.egress"
+    )
     assert by_id["mounts.writable"]["audit"] == "advisory"
     assert set(by_id["env.dangerous"]) == {"id", "checks", "path", "setting", "audit", "never_relaxed", "example"}
     assert main(["policy", "rules"]) == 0
