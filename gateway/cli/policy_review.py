@@ -28,7 +28,7 @@ from gateway.policy.compose import load_document
 from gateway.request import parse_request
 from gateway.runner.docker.options import DockerAssembler
 
-__all__ = ["expiry_warnings", "parse_duration", "register", "replay_request"]
+__all__ = ["diff_egress", "expiry_warnings", "parse_duration", "register", "replay_request"]
 
 _ABSENT = "(absent)"
 _DURATION = re.compile(r"([0-9]{1,6})([smhdw]?)")
@@ -113,17 +113,62 @@ def _compact(change: Mapping[str, Any], key: str) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
 
 
+def _egress_entries(policy: Policy) -> dict[str, dict[str, Any]]:
+    rule = policy.network.egress
+    return {
+        d.host if d.kind == "network" else ("*." if d.kind == "wildcard" else "") + d.key: {
+            "ports": list(d.ports),
+            "cidrs": [str(c) for c in d.cidrs],
+        }
+        for d in (rule.allow if rule is not None else ())
+    }
+
+
+def diff_egress(old: Policy, new: Policy) -> list[dict[str, Any]]:
+    """The egress destinations a policy change adds, removes or changes (ports, CIDRs), compared by normalised
+    host: ``{"host", "change", "old", "new"}``, absent sides omitted. What a reviewer must see of an egress change:
+    a host the sandbox may newly reach."""
+    a, b = _egress_entries(old), _egress_entries(new)
+    out: list[dict[str, Any]] = []
+    for host in sorted(set(a) | set(b)):
+        if host in a and host in b and a[host] == b[host]:
+            continue
+        change: dict[str, Any] = {"host": host, "change": "changed" if host in a and host in b else "added"}
+        if host in a:
+            change["old"] = a[host]
+            change["change"] = "changed" if host in b else "removed"
+        if host in b:
+            change["new"] = b[host]
+        out.append(change)
+    return out
+
+
+def _show_entry(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return _ABSENT
+    cidrs = f" cidrs {', '.join(entry['cidrs'])}" if entry["cidrs"] else ""
+    return f"ports {', '.join(map(str, entry['ports']))}{cidrs}"
+
+
 def _diff(args: argparse.Namespace) -> int:
     old_policy, new_policy = load_policy(args.old), load_policy(args.new)
     changes = diff_documents(load_document(args.old).data, load_document(args.new).data)
+    egress = diff_egress(old_policy, new_policy)
     if args.json:
         refs = {"old": _ref(old_policy, args.old), "new": _ref(new_policy, args.new)}
-        print(json.dumps({**refs, "changes": changes}, indent=2, sort_keys=True))
+        extra = {"egress": egress} if egress else {}
+        print(json.dumps({**refs, "changes": changes, **extra}, indent=2, sort_keys=True))
     else:
         print(f"--- {args.old} ({old_policy.name}@sha256:{old_policy.sha256[:12]})")
         print(f"+++ {args.new} ({new_policy.name}@sha256:{new_policy.sha256[:12]})")
         for change in changes:
             print(f"{change['path']}: {_compact(change, 'old')} -> {_compact(change, 'new')}")
+        for item in egress:
+            mark = {"added": "+", "removed": "-", "changed": "~"}[item["change"]]
+            shown = _show_entry(item.get("new") or item.get("old"))
+            if item["change"] == "changed":
+                shown = f"{_show_entry(item['old'])} -> {_show_entry(item['new'])}"
+            print(f"egress {mark} {item['host']}: {shown} ({item['change']})")
         if not changes:
             print("no differences in the effective policies")
     return 1 if changes else 0
@@ -145,7 +190,7 @@ def replay_request(record: Mapping[str, Any]) -> dict[str, Any]:
     less than the original request had."""
     stored = record["data"]["request"]
     out: dict[str, Any] = {
-        k: stored[k] for k in ("language", "image", "network", "runtime", "limits", "mounts") if k in stored
+        k: stored[k] for k in ("language", "image", "network", "runtime", "limits", "mounts", "egress") if k in stored
     }
     code = stored.get("code", "")
     size = stored.get("code_bytes")
