@@ -91,7 +91,9 @@ MAX_METADATA_DEPTH = 4
 """Deepest nesting of objects and arrays in ``metadata`` (``metadata`` itself is level 1); stated in the schema
 (``$defs/metadata2`` .. ``metadata5``)."""
 
-_SIZE_FIELDS = frozenset(("memory", "output_bytes", "output_files_bytes", "tmpfs"))
+_SIZE_FIELDS = frozenset(
+    ("memory", "output_bytes", "output_files_bytes", "tmpfs", "egress_bytes_out", "egress_bytes_in")
+)
 _TEXT_FIELDS = ("language", "image", "network", "runtime", "principal")
 
 
@@ -157,6 +159,14 @@ class RequestLimits:
     """How many files are returned from ``/workspace/out`` at most."""
     tmpfs: int | None = None
     """Bytes of each tmpfs."""
+    egress_connections: int | None = None
+    """With network ``egress``: connections the run may open in all."""
+    egress_bytes_out: int | None = None
+    """With network ``egress``: bytes the run may send upstream in all."""
+    egress_bytes_in: int | None = None
+    """With network ``egress``: bytes the run may receive in all."""
+    egress_rate: int | None = None
+    """With network ``egress``: connection attempts allowed within any second."""
 
     def to_dict(self) -> dict[str, Any]:
         """The limits that were given, as JSON data."""
@@ -452,7 +462,7 @@ def _limits(raw: Mapping[str, Any], bad: _Report) -> RequestLimits:
                 values[key] = parse_size(int(value) if isinstance(value, float) else value)
             except SizeError as exc:
                 bad(f"$.limits.{key}", str(exc))
-        elif key in ("pids", "output_files"):
+        elif key in ("pids", "output_files", "egress_connections", "egress_rate"):
             values[key] = int(value)
         elif key == "cpus":
             values[key] = float(value)

@@ -164,7 +164,9 @@ def covering_entry(rule: EgressRule, ask: EgressAsk) -> Destination | str:
     return f"host {ask.host!r} ports {list(ask.ports)} are not all allowed; the policy allows {allowed} for it"
 
 
-def _resolve_egress(rule: EgressRule, asks: tuple[EgressAsk, ...] | None) -> ResolvedEgress:
+def _resolve_egress(rule: EgressRule, request: ExecutionRequest) -> ResolvedEgress:
+    asks = request.egress
+    req = request.limits
     destinations = list(rule.allow)
     outside: list[tuple[int, str]] = []
     if asks is not None:
@@ -177,10 +179,10 @@ def _resolve_egress(rule: EgressRule, asks: tuple[EgressAsk, ...] | None) -> Res
                 destinations.append(Destination(ask.host, ask.ports, found.cidrs))
     return ResolvedEgress(
         destinations=tuple(destinations),
-        connections=int(rule.connections.default),
-        bytes_out=int(rule.bytes_out.default),
-        bytes_in=int(rule.bytes_in.default),
-        rate=int(rule.rate.default),
+        connections=int(pick(req.egress_connections, rule.connections)),
+        bytes_out=int(pick(req.egress_bytes_out, rule.bytes_out)),
+        bytes_in=int(pick(req.egress_bytes_in, rule.bytes_in)),
+        rate=int(pick(req.egress_rate, rule.rate)),
         outside=tuple(outside),
     )
 
@@ -313,7 +315,7 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         mounts=tuple(_judge_mount(policy, m.source, m.target, m.mode) for m in request.mounts),
         code_bytes=request.code_bytes,
         files_bytes=request.files_bytes,
-        egress=_resolve_egress(policy.network.egress, request.egress)
+        egress=_resolve_egress(policy.network.egress, request)
         if profile.network == EGRESS and policy.network.egress is not None
         else None,
     )

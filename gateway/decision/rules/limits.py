@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from gateway.decision.rules.base import Context, Finding, Rule, fail, ok
+from gateway.decision.rules.base import Context, Finding, Rule, fail, ok, skip
 from gateway.policy.model import MIN_CPUS, MIN_MEMORY, RUNSC_MIN_PIDS, Limit, Policy
 from gateway.sizes import format_size
 
@@ -33,6 +33,7 @@ def _ceiling_rule(
     example: str,
     floor: Callable[[Context], float | None] | None = None,
     capacity: Callable[[Context], float | None] | None = None,
+    egress: bool = False,
 ) -> Rule:
     """A rule that bounds one value by the policy's ceiling (and a floor the engine needs, and what the backend
     says it can give).
@@ -45,6 +46,14 @@ def _ceiling_rule(
     path = f"$.limits.{field}"
 
     def check(ctx: Context) -> Iterator[Finding]:
+        if egress and ctx.settings.egress is None:
+            # Only a run with network egress under a policy that lists destinations has this limit.
+            if getattr(ctx.request.limits, field) is None:
+                yield skip(path, "no egress: the limit does not apply")
+            else:
+                message = f"{field} was given but the run has no egress; ask for network egress with it"
+                yield fail(path, getattr(ctx.request.limits, field), {"network": "egress"}, message, never_relaxed=True)
+            return
         rule = limit(ctx.policy)
         maximum = rule.max
         low = None if floor is None else floor(ctx)
@@ -87,10 +96,30 @@ def _ceiling_rule(
         never.append("below the minimum a sandbox can be given")
     if capacity is not None:
         never.append("above what the backend can give (for Docker: the host's CPUs)")
+    if egress:
+        never.append("a value given without network egress")
+        name = field.removeprefix("egress_")
+        setting = f"$.spec.network.egress.limits.{name}"
+    else:
+        setting = f"$.spec.limits.{field}"
     return Rule(
         rule_id, check, lambda p: limit(p).mode, path,
-        checks=checks, setting=f"$.spec.limits.{field}", audit="clamp", never_relaxed="; ".join(never), example=example,
+        checks=checks, setting=setting, audit="clamp", never_relaxed="; ".join(never), example=example,
     )  # fmt: skip
+
+
+def _egress_limit(name: str) -> Callable[[Policy], Limit]:
+    """The policy's limit of egress ``name``; without an egress section, one in the network section's mode (the
+    rule then only skips, or denies a value given without egress)."""
+
+    def limit(policy: Policy) -> Limit:
+        rule = policy.network.egress
+        if rule is None:
+            return Limit(default=0, max=0, mode=policy.network.mode)
+        found: Limit = getattr(rule, name)
+        return found
+
+    return limit
 
 
 def _size_cap_rule(
@@ -184,6 +213,31 @@ RULES: tuple[Rule, ...] = (
         checks="the size of each tmpfs (/tmp, /workspace; also the file-size ulimit) is at most the ceiling and at "
         "least 1m",
         example="tmpfs 1g is above the ceiling 128m",
+    ),
+    _ceiling_rule(
+        "limits.egress_connections", "egress_connections", _egress_limit("connections"),
+        lambda c: c.settings.egress.connections if c.settings.egress else 0, size=False, egress=True,
+        checks="with network egress, the connections a run may open in all are at most the ceiling",
+        example="egress_connections 1000 is above the ceiling 256",
+    ),
+    _ceiling_rule(
+        "limits.egress_bytes_out", "egress_bytes_out", _egress_limit("bytes_out"),
+        lambda c: c.settings.egress.bytes_out if c.settings.egress else 0, size=True, egress=True,
+        checks="with network egress, the bytes a run may send upstream in all are at most the ceiling",
+        example="egress_bytes_out 1g is above the ceiling 256m",
+    ),
+    _ceiling_rule(
+        "limits.egress_bytes_in", "egress_bytes_in", _egress_limit("bytes_in"),
+        lambda c: c.settings.egress.bytes_in if c.settings.egress else 0, size=True, egress=True,
+        checks="with network egress, the bytes a run may receive in all are at most the ceiling",
+        example="egress_bytes_in 2g is above the ceiling 1g",
+    ),
+    _ceiling_rule(
+        "limits.egress_rate", "egress_rate", _egress_limit("rate"),
+        lambda c: c.settings.egress.rate if c.settings.egress else 0, size=False, egress=True,
+        checks="with network egress, the connection attempts a run may make within any second are at most the "
+        "ceiling",
+        example="egress_rate 100 is above the ceiling 32",
     ),
     _size_cap_rule(
         "limits.code_size", "$.code", "code", lambda p: p.limits.code_size, lambda c: c.settings.code_bytes,

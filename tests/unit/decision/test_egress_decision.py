@@ -103,3 +103,24 @@ def test_audit_mode_never_widens_and_never_allows_egress_without_destinations() 
     assert warned.settings is not None
     assert warned.settings.egress is not None
     assert [d.host for d in warned.settings.egress.destinations] == ["pypi.org"]
+
+
+def test_a_requests_egress_limits_are_the_runs_and_audit_mode_clamps_them_to_the_ceiling() -> None:
+    base = str(policies_dir() / "default.yaml")
+    egress = (
+        "    egress:\n      allow: [{host: pypi.org}]\n      limits:\n"
+        "        connections: {default: 8, max: 16, mode: audit, hard_max: 64}\n"
+    )
+    policy = load_policy_text(AUDIT.format(base=base, egress=egress))
+    asked = decide(policy, parse_request({"code": "x", "network": "egress", "limits": {"egress_connections": 12}}))
+    assert asked.settings is not None
+    assert asked.settings.egress is not None
+    assert asked.settings.egress.connections == 12
+    clamped = decide(policy, parse_request({"code": "x", "network": "egress", "limits": {"egress_connections": 40}}))
+    assert clamped.allowed
+    assert [r.rule for r in clamped.warnings] == ["limits.egress_connections"]
+    assert clamped.settings is not None
+    assert clamped.settings.egress is not None
+    assert clamped.settings.egress.connections == 16
+    above = decide(policy, parse_request({"code": "x", "network": "egress", "limits": {"egress_connections": 65}}))
+    assert [r.rule for r in above.violations] == ["limits.egress_connections"]
