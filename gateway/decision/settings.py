@@ -11,14 +11,17 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.egress.addresses import Destination, HostError
-from gateway.egress.proxy import EgressLimits
 from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
 from gateway.policy.model import EGRESS, RUNSC_MIN_PIDS, EgressRule, Limit, Policy
 from gateway.policy.paths import is_within
 from gateway.request import EgressAsk, ExecutionRequest
+
+if TYPE_CHECKING:
+    # gateway.egress loads its proxy (asyncio, ssl) too: imported where a run with egress needs it.
+    from gateway.egress.addresses import Destination
+    from gateway.egress.proxy import EgressLimits
 
 __all__ = [
     "BackendLimits",
@@ -114,6 +117,8 @@ class ResolvedEgress:
 
     def proxy_limits(self) -> EgressLimits:
         """The proxy's limits for this run."""
+        from gateway.egress.proxy import EgressLimits  # noqa: PLC0415 -- see the imports
+
         return EgressLimits(
             connections=self.connections, bytes_out=self.bytes_out, bytes_in=self.bytes_in, rate=self.rate
         )
@@ -137,6 +142,8 @@ def covering_entry(rule: EgressRule, ask: EgressAsk) -> Destination | str:
 
     A name is covered by an entry naming it or a wildcard above it; a wildcard by the same or a wider wildcard;
     an IP literal or network by an entry whose network holds it."""
+    from gateway.egress.addresses import Destination, HostError  # noqa: PLC0415 -- see the imports
+
     try:
         asked = Destination(ask.host, ask.ports)
     except (HostError, ValueError) as exc:
@@ -165,6 +172,8 @@ def covering_entry(rule: EgressRule, ask: EgressAsk) -> Destination | str:
 
 
 def _resolve_egress(rule: EgressRule, request: ExecutionRequest) -> ResolvedEgress:
+    from gateway.egress.addresses import Destination  # noqa: PLC0415 -- see the imports
+
     asks = request.egress
     req = request.limits
     destinations = list(rule.allow)

@@ -12,12 +12,11 @@ import posixpath
 from dataclasses import replace
 from datetime import datetime
 from functools import cache
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from jsonschema import Draft202012Validator
 
 from gateway.canonical import policy_fingerprint_bytes, sha256_hex
-from gateway.egress.addresses import DEFAULT_PORT, Destination, HostError, refused_class
 from gateway.errors import PolicyError, Problem
 from gateway.policy.compose import MAX_POLICY_BYTES, decode_policy, read_policy, resolve_extends
 from gateway.policy.images import image_allowed, parse_image_ref
@@ -56,6 +55,9 @@ from gateway.resources import load_schema
 from gateway.sizes import SizeError, format_size, parse_size
 from gateway.validation import problems_from_error
 from gateway.yamlstrict import LoadedYaml, load_yaml
+
+if TYPE_CHECKING:
+    from gateway.egress.addresses import Destination
 
 __all__ = [
     "MAX_POLICY_BYTES",
@@ -276,6 +278,8 @@ _EGRESS_DEFAULTS = EgressRule(allow=())
 def _refused_literal(entry: Destination) -> str | None:
     """The refused class an IP literal or network host reaches into (judged by its first and last address), when
     no CIDR of the entry holds it; None for a name, or a literal the entry's CIDRs show to be meant."""
+    from gateway.egress.addresses import refused_class  # noqa: PLC0415 -- see _egress
+
     network = entry.network
     if network is None:
         return None
@@ -291,6 +295,9 @@ def _refused_literal(entry: Destination) -> str | None:
 def _egress(raw: dict[str, Any], sem: _Semantic) -> EgressRule:
     """``spec.network.egress``: each entry a valid :class:`Destination`, no host twice, a literal in a refused
     class only with a CIDR naming it, and each limit's default within its ceiling."""
+    # Imported here: gateway.egress loads its proxy (asyncio, ssl) too, which only a policy with egress needs.
+    from gateway.egress.addresses import DEFAULT_PORT, Destination, HostError  # noqa: PLC0415
+
     destinations: list[Destination] = []
     first: dict[str, int] = {}
     for index, item in enumerate(raw["allow"]):

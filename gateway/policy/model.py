@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from gateway.egress.addresses import Destination
+if TYPE_CHECKING:
+    # gateway.egress loads its proxy (asyncio, ssl) with it: only a policy with egress pays for that import.
+    from gateway.egress.addresses import Destination
 
 __all__ = [
     "BURST_RESPONSES",

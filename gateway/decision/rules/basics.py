@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from gateway.decision.rules.base import Context, Finding, Rule, fail, ok, skip
-from gateway.egress.addresses import Destination
 from gateway.payload import file_name_problems
 from gateway.policy.images import image_allowed
 from gateway.policy.model import EGRESS
+
+if TYPE_CHECKING:
+    from gateway.egress.addresses import Destination
 
 __all__ = ["RULES"]
 
