@@ -617,6 +617,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (UnsafeOptionsError, EXIT_GATEWAY_FAILURE, 500),
     (EngineUnavailableError, EXIT_GATEWAY_FAILURE, 503),
     (ImageMissingError, EXIT_GATEWAY_FAILURE, 503),
+    (EgressUnavailableError, EXIT_GATEWAY_FAILURE, 501),
     (ContainerLeftError, EXIT_GATEWAY_FAILURE, 502),
     (SandboxError, EXIT_GATEWAY_FAILURE, 502),
     (RunnerError, EXIT_GATEWAY_FAILURE, 502),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.decision import evaluate
-from gateway.errors import EgressUnavailableError, RunnerError
+from gateway.errors import EXIT_GATEWAY_FAILURE, EgressUnavailableError, RunnerError, exit_code_for, http_status_for
 from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
@@ -36,6 +36,8 @@ def test_docker_options_have_no_network_and_the_run_time_guard_refuses_them(mirr
     assert info.value.code == "runner.egress_unavailable"
     assert "cannot provide it yet" in info.value.message
     assert "nothing ran" in info.value.message
+    # Not implemented in this version (like a backend without sessions), not a failing sandbox (502).
+    assert (http_status_for(info.value), exit_code_for(info.value)) == (501, EXIT_GATEWAY_FAILURE)
 
 
 def test_a_run_without_egress_still_passes_the_run_time_guard(mirror: Policy) -> None:
