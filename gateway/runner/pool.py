@@ -376,8 +376,9 @@ class WarmPool:
 
     def _claim(self, settings: SandboxSettings, spec: RunSpec) -> Lease:
         profile = settings.profile
-        if settings.mounts or spec.mounts or spec.workspace is not None:
-            return Lease("cold")  # a judged directory or a workspace is bound at create: never pooled
+        if settings.mounts or spec.mounts or spec.workspace is not None or settings.egress is not None:
+            # a judged directory, a workspace or (issue 31) a run's own egress socket is bound at create: never pooled
+            return Lease("cold")
         while True:
             with self._cond:
                 policy = self._policies.get(profile.policy)

@@ -427,3 +427,21 @@ def test_a_docker_claim_of_a_container_whose_options_fail_the_guard_is_refused(
     with pytest.raises(UnsafeOptionsError, match="refused unsafe run options") as info:
         DockerRunner(client=object()).claim(idle, decision.run)
     assert any(problem.path.startswith("$.mounts") for problem in info.value.problems)
+
+
+def test_an_egress_run_never_uses_the_pool(slots: HostSlots) -> None:
+    """A run with egress gets its own proxy socket at create (issue 31): it runs cold, and no pool is made for it."""
+    egress = dataclasses.replace(
+        load_policy(policies_dir() / "examples" / "egress-mirror.yaml"), pool=PoolConfig(size=1)
+    )
+    runner = FakeRunner()
+    with _gateway(egress, runner, slots, size=1) as gw:
+        pool = _pool(gw)
+        decision = gw.decide({"code": "1", "network": "egress"}).decision
+        assert decision is not None, "decided"
+        assert decision.allowed, decision.to_dict()
+        assert decision.settings is not None
+        assert decision.settings.egress is not None
+        assert decision.run is not None
+        assert pool.claim(decision.settings, decision.run).status == "cold"
+        assert pool.stats().cold == 1
