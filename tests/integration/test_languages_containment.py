@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,8 @@ from gateway.errors import UnsafeOptionsError
 from gateway.resources import policies_dir
 from gateway.runner.docker.options import INTERPRETER_LABEL, profile_part
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import Outcome, Payload, RunSpec
+from tests.integration.pooled_runner import MODES, runner_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,24 +37,10 @@ def lang(request: pytest.FixtureRequest, engine: Any) -> str:
     return name
 
 
-class PooledRunner(DockerRunner):
-    """Every execution through a pooled container made from the profile part of the run's options before the
-    payload exists, idle for a moment, then claimed as the warm pool claims one."""
-
-    def execute(
-        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None, **kw: Any
-    ) -> Outcome:  # fmt: skip
-        idle = self.prepare_pooled(profile_part(spec.options), ttl_s=spec.timeout_s + 60, pull=spec.pull)
-        time.sleep(0.2)  # idle before the claim: the deadline must count from the hand-over, not from start
-        claimed = self.claim(idle, spec)
-        assert claimed is not None, "the pooled container died while idle"
-        return self.run(claimed, payload, on_output=on_output, **kw)
-
-
-@pytest.fixture(params=("cold", "pooled"))
+@pytest.fixture(params=MODES)
 def runner(request: pytest.FixtureRequest, engine: Any) -> DockerRunner:
     """Cold and pooled (overrides the package fixture)."""
-    return PooledRunner(engine) if request.param == "pooled" else DockerRunner(engine)
+    return runner_for(request.param, engine)
 
 
 def options_of(options_for: Options, lang: str) -> dict[str, Any]:

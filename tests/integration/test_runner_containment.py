@@ -11,41 +11,24 @@ import secrets
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from gateway.runner.docker.options import profile_part
 from gateway.runner.docker.runner import DockerRunner
-from gateway.runner.interface import OnOutput, Outcome, Payload, RunSpec
+from gateway.runner.interface import Outcome, Payload, RunSpec
+from tests.integration.pooled_runner import MODES, runner_for
 
 pytestmark = pytest.mark.integration
 
 Options = Callable[..., dict[str, Any]]
-MODES = ("cold", "pooled")
-
-
-class PooledRunner(DockerRunner):
-    """The Docker runner, every execution through a pooled container: made from the profile part of the run's
-    options before the payload exists, then claimed like the warm pool claims one (``WarmPool`` adds only the
-    bookkeeping of many)."""
-
-    def execute(
-        self, spec: RunSpec, payload: Payload, *, on_output: OnOutput | None = None, **kw: Any
-    ) -> Outcome:  # fmt: skip
-        idle = self.prepare_pooled(profile_part(spec.options), ttl_s=spec.timeout_s + 60, pull=spec.pull)
-        time.sleep(0.2)  # idle before the claim: the deadline must count from the hand-over, not from start
-        claimed = self.claim(idle, spec)
-        assert claimed is not None, "the pooled container died while idle"
-        return self.run(claimed, payload, on_output=on_output, **kw)
 
 
 @pytest.fixture(params=MODES)
 def runner(request: pytest.FixtureRequest, engine: Any) -> DockerRunner:
     """The runner of the suite, in each mode (overrides the package fixture)."""
-    return PooledRunner(engine) if request.param == "pooled" else DockerRunner(engine)
+    return runner_for(request.param, engine)
 
 
 def run(runner: DockerRunner, options: dict[str, Any], code: str, *, timeout_s: float = 20, **spec: Any) -> Outcome:
