@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["KERNEL_GRACE_S", "KERNEL_READY_S", "DockerKernel"]
 
 _RECV = 1 << 16
+MEMORY_SETTLE_S = 2.0
+"""How long a kernel whose stream ended without a word waits for the engine to see its container exit before it
+reads ``OOMKilled``; a container already removed (the engine's AutoRemove) is judged by the engine's ``oom``
+events instead."""
 
 
 class DockerKernel(HostKernel["DockerSandbox"]):
@@ -44,6 +48,7 @@ class DockerKernel(HostKernel["DockerSandbox"]):
         self._runner = runner
         self._demux = Demux()
         self._opened_at = time.monotonic()
+        self._opened_unix = time.time()
         """Before the opening payload is sent: the supervisor's lifetime counts from a moment after this."""
 
     @property
@@ -95,11 +100,21 @@ class DockerKernel(HostKernel["DockerSandbox"]):
             return False
 
     def _memory(self) -> bool:
-        """Whether the engine says the container was killed for memory (False once it is removed)."""
+        """Whether the engine says the container was killed for memory (False once it is removed). Asked when the
+        kernel's stream ended without a word: the engine may not have seen the container exit yet (gVisor ends
+        the whole sandbox), so a state that still says running is asked again for up to
+        :data:`MEMORY_SETTLE_S`; once the container is gone, the engine's ``oom`` events answer."""
         if self.container_id is None:
             return False
+        deadline = time.monotonic() + MEMORY_SETTLE_S
         with contextlib.suppress(GatewayError):
-            return bool(self._runner._state(self.container_id).get("OOMKilled"))
+            while True:
+                state = self._runner._state(self.container_id)
+                if state and not state.get("Running"):
+                    return bool(state.get("OOMKilled"))
+                if not state or time.monotonic() >= deadline:  # removed (AutoRemove), or the engine is slow
+                    return self._runner._oom_event(self.container_id, self._opened_unix)
+                time.sleep(0.05)
         return False
 
     def _sandbox_facts(self) -> Mapping[str, Any]:

@@ -754,6 +754,21 @@ class DockerRunner:
             raise map_engine_error(exc, "inspecting the container") from exc
         return state
 
+    def _oom_event(self, container_id: str, since: float) -> bool:
+        """Whether the engine recorded an ``oom`` event for the container since ``since`` (unix time): the answer
+        that outlives the container (its state goes with it when the engine's AutoRemove removes it)."""
+        try:
+            events = self.client.api.events(
+                since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                filters={"container": container_id, "event": "oom"},
+            )  # fmt: skip
+            try:
+                return any(True for _ in events)
+            finally:
+                events.close()
+        except Exception as exc:
+            raise map_engine_error(exc, "reading the engine's events") from exc
+
     # -- kill / remove / reap --------------------------------------------------------------------------
 
     def _kill(self, container_id: str) -> None:
