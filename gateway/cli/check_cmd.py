@@ -51,13 +51,18 @@ def render_decision(decision: Decision) -> str:
     lines.append(f"rules: {len(passed)} passed, {len(decision.results) - len(passed)} other")
     if decision.settings is not None and decision.run is not None:
         lines.append("plan:")
-        lines.extend(f"  {k}: {v}" for k, v in decision.settings.plan().items())
+        lines.extend(f"  {k}: {_shown(v)}" for k, v in decision.settings.plan().items())
     options = decision.recorded_options
     if options is not None and decision.run is not None:
         lines.append(f"options ({decision.run.backend} backend):")
         shown = json.dumps(dict(options), indent=2, sort_keys=True)
         lines.extend("  " + line for line in shown.splitlines())
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> Any:
+    """A plan value as the output shows it: a list or mapping (mounts, egress) as compact JSON, else as it is."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, list | tuple | dict) else value
 
 
 def check_main(args: argparse.Namespace) -> int:

@@ -63,3 +63,15 @@ def test_impact_replays_a_requests_egress_list(tmp_path: Path, capsys: pytest.Ca
     assert [(d["principal"], d["rules"], d["was_allowed"]) for d in report["denied"]] == [
         ("fetcher", ["network.egress"], True)
     ]
+
+
+def test_gateway_check_shows_the_egress_plan_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"code": "1", "network": "egress"}))
+    policy = policies_dir() / "examples" / "egress-mirror.yaml"
+    assert main(["check", str(request), "--policy", str(policy), "--audit-dir", str(tmp_path / "audit")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [egress] = [line for line in lines if line.startswith("  egress: ")]
+    shown = json.loads(egress.removeprefix("  egress: "))
+    assert shown["destinations"] == [{"cidrs": ["127.0.0.0/8"], "host": "mirror.internal", "ports": [18089, 18443]}]
+    assert "  mounts: []" in lines
