@@ -138,11 +138,14 @@ class Case:
 
 
 class Worker:
-    """One peer worker process (``peer_worker.py`` in the peer's venv), one request at a time over a pipe."""
+    """One peer worker process (``script``, by default ``peer_worker.py``, in the peer's venv), one request at a
+    time over a pipe."""
 
-    def __init__(self, python: Path, peer: str, runtime: str, label: str, log_dir: Path) -> None:
+    def __init__(
+        self, python: Path, peer: str, runtime: str, label: str, log_dir: Path, *, script: Path = WORKER
+    ) -> None:
         self.log = log_dir / f"{peer}-{runtime}-{uuid.uuid4().hex[:8]}.log"
-        argv = [str(python), str(WORKER), "--peer", peer, "--image", IMAGE, "--runtime", runtime, "--label", label]
+        argv = [str(python), str(script), "--peer", peer, "--image", IMAGE, "--runtime", runtime, "--label", label]
         with self.log.open("wb") as log:
             # A new session: a Ctrl-C in the terminal reaches this process only, which then closes the workers
             # in order (each closes its own session) before sweeping the containers by label.
@@ -172,16 +175,16 @@ class Worker:
         except OSError:
             return "(no log)"
 
-    def call(self) -> None:
+    def call(self, command: str = "run") -> None:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write("run\n")
+            self.proc.stdin.write(command + "\n")
             self.proc.stdin.flush()
         except OSError as exc:
             raise CaseError(f"worker gone: {exc}: {self._tail()}") from exc
         reply = self._read()
         if not reply.get("ok"):
-            raise CaseError(str(reply.get("error")))
+            raise CaseError(f"{command}: {reply.get('error')}")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Ask the worker to close its peer session and exit; kill it if it does not in ``timeout_s``."""

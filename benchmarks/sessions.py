@@ -52,11 +52,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from cases import CODE, EXPECTED, IMAGE, percentile, print_steps, run_info
-from peers import RUN_LABEL, peers_dir
+from peers import RUN_LABEL, CaseError, Worker, peers_dir
 from service import gateway_serve_with
 
 from gateway import Gateway, PoolConfig
@@ -215,61 +216,14 @@ def peer_python(root: Path, name: str, progress: Callable[[str], None]) -> Path:
     return python
 
 
-class PeerWorker:
-    """``session_peer_worker.py`` in the peer's venv: one request at a time over a pipe."""
-
-    def __init__(self, python: Path, peer: str, runtime: str, label: str, log: Path) -> None:
-        self.log = log
-        argv = [str(python), str(WORKER), "--peer", peer, "--image", IMAGE, "--runtime", runtime, "--label", label]
-        with log.open("wb") as err:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
-            )
-        hello = self._read()
-        if not hello.get("ready"):
-            self.close()
-            raise StepError(f"{peer} worker did not start: {hello.get('error')}")
-        self.versions: dict[str, str] = hello.get("versions", {})
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            return {"ok": False, "error": f"worker exited: {self.log.read_text(errors='replace')[-600:]}"}
-        data = json.loads(line)
-        return data if isinstance(data, dict) else {"ok": False, "error": line[:200]}
-
-    def step(self, command: str) -> Step:
-        def call() -> None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(command + "\n")
-            self.proc.stdin.flush()
-            reply = self._read()
-            if not reply.get("ok"):
-                raise StepError(f"{command}: {reply.get('error')}")
-
-        return call
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 # --- measurement ----------------------------------------------------------------------------------------
 
 
-def timed_close(worker: PeerWorker) -> float:
+def timed_close(worker: Worker) -> float:
     """Milliseconds of the peer's own close of a sandbox it just created (once, before the rounds)."""
-    worker.step("create")()
+    worker.call("create")
     start = time.perf_counter()
-    worker.step("drop")()
+    worker.call("drop")
     return (time.perf_counter() - start) * 1000
 
 
@@ -437,17 +391,20 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
             )))  # fmt: skip
         add("create_kernel_http", lambda: list(zip(("create_kernel_http", "close_kernel_http"), http_create(client),
                                                    strict=True)))  # fmt: skip
-        workers: list[PeerWorker] = []
-        stack.callback(lambda: [w.close() for w in workers])
+        workers: list[Worker] = []
+        stack.callback(lambda: [w.close(60) for w in workers])
         for prefix, peer in PEERS.items():
             progress(f"starting {peer}")
 
             def make(prefix: str = prefix, peer: str = peer) -> list[tuple[str, Step]]:
                 python = peer_python(args.peers_dir, prefix, progress)
-                worker = PeerWorker(python, peer, args.runtime, label, work / f"{peer}.log")
+                worker = Worker(python, peer, args.runtime, label, work, script=WORKER)
                 workers.append(worker)
                 versions[peer] = worker.versions
-                return [(f"{prefix}_cell", worker.step("print")), (f"{prefix}_reuse", worker.step("reuse"))]
+                return [
+                    (f"{prefix}_cell", partial(worker.call, "print")),
+                    (f"{prefix}_reuse", partial(worker.call, "reuse")),
+                ]
 
             add(prefix, make)
             if prefix in cases:
@@ -457,11 +414,12 @@ def run(args: argparse.Namespace, engine: Any, progress: Progress) -> dict[str, 
                 if drop == "discard":
                     try:
                         times_once["autogen_close"] = [timed_close(worker)]
-                    except StepError as exc:
+                    except CaseError as exc:
                         errors["autogen_close"] = str(exc)
                 cases[f"{prefix}_create"] = [
-                    (f"{prefix}_create", worker.step("create")), (f"{prefix}_{drop}", worker.step(drop))
-                ]  # fmt: skip
+                    (f"{prefix}_create", partial(worker.call, "create")),
+                    (f"{prefix}_{drop}", partial(worker.call, drop)),
+                ]
         clock = time.monotonic()
         times = measure(cases, rounds=args.rounds, warmup=args.warmup, errors=errors, progress=progress)
         times.update(times_once)
