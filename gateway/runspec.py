@@ -11,9 +11,12 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ContractError, Problem
+
+if TYPE_CHECKING:
+    from gateway.egress.proxy import EgressPlan
 
 __all__ = ["PULL_POLICIES", "HostMount", "RunSpec", "Workspace"]
 
@@ -104,6 +107,8 @@ class RunSpec:
     workspace: Workspace | None = None
     """A session's workspace (``gateway.runner.workspace``): bound at ``/workspace`` in place of the run's own
     tmpfs. Set by the session manager on the decision's spec; never from a request."""
+    egress: EgressPlan | None = None
+    """With network ``egress``: the destinations and limits of the run's own proxy (issue 31); None otherwise."""
 
     def __post_init__(self) -> None:
         # A private deep copy: nothing the caller keeps can change what was guarded.

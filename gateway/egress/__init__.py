@@ -6,13 +6,24 @@ bound into the sandbox, and the Gateway will hand its records to the audit trail
 """
 
 from gateway.egress.addresses import Destination, EgressRules, Verdict, parse_ip_literal, refused_class
-from gateway.egress.proxy import ConnectionRecord, EgressLimits, EgressProxy, EgressStats, Resolver, SystemResolver
+from gateway.egress.proxy import (
+    ConnectionRecord,
+    EgressLimits,
+    EgressPlan,
+    EgressProxy,
+    EgressReport,
+    EgressStats,
+    Resolver,
+    SystemResolver,
+)
 
 __all__ = [
     "ConnectionRecord",
     "Destination",
     "EgressLimits",
+    "EgressPlan",
     "EgressProxy",
+    "EgressReport",
     "EgressRules",
     "EgressStats",
     "Resolver",

@@ -24,10 +24,27 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from gateway.egress.addresses import EgressRules, IPAddress, Match, Verdict, normalise_name, parse_ip_literal
+from gateway.egress.addresses import (
+    Destination,
+    EgressRules,
+    IPAddress,
+    Match,
+    Verdict,
+    normalise_name,
+    parse_ip_literal,
+)
 from gateway.egress.tls import HelloError, read_client_hello
 
-__all__ = ["ConnectionRecord", "EgressLimits", "EgressProxy", "EgressStats", "Resolver", "SystemResolver"]
+__all__ = [
+    "ConnectionRecord",
+    "EgressLimits",
+    "EgressPlan",
+    "EgressProxy",
+    "EgressReport",
+    "EgressStats",
+    "Resolver",
+    "SystemResolver",
+]
 
 MAX_HEAD_BYTES = 16 * 1024
 """The largest request head (request line and headers) the proxy reads."""
@@ -120,6 +137,31 @@ class EgressStats:
     bytes_in: int = 0
     limited: int = 0
     """Connections refused or ended by a limit."""
+
+
+@dataclass(frozen=True)
+class EgressPlan:
+    """What the decision allows one run to reach, as the runner hands it to the run's proxy (``RunSpec.egress``)."""
+
+    destinations: tuple[Destination, ...]
+    limits: EgressLimits
+
+
+@dataclass(frozen=True)
+class EgressReport:
+    """One run's egress as the runner returns it (``Outcome.egress``): its connection records and totals.
+
+    ``records`` keeps at most a bounded number of records (the runner's cap); ``dropped`` counts the ones left out,
+    which the totals still count."""
+
+    records: tuple[ConnectionRecord, ...]
+    connections: int
+    """Connections the proxy opened upstream."""
+    denied: int
+    """Connection attempts refused (by a rule or a limit)."""
+    bytes_out: int
+    bytes_in: int
+    dropped: int = 0
 
 
 class _Denied(Exception):  # noqa: N818 -- a control-flow signal carrying the verdict, not an error to report

@@ -21,6 +21,7 @@ from gateway.runspec import PULL_POLICIES, HostMount, RunSpec
 if TYPE_CHECKING:
     from gateway.decision.engine import Assembler
     from gateway.decision.settings import SandboxProfile
+    from gateway.egress.proxy import EgressReport
     from gateway.slots import Slot
 
 __all__ = [
@@ -103,6 +104,8 @@ class Outcome:
     ``OOMKilled``, ``Evicted``, ``DeadlineExceeded``). Empty for the Docker backend."""
     pool: PoolStatus | None = None
     """``hit`` / ``miss`` / ``cold`` (see ``POOL_STATUSES``), set by the Gateway; None from a bare runner."""
+    egress: EgressReport | None = None
+    """A run with network ``egress``: its connection records and totals from the run's proxy; None otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view (bytes decoded as UTF-8 with replacement; file contents as sizes)."""
