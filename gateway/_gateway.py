@@ -32,6 +32,7 @@ from gateway.errors import (
     CancelledRunError,
     ContractError,
     GatewayError,
+    PackageInstallError,
     PolicyError,
     PrincipalMismatchError,
     Problem,
@@ -42,7 +43,7 @@ from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
 from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
 from gateway.resources import policy_path_from_env
-from gateway.result import ExecutionResult, outcome_data, raw_bytes
+from gateway.result import ExecutionResult, connection_data, outcome_data, raw_bytes
 from gateway.runner import Outcome, Payload, Runner, RunSpec
 from gateway.runner.interface import OnOutput, PoolingRunner, PoolStatus
 from gateway.runner.pool import Lease, WarmPool
@@ -444,6 +445,10 @@ class Gateway:
         spec, settings = decision.run, decision.settings
         if spec is None or settings is None:
             return None, ContractError("an allowed decision carries no run specification")
+        if settings.packages is not None:
+            # Fail closed until the install phase (issue 31) is wired: a run never starts without its packages.
+            asked = ", ".join(str(r) for r in settings.packages.requirements)
+            return None, PackageInstallError(f"this gateway cannot install packages yet ({asked}); nothing ran")
         with self._tracer.start_as_current_span(SPAN_SANDBOX) as sspan:
             outcome: Outcome | None = None
             error: GatewayError | None = None
@@ -508,6 +513,10 @@ class Gateway:
         image = decision.settings.profile.image if decision.settings is not None else ""
         if outcome is not None and outcome.pulled:
             self._append("image.pulled", {"image": image, "image_id": outcome.image_id}, **records)
+        if outcome is not None and outcome.egress is not None:
+            # Not waited for, one by one: the outcome's record, appended next, makes them durable together.
+            for connection in outcome.egress.records:
+                self._append("network.connection", connection_data(connection), durable=False, **records)
         self._append("execution.outcome", outcome_data(image, outcome, error), **records)
 
     def _append(self, event_type: str, data: Mapping[str, Any], *, caller: Caller | None = None, **kw: Any) -> None:

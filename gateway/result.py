@@ -9,7 +9,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.audit.pipeline import bounded
 from gateway.decision import Decision
@@ -23,7 +23,10 @@ from gateway.errors import (
 )
 from gateway.runner.interface import NOTHING_RAN, Outcome
 
-__all__ = ["ExecutionResult", "outcome_data", "raw_bytes"]
+if TYPE_CHECKING:
+    from gateway.egress.proxy import ConnectionRecord, EgressReport
+
+__all__ = ["ExecutionResult", "connection_data", "outcome_data", "raw_bytes"]
 
 
 def _text(data: bytes) -> str:
@@ -130,6 +133,8 @@ class ExecutionResult:
             "audit_ok": self.audit_ok,
             "exit_status": self.exit_status,
         }
+        if self.outcome is not None and self.outcome.egress is not None:
+            out["egress"] = _egress_totals(self.outcome.egress)  # only a run with egress: other results unchanged
         if self.session_id is not None:
             out |= {
                 "session_id": self.session_id,
@@ -154,7 +159,7 @@ def raw_bytes(raw: object) -> bytes:
 
 def outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None) -> dict[str, Any]:
     o = outcome or NOTHING_RAN
-    return {
+    data = {
         "exit_code": o.exit_code,
         "timed_out": o.timed_out,
         "oom_killed": o.oom_killed,
@@ -171,6 +176,38 @@ def outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None
         "error": {"code": error.code, "message": error.message} if error else None,
         **({"sandbox": dict(o.sandbox)} if o.sandbox else {}),
     }
+    if o.egress is not None:  # each connection is a network.connection record of its own, written just before
+        data["egress"] = {**_egress_totals(o.egress), "records_dropped": o.egress.dropped}
+    return data
+
+
+def _egress_totals(egress: EgressReport) -> dict[str, int]:
+    """A run's egress totals, as its result and its ``execution.outcome`` record state them."""
+    return {
+        "connections": egress.connections,
+        "denied": egress.denied,
+        "bytes_out": egress.bytes_out,
+        "bytes_in": egress.bytes_in,
+    }
+
+
+def connection_data(record: ConnectionRecord) -> dict[str, Any]:
+    """The ``data`` of one ``network.connection`` record (the request's ids come with the envelope)."""
+    data: dict[str, Any] = {
+        "host": record.host,
+        "port": record.port,
+        "address": record.address,
+        "method": record.method,
+        "decision": "allowed" if record.allowed else "denied",
+        "rule": record.rule,
+        "bytes_out": record.bytes_out,
+        "bytes_in": record.bytes_in,
+        "duration_ms": max(0, round(record.duration * 1000)),  # the trail's canonical JSON has no floats
+        "ended": record.ended,
+    }
+    if record.message:  # why it was denied or ended early
+        data["message"] = record.message
+    return data
 
 
 def _files_data(o: Outcome) -> dict[str, Any]:

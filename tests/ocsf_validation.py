@@ -12,7 +12,9 @@ event is validated in two layers:
    the input: a misspelt or mistyped field fails instead of being dropped silently.
 2. **The class layer the library lacks**: the attributes the OCSF 1.5.0 schema marks required for each class
    and the activity ids it defines (``events/application/api_activity.json`` and the others in
-   ocsf/ocsf-schema at tag 1.5.0), and ``type_uid = class_uid * 100 + activity_id``.
+   ocsf/ocsf-schema at tag 1.5.0), its ``at_least_one`` constraints (Network and HTTP Activity), the types of
+   the network objects the export fills (``traffic``, an endpoint's ``port``, ``http_request``), and
+   ``type_uid = class_uid * 100 + activity_id``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,15 @@ _CLASSES: dict[int, tuple[int, tuple[str, ...], frozenset[int]]] = {
     6002: (6, ("app",), frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 99})),  # Application Lifecycle
     6008: (6, (), frozenset({0, 1, 2, 99})),  # Application Error
     3002: (3, ("user",), frozenset({0, 1, 2, 3, 4, 5, 6, 7, 99})),  # Authentication
+    4001: (4, (), frozenset({0, 1, 2, 3, 4, 5, 6, 7, 99})),  # Network Activity
+    4002: (4, (), frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 99})),  # HTTP Activity
 }
+_ENDPOINTS = ("dst_endpoint", "src_endpoint")
+_AT_LEAST_ONE: dict[int, tuple[tuple[str, ...], ...]] = {  # each class's at_least_one constraints
+    4001: (_ENDPOINTS,),  # network.json's
+    4002: (("http_request", "http_response"), _ENDPOINTS),  # http_activity.json's, and network.json's it extends
+}
+_TRAFFIC = ("bytes", "bytes_in", "bytes_out", "packets", "packets_in", "packets_out")
 _ACTOR_ONE_OF = ("process", "user", "iam_role", "invoked_by", "session", "app_name", "app_uid")
 _ENDPOINT_ONE_OF = ("ip", "uid", "name", "hostname", "svc_name", "instance_uid", "interface_uid", "interface_name")
 
@@ -70,6 +80,19 @@ def validate_event(event: Mapping[str, Any]) -> None:
     assert event["status_id"] in (0, 1, 2, 99)
     for key in required:
         assert key in event, f"class {class_uid}: missing required {key}"
+    for keys in _AT_LEAST_ONE.get(class_uid, ()):
+        assert any(k in event for k in keys), f"class {class_uid} needs one of {keys}"
+    traffic = event.get("traffic")
+    if traffic is not None:
+        assert all(k in _TRAFFIC and type(v) is int and v >= 0 for k, v in traffic.items()), f"traffic: {traffic!r}"
+    for key in ("src_endpoint", "dst_endpoint"):
+        port = event.get(key, {}).get("port")
+        assert port is None or (type(port) is int and 0 <= port <= 65535), f"{key}.port: {port!r}"
+    request = event.get("http_request")
+    if request is not None:
+        assert isinstance(request.get("http_method"), str), f"http_request.http_method: {request!r}"
+        url = request.get("url")
+        assert url is None or ("url_string" in url or "path" in url), "http_request.url needs url_string or path"
     actor = event.get("actor")
     if actor is not None:
         assert any(k in actor for k in _ACTOR_ONE_OF), f"actor needs one of {_ACTOR_ONE_OF}"

@@ -30,6 +30,7 @@ EVENT_TYPES: Final = frozenset(
         "request.refused",
         "policy.decision",
         "image.pulled",
+        "network.connection",
         "execution.outcome",
         "containers.reaped",
         "container.left",

@@ -77,17 +77,17 @@ NEW_WORK_EVENTS: Final = frozenset(
 caller fails closed (507)."""
 RESERVE_EVENTS: Final = frozenset(
     {
-        "execution.outcome", "image.pulled", "container.left", "containers.reaped", "recovery", "gateway.stop",
-        "gateway.start", "policy.loaded", "policy.reloaded", "policy.rejected", "session.expired", "session.closed",
-        "session.killed",
+        "execution.outcome", "image.pulled", "network.connection", "container.left", "containers.reaped", "recovery",
+        "gateway.stop", "gateway.start", "policy.loaded", "policy.reloaded", "policy.rejected", "session.expired",
+        "session.closed", "session.killed",
     }
 )  # fmt: skip
 """The only records written below the watermark, into the space kept in reserve: those that finish work already
-started (a run's pulled image and outcome, the sandboxes reaped or left, a session's end, a recovery, the stop
-record) and the service's own start and (re)loads, which only an operator causes. Every other record is refused there
-(:class:`AuditSpaceError`): new work (:data:`NEW_WORK_EVENTS`), and what any client can cause at will without
-starting anything (``auth.failed``, ``auth.forbidden``, ``request.refused``), whose writers drop it; each refusal
-is reported to :attr:`JsonlAuditTrail.on_low_space` (the service counts them in ``/metrics``)."""
+started (a run's pulled image, connections and outcome, the sandboxes reaped or left, a session's end, a recovery,
+the stop record) and the service's own start and (re)loads, which only an operator causes. Every other record is
+refused there (:class:`AuditSpaceError`): new work (:data:`NEW_WORK_EVENTS`), and what any client can cause at will
+without starting anything (``auth.failed``, ``auth.forbidden``, ``request.refused``), whose writers drop it; each
+refusal is reported to :attr:`JsonlAuditTrail.on_low_space` (the service counts them in ``/metrics``)."""
 
 _TAIL_CHUNK = 65536
 

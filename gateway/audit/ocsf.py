@@ -18,7 +18,11 @@ keeps in step with it):
   looks for;
 * the gateway's start and stop and its policy being loaded, reloaded or rejected are **Application
   Lifecycle** (6002);
-* a recovery record (a torn tail sealed by ``gateway audit repair``) is **Application Error** (6008).
+* a recovery record (a torn tail sealed by ``gateway audit repair``) is **Application Error** (6008);
+* a connection a run made through its egress proxy (``network.connection``) is **Network Activity** (4001), its
+  activity how it ended (Close, Reset by a limit or the run's end, Fail, Refuse when denied), or **HTTP Activity**
+  (4002) for a plain-HTTP request, its activity the method: the sandbox (named by the principal) is the source,
+  the host asked for (with the address connected to) the destination, the bytes each way the traffic.
 
 Every event carries the record's ``event_id`` (``metadata.uid``), ``seq`` (``metadata.sequence``), event type
 (``metadata.event_code``), original timestamp and, under ``unmapped.audit``, the trail id (the ``event_id`` of
@@ -44,6 +48,7 @@ from gateway.audit.records import (
     FileDigestView,
     GatewayIdentityView,
     ImagePulledView,
+    NetworkConnectionView,
     PolicyDecisionView,
     RequestInvalidView,
     RequestReceivedView,
@@ -80,6 +85,16 @@ API_ACTIVITY: Final = OcsfClass(6003, "API Activity", 6, "Application Activity")
 APPLICATION_LIFECYCLE: Final = OcsfClass(6002, "Application Lifecycle", 6, "Application Activity")
 APPLICATION_ERROR: Final = OcsfClass(6008, "Application Error", 6, "Application Activity")
 AUTHENTICATION: Final = OcsfClass(3002, "Authentication", 3, "Identity & Access Management")
+NETWORK_ACTIVITY: Final = OcsfClass(4001, "Network Activity", 4, "Network Activity")
+HTTP_ACTIVITY: Final = OcsfClass(4002, "HTTP Activity", 4, "Network Activity")
+
+_HTTP_METHODS: Final[Mapping[str, int]] = MappingProxyType(
+    {"CONNECT": 1, "DELETE": 2, "GET": 3, "HEAD": 4, "OPTIONS": 5, "POST": 6, "PUT": 7, "TRACE": 8}
+)
+"""HTTP Activity's activity ids by method (OCSF 1.5.0); another method is Other (99), named by its method."""
+_CLOSED: Final[Mapping[str, int]] = MappingProxyType({"closed": 2, "limit": 3, "run-ended": 3, "error": 4})
+"""Network Activity's activity by how an allowed connection ended: Close, Reset (the proxy cut it: a limit or the
+run's end), Fail; a denied one is Refuse (5)."""
 
 _ACTIVITIES: Final[Mapping[tuple[int, int], str]] = MappingProxyType(
     {
@@ -93,6 +108,11 @@ _ACTIVITIES: Final[Mapping[tuple[int, int], str]] = MappingProxyType(
         (6002, 8): "Update",
         (6008, 1): "General Error",
         (3002, 1): "Logon",
+        (4001, 2): "Close",
+        (4001, 3): "Reset",
+        (4001, 4): "Fail",
+        (4001, 5): "Refuse",
+        **{(4002, n): method.title() for method, n in _HTTP_METHODS.items()},
     }
 )
 
@@ -120,9 +140,11 @@ MAPPING: Final[Mapping[str, tuple[OcsfClass, int]]] = MappingProxyType(
         "session.killed": (API_ACTIVITY, 4),
         "session.file.put": (API_ACTIVITY, 3),
         "session.file.get": (API_ACTIVITY, 2),
+        "network.connection": (NETWORK_ACTIVITY, 2),
     }
 )
-"""``event_type`` -> (class, activity id); the activity of a dry-run decision is Read (2)."""
+"""``event_type`` -> (class, activity id); the activity of a dry-run decision is Read (2); a connection's depends on
+how it ended, and a plain-HTTP one is HTTP Activity, by its method."""
 
 _OTHER_ACTIVITY: Final = {"image.pulled": "Pull", "auth.forbidden": "Forbidden"}
 """``activity_name`` of the events whose activity is Other (99)."""
@@ -212,6 +234,10 @@ class _Event:
     """What the per-type mappers fill in; :func:`to_ocsf` assembles the event from it."""
 
     activity_id: int
+    cls: OcsfClass | None = None
+    """Another class than :data:`MAPPING`'s (a plain-HTTP connection's)."""
+    activity_name: str | None = None
+    """The name of an Other (99) activity that :data:`_OTHER_ACTIVITY` does not name (an HTTP method)."""
     status_id: int = _SUCCESS
     severity_id: int = _INFO
     message: str = ""
@@ -358,6 +384,47 @@ def _pulled(view: ImagePulledView, ev: _Event) -> None:
     ev.resources = [_image_resource(view.image, view.image_id)]
 
 
+def _connection(view: NetworkConnectionView, ev: _Event) -> None:
+    where = f"{view.host}:{view.port}"
+    destination: dict[str, Any] = {"hostname": view.host, "port": view.port}
+    if view.address is not None:
+        destination["ip"] = view.address
+    http = view.method not in ("", "CONNECT")
+    if view.allowed:
+        ev.activity_id = _CLOSED.get(view.ended, 99)
+        ev.action_id, ev.disposition_id = _ALLOWED, _D_ALLOWED
+        ev.message = f"request {view.request_id} connected to {where} ({view.ended})"
+        if view.ended in ("limit", "error"):
+            ev.status_id, ev.severity_id = _FAILURE, _LOW
+            ev.status_detail = view.message or view.ended
+    else:
+        ev.activity_id = 5
+        ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+        ev.action_id, ev.disposition_id = _DENIED, _D_BLOCKED
+        ev.status_detail = f"denied by {view.rule}" + (f": {view.message}" if view.message else "")
+        ev.message = f"request {view.request_id}: connection to {where} denied by {view.rule}"
+    if ev.activity_id == 99:
+        ev.activity_name = view.ended
+    ev.extra = {
+        # the trail does not record the sandbox's address: the source is named by the principal, as for API calls
+        "src_endpoint": {"name": view.principal if view.principal is not None else "unknown"},
+        "dst_endpoint": destination,
+        "connection_info": {"direction_id": 2, "direction": "Outbound", "protocol_name": "tcp"},
+        "traffic": {"bytes_out": view.bytes_out, "bytes_in": view.bytes_in, "bytes": view.bytes_out + view.bytes_in},
+        "duration": view.duration_ms,
+    }
+    if http:
+        ev.cls = HTTP_ACTIVITY
+        ev.activity_id = _HTTP_METHODS.get(view.method, 99)
+        ev.activity_name = view.method if ev.activity_id == 99 else None
+        url = {"hostname": view.host, "port": view.port, "scheme": "http", "url_string": f"http://{where}"}
+        ev.extra["http_request"] = {"http_method": view.method, "url": url}  # the path is not recorded
+    ev.unmapped = {"rule": view.rule, "ended": view.ended, "method": view.method}
+    token = _caller_token(view.data)
+    if token is not None:  # an API call's actor carries it; a network event has no actor
+        ev.unmapped["token_id"] = token
+
+
 def _generic(view: AuditRecordView, ev: _Event) -> None:
     """The events without a typed view: read from ``data`` with type checks, since the view checked only the
     envelope. What a mapper does not name stays in the trail."""
@@ -465,6 +532,7 @@ _MAPPERS: Final[Mapping[type[AuditRecordView], Callable[[Any, _Event], None]]] =
         PolicyDecisionView: _decision,
         ExecutionOutcomeView: _outcome,
         ImagePulledView: _pulled,
+        NetworkConnectionView: _connection,
     }
 )
 
@@ -490,6 +558,7 @@ class OcsfMapper:
         ev = _Event(activity)
         _MAPPERS.get(type(view), _generic)(view, ev)
         activity = ev.activity_id
+        cls = ev.cls or cls
         writer = view.gateway
         product = self._product(writer)
         metadata: dict[str, Any] = {
@@ -512,7 +581,7 @@ class OcsfMapper:
             "class_uid": cls.uid,
             "class_name": cls.name,
             "activity_id": activity,
-            "activity_name": _OTHER_ACTIVITY.get(view.event_type, "Other")
+            "activity_name": ev.activity_name or _OTHER_ACTIVITY.get(view.event_type, "Other")
             if activity == 99
             else _ACTIVITIES[(cls.uid, activity)],
             "type_uid": cls.uid * 100 + activity,

@@ -3,7 +3,8 @@
 :func:`view_record` reads one parsed record (a line of the trail, or an entry of
 :attr:`MemoryAuditSink.records <gateway.audit.memory.MemoryAuditSink.records>`) into a read-only view chosen
 by its ``event_type``: :class:`RequestReceivedView`, :class:`RequestInvalidView`, :class:`PolicyDecisionView`,
-:class:`ExecutionOutcomeView`, :class:`ImagePulledView`, or :class:`GenericRecordView` for the other events.
+:class:`ExecutionOutcomeView`, :class:`ImagePulledView`, :class:`NetworkConnectionView`, or
+:class:`GenericRecordView` for the other events.
 Every view carries the envelope of :class:`AuditRecordView`; field names follow
 ``schemas/audit-record.schema.json``.
 
@@ -45,6 +46,7 @@ __all__ = [
     "GatewayIdentityView",
     "GenericRecordView",
     "ImagePulledView",
+    "NetworkConnectionView",
     "PolicyDecisionView",
     "PolicyRefView",
     "ProblemView",
@@ -305,6 +307,26 @@ class ImagePulledView(AuditRecordView):
 
 
 @dataclass(slots=True, kw_only=True, unsafe_hash=True)
+class NetworkConnectionView(AuditRecordView):
+    """``network.connection``: one connection (or attempt) a run made through its egress proxy."""
+
+    host: Final[str]
+    port: Final[int]
+    address: Final[str | None]
+    """The resolved address connected to; ``None`` when none was (denied before resolving)."""
+    method: Final[str]
+    """``CONNECT`` or the plain-HTTP method; empty when the request could not be read."""
+    allowed: Final[bool]
+    """``data.decision`` is ``allowed``."""
+    rule: Final[str]
+    message: Final[str | None]
+    bytes_out: Final[int]
+    bytes_in: Final[int]
+    duration_ms: Final[int]
+    ended: Final[str]
+
+
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class GenericRecordView(AuditRecordView):
     """Any other event: the envelope, and ``data`` as stored."""
 
@@ -317,6 +339,7 @@ _DECISION: Final = "$.data.decision"
 _STATUSES: Final = frozenset({"pass", "fail", "warn", "error", "skip"})
 _MODES: Final = frozenset({"enforce", "audit"})
 _MODES_OR_NULL: Final = frozenset({*_MODES, None})
+_DECISIONS: Final = frozenset({"allowed", "denied"})
 _RESULT_FIELDS: Final = itemgetter(*RuleResultView._fields)
 """A result's fields in :class:`RuleResultView`'s order, read in one call (``KeyError`` if one is missing)."""
 
@@ -507,6 +530,23 @@ def _image_pulled(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> Im
     return ImagePulledView(**env, image=r.text(data, "image", _DATA), image_id=r.text(data, "image_id", _DATA))
 
 
+def _network_connection(r: FieldReader, env: _Envelope, data: Mapping[str, Any]) -> NetworkConnectionView:
+    return NetworkConnectionView(
+        **env,
+        host=r.text(data, "host", _DATA),
+        port=r.integer(data, "port", _DATA),
+        address=r.text_or_none(data, "address", _DATA),
+        method=r.text(data, "method", _DATA),
+        allowed=r.choice(data, "decision", _DATA, _DECISIONS) == "allowed",
+        rule=r.text(data, "rule", _DATA),
+        message=r.text_or_none(data, "message", _DATA),
+        bytes_out=r.integer(data, "bytes_out", _DATA),
+        bytes_in=r.integer(data, "bytes_in", _DATA),
+        duration_ms=r.integer(data, "duration_ms", _DATA),
+        ended=r.text(data, "ended", _DATA),
+    )
+
+
 def _generic(_r: FieldReader, env: _Envelope, _data: Mapping[str, Any]) -> GenericRecordView:
     return GenericRecordView(**env)
 
@@ -521,6 +561,7 @@ _BUILDERS: Final[Mapping[str, _Builder]] = MappingProxyType(
         "policy.decision": _policy_decision,
         "execution.outcome": _execution_outcome,
         "image.pulled": _image_pulled,
+        "network.connection": _network_connection,
     }
 )
 

@@ -73,6 +73,24 @@ def _outcome(**changes: Any) -> dict[str, Any]:
     return outcome
 
 
+def _connection(**changes: Any) -> dict[str, Any]:
+    connection: dict[str, Any] = {
+        "host": "mirror.internal",
+        "port": 18443,
+        "address": "127.0.0.1",
+        "method": "CONNECT",
+        "decision": "allowed",
+        "rule": "network.egress",
+        "bytes_out": 517,
+        "bytes_in": 4096,
+        "duration_ms": 50,
+        "ended": "closed",
+        "caller": CALLER,
+    }
+    connection.update(changes)
+    return connection
+
+
 # (event_type, data, request_id, principal) for every event type, in the shapes the gateway writes
 EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
     ("gateway.start", {"policy_source": "policies/default.yaml"}, None, None),
@@ -150,6 +168,32 @@ EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
         "r-11",
         "agent-1",
     ),
+    # a run's connections (written before its outcome by the gateway; here after the others, seqs unchanged)
+    ("network.connection", _connection(), "r-1", "agent-1"),
+    ("network.connection", _connection(method="GET", port=18089, bytes_out=80, bytes_in=900), "r-1", "agent-1"),
+    (
+        "network.connection",
+        _connection(
+            host="evil.example",
+            port=443,
+            address=None,
+            decision="denied",
+            rule="network.egress.host",
+            message="evil.example is not an allowed destination",
+            bytes_out=0,
+            bytes_in=0,
+            ended="denied",
+        ),
+        "r-1",
+        "agent-1",
+    ),
+    (
+        "network.connection",
+        _connection(ended="limit", message="the run reached its 1024 bytes out", bytes_out=1024),
+        "r-1",
+        "agent-1",
+    ),
+    ("network.connection", _connection(method="PATCH", port=18089), "r-1", "agent-1"),
     ("gateway.stop", {"policy_source": "policies/default.yaml"}, None, None),
 ]
 
@@ -527,3 +571,37 @@ def test_an_interrupted_run_is_a_failed_outcome_that_names_its_decision(
     assert "interrupted" in outcome["message"]
     assert "duration" not in outcome  # unknown, not 0
     assert outcome["unmapped"]["gateway"]["interrupted"]["decision"]["seq"] == decision["seq"]
+
+
+def test_connections_are_network_or_http_activity(trail: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, events, _ = _export(capsys, "--trail", str(trail))
+    tunnel, get, denied, limited, patch = _by_code(events, "network.connection")
+    for event in (tunnel, get, denied, limited, patch):
+        assert event["metadata"]["correlation_uid"] == "r-1"
+        assert event["src_endpoint"] == {"name": "agent-1"}
+        assert event["connection_info"]["direction"] == "Outbound"
+        assert event["unmapped"]["gateway"]["token_id"] == "0123abcd"
+    assert (tunnel["class_uid"], tunnel["activity_name"], tunnel["status"], tunnel["disposition"]) == (
+        4001, "Close", "Success", "Allowed",
+    )  # fmt: skip
+    assert tunnel["dst_endpoint"] == {"hostname": "mirror.internal", "port": 18443, "ip": "127.0.0.1"}
+    assert tunnel["traffic"] == {"bytes_out": 517, "bytes_in": 4096, "bytes": 4613}
+    assert tunnel["duration"] == 50
+    assert "http_request" not in tunnel
+    assert (get["class_uid"], get["activity_id"], get["type_uid"]) == (4002, 3, 400203)
+    assert get["http_request"] == {
+        "http_method": "GET",
+        "url": {
+            "hostname": "mirror.internal",
+            "port": 18089,
+            "scheme": "http",
+            "url_string": "http://mirror.internal:18089",
+        },
+    }
+    assert (denied["class_uid"], denied["activity_name"], denied["status"]) == (4001, "Refuse", "Failure")
+    assert (denied["action"], denied["disposition"], denied["severity"]) == ("Denied", "Blocked", "Medium")
+    assert denied["status_detail"] == "denied by network.egress.host: evil.example is not an allowed destination"
+    assert "ip" not in denied["dst_endpoint"]  # denied before anything was resolved
+    assert (limited["activity_name"], limited["status"], limited["disposition"]) == ("Reset", "Failure", "Allowed")
+    assert limited["status_detail"] == "the run reached its 1024 bytes out"
+    assert (patch["class_uid"], patch["activity_id"], patch["activity_name"]) == (4002, 99, "PATCH")
