@@ -52,6 +52,7 @@ def test_a_tiny_run_reports_every_step_throughput_and_target() -> None:
     # every proxied connection went through the proxy and was allowed: (warm-up + rounds) x 2 steps + 2 bulk
     assert report["proxy"]["connections"] == report["proxy"]["expected"] == 4 * 2 + 2
     assert report["proxy"]["denied"] == 0
+    assert set(report["proxy"]["cpu"]) == {"https_ms_p50", "http_ms_p50", "raw_bulk_s_per_gb", "https_bulk_s_per_gb"}
     assert report["info"]["tls"].startswith("TLS")
     assert report["info"]["cpus"] >= 1
     assert report["info"]["python"]
