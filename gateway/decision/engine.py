@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gateway.decision.model import Decision, PolicyRef, RuleResult, ShadowVerdict, Status
 from gateway.decision.rules import RULES, Context, Finding
@@ -28,6 +28,9 @@ from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Mode, Policy
 from gateway.request import ExecutionRequest
 from gateway.runspec import HostMount, RunSpec
+
+if TYPE_CHECKING:
+    from gateway.egress.proxy import EgressPlan
 
 __all__ = ["Assembler", "assemble", "evaluate", "judge", "stamp"]
 
@@ -115,6 +118,16 @@ def _error(rule: str, message: str) -> RuleResult:
     return RuleResult(rule, "error", "enforce", "$", None, None, message)
 
 
+def _egress_plan(settings: SandboxSettings) -> EgressPlan | None:
+    """What the run's proxy is given (``RunSpec.egress``): the resolved destinations and limits; None without egress."""
+    if settings.egress is None:
+        return None
+    # Imported here: gateway.egress loads asyncio and ssl, which only a run with egress needs.
+    from gateway.egress.proxy import EgressPlan  # noqa: PLC0415
+
+    return EgressPlan(settings.egress.destinations, settings.egress.proxy_limits())
+
+
 def assemble(
     assembler: Assembler, settings: SandboxSettings, *, denied_paths: Sequence[str], decision_id: str, request_id: str
 ) -> tuple[RunSpec, dict[str, Any]] | RuleResult:
@@ -132,6 +145,7 @@ def assemble(
             pull=settings.profile.pull,
             backend=assembler.backend,
             mounts=_host_mounts(settings),
+            egress=_egress_plan(settings),
         )
         return run, assembler.recorded(run.options)
     except UnsafeOptionsError as exc:

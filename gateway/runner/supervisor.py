@@ -51,7 +51,10 @@ content on the command line) that:
    enforces the deadline itself (``timeout_s`` after the payload arrived: kill every process, exit 124) and
    watches its stdin, which the host keeps open for the whole run: EOF there means the gateway went away
    (killed, or its engine connection lost), so it kills every process and exits 137 at once. Either way the
-   container ends, and the engine removes it (``AutoRemove``), with no client and no reaper;
+   container ends, and the engine removes it (``AutoRemove``), with no client and no reaper. A run with egress
+   (payload ``egress_socket``): before the program starts, it listens on ``127.0.0.1:EGRESS_PORT``, and a
+   thread of its own relays each connection there to the gateway's proxy on the unix socket the runner bound
+   at ``EGRESS_TARGET`` (``bridge``), until the run ends with it;
 6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
    struck (``FRAME_META``), sends the files under ``out/`` (at most ``files_max`` of them, and ``files_cap``
    bytes counting contents and the names of every entry walked) and a final frame with the exit status (a
@@ -76,9 +79,15 @@ import marshal
 import secrets
 import struct
 from collections.abc import Mapping
+from types import MappingProxyType
 
 __all__ = [
     "CELL_MAGIC",
+    "EGRESS_ENVIRONMENT",
+    "EGRESS_PORT",
+    "EGRESS_PROXY_URL",
+    "EGRESS_SOCKET",
+    "EGRESS_TARGET",
     "INTERPRETERS",
     "MAGIC",
     "STARTUP_ENV",
@@ -426,6 +435,97 @@ def everyone():
         os.kill(-1, signal.SIGKILL)
     except OSError:
         pass
+def bridge_listen(path, port):
+    # Egress (a run the policy allows named hosts): the program reaches the gateway's proxy, listening on the
+    # unix socket bound at ``path``, through 127.0.0.1:port (HTTP_PROXY, ...; the sandbox has no other route).
+    # Bound here, before the program starts, so that the port is the supervisor's alone.
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(128)
+    s.setblocking(False)
+    return s, path
+def bridge(lst, path):
+    # One thread of the supervisor (PID 1: it ends with the run) relays every connection both ways between
+    # 127.0.0.1 and the proxy's socket, each connected anew; the proxy checks everything. One thread, polling,
+    # so that connections do not spend the program's pids limit. conns: fd -> [socket, peer fd, bytes waiting
+    # to be written to it, still read from].
+    import socket
+    IN, OUT, BAD = select.POLLIN, select.POLLOUT, select.POLLERR | select.POLLNVAL
+    pl = select.poll()
+    pl.register(lst, IN)
+    conns = {}
+    def drop(fd):
+        for f in (fd, conns[fd][1]):
+            c = conns.pop(f, None)
+            if c is not None:
+                pl.unregister(f)
+                c[0].close()
+    def watch(fd):
+        c = conns[fd]
+        pl.modify(fd, (IN if c[3] and not conns[c[1]][2] else 0) | (OUT if c[2] else 0))
+    def accept():
+        try:
+            a = lst.accept()[0]
+        except BlockingIOError:
+            return
+        except OSError:  # out of descriptors: the program holds too many; wait rather than spin
+            time.sleep(0.05)
+            return
+        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            u.settimeout(10)
+            u.connect(path)
+        except OSError:
+            a.close()
+            u.close()
+            return
+        a.setblocking(False)
+        u.setblocking(False)
+        conns[a.fileno()] = [a, u.fileno(), b"", True]
+        conns[u.fileno()] = [u, a.fileno(), b"", True]
+        pl.register(a, IN)
+        pl.register(u, IN)
+    def step(fd, ev):
+        c = conns[fd]
+        p = conns[c[1]]
+        if ev & BAD or (ev & select.POLLHUP and not c[3]):
+            return drop(fd)
+        if ev & OUT and c[2]:
+            c[2] = c[2][c[0].send(c[2]):]
+            if not c[2] and not p[3]:
+                c[0].shutdown(socket.SHUT_WR)
+        if ev & (IN | select.POLLHUP) and c[3] and not p[2]:
+            data = c[0].recv(65536)
+            if data:
+                try:
+                    data = data[p[0].send(data):]
+                except BlockingIOError:
+                    pass
+                p[2] = data
+            else:
+                c[3] = False
+                if not p[2]:
+                    p[0].shutdown(socket.SHUT_WR)
+        if not (c[3] or p[3] or c[2] or p[2]):
+            return drop(fd)
+        watch(fd)
+        watch(c[1])
+    try:
+        while True:
+            for fd, ev in pl.poll():
+                if fd == lst.fileno():
+                    accept()
+                elif fd in conns:
+                    try:
+                        step(fd, ev)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    except OSError:
+                        drop(fd)
+    except BaseException:
+        pass
 head = readn(0, 8)
 if len(head) != 8 or head[:4] != b"GWP1":
     sys.stderr.write("supervisor: malformed payload\n")
@@ -542,6 +642,12 @@ try:
         extra = b"r" + b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in sorted(req["env"].items()))
     else:
         extra = (b"k" if KERNEL else b"r") + extra
+    BRIDGE = None
+    if req.get("egress_socket"):
+        try:
+            BRIDGE = bridge_listen(req["egress_socket"], int(req["egress_port"]))
+        except OSError as exc:
+            fail("cannot listen on 127.0.0.1:%d for the egress proxy: %s" % (req["egress_port"], exc))
     del req
     undumpable()
     wake_r, wake_w = os.pipe()
@@ -571,6 +677,9 @@ try:
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
 del env, extra
+if BRIDGE is not None:
+    import _thread
+    _thread.start_new_thread(bridge, BRIDGE)
 def js(flag):
     return b"true" if flag else b"false"
 poller = select.poll()
@@ -906,6 +1015,27 @@ finish(code, b',"files_truncated":%s' % js(truncated))
 """
 
 
+EGRESS_TARGET = "/run/gateway-egress"
+"""Where a run with egress has its proxy's directory (read-only): the proxy listens on ``proxy.sock`` in it."""
+EGRESS_SOCKET = EGRESS_TARGET + "/proxy.sock"
+EGRESS_PORT = 3128
+"""The supervisor bridges ``127.0.0.1:EGRESS_PORT`` to ``EGRESS_SOCKET`` for the whole run (``encode_payload``)."""
+EGRESS_PROXY_URL = f"http://127.0.0.1:{EGRESS_PORT}"
+EGRESS_ENVIRONMENT: Mapping[str, str] = MappingProxyType(
+    {
+        "HTTP_PROXY": EGRESS_PROXY_URL,
+        "HTTPS_PROXY": EGRESS_PROXY_URL,
+        "http_proxy": EGRESS_PROXY_URL,
+        "https_proxy": EGRESS_PROXY_URL,
+        "NO_PROXY": "localhost,127.0.0.1",
+        "no_proxy": "localhost,127.0.0.1",
+        "npm_config_proxy": EGRESS_PROXY_URL,
+        "npm_config_https_proxy": EGRESS_PROXY_URL,
+    }
+)
+"""What a run with egress has in its environment, set over the request's: the proxy for curl, Python (urllib,
+requests, pip), npm and whatever reads these; nothing else reaches anywhere (the sandbox has no route)."""
+
 INTERPRETERS = ("python", "shell", "javascript")
 """What a sandbox can be made for (``SandboxProfile.interpreter``): the interpreter its supervisor starts ahead."""
 
@@ -946,6 +1076,7 @@ def encode_payload(
     value_cap: int = 0,
     grace_s: float = 0.0,
     language: str = "python",
+    egress: bool = False,
 ) -> bytes:
     """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
     included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline).
@@ -954,7 +1085,9 @@ def encode_payload(
     the supervisor refuses any other, and any but python in kernel mode).
     ``kernel``: start a persistent interpreter instead of running ``code`` (ignored); ``timeout_s`` is then the
     kernel's lifetime, cells follow (:func:`encode_cell`), a cell's value is kept to ``value_cap`` bytes, and a
-    cell still running ``grace_s`` after the SIGINT at its deadline gets the kernel killed."""
+    cell still running ``grace_s`` after the SIGINT at its deadline gets the kernel killed.
+    ``egress``: the supervisor bridges ``127.0.0.1:EGRESS_PORT`` to ``EGRESS_SOCKET`` (bound there by the runner)
+    for the whole run; the caller puts ``EGRESS_ENVIRONMENT`` in ``env``."""
     if not 0 < len(key) <= 64:  # the supervisor's HMAC takes a key of at most one SHA-256 block as it is
         raise ValueError(f"a frame key is 1 to 64 bytes, got {len(key)}")
     body = marshal.dumps(
@@ -970,6 +1103,8 @@ def encode_payload(
             "value_cap": int(value_cap),
             "grace_s": float(grace_s),
             "language": str(language),
+            "egress_socket": EGRESS_SOCKET if egress else "",
+            "egress_port": EGRESS_PORT,
         },
         PAYLOAD_MARSHAL_VERSION,
     )

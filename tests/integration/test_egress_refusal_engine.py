@@ -1,44 +1,57 @@
-"""Fail closed on a live engine: a run the policy allows network egress is refused before any container is made."""
+"""Fail closed on a live engine where egress is not given: a kernel session the policy allows network egress is
+refused before any container is made. (Runs and workspace sessions get their proxy: test_egress_runs.py; the
+Kubernetes backend refuses egress when it assembles the Pod: tests/unit/runner/test_egress_refusal.py.)"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway import Gateway
 from gateway.audit import verify_trail
-from gateway.cli import main
+from gateway.errors import EgressUnavailableError
 from gateway.resources import policies_dir
+from gateway.runner.docker.runner import DockerRunner
 from tests.integration.conftest import gateway_containers
+from tests.integration.session_checks import Gateways
 
 pytestmark = pytest.mark.integration
 
-MIRROR = str(policies_dir() / "examples" / "egress-mirror.yaml")
+MIRROR = policies_dir() / "examples" / "egress-mirror.yaml"
 
 
-def test_an_allowed_egress_run_is_refused_and_nothing_ran(
-    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    audit_dir = tmp_path / "audit"
-    argv = ["run", "--json", "--policy", MIRROR, "--audit-dir", str(audit_dir), "--code", "print('ran')"]
-    rc = main([*argv, "--network", "egress"])
-    result = json.loads(capsys.readouterr().out)
-    assert rc == 125
-    assert result["error"]["code"] == "runner.egress_unavailable"
-    assert "nothing ran" in result["error"]["message"]
-    assert result["stdout"] == ""
+@pytest.fixture
+def gateway(tmp_path: Path, engine: Any) -> Iterator[Gateway]:
+    policy = tmp_path / "mirror-sessions.yaml"
+    policy.write_text(
+        "apiVersion: gateway.agent-exec/v1\nkind: Policy\n"
+        f"extends: {MIRROR}\n"
+        "metadata:\n  name: mirror-sessions\n"
+        "spec:\n  sessions:\n    modes: [workspace, kernel]\n    max_per_principal: 2\n"
+        "    idle_s: {default: 600, max: 1800}\n    lifetime_s: {default: 600, max: 3600}\n"
+        "    workspace_size: {default: 64m, max: 256m}\n"
+    )
+    gateways = Gateways(tmp_path)
+    gw = gateways.make(policy, DockerRunner(engine))
+    gw.__enter__()
+    yield gw
+    gateways.close()
+
+
+def test_a_kernel_session_with_egress_is_refused_and_nothing_ran(gateway: Gateway, engine: Any, tmp_path: Path) -> None:
+    result = gateway.sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
+    assert result.session is None
+    assert isinstance(result.error, EgressUnavailableError)
+    assert result.error.code == "runner.egress_unavailable"
+    assert "kernel session" in result.error.message
+    assert "nothing ran" in result.error.message
     assert gateway_containers(engine) == []
-    records = [json.loads(line) for seg in sorted(audit_dir.glob("*.jsonl")) for line in seg.read_text().splitlines()]
-    decision = next(r for r in records if r["event_type"] == "policy.decision")["data"]["decision"]
-    assert decision["allowed"] is True  # the policy allows it; this version's sandbox is what cannot give it
-    assert decision["plan"]["egress"]["destinations"] == [
-        {"host": "mirror.internal", "ports": [18089, 18443], "cidrs": ["127.0.0.0/8"]}
-    ]
-    outcome = next(r for r in records if r["event_type"] == "execution.outcome")["data"]
-    assert outcome["error"]["code"] == "runner.egress_unavailable"
-    assert verify_trail(audit_dir).ok
-
-    assert main(argv) == 0  # the same policy without egress runs as before
-    assert json.loads(capsys.readouterr().out)["stdout"] == "ran\n"
+    # The same policy's kernel session without egress opens as before.
+    plain = gateway.sessions.create({"mode": "kernel", "principal": "alice"})
+    assert plain.session is not None, plain.to_dict()
+    gateway.sessions.close(plain.session.session_id, principal="alice")
+    gateway.close()
+    assert verify_trail(tmp_path / "audit").ok

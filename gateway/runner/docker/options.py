@@ -22,7 +22,7 @@ from typing import Any
 from gateway.canonical import options_bytes
 from gateway.decision.model import copy_json
 from gateway.decision.settings import BackendLimits, SandboxProfile, SandboxSettings
-from gateway.errors import EgressUnavailableError, Problem, UnsafeOptionsError
+from gateway.errors import Problem, UnsafeOptionsError
 from gateway.policy.model import EGRESS
 from gateway.policy.paths import target_problem
 from gateway.runner.docker.mounts import STAGING_ROOT, engine_mounts
@@ -74,8 +74,8 @@ POOL_LABEL = "io.agent-gateway.pool"
 """On a warm pool's container: the digest of the profile options it was created with (:func:`pool_key`)."""
 EGRESS_LABEL = "io.agent-gateway.egress"
 """On the options of a run the decision allowed network ``egress``: it has no network (``network_mode: none``)
-and would reach its hosts through the gateway's proxy. This version cannot give it one, so the run-time guard
-refuses such options (:class:`~gateway.errors.EgressUnavailableError`) before any container is made."""
+and reaches its hosts through the run's own proxy, whose directory the runner binds at ``EGRESS_TARGET``
+(``gateway.runner.docker.egress``); the runner refuses these options without the run's egress plan."""
 SANDBOX_HOSTNAME = "sandbox"
 _TMPFS_FLAGS = "rw,noexec,nosuid,nodev"
 _TMPFS_REQUIRED_FLAGS = ("noexec", "nosuid", "nodev")
@@ -302,7 +302,7 @@ class DockerAssembler:
         return build_options(settings, decision_id=decision_id, request_id=request_id)
 
     def guard(self, options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
-        guard(options, denied_paths=denied_paths, at_run=False)
+        guard(options, denied_paths=denied_paths)
 
     def recorded(self, options: Mapping[str, Any]) -> dict[str, Any]:
         return recorded_options(options)
@@ -476,6 +476,8 @@ def _check_labels(options: Mapping[str, Any]) -> _Issues:
         yield "$.labels", f"the {MANAGED_LABEL} label is missing"
     elif labels.get(INTERPRETER_LABEL, "python") not in INTERPRETERS:
         yield "$.labels", f"the {INTERPRETER_LABEL} label names no interpreter (expected one of {INTERPRETERS})"
+    elif EGRESS_LABEL in labels and (labels[EGRESS_LABEL] != "proxy" or options.get("network_mode") != "none"):
+        yield "$.labels", f"the {EGRESS_LABEL} label is for a sandbox without network (network_mode none) only"
 
 
 _MOUNT_KEYS = frozenset({"Type", "Source", "Target", "ReadOnly", "BindOptions"})
@@ -531,13 +533,12 @@ _CHECKS = (
 )
 
 
-def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = (), at_run: bool = True) -> None:
+def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = ()) -> None:
     """Refuse ``options`` (raise :class:`UnsafeOptionsError` listing every problem) unless all invariants hold.
 
-    At run time (``at_run``: every path that creates or claims a container) it also refuses what this version's
-    sandbox cannot give yet, though the decision may allow it: network ``egress`` (:data:`EGRESS_LABEL`) raises
-    :class:`~gateway.errors.EgressUnavailableError`, so such a run fails closed and nothing runs. The decision's
-    own check (:meth:`DockerAssembler.guard`) passes ``at_run=False``.
+    No assembled mount may be below ``/run`` (``target_problem``), so none at ``EGRESS_TARGET``: the runner binds a
+    run's egress directory there itself, after this guard, and checks the started container has exactly that
+    directory there (``gateway.runner.docker.egress``).
 
     ``denied_paths`` (deployment paths such as the audit sink's directory) needs no check here any more: no
     host path reaches the options, only this run's staging paths (``_check_mounts``); the judged host paths
@@ -547,9 +548,3 @@ def guard(options: Mapping[str, Any], *, denied_paths: Sequence[str] = (), at_ru
     if issues:
         problems = [Problem(message, path=path, code="decision.unsafe_options") for path, message in issues]
         raise UnsafeOptionsError(f"refused unsafe run options ({len(problems)} problem(s))", problems=problems)
-    labels = options.get("labels")
-    if at_run and isinstance(labels, Mapping) and EGRESS_LABEL in labels:
-        raise EgressUnavailableError(
-            "the decision allows network egress, but this version's sandbox cannot provide it yet (the egress "
-            "proxy is not wired into runs); nothing ran"
-        )

@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ from gateway.decision.settings import BackendLimits, SandboxProfile
 from gateway.errors import (
     CancelledRunError,
     ContainerLeftError,
+    EgressUnavailableError,
     EngineUnavailableError,
     GatewayError,
     ImageMissingError,
@@ -63,6 +65,7 @@ from gateway.errors import (
 )
 from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import read_frames
+from gateway.runner.docker.egress import bind_egress, sandbox_user, verify_egress, wants_egress
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.docker.kernel import KERNEL_GRACE_S, DockerKernel
 from gateway.runner.docker.mounts import Staging, reap_staging
@@ -86,11 +89,13 @@ from gateway.runner.docker.options import (
 from gateway.runner.docker.workspace import DockerWorkspaces, bind_workspace, prepare_for_run, verify_workspace
 from gateway.runner.frames import Collected, FrameDecoder, ProtocolError, outcome_of
 from gateway.runner.interface import OnGone, OnOutput, Outcome, Payload, RunSpec, prepare_and_run
-from gateway.runner.supervisor import encode_payload, new_key, supervisor_command
+from gateway.runner.supervisor import EGRESS_ENVIRONMENT, encode_payload, new_key, supervisor_command
 from gateway.runner.workspace import Workspace
-from gateway.slots import Slot, instance_dead
+from gateway.slots import Slot, default_runtime_dir, instance_dead
 
 if TYPE_CHECKING:
+    from gateway.egress.host import EgressHost, EgressRun
+    from gateway.egress.proxy import EgressReport, Resolver
     from gateway.runner.pool import WorkspaceShape
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
@@ -133,6 +138,8 @@ class DockerSandbox:
     """The staged binds of the judged mounts (removed after the container, always)."""
     created_with: Mapping[str, Any] | None = None
     """For a warm pool's container: the exact assembled options it was created with (re-guarded at claim)."""
+    egress: EgressRun | None = None
+    """A run with egress: its proxy, whose directory is bound at ``EGRESS_TARGET``; closed when the run ends."""
 
     def close(self) -> None:
         """Drop the attach connection of a sandbox that will never run (its container is reaped)."""
@@ -155,6 +162,12 @@ class DockerRunner:
 
     ``workspace_root`` is where :attr:`workspaces` keeps the workspaces of sessions (default
     ``gateway.runner.docker.workspace.default_root``).
+
+    A run with network ``egress`` (``RunSpec.egress``) gets a proxy of its own (``gateway.egress.host``), in a
+    directory below ``egress_root`` (default: ``egress`` in the gateway's runtime directory) that the runner binds
+    into the sandbox (``gateway.runner.docker.egress``); its proxies resolve names with ``egress_resolver``
+    (default: the system resolver; tests pass their own). One event-loop thread hosts them, started by the first
+    such run and ended by :meth:`close`.
     """
 
     def __init__(
@@ -165,6 +178,8 @@ class DockerRunner:
         instance: str | None = None,
         clock: Callable[[], float] = time.time,
         workspace_root: str | None = None,
+        egress_root: str | None = None,
+        egress_resolver: Resolver | None = None,
     ) -> None:
         self.assembler = DockerAssembler(capacity=self._engine_limits)
         """Builds and guards this backend's options; the Gateway hands it to the decision."""
@@ -177,6 +192,10 @@ class DockerRunner:
         """Removals confirmed in the background (runs given ``on_gone``)."""
         self._workspace_root = workspace_root
         self._workspaces: DockerWorkspaces | None = None
+        self._egress_root = egress_root
+        self._egress_resolver = egress_resolver
+        self._egress: EgressHost | None = None
+        self._egress_lock = threading.Lock()
 
     def _engine_limits(self) -> BackendLimits:
         """The engine refuses (at start) a CPU quota above its host's CPUs: say so to the decision."""
@@ -187,13 +206,34 @@ class DockerRunner:
         return BackendLimits(max_cpus=float(cpus)) if cpus > 0 else BackendLimits()
 
     def close(self) -> None:
-        """Finish the background removals, then close the client if this runner created it (an injected client
-        belongs to its owner)."""
+        """Finish the background removals and close the egress proxies still open (their connections end), then
+        close the client if this runner created it (an injected client belongs to its owner)."""
         self._removals.close()
+        with self._egress_lock:
+            egress, self._egress = self._egress, None
+        if egress is not None:
+            egress.close()
         if self._owns_client and self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+    def _open_egress(self, spec: RunSpec) -> EgressRun:
+        """The run's proxy, listening in a fresh directory (the proxies' loop thread starts with the first)."""
+        assert spec.egress is not None  # noqa: S101 - checked by wants_egress
+        with self._egress_lock:
+            if self._egress is None:
+                # Imported here: gateway.egress loads asyncio and ssl, which only a run with egress needs.
+                from gateway.egress.host import EgressHost  # noqa: PLC0415
+
+                root = Path(self._egress_root) if self._egress_root else default_runtime_dir() / "egress"
+                self._egress = EgressHost(root, resolver=self._egress_resolver)
+            host = self._egress
+        uid, gid = sandbox_user(spec)
+        try:
+            return host.open(spec.egress, uid=uid, gid=gid)
+        except OSError as exc:
+            raise SandboxError(f"cannot open the run's egress proxy: {exc}; nothing ran") from exc
 
     @property
     def workspaces(self) -> DockerWorkspaces:
@@ -362,16 +402,21 @@ class DockerRunner:
         return self._prepare(spec, self._create_kwargs(spec.options, expires_s=spec.timeout_s))
 
     def _prepare(self, spec: RunSpec, kwargs: dict[str, Any], *, pooled: bool = False) -> DockerSandbox:
+        with_egress = wants_egress(spec)
         image_id, pulled, kwargs["image"] = self._ensure_image(spec.image, spec.pull)
         api = self.client.api
         container_id: str | None = None
         sockio: Any = None
         staging: Staging | None = None
+        egress: EgressRun | None = None
         runtime = str(spec.options.get("runtime") or "runc")
         try:
             staging = _stage(spec, kwargs)
             if spec.workspace is not None:  # after the staging's check: it compares the judged mounts alone
                 kwargs = bind_workspace(kwargs, spec.workspace)
+            if with_egress:  # the same: the runner's own bind, after the staging's check
+                egress = self._open_egress(spec)
+                kwargs = bind_egress(kwargs, egress.directory)
             with self._step("creating the container"):
                 container_id = str(api.create_container(**_create_args(kwargs, api))["Id"])
             with self._step("attaching to the container"):
@@ -379,11 +424,13 @@ class DockerRunner:
                 sock = _raw_socket(sockio)
             with self._step("starting the container"):
                 api.start(container_id)
-            if staging is not None or spec.workspace is not None:  # before any payload: nothing has run yet
+            if staging is not None or spec.workspace is not None or egress is not None:  # before any payload
                 with self._step("verifying the container's mounts"):
                     found = api.inspect_container(container_id)
                     if spec.workspace is not None:
                         found = verify_workspace(found, runtime, spec.workspace)
+                    if egress is not None:
+                        found = verify_egress(found, runtime, egress.directory)
                     if staging is not None:
                         staging.verify(found, runtime)
         except BaseException:
@@ -394,6 +441,8 @@ class DockerRunner:
             finally:
                 if staging is not None:
                     staging.remove()
+                if egress is not None:
+                    egress.close()
             raise
         return DockerSandbox(
             spec=spec,
@@ -405,6 +454,7 @@ class DockerRunner:
             runtime=runtime,
             staging=staging,
             created_with=MappingProxyType(dict(spec.options)) if pooled else None,
+            egress=egress,
         )
 
     # -- the warm pool ---------------------------------------------------------------------------------
@@ -452,6 +502,8 @@ class DockerRunner:
             raise SandboxError("a sandbox is used once; this one was already claimed")
         guard(sandbox.created_with)
         guard(spec.options)
+        if wants_egress(spec):
+            raise UnsafeOptionsError("a run with egress is never pooled: its proxy is bound when its container is made")
         made = profile_part(sandbox.created_with)
         made["labels"] = {k: v for k, v in made["labels"].items() if k != POOL_LABEL}
         other_workspace = spec.workspace != sandbox.spec.workspace
@@ -476,6 +528,7 @@ class DockerRunner:
         grace_s: float = KERNEL_GRACE_S,
     ) -> DockerKernel:  # fmt: skip
         """A kernel in a container made exactly as a run's (see ``gateway.runner.interface.KernelRunner``)."""
+        _refuse_kernel_egress(spec, slot)
         kwargs = self._create_kwargs(spec.options, expires_s=spec.timeout_s)
         return self._open_kernel(spec, kwargs, files, slot, grace_s)
 
@@ -523,6 +576,7 @@ class DockerRunner:
         (size, uid, gid), its interpreter up with ``spec``'s environment, holding ``slot``. Its deadline (the
         label, the supervisor's) is ``spec``'s plus ``wait_s``, the longest it may wait to be claimed, so that it
         still has ``spec``'s whole deadline when a session claims it (:meth:`claim_kernel`)."""
+        _refuse_kernel_egress(spec, slot)
         key = self.kernel_key(spec, workspace)
         if key is None:
             slot.release()
@@ -605,6 +659,9 @@ class DockerRunner:
         if sandbox.staging is not None:
             with contextlib.suppress(Exception):
                 sandbox.staging.remove()
+        if sandbox.egress is not None:
+            with contextlib.suppress(Exception):
+                sandbox.egress.close()
 
     # -- run -------------------------------------------------------------------------------------------
 
@@ -620,24 +677,34 @@ class DockerRunner:
         got = Collected()
         start = time.monotonic()
         left: GatewayError | None = None
+        egress: EgressReport | None = None
         try:
             if sandbox.spec.workspace is not None:  # the program has not run: its supervisor waits for the payload
                 prepare_for_run(sandbox.spec.workspace, payload.files)
             outcome = self._run(sandbox, payload, got, start, on_output=on_output, cancel=cancel)
         except GatewayError as exc:
             # Whatever ended the run (the engine, a tampered stream, the gateway interrupted), the report
-            # keeps what the program had produced and which container it was.
+            # keeps what the program had produced, which container it was and where it connected.
             exc.outcome = exc.outcome or self._partial(sandbox, got, start)
+            egress = _end_egress(sandbox)
+            if egress is not None:
+                exc.outcome = replace(exc.outcome, egress=egress)
             raise
         finally:
-            # Closing stdin ends the supervisor (it waits for exactly this after its final frame), and the
-            # engine's AutoRemove removes the container. With ``on_gone`` the removal is confirmed (and forced
-            # if need be) in the background, off the caller's path; without it, here.
-            _close(sandbox.sockio)
-            if on_gone is not None:
-                self._removals.submit(sandbox, on_gone)
-            else:
-                left = self._destroy(sandbox)
+            try:
+                # The run is over, whatever ended it: its proxy ends every connection it still has (run-ended).
+                egress = _end_egress(sandbox)
+            finally:
+                # Closing stdin ends the supervisor (it waits for exactly this after its final frame), and the
+                # engine's AutoRemove removes the container. With ``on_gone`` the removal is confirmed (and forced
+                # if need be) in the background, off the caller's path; without it, here.
+                _close(sandbox.sockio)
+                if on_gone is not None:
+                    self._removals.submit(sandbox, on_gone)
+                else:
+                    left = self._destroy(sandbox)
+        if egress is not None:
+            outcome = replace(outcome, egress=egress)
         if left is not None:
             raise _left(str(sandbox.container_id), outcome, left)
         return outcome
@@ -671,6 +738,8 @@ class DockerRunner:
         cid = sb.container_id
         key = new_key()
         env = dict(spec.options.get("environment") or {})
+        if sb.egress is not None:  # set over the request's: the proxy is the run's only way out anyway
+            env.update(EGRESS_ENVIRONMENT)
         data = encode_payload(
             key,
             payload.code,
@@ -680,6 +749,7 @@ class DockerRunner:
             env=env,
             timeout_s=spec.timeout_s,
             language=payload.language,
+            egress=sb.egress is not None,
         )
         deadline = start + spec.timeout_s
         kill = False
@@ -913,6 +983,28 @@ class _Removals:
 
     def close(self) -> None:
         self.settle(60.0)
+
+
+def _end_egress(sandbox: DockerSandbox) -> EgressReport | None:
+    """Close a run's proxy (idempotent); its report, or None for a run without egress."""
+    if sandbox.egress is None:
+        return None
+    try:
+        return sandbox.egress.close()
+    except Exception as exc:
+        raise SandboxError(f"closing the run's egress proxy failed: {exc}") from exc
+
+
+def _refuse_kernel_egress(spec: RunSpec, slot: Slot | None) -> None:
+    """A kernel (a session's persistent interpreter) with egress is not in this version: refused, nothing made."""
+    if wants_egress(spec):
+        if slot is not None:
+            slot.release()
+        raise EgressUnavailableError(
+            "the decision allows network egress, but a kernel session cannot have it in this version (each "
+            "execution of a workspace session, or a run, can); nothing ran",
+            hint="ask for network none in kernel mode, or use a workspace session or a run for egress",
+        )
 
 
 def _left(container_id: str, outcome: Outcome, cause: GatewayError) -> GatewayError:

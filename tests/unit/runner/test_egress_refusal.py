@@ -1,17 +1,43 @@
-"""Fail closed: a run the decision allowed network egress is refused before any sandbox is made, on every backend."""
+"""Egress where the sandbox can give it, fail closed where it cannot.
+
+The Docker runner gives a run with network egress its own proxy (the run-time guard passes its options); a kernel
+session with egress, the Kubernetes backend, and any run whose options and egress plan disagree are refused before
+any sandbox is made.
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from gateway.decision import evaluate
-from gateway.errors import EXIT_GATEWAY_FAILURE, EgressUnavailableError, RunnerError, exit_code_for, http_status_for
+from gateway.egress import EgressPlan
+from gateway.errors import (
+    EXIT_GATEWAY_FAILURE,
+    EgressUnavailableError,
+    RunnerError,
+    UnsafeOptionsError,
+    exit_code_for,
+    http_status_for,
+)
 from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
-from gateway.runner.docker.options import EGRESS_LABEL, DockerAssembler, guard
+from gateway.runner.docker.options import EGRESS_LABEL, DockerAssembler, guard, profile_part
+from gateway.runner.docker.runner import DockerRunner
+from gateway.runner.interface import RunSpec
 from gateway.runner.kubernetes.pod import KubernetesAssembler
+from gateway.runner.supervisor import EGRESS_TARGET
 from gateway.testing import decide
+
+
+class NoEngine:
+    """A client no test may reach: every refusal here happens before the engine is asked anything."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the engine was asked for {name!r}")
 
 
 @pytest.fixture(scope="module")
@@ -19,32 +45,106 @@ def mirror() -> Policy:
     return load_policy(policies_dir() / "examples" / "egress-mirror.yaml")
 
 
-def test_docker_options_have_no_network_and_the_run_time_guard_refuses_them(mirror: Policy) -> None:
+@pytest.fixture(scope="module")
+def egress_run(mirror: Policy) -> RunSpec:
     decision = decide(mirror, parse_request({"code": "x", "network": "egress"}))
-    assert decision.allowed  # the decision judges the policy; the sandbox is what cannot give it yet
-    options = decision.options
-    assert options is not None
+    assert decision.allowed
+    assert decision.run is not None
+    return decision.run
+
+
+def test_docker_options_have_no_network_and_the_run_time_guard_passes_them(egress_run: RunSpec) -> None:
+    options = egress_run.options
     assert (options["network_mode"], options["network_disabled"], options["labels"][EGRESS_LABEL]) == (
         "none",
         True,
         "proxy",
     )
-    DockerAssembler().guard(options)  # the decision's own check passes
-    with pytest.raises(EgressUnavailableError) as info:
-        guard(options)  # what the runner calls before it creates or claims a container
-    assert isinstance(info.value, RunnerError)
-    assert info.value.code == "runner.egress_unavailable"
-    assert "cannot provide it yet" in info.value.message
-    assert "nothing ran" in info.value.message
-    # Not implemented in this version (like a backend without sessions), not a failing sandbox (502).
-    assert (http_status_for(info.value), exit_code_for(info.value)) == (501, EXIT_GATEWAY_FAILURE)
+    DockerAssembler().guard(options)
+    guard(options)  # what the runner calls before it creates a container: egress is the run's proxy now
 
 
-def test_a_run_without_egress_still_passes_the_run_time_guard(mirror: Policy) -> None:
-    options = decide(mirror, parse_request({"code": "x"})).options
-    assert options is not None
-    assert EGRESS_LABEL not in options["labels"]
-    guard(options)
+def test_the_run_carries_the_egress_plan_of_the_decision(egress_run: RunSpec) -> None:
+    plan = egress_run.egress
+    assert isinstance(plan, EgressPlan)
+    assert [(d.host, d.ports, [str(c) for c in d.cidrs]) for d in plan.destinations] == [
+        ("mirror.internal", (18089, 18443), ["127.0.0.0/8"])
+    ]
+    assert (plan.limits.connections, plan.limits.bytes_out, plan.limits.bytes_in, plan.limits.rate) == (
+        64,
+        64 << 20,
+        512 << 20,
+        16,
+    )
+
+
+def test_a_run_without_egress_has_no_plan_and_passes_the_guard(mirror: Policy) -> None:
+    decision = decide(mirror, parse_request({"code": "x"}))
+    assert decision.run is not None
+    assert decision.run.egress is None
+    assert EGRESS_LABEL not in decision.run.options["labels"]
+    guard(decision.run.options)
+
+
+def test_the_guard_refuses_an_assembled_mount_where_the_runner_binds_the_proxy(egress_run: RunSpec) -> None:
+    for target in (EGRESS_TARGET, EGRESS_TARGET + "/proxy.sock"):
+        mount = {
+            "Type": "bind",
+            "Source": "/run/agent-gateway/staging/d1/0",
+            "Target": target,
+            "ReadOnly": True,
+            "BindOptions": {"NonRecursive": True, "Propagation": "rprivate"},
+        }
+        options = {**egress_run.options, "labels": {**egress_run.options["labels"], "io.agent-gateway.decision": "d1"}}
+        with pytest.raises(UnsafeOptionsError) as info:
+            guard({**options, "mounts": [mount]})
+        assert any("inside /run, which a mount may not shadow" in p.message for p in info.value.problems)
+
+
+def test_the_guard_refuses_the_egress_label_on_a_sandbox_with_a_network(egress_run: RunSpec) -> None:
+    options = {**egress_run.options, "network_mode": "bridge", "network_disabled": False}
+    with pytest.raises(UnsafeOptionsError) as info:
+        guard(options)
+    assert any(EGRESS_LABEL in p.message for p in info.value.problems)
+
+
+def test_options_and_plan_that_disagree_are_refused_before_the_engine(egress_run: RunSpec) -> None:
+    runner = DockerRunner(NoEngine())
+    with pytest.raises(UnsafeOptionsError, match="the run has no egress plan"):
+        runner.prepare(replace(egress_run, egress=None))
+    plain = dict(egress_run.options)
+    plain["labels"] = {k: v for k, v in plain["labels"].items() if k != EGRESS_LABEL}
+    with pytest.raises(UnsafeOptionsError, match="have no egress"):
+        runner.prepare(RunSpec(plain, timeout_s=5, output_bytes=10, egress=egress_run.egress))
+    # A pooled container is made before any request: it never has a proxy, so egress options are refused.
+    with pytest.raises(UnsafeOptionsError, match="the run has no egress plan"):
+        runner.prepare_pooled(profile_part(egress_run.options), ttl_s=5)
+
+
+def test_a_kernel_with_egress_is_refused_before_the_engine(egress_run: RunSpec) -> None:
+    runner = DockerRunner(NoEngine())
+    slot = Released()
+    for opening in (
+        lambda: runner.open_kernel(egress_run, slot=slot),
+        lambda: runner.prepare_kernel(egress_run, workspace=None, slot=slot, wait_s=1),
+    ):
+        with pytest.raises(EgressUnavailableError) as info:
+            opening()
+        assert isinstance(info.value, RunnerError)
+        assert "kernel session" in info.value.message
+        assert "nothing ran" in info.value.message
+        # Not available on this path (like a backend without sessions), not a failing sandbox (502).
+        assert (http_status_for(info.value), exit_code_for(info.value)) == (501, EXIT_GATEWAY_FAILURE)
+    assert slot.released == 2  # the host slot a kernel would have held is given back each time
+
+
+class Released:
+    """A slot that records its release."""
+
+    released = 0
+
+    def release(self) -> None:
+        self.released += 1
 
 
 def test_kubernetes_refuses_egress_when_it_assembles_the_pod(mirror: Policy) -> None:

@@ -1,0 +1,80 @@
+"""A Docker run's egress: its proxy's directory bound read-only at ``EGRESS_TARGET``, checked after start.
+
+The runner opens the run's proxy (``gateway.egress.host``) before it creates the container, binds the run's
+directory with :func:`bind_egress` (after the guard, which refuses any assembled mount there: the key is the
+runner's own, as the workspace's is), and after start, before any payload, :func:`verify_egress` checks that the
+container has exactly that directory there, by device and inode, read-only, under runc and runsc alike. The
+container keeps ``network_mode: none``: the proxy's socket is its only way out, and the supervisor bridges
+``127.0.0.1:EGRESS_PORT`` to it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import SandboxError, UnsafeOptionsError
+from gateway.runner.docker.mounts import _container_root
+from gateway.runner.docker.options import EGRESS_LABEL
+from gateway.runner.interface import RunSpec
+from gateway.runner.supervisor import EGRESS_TARGET
+
+__all__ = ["bind_egress", "sandbox_user", "verify_egress", "wants_egress"]
+
+
+def wants_egress(spec: RunSpec) -> bool:
+    """Whether ``spec`` is a run with egress; options and plan must agree (a label without a plan, or a plan
+    without the label, is a gateway bug: refused, nothing is created)."""
+    labels = spec.options.get("labels") or {}
+    labelled = isinstance(labels, Mapping) and EGRESS_LABEL in labels
+    if labelled != (spec.egress is not None):
+        raise UnsafeOptionsError(
+            "the run's options and its egress plan disagree (the options "
+            + ("ask for egress through the proxy, but the run has no egress plan" if labelled else "have no egress")
+            + "); a pooled or ready container never has egress. Nothing was created"
+        )
+    return labelled
+
+
+def sandbox_user(spec: RunSpec) -> tuple[int, int]:
+    """The sandbox's ``uid, gid`` (the guarded ``user`` option, numeric)."""
+    uid, _, gid = str(spec.options["user"]).partition(":")
+    return int(uid), int(gid)
+
+
+def bind_egress(kwargs: Mapping[str, Any], directory: Path) -> dict[str, Any]:
+    """``kwargs`` (guarded create options) with the run's egress ``directory`` bound read-only at ``EGRESS_TARGET``
+    (a read-only bind: the program connects to the socket, and can create nothing there)."""
+    out = dict(kwargs)
+    out["mounts"] = [
+        *list(out.get("mounts") or []),
+        {
+            "Type": "bind",
+            "Source": str(directory),
+            "Target": EGRESS_TARGET,
+            "ReadOnly": True,
+            "BindOptions": {"NonRecursive": True, "Propagation": "rprivate"},
+        },
+    ]
+    return out
+
+
+def verify_egress(inspect: Mapping[str, Any], runtime: str, directory: Path) -> dict[str, Any]:
+    """After start, before the payload: the engine bound ``directory`` read-only at ``EGRESS_TARGET``, and the
+    container's ``EGRESS_TARGET`` is that directory (device and inode). Returns ``inspect`` without that mount (for
+    the staging's own check of the judged mounts)."""
+    mounts = list(inspect.get("Mounts") or [])
+    ours = [m for m in mounts if m.get("Destination") == EGRESS_TARGET]
+    if [(m.get("Source"), m.get("RW"), m.get("Type")) for m in ours] != [(str(directory), False, "bind")]:
+        raise SandboxError(f"the engine's {EGRESS_TARGET} mounts {ours} are not the run's egress directory")
+    pid = int((inspect.get("State") or {}).get("Pid") or 0)
+    inside = f"{_container_root(pid, runtime, str(inspect.get('Id') or ''))}{EGRESS_TARGET}"
+    try:
+        found, st = os.stat(inside), os.stat(directory)
+    except OSError as exc:
+        raise SandboxError(f"cannot check {EGRESS_TARGET} in the container: {exc.strerror}; nothing ran") from exc
+    if (found.st_dev, found.st_ino) != (st.st_dev, st.st_ino):
+        raise SandboxError(f"{EGRESS_TARGET} in the container is not the run's egress directory; nothing ran")
+    return {**inspect, "Mounts": [m for m in mounts if m.get("Destination") != EGRESS_TARGET]}
