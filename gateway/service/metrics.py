@@ -15,6 +15,9 @@ default one: several services may run in one process, as the tests do). What it 
 - ``gateway_denials_total{rule, dry_run}``: policy denials, one count per violated rule;
 - ``gateway_audit_low_space_refused_total{event_type}``: records the service's trail refused below its
   free-space watermark (new work answered 507, refusal records dropped);
+- ``gateway_egress_connections_total{decision}`` (``allowed``, ``denied``) and
+  ``gateway_egress_bytes_total{direction}`` (``out``, ``in``): what the egress proxies of finished runs saw (the
+  totals of their results; no host label: which hosts is the audit trail's ``network.connection`` records);
 - with a warm pool (``pool: true``): ``gateway_pool_ready`` (containers ready now), ``gateway_pool_target``
   (how many the profiles aim for), ``gateway_pool_claims_total{result}`` (``hit``, ``miss``, ``cold``) and
   ``gateway_pool_claim_seconds`` (how long taking a container from the pool took, guard and claim included).
@@ -23,10 +26,13 @@ default one: several services may run in one process, as the tests do). What it 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+if TYPE_CHECKING:
+    from gateway.result import ExecutionResult as _Result
 
 __all__ = ["CLAIM_BUCKETS", "CONTENT_TYPE", "LATENCY_BUCKETS", "ServiceMetrics"]
 
@@ -94,6 +100,18 @@ class ServiceMetrics:
             ("rule", "dry_run"),
             registry=self.registry,
         )
+        self.egress_connections = Counter(
+            "gateway_egress_connections",
+            "Connections of runs with network egress, by the proxy's decision (allowed: opened upstream).",
+            ("decision",),
+            registry=self.registry,
+        )
+        self.egress_bytes = Counter(
+            "gateway_egress_bytes",
+            "Bytes runs with network egress sent (out) and received (in) through their proxy.",
+            ("direction",),
+            registry=self.registry,
+        )
         self.low_space_refused = Counter(
             "gateway_audit_low_space_refused",
             "Records the trail refused below its free-space watermark, by event type (new work, refusals).",
@@ -143,6 +161,16 @@ class ServiceMetrics:
         rules = {str(v.get("rule") or "unknown") for v in violations} or {"unknown"}
         for rule in sorted(rules):
             self.denials.labels(rule=rule, dry_run=str(dry_run).lower()).inc()
+
+    def ran(self, result: _Result) -> None:
+        """Count a finished execution's egress (nothing for a run without it)."""
+        egress = result.outcome.egress if result.outcome is not None else None
+        if egress is None:
+            return
+        self.egress_connections.labels(decision="allowed").inc(egress.connections)
+        self.egress_connections.labels(decision="denied").inc(egress.denied)
+        self.egress_bytes.labels(direction="out").inc(egress.bytes_out)
+        self.egress_bytes.labels(direction="in").inc(egress.bytes_in)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format (:data:`CONTENT_TYPE`)."""

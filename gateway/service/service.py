@@ -262,7 +262,9 @@ class Service:
         except AuthenticationError as exc:
             return ExecutionResult(request_id, None, error=exc)
         with self.inflight.run(cancel) as event:
-            return self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
+            result = self.gateway.execute(body, caller=caller, cancel=event, on_output=on_output)
+        self.metrics.ran(result)  # streamed or not, every run's result passes here
+        return result
 
     def execute_in_session(
         self, session_id: str, body: bytes, caller: Caller, *, cancel: threading.Event | None = None,
