@@ -32,6 +32,7 @@ from gateway.errors import (
     CancelledRunError,
     ContractError,
     GatewayError,
+    PackageInstallError,
     PolicyError,
     PrincipalMismatchError,
     Problem,
@@ -444,6 +445,10 @@ class Gateway:
         spec, settings = decision.run, decision.settings
         if spec is None or settings is None:
             return None, ContractError("an allowed decision carries no run specification")
+        if settings.packages is not None:
+            # Fail closed until the install phase (issue 31) is wired: a run never starts without its packages.
+            asked = ", ".join(str(r) for r in settings.packages.requirements)
+            return None, PackageInstallError(f"this gateway cannot install packages yet ({asked}); nothing ran")
         with self._tracer.start_as_current_span(SPAN_SANDBOX) as sspan:
             outcome: Outcome | None = None
             error: GatewayError | None = None

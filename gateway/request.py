@@ -207,6 +207,9 @@ class ExecutionRequest:
     egress: tuple[EgressAsk, ...] | None = None
     """With network ``egress``: the destinations the run may reach, each within the policy's list (rule
     ``network.egress``); ``None``: the policy's whole list."""
+    packages: tuple[str, ...] = ()
+    """Python requirement strings to install from the policy's index before the run, as given (rules
+    ``packages.enabled``, ``packages.allowed`` parse and judge them)."""
 
     @property
     def code_bytes(self) -> int:
@@ -245,6 +248,8 @@ class ExecutionRequest:
             out["metadata"] = json.loads(json.dumps(dict(self.metadata)))
         if self.egress is not None:
             out["egress"] = [{"host": e.host, "ports": list(e.ports)} for e in self.egress]
+        if self.packages:
+            out["packages"] = list(self.packages)
         return out
 
 
@@ -508,6 +513,9 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
     limits = _limits(doc.get("limits", {}), bad)
     mounts = _mounts(doc.get("mounts", []), bad)
     files = _files(doc.get("files", {}), bad)
+    for index, text in enumerate(doc.get("packages", ())):
+        if "\n" in text or "\r" in text:  # the schema's printable-ASCII pattern ends with "$"
+            bad(f"$.packages[{index}]", "must not contain a line break")
     for name in doc.get("env", {}):
         if "\n" in name:
             bad("$.env", f"variable name {name!r} must not contain a line break")
@@ -538,6 +546,7 @@ def _build(doc: dict[str, Any], source: str) -> ExecutionRequest:
         egress=None
         if "egress" not in doc
         else tuple(EgressAsk(e["host"], tuple(e.get("ports", (443,)))) for e in doc["egress"]),
+        packages=tuple(doc.get("packages", ())),
     )
 
 

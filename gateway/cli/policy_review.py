@@ -190,7 +190,9 @@ def replay_request(record: Mapping[str, Any]) -> dict[str, Any]:
     less than the original request had."""
     stored = record["data"]["request"]
     out: dict[str, Any] = {
-        k: stored[k] for k in ("language", "image", "network", "runtime", "limits", "mounts", "egress") if k in stored
+        k: stored[k]
+        for k in ("language", "image", "network", "runtime", "limits", "mounts", "egress", "packages")
+        if k in stored
     }
     code = stored.get("code", "")
     size = stored.get("code_bytes")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
-from gateway.policy.model import EGRESS, RUNSC_MIN_PIDS, EgressRule, Limit, Policy
+from gateway.policy.model import EGRESS, RUNSC_MIN_PIDS, EgressRule, Limit, PackagesRule, Policy
+from gateway.policy.packages import Requirement, RequirementError, name_allowed, parse_requirement
 from gateway.policy.paths import is_within
 from gateway.request import EgressAsk, ExecutionRequest
 
@@ -27,6 +28,7 @@ __all__ = [
     "BackendLimits",
     "ResolvedEgress",
     "ResolvedMount",
+    "ResolvedPackages",
     "SandboxProfile",
     "SandboxSettings",
     "covering_entry",
@@ -197,6 +199,43 @@ def _resolve_egress(rule: EgressRule, request: ExecutionRequest) -> ResolvedEgre
 
 
 @dataclass(frozen=True, slots=True)
+class ResolvedPackages:
+    """The install phase of one run: the request's requirements, normalised, and the policy section judging them.
+
+    A requirement that does not parse, or names a project outside ``allow``, is in ``refused`` (rule
+    ``packages.allowed`` denies it) and never among :attr:`requirements`."""
+
+    rule: PackagesRule
+    requirements: tuple[Requirement, ...]
+    """Sorted by their text: the same set of requirements is the same install, however it was written."""
+    refused: tuple[tuple[int, str], ...] = ()
+    """``(index in the request's packages, why)``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.rule.index,
+            "requirements": [str(r) for r in self.requirements],
+            "binary_only": self.rule.binary_only,
+        }
+
+
+def _resolve_packages(rule: PackagesRule, asked: tuple[str, ...]) -> ResolvedPackages:
+    accepted: dict[str, Requirement] = {}
+    refused: list[tuple[int, str]] = []
+    for index, text in enumerate(asked):
+        try:
+            requirement = parse_requirement(text)
+        except RequirementError as exc:
+            refused.append((index, str(exc)))
+            continue
+        if not name_allowed(requirement.name, rule.allow):
+            refused.append((index, f"project {requirement.name!r} is not allowed (allowed: {list(rule.allow)})"))
+            continue
+        accepted[str(requirement)] = requirement
+    return ResolvedPackages(rule, tuple(accepted[k] for k in sorted(accepted)), tuple(refused))
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxProfile:
     """What a sandbox is made of before any request arrives: the policy, the image, the runtime, the limits.
 
@@ -243,6 +282,8 @@ class SandboxSettings:
     files_bytes: int
     egress: ResolvedEgress | None = None
     """With network ``egress`` under a policy that lists destinations: what the run may reach; else None."""
+    packages: ResolvedPackages | None = None
+    """With a request's packages under a policy with ``spec.packages``: what its install phase installs."""
 
     def plan(self) -> dict[str, Any]:
         """The ``plan`` object of the decision record (a contract: keys are added, never renamed)."""
@@ -263,6 +304,8 @@ class SandboxSettings:
         }
         if self.egress is not None:
             plan["egress"] = self.egress.to_dict()
+        if self.packages is not None:
+            plan["packages"] = self.packages.to_dict()
         return plan
 
 
@@ -326,5 +369,8 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         files_bytes=request.files_bytes,
         egress=_resolve_egress(policy.network.egress, request)
         if profile.network == EGRESS and policy.network.egress is not None
+        else None,
+        packages=_resolve_packages(policy.packages, request.packages)
+        if request.packages and policy.packages is not None
         else None,
     )

@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import datetime
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 
@@ -23,6 +24,7 @@ from gateway.policy.images import image_allowed, parse_image_ref
 from gateway.policy.model import (
     DEFAULT_LANGUAGE,
     DEFAULT_OUTPUT_FILES,
+    DEFAULT_PACKAGES_SIZE,
     EGRESS,
     MAX_ENV_TOTAL_BYTES,
     MAX_ENV_VALUE_BYTES,
@@ -43,6 +45,7 @@ from gateway.policy.model import (
     MountRoot,
     MountsRule,
     NetworkRule,
+    PackagesRule,
     Policy,
     PolicyException,
     PoolConfig,
@@ -50,6 +53,7 @@ from gateway.policy.model import (
     SessionsRule,
     UserSpec,
 )
+from gateway.policy.packages import canonical_name, canonical_pattern
 from gateway.policy.paths import denied_host_reason, rw_overlaps, target_problem
 from gateway.resources import load_schema
 from gateway.sizes import SizeError, format_size, parse_size
@@ -207,7 +211,7 @@ def _languages(spec: dict[str, Any], sem: _Semantic, images: ImagesRule) -> Lang
             sem.fail(
                 "$.spec.languages.images",
                 f"{language} is allowed but has no images: name the image with its interpreter, e.g. "
-                f"images: {{{language}: {{default: gateway/sandbox-node:18-bookworm}}}}",
+                f"images: {{{language}: {{default: gateway/sandbox-node:24-bookworm}}}}",
             )
     return LanguagesRule(lang_allowed, lang_default, mode, tuple(per_language))
 
@@ -339,6 +343,90 @@ def _egress(raw: dict[str, Any], sem: _Semantic) -> EgressRule:
         if getattr(rule, name).default == 0:
             sem.fail(f"{section}.{name}.default", "0 bytes would let no connection carry anything; give a size")
     return rule
+
+
+_PACKAGES = "$.spec.packages"
+
+
+def _index_egress(url: str, egress: EgressRule | None, sem: _Semantic) -> Destination | None:
+    """The install phase's one destination: the index URL's host and port, with the CIDRs of the egress entry
+    that covers them; None (and a problem) when the URL is not usable or no entry covers it."""
+    from gateway.egress.addresses import Destination, HostError  # noqa: PLC0415 -- see _egress
+
+    path = f"{_PACKAGES}.index"
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        sem.fail(path, f"{url!r} has no valid port: {exc}")
+        return None
+    if parts.username is not None or parts.query or parts.fragment or not parts.hostname:
+        sem.fail(path, f"{url!r}: expected http(s)://host[:port]/path/, with no credentials, query or fragment")
+        return None
+    host = parts.hostname
+    if egress is None:
+        sem.fail(
+            path,
+            f"the index host {host}:{port} must be on the egress list, but the policy lists none: add it "
+            "under spec.network.egress.allow",
+        )
+        return None
+    try:
+        asked = Destination(host, (port,))
+    except (HostError, ValueError) as exc:
+        sem.fail(path, f"{url!r}: {exc}")
+        return None
+    for entry in egress.allow:
+        if asked.network is not None:
+            within = entry.network is not None and entry.network.version == asked.network.version
+            covers = within and asked.network.subnet_of(entry.network)  # type: ignore[arg-type]
+        else:
+            covers = entry.names(asked.key)
+        if covers and port in entry.ports:
+            return Destination(host, (port,), entry.cidrs)
+    sem.fail(
+        path,
+        f"the index host {host}:{port} is not on the egress list: add it (and the port) under "
+        "spec.network.egress.allow",
+    )
+    return None
+
+
+def _packages(raw: dict[str, Any], egress: EgressRule | None, sem: _Semantic) -> PackagesRule | None:
+    """``spec.packages``: an index on the egress list, canonical patterns, hashes keyed by canonical name."""
+    destination = _index_egress(raw["index"], egress, sem)
+    hashes: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    if "hashes" in raw:
+        keyed: dict[str, tuple[str, ...]] = {}
+        for key, digests in raw["hashes"].items():
+            name, _, version = key.partition("==")
+            canonical = f"{canonical_name(name)}=={version}"
+            if canonical in keyed:
+                sem.fail(
+                    f"{_PACKAGES}.hashes[{key!r}]",
+                    f"{key!r} names {canonical!r} again (names compare after PEP 503 "
+                    "normalisation); merge the two lists",
+                )
+            keyed[canonical] = tuple(sorted(digests))
+        hashes = tuple(sorted(keyed.items()))
+    size = sem.size(raw["size"], f"{_PACKAGES}.size") if "size" in raw else DEFAULT_PACKAGES_SIZE
+    if size < MIN_WORKSPACE:
+        sem.fail(
+            f"{_PACKAGES}.size",
+            f"{format_size(size)} is below the smallest install tree "
+            f"({format_size(MIN_WORKSPACE)}); give at least that",
+        )
+    if destination is None:
+        return None
+    return PackagesRule(
+        index=raw["index"],
+        index_egress=destination,
+        allow=tuple(canonical_pattern(p) for p in raw["allow"]),
+        binary_only=raw.get("binary_only", True),
+        hashes=hashes,
+        max=raw.get("max", 16),
+        size=size,
+    )
 
 
 def _runtime(spec: dict[str, Any], sem: _Semantic, limits: Limits) -> RuntimeRule:
@@ -495,6 +583,7 @@ def _compile(loaded: LoadedYaml) -> Policy:
     exceptions = _exceptions(spec, sem, limits)
     pool = _pool(spec, sem)
     sessions = _sessions(spec, sem)
+    packages = _packages(spec["packages"], network.egress, sem) if "packages" in spec else None
 
     if sem.problems:
         raise PolicyError(
@@ -523,6 +612,7 @@ def _compile(loaded: LoadedYaml) -> Policy:
         exceptions=exceptions,
         pool=pool,
         sessions=sessions,
+        packages=packages,
     )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "BURST_RESPONSES",
     "DEFAULT_LANGUAGE",
     "DEFAULT_OUTPUT_FILES",
+    "DEFAULT_PACKAGES_SIZE",
     "EGRESS",
     "MAX_ENV_TOTAL_BYTES",
     "MAX_ENV_VALUE_BYTES",
@@ -39,6 +40,7 @@ __all__ = [
     "MountRoot",
     "MountsRule",
     "NetworkRule",
+    "PackagesRule",
     "Policy",
     "PolicyException",
     "PoolConfig",
@@ -167,6 +169,44 @@ class NetworkRule:
     mode: Mode = "enforce"
     egress: EgressRule | None = None
     """``spec.network.egress``; ``None``: no destinations, so network ``egress`` is never allowed."""
+
+
+DEFAULT_PACKAGES_SIZE = 256 * 1024 * 1024
+"""Bytes a request's installed packages may take when ``spec.packages.size`` says nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackagesRule:
+    """``spec.packages``: the index requests may install Python packages from, and which projects.
+
+    A request's ``packages`` are installed in a phase of their own whose only destination is :attr:`index_egress`;
+    every resolved distribution (dependencies too) must match :attr:`allow` and, when :attr:`hashes` is set, be
+    listed there with its archive's sha256."""
+
+    index: str
+    """The PEP 503 simple index URL (``http://mirror.internal:18089/simple/``)."""
+    index_egress: Destination
+    """The index's host and port, with the CIDRs of the ``spec.network.egress`` entry that covers it: the install
+    phase's only destination."""
+    allow: tuple[str, ...]
+    """Project names or fnmatch patterns, in PEP 503 normal form (:func:`gateway.policy.packages.canonical_name`)."""
+    binary_only: bool = True
+    """Wheels only: no source distribution is ever built (building runs the package's own code)."""
+    hashes: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    """``(name==version, sha256 of each allowed archive)``, names canonical, sorted; ``None``: not required. When
+    set, a resolved distribution not listed, or whose archive has another digest, is refused."""
+    max: int = 16
+    """Requirements one request may list."""
+    size: int = DEFAULT_PACKAGES_SIZE
+    """Bytes the installed tree may take (the install phase's workspace)."""
+
+    def allowed_hashes(self, name: str, version: str) -> tuple[str, ...] | None:
+        """The digests listed for ``name==version`` (canonical name); ``()`` when it is not listed; ``None`` when
+        the policy requires no hashes."""
+        if self.hashes is None:
+            return None
+        key = f"{name}=={version}"
+        return next((digests for listed, digests in self.hashes if listed == key), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +391,8 @@ class Policy:
     """The warm pool (``spec.pool``); used only by a gateway that keeps one."""
     sessions: SessionsRule | None = None
     """What sessions the policy allows (``spec.sessions``); ``None``: none at all."""
+    packages: PackagesRule | None = None
+    """Python packages a request may install (``spec.packages``); ``None``: a request with packages is denied."""
     audit_policy: Policy | None = None
     """The stricter shadow policy (``spec.audit_policy``) judged on every request; its failures are warnings."""
 

@@ -6,10 +6,17 @@ listed here. Its id is the id every one of its results carries, errors included.
 
 from __future__ import annotations
 
-from gateway.decision.rules import basics, env, limits, mounts
+from gateway.decision.rules import basics, env, limits, mounts, packages
 from gateway.decision.rules.base import Context, Finding, Rule
 
 __all__ = ["RULES", "RULE_IDS", "Context", "Finding", "Rule"]
 
-RULES: tuple[Rule, ...] = (*basics.RULES, *limits.RULES, *basics.LATER_RULES, *mounts.RULES, *env.RULES)
+RULES: tuple[Rule, ...] = (
+    *basics.RULES,
+    *limits.RULES,
+    *basics.LATER_RULES,
+    *mounts.RULES,
+    *env.RULES,
+    *packages.RULES,
+)
 RULE_IDS: frozenset[str] = frozenset(rule.id for rule in RULES)

@@ -104,6 +104,8 @@ EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
     ("env.allowed", "default", {"env": {"SECRET": "1"}}),
     ("env.dangerous", "default", {"env": {"LD_PRELOAD": "/x.so"}}),
     ("env.limits", "default", {"env": _APP}),
+    ("packages.enabled", "default", {"packages": ["idna"]}),
+    ("packages.allowed", "examples/packages-mirror", {"packages": ["numpy"]}),
 ]
 
 
