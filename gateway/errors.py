@@ -456,6 +456,31 @@ class SandboxError(RunnerError):
     code = "runner.sandbox_failed"
 
 
+# --- packages -----------------------------------------------------------------------------------------
+
+
+class PackageError(GatewayError):
+    """A request's packages (``spec.packages``) could not be installed: the run did not start."""
+
+    code = "packages.error"
+
+
+class PackageRefusedError(PackageError):
+    """The install phase resolved a distribution the policy refuses (a project outside ``allow``, an archive
+    whose sha256 is not listed in ``hashes``): nothing it installed reaches a run."""
+
+    code = "packages.refused"
+    hint = "pin the requirement to an allowed version, or ask the policy's owner to allow the project (spec.packages)"
+
+
+class PackageInstallError(PackageError):
+    """The installer failed in its sandbox (the index unreachable, no version matching, a source-only package
+    with ``binary_only``, the install tree full): the run did not start."""
+
+    code = "packages.install_failed"
+    hint = "check the requirement's name and version on the policy's index; binary_only needs a wheel for the image"
+
+
 # --- capacity -----------------------------------------------------------------------------------------
 
 
