@@ -2,13 +2,14 @@
 against the same requests sent straight to the upstream over loopback, and bulk throughput both ways, in one run
 (issue 31).
 
-Three processes, as in a run: the proxy on an asyncio event loop of its own in a thread of this process (the
-way the gateway hosts a run's proxy; the main thread only waits), the client in a second process (blocking
-sockets, as pip or curl in a sandbox), the upstream servers in a third (one thread per connection), all on
-loopback. The proxy allows ``mirror.internal`` (every port the upstreams use) through an explicit CIDR
-``127.0.0.0/8`` and resolves it with a resolver of this script (no name is looked up anywhere); its per-run
-limits are lifted, so the figures are the forwarding's, not the limits'. The certificate is generated into a
-temporary directory with the ``openssl`` CLI.
+Three processes, as in a run: the proxy hosted as a runner hosts it (`gateway.egress.host.EgressHost`: the run's
+private directory, the proxy on the host's event-loop thread in this process; the main thread only waits), the
+client in a second process (blocking sockets, as pip or curl in a sandbox), the upstream servers in a third (one
+thread per connection), all on loopback. Not on the path: the sandbox's supervisor, which relays the program's
+``127.0.0.1:3128`` to the proxy's socket inside a run. The proxy allows ``mirror.internal`` (every port the
+upstreams use) through an explicit CIDR ``127.0.0.0/8`` and resolves it with a resolver of this script (no name is
+looked up anywhere); its per-run limits are lifted, so the figures are the forwarding's, not the limits'. The
+certificate is generated into a temporary directory with the ``openssl`` CLI.
 
 Steps, interleaved round by round with the order rotated (one connection each, timed in the client from
 opening the connection to the last byte of the answer's body, as a user waits):
@@ -43,7 +44,6 @@ Only loopback is contacted; no engine, no container.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import ipaddress
 import json
@@ -68,8 +68,9 @@ from typing import Any
 
 from cases import percentile
 
-from gateway.egress import ConnectionRecord, Destination, EgressLimits, EgressProxy, EgressRules
+from gateway.egress import ConnectionRecord, Destination, EgressHost, EgressLimits, EgressPlan
 from gateway.egress.addresses import IPAddress
+from gateway.egress.host import SOCKET_NAME
 
 HOST = "mirror.internal"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -239,7 +240,7 @@ def upstreams(ctx: Any, cert: Path, key: Path) -> Iterator[list[int]]:
             process.join()
 
 
-# --- the proxy (a loop thread of this process) ------------------------------------------------------------------
+# --- the proxy (hosted in this process) --------------------------------------------------------------------------
 
 
 class LoopbackResolver:
@@ -251,56 +252,27 @@ class LoopbackResolver:
         return [ipaddress.ip_address("127.0.0.1")]
 
 
-class Records:
-    """The proxy's connection records, each with the CPU time its loop thread spent since the record before it:
-    the connections run one at a time, so that is about what the proxy spent on this one (the CPU time, unlike the
-    wall time, is little moved by what else runs on the machine)."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[ConnectionRecord, float]] = []
-        self._last = 0.0
-
-    def add(self, record: ConnectionRecord) -> None:
-        now = time.thread_time()  # called on the loop thread
-        self.records.append((record, now - self._last if self._last else 0.0))
-        self._last = now
-
-    def cpu(self, setup: Setup) -> dict[str, float]:
-        """The proxy's CPU per connection (p50, in ms) of each step, and per GB of each bulk download."""
-        by_kind: dict[str, list[tuple[ConnectionRecord, float]]] = {}
-        for record, cpu in self.records:
-            bulk = record.bytes_in >= setup.bulk_bytes
-            kind = {setup.tls_port: "https", setup.http_port: "http", setup.raw_port: "raw"}[record.port]
-            by_kind.setdefault(f"{kind}_bulk" if bulk else kind, []).append((record, cpu))
-        found = {f"{kind}_ms_p50": round(statistics.median(c for _r, c in by_kind[kind]) * 1000, 3)
-                 for kind in ("https", "http") if kind in by_kind}  # fmt: skip
-        for kind in ("raw_bulk", "https_bulk"):
-            if kind in by_kind:
-                cpu, size = sum(c for _r, c in by_kind[kind]), sum(r.bytes_in for r, _c in by_kind[kind])
-                found[f"{kind}_s_per_gb"] = round(cpu / size * 1e9, 3)
-        return found
+def egress_plan(ports: Sequence[int]) -> EgressPlan:
+    """``mirror.internal`` on the upstreams' ports, allowed into 127.0.0.0/8 by an explicit CIDR; no limits."""
+    return EgressPlan((Destination(HOST, ports=tuple(ports), cidrs=(LOOPBACK,), rule="bench.mirror"),), LIFTED)
 
 
-@contextlib.contextmanager
-def hosted_proxy(path: Path, ports: Sequence[int]) -> Iterator[Records]:
-    """`EgressProxy` listening on ``path``, on an event loop in a thread of its own; yields its records (complete
-    once the block ends: the proxy is closed first)."""
-    records = Records()
-    rules = EgressRules([Destination(HOST, ports=tuple(ports), cidrs=(LOOPBACK,), rule="bench.mirror")])
-    proxy = EgressProxy(rules, on_record=records.add, limits=LIFTED, resolver=LoopbackResolver())
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="egress-proxy", daemon=True)
-    thread.start()
-    try:
-        asyncio.run_coroutine_threadsafe(proxy.start(path), loop).result(10)
-        try:
-            yield records
-        finally:
-            asyncio.run_coroutine_threadsafe(proxy.close(), loop).result(30)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+def proxy_cpu(records: Sequence[ConnectionRecord], setup: Setup) -> dict[str, float]:
+    """The proxy's CPU per connection (p50, in ms) of each step, and per GB of each bulk download.
+
+    A record's ``duration`` is measured by the proxy's clock, here its loop thread's CPU clock: the connections run
+    one at a time, so it is what the proxy spent on that connection."""
+    by_kind: dict[str, list[ConnectionRecord]] = {}
+    for record in records:
+        kind = {setup.tls_port: "https", setup.http_port: "http", setup.raw_port: "raw"}[record.port]
+        by_kind.setdefault(f"{kind}_bulk" if record.bytes_in >= setup.bulk_bytes else kind, []).append(record)
+    found = {f"{kind}_ms_p50": round(statistics.median(r.duration for r in by_kind[kind]) * 1000, 3)
+             for kind in ("https", "http") if kind in by_kind}  # fmt: skip
+    for kind in ("raw_bulk", "https_bulk"):
+        if kind in by_kind:
+            cpu, size = sum(r.duration for r in by_kind[kind]), sum(r.bytes_in for r in by_kind[kind])
+            found[f"{kind}_s_per_gb"] = round(cpu / size * 1e9, 3)
+    return found
 
 
 # --- the client (a process of its own) ----------------------------------------------------------------------------
@@ -502,9 +474,13 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         work = Path(tmp)
         progress("making the certificate, starting the upstreams and the proxy")
         cert, key = make_certificate(work)
-        with upstreams(ctx, cert, key) as ports, hosted_proxy(work / "egress.sock", ports) as proxied:
+        # The run's proxy as a runner hosts it: a private directory, the proxy on the host's event-loop thread. Its
+        # clock is that thread's CPU clock, so each record's duration is the CPU the proxy spent on the connection.
+        host = EgressHost(work / "egress", resolver=LoopbackResolver(), clock=time.thread_time, max_records=10**7)
+        with upstreams(ctx, cert, key) as ports, contextlib.closing(host):
+            egress_run = host.open(egress_plan(ports), uid=os.getuid(), gid=os.getgid())
             setup = Setup(
-                proxy=str(work / "egress.sock"),
+                proxy=str(egress_run.directory / SOCKET_NAME),
                 tls_port=ports[0],
                 http_port=ports[1],
                 raw_port=ports[2],
@@ -517,10 +493,13 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
             )
             progress("the client runs")
             clock = time.monotonic()
-            found = run_client(ctx, setup)
+            try:
+                found = run_client(ctx, setup)
+            finally:
+                report = egress_run.close()
             measured_s = round(time.monotonic() - clock, 1)
     progress.done()
-    records = [record for record, _cpu in proxied.records]
+    records = report.records
     steps = summarize(found["times"])
     throughput = {
         name: {"mb_s": round(statistics.median(rates), 1), "rounds_mb_s": [round(r, 1) for r in rates]}
@@ -553,12 +532,12 @@ def run(args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
         "targets": found_targets,
         "packages": packages,
         "proxy": {
-            "connections": len(records),
-            "cpu": proxied.cpu(setup),
+            "connections": report.connections,
+            "cpu": proxy_cpu(records, setup),
             "expected": expected,
-            "denied": sum(not r.allowed for r in records),
+            "denied": report.denied,
             "ended": dict(Counter(r.ended for r in records)),
-            "cpu_s": round(sum(cpu for _record, cpu in proxied.records), 2),
+            "cpu_s": round(sum(r.duration for r in records), 2),
         },
     }
 
