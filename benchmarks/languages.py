@@ -63,7 +63,7 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.options import INSTANCE_LABEL
 
 PYTHON_IMAGE = "gateway/sandbox-python:3.11-bookworm"
-NODE_IMAGE = "gateway/sandbox-node:18-bookworm"
+NODE_IMAGE = "gateway/sandbox-node:24-bookworm"
 POLICY = policies_dir() / "examples" / "polyglot.yaml"
 POOLED_BOUND = 1.3
 """A language's pooled p50 over Python's, at most (issue 30)."""

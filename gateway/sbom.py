@@ -3,7 +3,8 @@
 Auditors ask two questions: what does the gateway run on, and what is inside the sandboxes it starts. The first
 is answered from ``importlib.metadata`` (every installed distribution, with its purl, and hashes where the
 installer recorded them); the second from the image's dpkg database (``/var/lib/dpkg/status``), read by the
-backend without running the image (``gateway/runner/docker/imagefs.py``), next to the image id.
+backend without running the image (``gateway/runner/docker/imagefs.py``), next to the image id, and from the list
+of files the image build took from elsewhere (``COMPONENTS``: the Node.js image's ``node``, from a pinned wheel).
 
 An image's SBOM is **recorded** under the state directory keyed by the image id
 (``<state>/sbom/<hex>.cdx.json``), so that ``gateway doctor`` and the compliance report can name it by digest
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from cyclonedx.model.component import Component
 
 __all__ = [
+    "COMPONENTS",
     "DPKG_STATUS",
     "OS_RELEASE",
     "DebPackage",
@@ -54,6 +56,10 @@ __all__ = [
 ]
 
 DPKG_STATUS = "/var/lib/dpkg/status"
+COMPONENTS = "/usr/share/agent-gateway/components.json"
+"""What ``scripts/build-image.sh`` put into an image besides Debian packages (written by
+``scripts/wheel-file.py``): ``{"components": [{"name", "version", "path", "sha256", "purl", "wheel",
+"wheel_sha256"}]}``; absent from an image that holds only Debian packages."""
 OS_RELEASE = "/usr/lib/os-release"
 """Read for the purls' ``distro`` qualifier (``/etc/os-release`` is a symlink to it on Debian)."""
 PROPERTY = "io.agent-gateway"
@@ -279,10 +285,19 @@ def _archive_hashes(dist: metadata.Distribution) -> list[str]:
     return sorted(h for h in found if re.fullmatch(r"[0-9a-f]{64}", h))
 
 
-def image_sbom(*, image: str, image_id: str, created: str, dpkg_status: bytes, os_release: bytes | None = None) -> str:
-    """The CycloneDX 1.6 JSON SBOM of a sandbox image from its dpkg database: the same bytes for the same image."""
+def image_sbom(
+    *,
+    image: str,
+    image_id: str,
+    created: str,
+    dpkg_status: bytes,
+    os_release: bytes | None = None,
+    components: bytes | None = None,
+) -> str:
+    """The CycloneDX 1.6 JSON SBOM of a sandbox image from its dpkg database and its ``COMPONENTS`` list (when it
+    has one): the same bytes for the same image."""
     _require_cyclonedx()
-    from cyclonedx.model import Property  # noqa: PLC0415
+    from cyclonedx.model import HashAlgorithm, HashType, Property  # noqa: PLC0415
     from cyclonedx.model.bom import Bom, BomMetaData  # noqa: PLC0415
     from cyclonedx.model.component import Component, ComponentType  # noqa: PLC0415
     from packageurl import PackageURL  # noqa: PLC0415
@@ -297,14 +312,14 @@ def image_sbom(*, image: str, image_id: str, created: str, dpkg_status: bytes, o
     release = _os_release(os_release.decode("utf-8", "replace") if os_release else None)
     distro_id = release.get("ID", "debian")
     distro = f"{distro_id}-{release['VERSION_ID']}" if "VERSION_ID" in release else None
-    components = []
+    found = []
     for pkg in packages:
         qualifiers = {"arch": pkg.architecture} if pkg.architecture else {}
         if distro:
             qualifiers["distro"] = distro
         purl = PackageURL(type="deb", namespace=distro_id, name=pkg.name, version=pkg.version, qualifiers=qualifiers)
         properties = [Property(name=f"{PROPERTY}:deb-source", value=pkg.source)] if pkg.source else []
-        components.append(
+        found.append(
             Component(
                 type=ComponentType.LIBRARY,
                 name=pkg.name,
@@ -314,22 +329,81 @@ def image_sbom(*, image: str, image_id: str, created: str, dpkg_status: bytes, o
                 properties=properties,
             )
         )
+    root_properties = [
+        Property(name=f"{PROPERTY}:image-id", value=f"sha256:{hex_id}"),
+        Property(name=f"{PROPERTY}:dpkg-status-sha256", value=hashlib.sha256(dpkg_status).hexdigest()),
+    ]
+    if components is not None:
+        for entry in _other_components(components, image):
+            found.append(
+                Component(
+                    type=ComponentType.APPLICATION,
+                    name=entry["name"],
+                    version=entry["version"],
+                    purl=PackageURL.from_string(entry["purl"]),
+                    bom_ref=f"file:{entry['path']}",
+                    hashes=[HashType(alg=HashAlgorithm.SHA_256, content=entry["sha256"])],
+                    properties=[
+                        Property(name=f"{PROPERTY}:path", value=entry["path"]),
+                        Property(name=f"{PROPERTY}:wheel", value=entry["wheel"]),
+                        Property(name=f"{PROPERTY}:wheel-sha256", value=entry["wheel_sha256"]),
+                    ],
+                )
+            )
+        root_properties.append(
+            Property(name=f"{PROPERTY}:components-sha256", value=hashlib.sha256(components).hexdigest())
+        )
     root = Component(
         type=ComponentType.CONTAINER,
         name=image,
         version=f"sha256:{hex_id}",
         bom_ref=f"image:sha256:{hex_id}",
         description=release.get("PRETTY_NAME"),
-        properties=[
-            Property(name=f"{PROPERTY}:image-id", value=f"sha256:{hex_id}"),
-            Property(name=f"{PROPERTY}:dpkg-status-sha256", value=hashlib.sha256(dpkg_status).hexdigest()),
-        ],
+        properties=root_properties,
     )
     meta = BomMetaData(component=root, timestamp=_parse_created(created))
     meta.tools.components.add(_tool_component())
-    bom = Bom(components=components, metadata=meta, serial_number=uuid.uuid5(_SERIAL_NAMESPACE, hex_id))
-    bom.register_dependency(root, components)  # flat: the image holds each package (dpkg's Depends are not kept)
+    bom = Bom(components=found, metadata=meta, serial_number=uuid.uuid5(_SERIAL_NAMESPACE, hex_id))
+    bom.register_dependency(root, found)  # flat: the image holds each package (dpkg's Depends are not kept)
     return _serialise(bom)
+
+
+_COMPONENT_FIELDS = {
+    "name": r"[A-Za-z0-9][A-Za-z0-9._+-]*",
+    "version": r"[A-Za-z0-9][A-Za-z0-9._+~-]*",
+    "path": r"/[^\0]*",
+    "sha256": r"[0-9a-f]{64}",
+    "purl": r"pkg:[a-z]+/\S+",
+    "wheel": r"\S+\.whl",
+    "wheel_sha256": r"[0-9a-f]{64}",
+}
+
+
+def _other_components(components: bytes, image: str) -> list[dict[str, str]]:
+    """The entries of an image's ``COMPONENTS`` list, each with every field and well-formed, or SbomError."""
+    where = f"{COMPONENTS} of {image}"
+    try:
+        entries = json.loads(components)["components"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SbomError(f"{where} is not a JSON object with a components list: {exc}") from exc
+    if not isinstance(entries, list):
+        raise SbomError(f"{where}: components is not a list")
+    for index, entry in enumerate(entries):
+        bad = (
+            sorted(_COMPONENT_FIELDS)
+            if not isinstance(entry, dict)
+            else [
+                k
+                for k, pattern in _COMPONENT_FIELDS.items()
+                if not isinstance(entry.get(k), str) or not re.fullmatch(pattern, entry[k])
+            ]
+        )
+        if bad:
+            raise SbomError(
+                f"{where}: entry {index} lacks a well-formed {', '.join(bad)}",
+                hint="rebuild the image with scripts/build-image.sh, which writes that list",
+            )
+    return entries
 
 
 def _parse_created(created: str) -> datetime:

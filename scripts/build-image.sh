@@ -6,7 +6,13 @@
 # labels); images/<name>.packages pins its package set. Every image has bash (minbase's, essential in Debian)
 # and python3 (the gateway's supervisor runs on it), so shell needs no image of its own.
 #
-# Air-gapped by design: each image is made from Debian packages with debootstrap (minbase + the definition's
+# A definition may also take files from wheels (WHEELS: pip requirement lines, each with its --hash=sha256:): the
+# Node.js image's node is the upstream build, which Debian does not package with its start-up snapshot. They are
+# fetched with `pip download --require-hashes --no-deps --only-binary=:all:` from the package index pip is set to
+# use, before debootstrap, and the definition's `customize` copies a file out with `wheel_file`, which lists it in
+# /usr/share/agent-gateway/components.json for the SBOM (the wheel's purl and sha256, the file's path and sha256).
+#
+# Air-gapped by design: each image is made from Debian packages (and the pinned wheels above) with debootstrap (minbase + the definition's
 # packages; the Python image takes the full python3: python3-minimal lacks most of the standard library) from
 # the apt mirror this machine already uses. Nothing is pulled from an image registry. The image id is printed on
 # stdout (one line per image).
@@ -32,7 +38,7 @@
 # Usage: scripts/build-image.sh [IMAGE ...]   (default: sandbox-python, i.e. gateway/sandbox-python:3.11-bookworm)
 #        scripts/build-image.sh --all         (every definition in images/, one after the other)
 #        scripts/build-image.sh --list        (each definition's name and image, nothing built)
-#   IMAGE is a definition's name (sandbox-node) or its image (gateway/sandbox-node:18-bookworm).
+#   IMAGE is a definition's name (sandbox-node) or its image (gateway/sandbox-node:24-bookworm).
 # Environment:
 #   GATEWAY_IMAGE           the image to build when no argument is given
 #   GATEWAY_TAG             load the one image built under this NAME:TAG instead (to compare two builds)
@@ -42,6 +48,7 @@
 #   GATEWAY_BIN             the gateway command that records the SBOM (default: .venv/bin/gateway)
 #   GATEWAY_QUIET=1         no progress messages (default: quiet unless stderr is a tty)
 #   GATEWAY_KEEP_WORK=1     keep the work directory (root file system, layer tar) to compare two builds
+#   GATEWAY_PIP_PYTHON      the Python whose pip fetches a definition's WHEELS (default: .venv/bin/python)
 set -euo pipefail
 
 SUITE=bookworm
@@ -91,7 +98,7 @@ if [[ $# -gt 1 ]]; then
     exit 0
 fi
 read -r NAME IMAGE < <(resolve "${1:-${GATEWAY_IMAGE:-sandbox-python}}") || exit 1
-INCLUDE='' CMD='' ENV=''
+INCLUDE='' CMD='' ENV='' WHEELS=''
 customize() { :; }
 # shellcheck source=/dev/null
 source "$DEFINITIONS/$NAME.conf"
@@ -165,6 +172,27 @@ cleanup() { if [[ -z "${GATEWAY_KEEP_WORK:-}" ]]; then rm -rf --one-file-system 
 trap cleanup EXIT
 ROOTFS="$WORK/rootfs"
 
+# The definition's wheels, hash-checked by pip (a wheel whose sha256 differs from its pin is refused).
+if [[ -n "$WHEELS" ]]; then
+    PIP_PYTHON="${GATEWAY_PIP_PYTHON:-$ROOT/.venv/bin/python}"
+    [[ -x "$PIP_PYTHON" ]] || PIP_PYTHON="$(command -v python3 || true)"
+    "$PIP_PYTHON" -m pip --version >/dev/null 2>&1 \
+        || die "${DEFINITIONS#"$ROOT"/}/$NAME.conf needs wheels, and no pip was found to fetch them: run scripts/setup.sh (it makes .venv) or set GATEWAY_PIP_PYTHON"
+    printf '%s\n' "$WHEELS" >"$WORK/wheels.txt"
+    say "pip download (hash-checked): $(grep -o '^[^ ]*' "$WORK/wheels.txt" | paste -sd ' ')"
+    if ! "$PIP_PYTHON" -m pip download --disable-pip-version-check -q --no-deps --require-hashes \
+        --only-binary=:all: -d "$WORK/wheels" -r "$WORK/wheels.txt" >"$WORK/pip.log" 2>&1; then
+        tail -n 20 "$WORK/pip.log" >&2 || true
+        die "fetching the wheels of ${DEFINITIONS#"$ROOT"/}/$NAME.conf failed (see pip's output above)"
+    fi
+fi
+# For a definition's customize: copy MEMBER of DISTRIBUTION's wheel to DEST in the root file system, listed as the
+# SBOM component NAME (scripts/wheel-file.py).
+wheel_file() {
+    [[ $# == 4 ]] || die "wheel_file takes DISTRIBUTION MEMBER DEST NAME"
+    python3 "$ROOT/scripts/wheel-file.py" "$WORK/wheels" "$1" "$2" "$ROOTFS" "$3" "$4"
+}
+
 say "debootstrap $SUITE (minbase + $INCLUDE) into $ROOTFS for $IMAGE (a minute or more)"
 if ! debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$ROOTFS" "$MIRROR" >"$WORK/debootstrap.log" 2>&1; then
     tail -n 30 "$WORK/debootstrap.log" >&2 || true
@@ -218,7 +246,7 @@ while IFS= read -r label; do [[ -z "$label" ]] || label_args+=("io.agent-gateway
 env_args=()
 for setting in $ENV; do env_args+=(--env "$setting"); done
 python3 "$ROOT/scripts/image-archive.py" "${env_args[@]}" --cmd "$CMD" \
-    --history "scripts/build-image.sh: debootstrap minbase + ${INCLUDE//,/ }" \
+    --history "scripts/build-image.sh: debootstrap minbase + ${INCLUDE//,/ }${WHEELS:+; wheels: $(grep -o '^[^ ]*' <<<"$WHEELS" | paste -sd ' ')}" \
     "$WORK/layer.tar" "$IMAGE" "$EPOCH" "$WORK/image.tar" \
     "io.agent-gateway.image=$NAME" io.agent-gateway.built-by=scripts/build-image.sh \
     "io.agent-gateway.suite=$SUITE" "${label_args[@]}" >"$WORK/id" || die "writing the image archive failed"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.sbom import DPKG_STATUS, OS_RELEASE, SbomError, environment_sbom, image_sbom, record_image_sbom
+from gateway.sbom import COMPONENTS, DPKG_STATUS, OS_RELEASE, SbomError, environment_sbom, image_sbom, record_image_sbom
 
 __all__ = ["register"]
 
@@ -18,8 +18,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="write a CycloneDX JSON SBOM of the gateway's environment, or of a sandbox image (--image)",
         description=(
             "Without --image: every Python distribution installed where the gateway runs, with purls and hashes "
-            "where recorded. With --image: the image's Debian packages from its dpkg database (read from a "
-            "container that is created, never started, and removed), next to the image id."
+            "where recorded. With --image: the image's Debian packages from its dpkg database, and what its build "
+            "took from pinned wheels (read from a container that is created, never started, and removed), next to "
+            "the image id."
         ),
     )
     p.add_argument("--image", metavar="NAME", help="the sandbox image (name:tag or id) to describe")
@@ -46,7 +47,7 @@ def _sbom(args: argparse.Namespace) -> int:
 
         runner = DockerRunner()
         try:
-            found = read_image_files(runner, args.image, [DPKG_STATUS, OS_RELEASE])
+            found = read_image_files(runner, args.image, [DPKG_STATUS, OS_RELEASE, COMPONENTS])
         finally:
             runner.close()
         if DPKG_STATUS not in found.files:
@@ -57,6 +58,7 @@ def _sbom(args: argparse.Namespace) -> int:
             created=found.created,
             dpkg_status=found.files[DPKG_STATUS],
             os_release=found.files.get(OS_RELEASE),
+            components=found.files.get(COMPONENTS),
         )
         if args.record:
             path = record_image_sbom(found.image_id, document)

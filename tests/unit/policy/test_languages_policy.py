@@ -15,7 +15,7 @@ from gateway.resources import policies_dir
 from gateway.runner.docker.options import DockerAssembler
 from gateway.testing import decide
 
-NODE = "gateway/sandbox-node:18-bookworm"
+NODE = "gateway/sandbox-node:24-bookworm"
 PYTHON = "gateway/sandbox-python:3.11-bookworm"
 
 
@@ -87,7 +87,7 @@ def test_the_default_images_are_each_languages_default(polyglot: Policy, default
 def test_the_default_image_is_allowed_alone_when_allow_is_omitted(polyglot: Policy) -> None:
     rule = polyglot.languages.images_of("javascript")
     assert rule is not None
-    assert [(e.repository, e.tags) for e in rule.allow] == [("gateway/sandbox-node", ("18-bookworm",))]
+    assert [(e.repository, e.tags) for e in rule.allow] == [("gateway/sandbox-node", ("24-bookworm",))]
 
 
 def test_a_kernel_session_of_another_language_is_denied_by_sessions_language() -> None:
