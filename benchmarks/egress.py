@@ -34,7 +34,8 @@ run), each MB/s and the ratio to direct of the same run, and the issue's targets
 and per GB of bulk, from its loop thread's CPU clock (less moved than wall time by what else runs on the
 machine; the direct steps cost the proxy nothing). ``--json`` prints one JSON object. Progress
 goes to stderr when it is a terminal. The third target, a cached ``packages`` install adding at most 50 ms to a
-run, waits for ``spec.packages``: the report says it was not measured (``--packages`` asks for it and fails).
+run, waits for the install phase (`packages_install`): the report says it was not measured (``--packages`` asks
+for it and fails, saying so).
 
 Usage: ``PYTHONPATH=. .venv/bin/python benchmarks/egress.py [--quick] [--json] [--rounds N] [--warmup N]
 [--bulk-mb MB] [--bulk-rounds N]``
@@ -419,12 +420,17 @@ def run_client(ctx: Any, setup: Setup) -> dict[str, Any]:
 
 # --- a cached packages install (not available yet) ---------------------------------------------------------------
 
-PACKAGES_NOT_YET = "spec.packages is not built yet (issue 31); a cached install is not measured"
+PACKAGES_NOT_YET = (
+    "the packages install phase is not built yet (issue 31: a request with packages fails closed with "
+    "packages.install_failed); a cached install is not measured"
+)
 
 
 def packages_install() -> dict[str, Any]:
-    """The third target, once ``spec.packages`` exists: a run with a cached ``packages`` install against the same
-    run without it (pooled, same policy otherwise), the p50s' difference in ms. Until then: not measured."""
+    """The third target, once the install phase exists: under ``policies/examples/packages-mirror.yaml`` (an index
+    on loopback of this script's), the same request with ``packages`` (its set installed once, untimed, so that
+    every timed run hits the cache) and without, interleaved; the p50s' difference in ms is ``added_ms``. Until
+    then: not measured."""
     return {"measured": False, "why": PACKAGES_NOT_YET}
 
 
