@@ -3,8 +3,9 @@
 Memory is bounded whatever the trail's length: counters keyed by things that are few (principals, policies,
 rules, images, exit and error codes; each map capped at :data:`MAX_KEYS`, the rest counted together), a
 fixed log histogram for duration percentiles, activity buckets whose width grows so that there are at most
-:data:`MAX_BUCKETS`, a few example messages per rule, and the first :data:`DENIED_CAP` denied requests (the
-count of all is kept).
+:data:`MAX_BUCKETS`, a few example messages per rule, the first :data:`DENIED_CAP` denied requests (the
+count of all is kept), and egress connections by host and by principal (hosts capped like the other keys) with
+the first few denied attempts of each denying rule.
 
 Aggregates of disjoint parts of the trails (one per segment, in worker processes) :meth:`Aggregate.merge`
 into the aggregate of the whole, whatever the order: every choice is independent of the order the records
@@ -28,6 +29,7 @@ from gateway.audit.records import (
     AuditRecordView,
     ExecutionOutcomeView,
     GenericRecordView,
+    NetworkConnectionView,
     PolicyDecisionView,
     RequestInvalidView,
 )
@@ -39,6 +41,10 @@ from gateway.report.model import (
     Denied,
     DeniedRow,
     Durations,
+    Egress,
+    EgressDeniedRule,
+    EgressExample,
+    EgressRow,
     ImageRow,
     Outcomes,
     PolicyReport,
@@ -157,6 +163,37 @@ class _Rule:
             self.offer(message)
 
 
+@dataclass(slots=True)
+class _Flow:
+    """One host's or principal's connections: allowed, denied, bytes out, bytes in."""
+
+    connections: int = 0
+    denied: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+
+    def merge(self, other: _Flow) -> None:
+        self.connections += other.connections
+        self.denied += other.denied
+        self.bytes_out += other.bytes_out
+        self.bytes_in += other.bytes_in
+
+
+@dataclass(slots=True)
+class _Refusals:
+    """One denying rule's attempts: the count, and the first :data:`EXAMPLES` in ``(timestamp, trail, seq)`` order."""
+
+    count: int = 0
+    examples: list[tuple[Order, EgressExample]] = field(default_factory=list)
+
+    def offer(self, order: Order, example: EgressExample) -> None:
+        self.examples = sorted([*self.examples, (order, example)])[:EXAMPLES]
+
+    def merge(self, other: _Refusals) -> None:
+        self.count += other.count
+        self.examples = sorted(self.examples + other.examples)[:EXAMPLES]
+
+
 class _Activity:
     def __init__(self) -> None:
         self.width = _WIDTHS[0]
@@ -234,6 +271,12 @@ class Aggregate:
         """Rules in :attr:`rules`, over every policy."""
         self.rule_messages: dict[tuple[str, str], str] = {}
         """Per ``(policy, rule)`` of :attr:`rules`, the smallest message of a result that did not pass."""
+        self.egress = [0, 0, 0, 0, 0, 0]
+        """The egress totals of the outcomes: runs, connections, denied, bytes out, bytes in, records dropped."""
+        self.egress_hosts: dict[str, _Flow] = {}
+        self.egress_principals: dict[str, _Flow] = {}
+        self.egress_refusals: dict[str, _Refusals] = {}
+        """Denied connection attempts by rule."""
 
     # --- feeding --------------------------------------------------------------------------------------
 
@@ -269,6 +312,8 @@ class Aggregate:
             self._decision(view, (view.timestamp, trail, view.seq))
         elif isinstance(view, ExecutionOutcomeView):
             self._outcome(view)
+        elif isinstance(view, NetworkConnectionView):
+            self._connection(view, (view.timestamp, trail, view.seq))
         elif isinstance(view, RequestInvalidView):
             self.invalid += 1
             self._principal(view.principal).invalid += 1
@@ -293,6 +338,21 @@ class Aggregate:
                         row.loaded.append(view.timestamp)
             return
         self._seen_policy(view, decision=False)
+
+    def _connection(self, view: NetworkConnectionView, order: Order) -> None:
+        self._seen_policy(view, decision=False)
+        for flows, key in ((self.egress_hosts, view.host), (self.egress_principals, view.principal or "(none)")):
+            flow = flows.setdefault(_capped(flows, key), _Flow())
+            flow.connections += view.allowed
+            flow.denied += not view.allowed
+            flow.bytes_out += view.bytes_out
+            flow.bytes_in += view.bytes_in
+        if not view.allowed:
+            refusals = self.egress_refusals
+            rule = refusals.setdefault(_capped(refusals, view.rule), _Refusals())
+            rule.count += 1
+            if len(rule.examples) < EXAMPLES or order < rule.examples[-1][0]:
+                rule.offer(order, EgressExample(view.timestamp, view.principal, view.host, view.port, view.request_id))
 
     def _decision(self, view: PolicyDecisionView, order: Order) -> None:
         self._seen_policy(view, decision=True)
@@ -387,6 +447,13 @@ class Aggregate:
             self.truncated += 1
         if view.image is not None:
             self.images[_capped(self.images, (view.image, view.image_id))] += 1
+        egress = data.get("egress")
+        if isinstance(egress, Mapping):  # checked by the schema, read defensively like the streams above
+            counts = [egress.get(k) for k in ("connections", "denied", "bytes_out", "bytes_in", "records_dropped")]
+            totals = self.egress
+            totals[0] += 1
+            for index, n in enumerate(counts, start=1):
+                totals[index] += n if type(n) is int and n >= 0 else 0
         if view.error_code is not None:
             self.errors += 1
             self._principal(view.principal).errors += 1
@@ -451,6 +518,13 @@ class Aggregate:
             if rule_key not in self.rule_messages or message < self.rule_messages[rule_key]:
                 self.rule_messages[rule_key] = message
         self.tally.merge(other.tally)
+        self.egress = [a + b for a, b in zip(self.egress, other.egress, strict=True)]
+        for mine_flows, their_flows in ((self.egress_hosts, other.egress_hosts),
+                                        (self.egress_principals, other.egress_principals)):  # fmt: skip
+            for key, flow in their_flows.items():
+                mine_flows.setdefault(_capped(mine_flows, key), _Flow()).merge(flow)
+        for rule_id, refusals in other.egress_refusals.items():
+            self.egress_refusals.setdefault(_capped(self.egress_refusals, rule_id), _Refusals()).merge(refusals)
 
     # --- results --------------------------------------------------------------------------------------
 
@@ -522,6 +596,23 @@ class Aggregate:
         )
         c = self.catalogue
         return Controls(c.benchmark, c.version, c.section, self.tally.executions, rows)
+
+    def egress_section(self) -> Egress:
+        def rows(flows: dict[str, _Flow]) -> tuple[EgressRow, ...]:
+            made = [EgressRow(k, f.connections, f.denied, f.bytes_out, f.bytes_in) for k, f in flows.items()]
+            made.sort(key=lambda r: (-r.connections - r.denied, -r.bytes_in - r.bytes_out, r.name))
+            return tuple(made)
+
+        refusals = [
+            EgressDeniedRule(rule, r.count, tuple(example for _order, example in r.examples))
+            for rule, r in self.egress_refusals.items()
+        ]
+        refusals.sort(key=lambda r: (-r.count, r.rule))
+        runs, connections, denied, bytes_out, bytes_in, dropped = self.egress
+        return Egress(
+            runs, connections, denied, bytes_out, bytes_in, dropped,
+            rows(self.egress_hosts), rows(self.egress_principals), tuple(refusals),
+        )  # fmt: skip
 
     def policy_report(self, name: str) -> PolicyReport:
         results = []

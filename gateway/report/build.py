@@ -150,4 +150,5 @@ def build_report(
         denied=agg.denied_list(),
         controls=agg.controls(),
         policy_report=agg.policy_report(f"gateway-report-{stamp[:10]}"),
+        egress=agg.egress_section(),
     )

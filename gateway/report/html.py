@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Final
 
-from gateway.report.model import ActivityBucket, Report, TrailVerification
+from gateway.report.model import ActivityBucket, Egress, Report, TrailVerification
 
 __all__ = ["render_html"]
 
@@ -121,6 +121,38 @@ def _bars_svg(label: str, items: Sequence[tuple[str, int, str]]) -> str:
         parts.append(f'<text x="{left + w + 6:.1f}" y="{y + 15}">{value}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _egress(egress: Egress) -> list[str]:
+    if egress.runs == 0 and not egress.hosts:
+        return ["<p class=meta>No run with network egress in the period.</p>"]
+    out = ["<div class=cards>"]
+    for key, value in (
+        ("runs", egress.runs), ("connections", egress.connections), ("denied", egress.denied),
+        ("bytes out", egress.bytes_out), ("bytes in", egress.bytes_in), ("records dropped", egress.records_dropped),
+    ):  # fmt: skip
+        out.append(
+            f'<div class=card><div class=v id="egress-{_e(key.replace(" ", "-"))}">{value}</div>'
+            f"<div class=k>{_e(key)}</div></div>"
+        )
+    out.append("</div>")
+    flow = ["connections", "denied", "bytes out", "bytes in"]
+    for head, rows in (("host", egress.hosts), ("principal", egress.principals)):
+        out.append(f"<h3>By {head}</h3>")
+        out.append(
+            _table(
+                [head, *flow], [(r.name, r.connections, r.denied, r.bytes_out, r.bytes_in) for r in rows], (1, 2, 3, 4)
+            )
+        )
+    out.append("<h3>Denied attempts</h3>")
+    out.append(
+        _table(
+            ["rule", "count", "examples (host:port, request id)"],
+            [(r.rule, r.count, r.examples_text()) for r in egress.denied_rules],
+            (1,),
+        )
+    )
+    return out
 
 
 def _verification(v: TrailVerification) -> str:
@@ -263,6 +295,8 @@ def render_html(report: Report) -> str:
             [(r.time, r.principal or "-", r.policy or "-", ", ".join(r.rules), r.request_id or "-") for r in dn.shown],
         )
     )
+    out.append("<h2>Egress</h2>")
+    out.extend(_egress(report.egress))
     s = report.policy_report.summary()
     out.append("<h2>Policy rules (PolicyReport summary)</h2>")
     out.append("<p>" + " · ".join(f"{_e(k)}: {v}" for k, v in s.items()) + "</p>")

@@ -17,6 +17,10 @@ __all__ = [
     "Denied",
     "DeniedRow",
     "Durations",
+    "Egress",
+    "EgressDeniedRule",
+    "EgressExample",
+    "EgressRow",
     "Head",
     "ImageRow",
     "Outcomes",
@@ -240,6 +244,63 @@ class Denied:
 
 
 @dataclass(frozen=True, slots=True)
+class EgressRow:
+    """The connections of one host, or of one principal's runs (``network.connection`` records)."""
+
+    name: str
+    """The host asked for, or the principal (:data:`~gateway.report.aggregate.OTHER` beyond the tracked maximum)."""
+    connections: int
+    """Allowed connections."""
+    denied: int
+    bytes_out: int
+    bytes_in: int
+
+
+@dataclass(frozen=True, slots=True)
+class EgressExample:
+    """One denied connection attempt."""
+
+    time: str
+    principal: str | None
+    host: str
+    port: int
+    request_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EgressDeniedRule:
+    rule: str
+    """The check that denied (``network.egress.host``, a limit's rule...)."""
+    count: int
+    examples: tuple[EgressExample, ...]
+    """The first few in time order."""
+
+    def examples_text(self) -> str:
+        """``host:port (request id)`` of each example, separated by `` / `` (the Markdown and HTML cell)."""
+        return " / ".join(f"{x.host}:{x.port} ({x.request_id or '-'})" for x in self.examples)
+
+
+@dataclass(frozen=True, slots=True)
+class Egress:
+    """What runs with network egress reached through their proxies."""
+
+    runs: int
+    """Executions whose outcome states egress totals."""
+    connections: int
+    """Their allowed connections, from the outcomes' totals (records dropped beyond the runner's cap included)."""
+    denied: int
+    bytes_out: int
+    bytes_in: int
+    records_dropped: int
+    """Connections the totals count but no ``network.connection`` record names (not in the tables below)."""
+    hosts: tuple[EgressRow, ...]
+    """By host, most connections first."""
+    principals: tuple[EgressRow, ...]
+    denied_rules: tuple[EgressDeniedRule, ...]
+    """Denied attempts by rule, most first."""
+
+
+@dataclass(frozen=True, slots=True)
 class ControlRow:
     id: str
     """``CIS-Docker-<version>-5.<n>``."""
@@ -334,6 +395,7 @@ class Report:
     denied: Denied
     controls: Controls
     policy_report: PolicyReport
+    egress: Egress
 
     @property
     def intact(self) -> bool:
@@ -377,6 +439,7 @@ class Report:
                 "executions": self.controls.executions,
             },
             "controls": [asdict(c) for c in self.controls.results],
+            "egress": asdict(self.egress),
             "policy_report": self.policy_report.to_dict(),
         }
         for row in out["verification"]:

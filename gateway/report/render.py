@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from gateway.report.html import render_html
-from gateway.report.model import Report
+from gateway.report.model import Egress, Report
 
 __all__ = ["FORMATS", "render", "render_csv", "render_json", "render_markdown"]
 
@@ -110,6 +110,8 @@ def render_markdown(report: Report) -> str:
         ["time", "principal", "policy", "rules", "request id"],
         [(r.time, r.principal or "-", r.policy or "-", ", ".join(r.rules), r.request_id or "-") for r in dn.shown],
     )
+    lines += ["", "## Egress", ""]
+    lines += _egress_markdown(report.egress)
     c = report.controls
     lines += ["", f"## Control evidence: {c.benchmark} v{c.version}, section {c.section}", ""]
     lines.append(f"Judged from the run options recorded for each of the {c.executions} execution(s) in the period.")
@@ -133,6 +135,30 @@ def render_markdown(report: Report) -> str:
         ],
     )
     return "\n".join(lines) + "\n"
+
+
+_EGRESS_TOTALS: Final = ("runs", "connections", "denied", "bytes_out", "bytes_in", "records_dropped")
+
+
+def _egress_markdown(egress: Egress) -> list[str]:
+    if egress.runs == 0 and not egress.hosts:
+        return ["No run with network egress in the period."]
+    lines = _table(
+        ["runs", "connections", "denied", "bytes out", "bytes in", "records dropped"],
+        [tuple(getattr(egress, name) for name in _EGRESS_TOTALS)],
+    )
+    for head, rows in (("host", egress.hosts), ("principal", egress.principals)):
+        lines += ["", f"### By {head}", ""]
+        lines += _table(
+            [head, "connections", "denied", "bytes out", "bytes in"],
+            [(r.name, r.connections, r.denied, r.bytes_out, r.bytes_in) for r in rows],
+        )
+    lines += ["", "### Denied attempts", ""]
+    lines += _table(
+        ["rule", "count", "examples (host:port, request id)"],
+        [(r.rule, r.count, r.examples_text()) for r in egress.denied_rules],
+    )
+    return lines
 
 
 def _offending(ids: tuple[str, ...], omitted: int) -> str:
@@ -222,6 +248,18 @@ def render_csv(report: Report) -> str:
         w.writerow(["denied_request", ident, "time", row.time])
         w.writerow(["denied_request", ident, "principal", row.principal or ""])
         w.writerow(["denied_request", ident, "rules", " ".join(row.rules)])
+    eg = report.egress
+    for name in _EGRESS_TOTALS:
+        w.writerow(["egress", "", name, getattr(eg, name)])
+    for kind, flows in (("egress_host", eg.hosts), ("egress_principal", eg.principals)):
+        for flow in flows:
+            for field in ("connections", "denied", "bytes_out", "bytes_in"):
+                w.writerow([kind, flow.name, field, getattr(flow, field)])
+    for refused in eg.denied_rules:
+        w.writerow(["egress_denied_rule", refused.rule, "count", refused.count])
+        for x in refused.examples:
+            example = f"{x.host}:{x.port} {x.request_id or ''}".strip()
+            w.writerow(["egress_denied_rule", refused.rule, "example", example])
     for c in report.controls.results:
         w.writerow(["control", c.id, "title", c.title])
         w.writerow(["control", c.id, "status", c.status])

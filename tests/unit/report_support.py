@@ -20,13 +20,15 @@ import pytest
 
 from gateway import Gateway
 from gateway.audit import JsonlAuditTrail
+from gateway.egress import ConnectionRecord, EgressReport
 from gateway.errors import SandboxError
 from gateway.policy import PolicySet, load_policy
-from gateway.resources import default_policy_path
+from gateway.resources import default_policy_path, policies_dir
 from gateway.runner.fake import FakeRunner
 from gateway.runner.interface import Outcome, RunSpec
 
 AUDIT_POLICY = Path(__file__).resolve().parents[1] / "policies" / "audit-warnings" / "policy.yaml"
+EGRESS_POLICY = policies_dir() / "examples" / "egress-mirror.yaml"
 START = datetime(2026, 3, 2, 9, 0, 0, tzinfo=UTC)
 
 
@@ -60,6 +62,39 @@ def _outcome(**kw: Any) -> Outcome:
     return Outcome(**base)
 
 
+def _connection(host: str, port: int, method: str = "CONNECT", **kw: Any) -> ConnectionRecord:
+    base: dict[str, Any] = {
+        "method": method, "host": host, "port": port, "address": "127.0.0.1", "allowed": True,
+        "rule": "network.egress.allowed", "message": "", "bytes_out": 517, "bytes_in": 4096, "duration": 0.05,
+        "ended": "closed",
+    }  # fmt: skip
+    base.update(kw)
+    return ConnectionRecord(**base)
+
+
+def _denied(host: str, port: int, rule: str, message: str) -> ConnectionRecord:
+    return _connection(
+        host, port, address=None, allowed=False, rule=rule, message=message, bytes_out=0, bytes_in=0, duration=0.0,
+        ended="denied",
+    )  # fmt: skip
+
+
+EGRESS = EgressReport(
+    records=(
+        _connection("mirror.internal", 18443),
+        _connection("mirror.internal", 18089, "GET", bytes_out=90, bytes_in=20_480),
+        _denied("pypi.org", 443, "network.egress.host", "pypi.org is not an allowed destination"),
+        _denied("169.254.169.254", 80, "network.egress.literal", "an IP literal is never a destination"),
+        _denied("mirror.internal", 22, "network.egress.port", "mirror.internal allows ports 18089, 18443 only"),
+        _denied("files.pythonhosted.org", 443, "network.egress.host", "not an allowed destination"),
+    ),
+    connections=2,
+    denied=4,
+    bytes_out=607,
+    bytes_in=24_576,
+)
+"""What the egress run's proxy saw: two connections to the mirror, four attempts denied by three rules."""
+
 OUTCOMES: dict[str, Callable[[RunSpec], Outcome]] = {
     "ok": lambda _s: _outcome(),
     "exit1": lambda _s: _outcome(exit_code=1, duration_ms=250),
@@ -68,6 +103,7 @@ OUTCOMES: dict[str, Callable[[RunSpec], Outcome]] = {
     "flood": lambda _s: _outcome(
         exit_code=None, stdout_truncated=True, stdout_bytes=2_000_000, output_limit_killed=True, duration_ms=1500
     ),
+    "egress": lambda _s: _outcome(duration_ms=900, egress=EGRESS),
 }
 
 
@@ -99,6 +135,9 @@ SCENARIO: list[tuple[str | None, Any, str | None, bool]] = [
     ("carol", {"code": "print(1)", "network": "host"}, None, False),
     ("alice", {"code": "print(5)"}, "ok", False),
 ]
+EGRESS_SCENARIO = [*SCENARIO, ("dave", {"code": "import urllib.request", "network": "egress"}, "egress", False)]
+"""The scenario and then a run with network egress (``dave``, under ``policies/examples/egress-mirror.yaml``):
+the goldens' trail."""
 
 
 def write_scenario(
@@ -113,7 +152,10 @@ def write_scenario(
     """Write the scenario's trail into ``directory`` (through the Gateway and the real writer)."""
     steps = SCENARIO if scenario is None else scenario
     plan = [outcome for principal, request, outcome, dry in steps if outcome is not None and not dry]
-    policies = PolicySet.of(load_policy(default_policy_path()), {"carol": load_policy(AUDIT_POLICY)})
+    by_principal = {"carol": load_policy(AUDIT_POLICY)}
+    if any(principal == "dave" for principal, *_rest in steps):  # only then: its load is a record of the trail
+        by_principal["dave"] = load_policy(EGRESS_POLICY)
+    policies = PolicySet.of(load_policy(default_policy_path()), by_principal)
     trail = JsonlAuditTrail(
         directory, key=key, clock=FixedClock(start), host="report-test", segment_max_bytes=segment_max_bytes
     )
@@ -149,6 +191,7 @@ def decision_dict(**changes: Any) -> dict[str, Any]:
 
 __all__ = [
     "AUDIT_POLICY",
+    "EGRESS_SCENARIO",
     "START",
     "FixedClock",
     "counted_uuids",

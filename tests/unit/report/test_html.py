@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.report import build_report, render
-from tests.unit.report_support import write_scenario
+from tests.unit.report_support import EGRESS_SCENARIO, write_scenario
 
 CHROMIUM = os.environ.get("GATEWAY_CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
@@ -58,7 +58,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 def test_html_renders_in_chromium_with_its_figures(
     tmp_path: Path, chromium: Callable[..., subprocess.CompletedProcess[bytes]]
 ) -> None:
-    trail = write_scenario(tmp_path / "trail")
+    trail = write_scenario(tmp_path / "trail", scenario=EGRESS_SCENARIO)
     report = build_report([trail], now=datetime(2026, 3, 3, tzinfo=UTC))
     html = render(report, "html")
     assert "<script" not in html.lower()
@@ -84,7 +84,9 @@ def test_html_renders_in_chromium_with_its_figures(
     t = report.totals
     for figure_id, value in (("requests", t.requests), ("allowed", t.allowed), ("denied", t.denied)):
         assert f'id="total-{figure_id}">{value}<' in dom.stdout.decode("utf-8")
-    assert "chain intact up to seq 37" in text
+    assert "chain intact up to seq 47" in text  # the scenario's 37 records and the egress run's 10
+    assert 'id="egress-denied">4<' in dom.stdout.decode("utf-8")
+    assert "network.egress.host 2 pypi.org:443" in text
     assert "CIS-Docker-1.6.0-5.29 Ensure that the PIDs cgroup limit is used enforced" in text
     assert "images.allowlist" in text
     assert dom.stdout.decode("utf-8").count("<svg") == 3  # activity, outcomes, denials by rule

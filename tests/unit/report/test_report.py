@@ -28,7 +28,7 @@ from gateway.report import Progress, ReportFilters, aggregate, build_report, loa
 from gateway.report.aggregate import MAX_BUCKETS, DurationHistogram
 from gateway.report.model import PolicyReportResult
 from gateway.resources import load_schema
-from tests.unit.report_support import START, FixedClock, decision_dict, write_scenario
+from tests.unit.report_support import EGRESS_SCENARIO, START, FixedClock, decision_dict, write_scenario
 from tests.unit.workers_support import CountingPool
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -44,13 +44,22 @@ def trail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return Path("trail-a")
 
 
+@pytest.fixture
+def egress_trail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The scenario and a run with network egress (``EGRESS_SCENARIO``), at ``./trail-a`` like :func:`trail`."""
+    monkeypatch.chdir(tmp_path)
+    write_scenario(Path("trail-a"), scenario=EGRESS_SCENARIO)
+    return Path("trail-a")
+
+
 def _normalised(text: str, head: str) -> str:
     """The report text with the trail's head hash (which covers the writer's pid and version) masked."""
     return text.replace(head, "<head-hash>").replace(head[:16], "<head-hash>")
 
 
 @pytest.mark.parametrize("fmt", ["json", "md", "csv"])
-def test_golden(trail: Path, fmt: str) -> None:
+def test_golden(egress_trail: Path, fmt: str) -> None:
+    trail = egress_trail
     report = build_report([trail], now=NOW)
     head = verify_trail(trail).last_hash
     assert report.verification[0].head.hash == head  # the head the report names is the one verify reaches
@@ -452,3 +461,60 @@ def test_an_interrupted_run_counts_as_an_execution_and_error_but_not_as_a_durati
     assert after["outcomes"]["executions"] == before["outcomes"]["executions"] + 1
     assert {"code": "gateway.interrupted", "count": 1} in after["outcomes"]["error_codes"]
     assert after["durations_ms"] == before["durations_ms"]  # how long it ran is unknown: not a 0 ms run
+
+
+def test_egress_by_host_and_principal_and_denied_attempts_by_rule(egress_trail: Path) -> None:
+    egress = build_report([egress_trail], now=NOW).to_dict()["egress"]
+    totals = {k: egress[k] for k in ("runs", "connections", "denied", "bytes_out", "bytes_in", "records_dropped")}
+    assert totals == {
+        "runs": 1, "connections": 2, "denied": 4, "bytes_out": 607, "bytes_in": 24_576, "records_dropped": 0,
+    }  # fmt: skip
+    hosts = {h["name"]: (h["connections"], h["denied"], h["bytes_out"], h["bytes_in"]) for h in egress["hosts"]}
+    assert hosts == {
+        "mirror.internal": (2, 1, 607, 24_576),
+        "pypi.org": (0, 1, 0, 0),
+        "files.pythonhosted.org": (0, 1, 0, 0),
+        "169.254.169.254": (0, 1, 0, 0),
+    }
+    assert egress["hosts"][0]["name"] == "mirror.internal"  # most connections first
+    assert [(p["name"], p["connections"], p["denied"]) for p in egress["principals"]] == [("dave", 2, 4)]
+    rules = {r["rule"]: r for r in egress["denied_rules"]}
+    assert egress["denied_rules"][0]["rule"] == "network.egress.host"  # most denials first
+    assert {rule: r["count"] for rule, r in rules.items()} == {
+        "network.egress.host": 2, "network.egress.literal": 1, "network.egress.port": 1,
+    }  # fmt: skip
+    examples = rules["network.egress.host"]["examples"]
+    assert [(x["host"], x["port"], x["principal"]) for x in examples] == [
+        ("pypi.org", 443, "dave"), ("files.pythonhosted.org", 443, "dave"),
+    ]  # fmt: skip
+    lines = (egress_trail / "trail-000001.jsonl").read_text().splitlines()
+    (run,) = [r for r in map(json.loads, lines) if r["event_type"] == "execution.outcome" and r["principal"] == "dave"]
+    assert {x["request_id"] for x in examples} == {run["request_id"]}
+
+
+def test_a_report_without_egress_says_so(trail: Path) -> None:
+    report = build_report([trail], now=NOW)
+    assert report.egress.runs == 0
+    assert report.egress.hosts == report.egress.principals == report.egress.denied_rules == ()
+    assert "No run with network egress in the period." in render(report, "md")
+    assert "No run with network egress in the period." in render(report, "html")
+
+
+def test_egress_merges_across_segments_and_trails_and_follows_the_filters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_scenario(Path("a"), scenario=EGRESS_SCENARIO, segment_max_bytes=20_000)
+    write_scenario(Path("b"), start=START + timedelta(seconds=3), prefix=0xB, scenario=EGRESS_SCENARIO)
+    assert len(list(Path("a").glob("trail-*.jsonl"))) >= 3
+    serial = build_report([Path("a"), Path("b")], now=NOW, workers=1).egress
+    if (os.cpu_count() or 1) >= 2:
+        taken: list[int] = []
+        pool = partial(CountingPool, taken)
+        assert build_report([Path("a"), Path("b")], now=NOW, workers=2, worker_pool=pool).egress == serial
+    assert (serial.runs, serial.connections, serial.denied) == (2, 4, 8)
+    host = serial.denied_rules[0]
+    assert (host.rule, host.count, len(host.examples)) == ("network.egress.host", 4, 3)  # the first three in time
+    assert [x.host for x in host.examples] == ["pypi.org", "pypi.org", "files.pythonhosted.org"]
+    filtered = build_report([Path("a")], now=NOW, filters=ReportFilters(principal="alice")).egress
+    assert (filtered.runs, filtered.hosts, filtered.denied_rules) == (0, (), ())
