@@ -159,6 +159,12 @@ def _print_human(result: ExecutionResult, live: _LiveOutput) -> None:
         notes.append("gateway: the node evicted the sandbox's Pod (node pressure or its ephemeral-storage limit)")
     elif data["resource_killed"]:
         notes.append("gateway: the sandbox ended without reporting the program's exit (killed for a resource limit)")
+    egress = data.get("egress")
+    if egress is not None:  # a run with network egress: what its proxy saw (each connection is in the trail)
+        notes.append(
+            f"gateway: egress: {egress['connections']} connection(s), {egress['denied']} denied, "
+            f"{egress['bytes_out']} bytes out, {egress['bytes_in']} bytes in"
+        )
     if not result.audit_ok:
         notes.append("gateway: WARNING: the audit record of this request could not be written")
     for note in notes:

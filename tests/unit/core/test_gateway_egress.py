@@ -147,3 +147,18 @@ def test_duration_is_whole_milliseconds(duration: float) -> None:
     record = dataclasses.replace(ALLOWED, duration=duration)
     assert connection_data(record)["duration_ms"] == round(duration * 1000)
     assert "message" not in connection_data(record)
+
+
+def test_the_cli_prints_one_line_of_totals_for_a_run_with_egress(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import run_cmd
+
+    with capture_audit(POLICY, _runner()) as (gw, _sink):
+        with_egress = gw.execute(REQUEST)
+    with capture_audit(POLICY, _runner(None)) as (gw, _sink):
+        without = gw.execute({"code": "print(1)"})
+    run_cmd._print_human(with_egress, run_cmd._LiveOutput())
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "gateway: egress: 2 connection(s), 1 denied, 600 bytes out, 5000 bytes in"
+    )
+    run_cmd._print_human(without, run_cmd._LiveOutput())
+    assert "egress" not in capsys.readouterr().err
