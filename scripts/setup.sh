@@ -7,7 +7,8 @@
 #   3. the sandbox images of images/ (scripts/build-image.sh --all: each built locally, reproducibly, only when
 #      missing, one after the other; their SBOMs recorded; on a fresh machine about 6 minutes on 2 cores);
 #   4. Debian's chromium for the HTML report test (only when missing);
-#   5. podman and catatonit (the Kubernetes backend's `podman kube play` tests), only when missing.
+#   5. podman and catatonit (the Kubernetes backend's `podman kube play` tests), only when missing;
+#   6. `127.0.0.1 mirror.internal` in /etc/hosts (the egress tests' internal mirror), only when missing.
 # Progress goes to stderr when it is a terminal; quiet when piped (errors are always shown).
 set -euo pipefail
 
@@ -109,4 +110,16 @@ if ! command -v podman >/dev/null 2>&1 || ! command -v catatonit >/dev/null 2>&1
     fi
 else
     say "podman is installed"
+fi
+
+# 6. The egress tests' internal mirror (policies/examples/egress-mirror.yaml allows mirror.internal on 127.0.0.0/8):
+#    the name maps to 127.0.0.1 here, as an operator's DNS would map it to the mirror; the tests run their upstreams
+#    on loopback and resolve the name through the system resolver. Added once, only as root.
+if ! grep -qE '^[[:space:]]*127\.0\.0\.1([[:space:]].*)?[[:space:]]mirror\.internal([[:space:]]|$)' /etc/hosts 2>/dev/null; then
+    if [[ "$(id -u)" == 0 ]]; then
+        say "mapping mirror.internal to 127.0.0.1 in /etc/hosts (the egress tests' mirror)"
+        printf '127.0.0.1 mirror.internal\n' >>/etc/hosts || say "cannot write /etc/hosts: the mirror egress test will skip"
+    else
+        say "mirror.internal is not in /etc/hosts (add '127.0.0.1 mirror.internal' as root): the mirror egress test will skip"
+    fi
 fi
