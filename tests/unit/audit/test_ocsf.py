@@ -80,7 +80,7 @@ def _connection(**changes: Any) -> dict[str, Any]:
         "address": "127.0.0.1",
         "method": "CONNECT",
         "decision": "allowed",
-        "rule": "network.egress",
+        "rule": "network.egress.allowed",
         "bytes_out": 517,
         "bytes_in": 4096,
         "duration_ms": 50,

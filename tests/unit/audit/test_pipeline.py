@@ -104,7 +104,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "address": "127.0.0.1",
         "method": "CONNECT",
         "decision": "allowed",
-        "rule": "network.egress",
+        "rule": "network.egress.allowed",
         "bytes_out": 517,
         "bytes_in": 4096,
         "duration_ms": 50,

@@ -29,7 +29,7 @@ REQUEST = {"code": "import urllib.request", "network": "egress"}
 
 ALLOWED = ConnectionRecord(
     method="CONNECT", host="mirror.internal", port=18443, address="127.0.0.1", allowed=True,
-    rule="network.egress", message="", bytes_out=517, bytes_in=4096, duration=0.0504, ended="closed",
+    rule="network.egress.allowed", message="", bytes_out=517, bytes_in=4096, duration=0.0504, ended="closed",
 )  # fmt: skip
 DENIED = ConnectionRecord(
     method="GET", host="evil.example", port=80, address=None, allowed=False, rule="network.egress.host",
@@ -63,7 +63,7 @@ def test_each_connection_is_a_record_before_the_outcome_with_the_runs_ids() -> N
         assert record["data"]["caller"] == {"principal": "agent-1", "token_id": "0123abcd"}
     assert {k: v for k, v in first["data"].items() if k != "caller"} == {
         "host": "mirror.internal", "port": 18443, "address": "127.0.0.1", "method": "CONNECT",
-        "decision": "allowed", "rule": "network.egress", "bytes_out": 517, "bytes_in": 4096, "duration_ms": 50,
+        "decision": "allowed", "rule": "network.egress.allowed", "bytes_out": 517, "bytes_in": 4096, "duration_ms": 50,
         "ended": "closed",
     }  # fmt: skip
     assert second["data"]["decision"] == "denied"
@@ -83,7 +83,7 @@ def test_the_records_validate_and_read_as_views() -> None:
     views = [view_record(r) for r in sink.records if r["event_type"] == "network.connection"]
     assert all(isinstance(v, NetworkConnectionView) for v in views)
     assert [(v.host, v.port, v.allowed, v.rule, v.duration_ms) for v in views] == [  # type: ignore[attr-defined]
-        ("mirror.internal", 18443, True, "network.egress", 50),
+        ("mirror.internal", 18443, True, "network.egress.allowed", 50),
         ("evil.example", 80, False, "network.egress.host", 0),
     ]
 
