@@ -48,6 +48,10 @@ __all__ = [
 
 MAX_HEAD_BYTES = 16 * 1024
 """The largest request head (request line and headers) the proxy reads."""
+COPY_BYTES = 256 * 1024
+"""The most one read takes from either side of a connection: the upstream's read buffer is sized to it (a 16 KiB
+buffer paused the upstream every 32 KiB and cost the proxy three times the CPU per GB), which bounds what one slow
+client can make the proxy hold for it (twice this, plus the writer's buffer)."""
 
 RULE_MALFORMED = "network.egress.request"
 RULE_HOST_MISMATCH = "network.egress.host-mismatch"
@@ -412,7 +416,7 @@ class EgressProxy:
     async def _connect(self, address: IPAddress, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             return await asyncio.wait_for(
-                asyncio.open_connection(str(address), port, limit=MAX_HEAD_BYTES), self.limits.connect_timeout
+                asyncio.open_connection(str(address), port, limit=COPY_BYTES), self.limits.connect_timeout
             )
         except (OSError, TimeoutError) as exc:
             raise _Denied(RULE_UPSTREAM, f"{address} port {port} did not accept the connection: {exc}", 502) from exc
@@ -470,7 +474,7 @@ class EgressProxy:
         async def outward() -> None:
             remaining = request_body
             while remaining is None or remaining > 0:
-                data = await client_reader.read(65536 if remaining is None else min(65536, remaining))
+                data = await client_reader.read(COPY_BYTES if remaining is None else min(COPY_BYTES, remaining))
                 if not data and remaining is not None:
                     return  # the client gave up in the middle of its request body
                 if not data:
@@ -488,7 +492,7 @@ class EgressProxy:
             await asyncio.Event().wait()  # the client waits for the response; the inward copy ends the connection
 
         async def inward() -> None:
-            while data := await upstream_reader.read(65536):
+            while data := await upstream_reader.read(COPY_BYTES):
                 self._count(conn, "in", len(data))
                 client.write(data)
                 await client.drain()
