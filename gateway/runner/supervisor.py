@@ -14,7 +14,7 @@ content on the command line) that:
    Which interpreter is the container's (its second argument, from the runner: the profile's language, never
    the request's data): a forked Python that loads ``site``, or ``node`` / ``bash`` exec'd with a small
    bootstrap (``STARTS``). So a run starts one interpreter, not two (each start is tens of milliseconds in a
-   fresh gVisor sandbox, which reads the interpreter's files through its gofer; node 18 takes 70-280 ms), and
+   fresh gVisor sandbox, which reads the interpreter's files through its gofer; node 24 takes 80 ms), and
    a warm pool's container has the program's process ready when the request arrives;
 2. reads one payload from stdin (exactly, by its length; no reliance on EOF): ``MAGIC``, a 4-byte
    big-endian length, then a ``marshal``-encoded dict ``{"key": bytes, "code": str, "files": {relpath:
@@ -141,10 +141,11 @@ PROGRAMS = {
 # Node and bash started ahead (``prefork``) wait on fd 3 for the go message, then run the program as
 # ``node main.js`` / ``bash --noprofile --norc main.sh`` would. Node's: opens stdout / stderr, loads the empty
 # module /dev/null (uncached again) and formats a few values as console.log does (output to nothing) ahead, so
-# the module loader's and the formatter's code are compiled before the program (Debian's node has no code
-# cache: 2-4 ms less per run under runc); then, given the same length-prefixed block as the
+# the module loader's and the formatter's code are compiled before the program (2-4 ms less per run under
+# runc with Debian's node 18, which has no code cache); then, given the same length-prefixed block as the
 # Python child's, it sets process.env, closes fds 3 and 4, takes off what ``-e`` adds (the builtin modules as
-# globals: their setter is ``setReal``; ``require``, ``module``, ...; ``execArgv``, which
+# globals: their setter is ``setReal``; only builtin modules' names are looked at, since reading the descriptor
+# of one of node 24's lazy web globals loads it: 30-80 ms; ``require``, ``module``, ...; ``execArgv``, which
 # ``child_process.fork`` would pass on), all its own names in a closure, and runs main.js (its path is
 # ``process.argv[1]``) as the main module. Bash's: "r", then each variable NUL-terminated; ``$0`` is main.sh's
 # path, no positional arguments, and it sources main.sh (no second exec).
@@ -157,7 +158,8 @@ const d = rd(rd(4).readUInt32BE(0));
 fs.closeSync(3); fs.closeSync(4);
 if (d.length > 1) for (const e of d.toString("utf8", 1).split("\0")) { const i = e.indexOf("=");
   process.env[e.slice(0, i)] = e.slice(i + 1); }
-for (const n of Object.getOwnPropertyNames(globalThis)) { const p = Object.getOwnPropertyDescriptor(globalThis, n);
+for (const n of Object.getOwnPropertyNames(globalThis)) { if (!M.isBuiltin(n)) continue;
+  const p = Object.getOwnPropertyDescriptor(globalThis, n);
   if (p.set && p.set.name === "setReal") delete globalThis[n]; }
 for (const n of ["require", "module", "exports", "__filename", "__dirname"]) delete globalThis[n];
 process.execArgv.length = 0;
