@@ -10,7 +10,9 @@ container keeps ``network_mode: none``: the proxy's socket is its only way out, 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,10 @@ from gateway.runner.docker.options import EGRESS_LABEL
 from gateway.runner.interface import RunSpec
 from gateway.runner.supervisor import EGRESS_TARGET
 
-__all__ = ["bind_egress", "sandbox_user", "verify_egress", "wants_egress"]
+__all__ = ["bind_egress", "reap_egress", "sandbox_user", "verify_egress", "wants_egress"]
+
+_ACCEPTING = 0x10000
+"""``__SO_ACCEPTCON`` in ``/proc/net/unix``'s flags: a listening socket."""
 
 
 def wants_egress(spec: RunSpec) -> bool:
@@ -78,3 +83,43 @@ def verify_egress(inspect: Mapping[str, Any], runtime: str, directory: Path) -> 
     if (found.st_dev, found.st_ino) != (st.st_dev, st.st_ino):
         raise SandboxError(f"{EGRESS_TARGET} in the container is not the run's egress directory; nothing ran")
     return {**inspect, "Mounts": [m for m in mounts if m.get("Destination") != EGRESS_TARGET]}
+
+
+def reap_egress(root: Path, *, grace_s: float) -> list[str]:
+    """Remove the run directories below ``root`` in which no proxy listens any more (a gateway that died left them)
+    and that are older than ``grace_s``; return their paths. A live run's proxy is never connected to: whether it
+    listens is read from ``/proc/net/unix``."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    listening = _listening()
+    now = time.time()
+    removed = []
+    for name in names:
+        directory = root / name
+        try:
+            if now - directory.lstat().st_mtime < grace_s:
+                continue
+            entries = [directory / entry for entry in os.listdir(directory)]
+            if any(str(entry) in listening for entry in entries):
+                continue
+            for entry in entries:
+                entry.unlink()
+            directory.rmdir()
+        except OSError:
+            continue
+        removed.append(str(directory))
+    return removed
+
+
+def _listening() -> set[str]:
+    """The paths of the unix sockets listening in this network namespace (``/proc/net/unix``)."""
+    found = set()
+    with contextlib.suppress(OSError), open("/proc/net/unix", encoding="utf-8", errors="surrogateescape") as f:
+        next(f, None)
+        for line in f:
+            fields = line.split(None, 7)
+            if len(fields) == 8 and int(fields[3], 16) & _ACCEPTING:
+                found.add(fields[7].rstrip("\n"))
+    return found

@@ -65,7 +65,7 @@ from gateway.errors import (
 )
 from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import read_frames
-from gateway.runner.docker.egress import bind_egress, sandbox_user, verify_egress, wants_egress
+from gateway.runner.docker.egress import bind_egress, reap_egress, sandbox_user, verify_egress, wants_egress
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.docker.kernel import KERNEL_GRACE_S, DockerKernel
 from gateway.runner.docker.mounts import Staging, reap_staging
@@ -226,14 +226,16 @@ class DockerRunner:
                 # Imported here: gateway.egress loads asyncio and ssl, which only a run with egress needs.
                 from gateway.egress.host import EgressHost  # noqa: PLC0415
 
-                root = Path(self._egress_root) if self._egress_root else default_runtime_dir() / "egress"
-                self._egress = EgressHost(root, resolver=self._egress_resolver)
+                self._egress = EgressHost(self._egress_directory(), resolver=self._egress_resolver)
             host = self._egress
         uid, gid = sandbox_user(spec)
         try:
             return host.open(spec.egress, uid=uid, gid=gid)
         except OSError as exc:
             raise SandboxError(f"cannot open the run's egress proxy: {exc}; nothing ran") from exc
+
+    def _egress_directory(self) -> Path:
+        return Path(self._egress_root) if self._egress_root else default_runtime_dir() / "egress"
 
     @property
     def workspaces(self) -> DockerWorkspaces:
@@ -912,6 +914,8 @@ class DockerRunner:
         # Staged binds of containers that no longer exist (a crashed gateway); a run being prepared right
         # now has staged before creating its container, hence the grace.
         reap_staging(live, grace_s=EXPIRY_GRACE_S, gone=gone)
+        # The same for runs' egress directories in which no proxy listens any more.
+        reap_egress(self._egress_directory(), grace_s=EXPIRY_GRACE_S)
         return removed
 
     def reap_workspaces(
