@@ -187,7 +187,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decision", ("decision/",)),
     ("runner interface", ("runner/frames.py", "runner/interface.py", "runner/supervisor.py")),
     ("runner backends", ("runner/",)),
-    ("gateway", ("_gateway.py", "result.py", "sessions/", "telemetry.py", "testing.py")),
+    ("gateway", ("_gateway.py", "packages/", "result.py", "sessions/", "telemetry.py", "testing.py")),
     ("reports", ("doctor/", "report/", "sbom.py")),
     (
         "interfaces",

@@ -1,0 +1,32 @@
+"""Python packages for runs (``spec.packages``): the install phase, and installed trees cached by resolved set.
+
+`cache` keeps the trees (and which request resolved to which); `docker` installs on the Docker engine, in a
+sandbox whose only destination is the policy's index, and binds a tree read-only into a run. The Gateway calls
+an :class:`Installer` before a run whose decision lists packages; without one such a run fails closed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.packages.cache import Distribution, Installed, InstalledFile, PackageCache
+
+if TYPE_CHECKING:
+    from gateway.decision.settings import SandboxSettings
+    from gateway.runspec import RunSpec
+    from gateway.slots import HostSlots
+
+__all__ = ["Distribution", "Installed", "InstalledFile", "Installer", "PackageCache"]
+
+
+class Installer(Protocol):
+    """Installs a run's packages before it starts, and hands the tree to its run specification."""
+
+    def install(self, settings: SandboxSettings, *, request_id: str, slots: HostSlots) -> Installed:
+        """The installed tree of ``settings.packages`` (cached, or installed now holding one of ``slots``); raises
+        :class:`~gateway.errors.PackageError` (refused or failed: nothing from it reaches a run)."""
+        ...
+
+    def apply(self, spec: RunSpec, installed: Installed) -> RunSpec:
+        """``spec`` with ``installed`` bound read-only and on the run's ``PYTHONPATH``."""
+        ...

@@ -1,0 +1,157 @@
+"""A PEP 503 package index on loopback for tests: small wheels written by hand, an sdist, served by http.server.
+
+A wheel is a zip holding the package's files and ``<name>-<version>.dist-info/`` with METADATA, WHEEL and
+RECORD; :func:`build_wheel` writes exactly that (pure Python, ``py3-none-any``), :func:`build_sdist` a
+source-only ``.tar.gz``. :class:`PackageIndex` serves ``/simple/`` and ``/simple/<name>/`` (links with
+``#sha256=`` fragments) and the files, on ``127.0.0.1`` and a random port, counting the requests it answered.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+import re
+import tarfile
+import threading
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+__all__ = ["Archive", "PackageIndex", "build_sdist", "build_wheel", "canonical"]
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One file the index serves."""
+
+    project: str
+    """Canonical project name."""
+    filename: str
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+def _record_line(path: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(data)}"
+
+
+def build_wheel(name: str, version: str, files: Mapping[str, str], *, requires: Sequence[str] = ()) -> Archive:
+    """A pure-Python wheel of ``name`` ``version`` holding ``files`` (path -> text) and depending on ``requires``."""
+    stem = re.sub(r"[-_.]+", "_", name)
+    info = f"{stem}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    contents = {path: text.encode() for path, text in files.items()}
+    contents[f"{info}/METADATA"] = metadata.encode()
+    contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = [_record_line(path, data) for path, data in contents.items()] + [f"{info}/RECORD,,"]
+    contents[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for path, data in contents.items():
+            wheel.writestr(zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    return Archive(canonical(name), f"{stem}-{version}-py3-none-any.whl", buffer.getvalue())
+
+
+def build_sdist(name: str, version: str) -> Archive:
+    """A source distribution only (its build would run ``setup.py``): what ``binary_only`` must refuse."""
+    stem = f"{re.sub(r'[-_.]+', '_', name)}-{version}"
+    members = {
+        f"{stem}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{stem}/setup.py": b"raise SystemExit('an sdist was built: binary_only did not hold')\n",
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path, data in members.items():
+            entry = tarfile.TarInfo(path)
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
+    return Archive(canonical(name), f"{stem}.tar.gz", buffer.getvalue())
+
+
+@dataclass
+class PackageIndex:
+    """A PEP 503 simple index of ``archives`` on 127.0.0.1; use as a context manager (serves in a thread)."""
+
+    archives: Sequence[Archive]
+    requests: list[str] = field(default_factory=list)
+    """The paths it answered, in order (for asserting that a cached install asked nothing)."""
+    _server: ThreadingHTTPServer | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def url(self, host: str = "127.0.0.1") -> str:
+        """The index URL (``http://host:port/simple/``)."""
+        return f"http://{host}:{self.port}/simple/"
+
+    def _pages(self) -> dict[str, bytes]:
+        pages: dict[str, bytes] = {}
+        projects = sorted({a.project for a in self.archives})
+        links = "".join(f'<a href="{p}/">{p}</a>\n' for p in projects)
+        pages["/simple/"] = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+        for project in projects:
+            files = [a for a in self.archives if a.project == project]
+            anchors = "".join(
+                f'<a href="../../files/{html.escape(a.filename)}#sha256={a.sha256}">{html.escape(a.filename)}</a>\n'
+                for a in files
+            )
+            pages[f"/simple/{project}/"] = f"<!DOCTYPE html><html><body>\n{anchors}</body></html>\n".encode()
+        for archive in self.archives:
+            pages[f"/files/{archive.filename}"] = archive.data
+        return pages
+
+    def __enter__(self) -> PackageIndex:
+        pages = self._pages()
+        seen = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path.startswith("http://"):  # an absolute URI, as a proxy forwards it
+                    path = "/" + path.split("/", 3)[3]
+                seen.append(path)
+                body = pages.get(path) or pages.get(path + "/")
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                kind = "text/html" if path.startswith("/simple/") else "application/octet-stream"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def files(self) -> Iterator[Archive]:
+        yield from self.archives
+
+    def write_to(self, directory: Path) -> None:
+        """Write every archive into ``directory`` (for a look with a real pip)."""
+        for archive in self.archives:
+            (directory / archive.filename).write_bytes(archive.data)
