@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,7 @@ from gateway.errors import (
     RequestError,
     SandboxError,
 )
+from gateway.packages import Installed, Installer
 from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
 from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
@@ -108,6 +110,10 @@ class Gateway:
     is). Off by default: a one-shot CLI run never starts containers it will not use. :meth:`close` destroys
     the pool's containers.
 
+    ``packages``: the install phase of runs whose request lists packages (:class:`gateway.packages.Installer`;
+    :meth:`from_env` gives a Docker runner's, caching in ``GATEWAY_PACKAGES_DIR``). Without one such a run fails
+    closed (``packages.install_failed``).
+
     ``defer_removal``: a cold run's result is returned before its container's removal is confirmed (the
     runner confirms it in the background and frees the host slot then; a failure is audited as
     ``container.left``). Pooled runs always work this way. Off by default for cold runs: a failed removal then
@@ -126,6 +132,7 @@ class Gateway:
         tracer: trace.Tracer | None = None,
         pool: bool | PoolConfig | WarmPool | None = None,
         defer_removal: bool = False,
+        packages: Installer | None = None,
     ) -> None:
         self._policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
         self.runner = runner
@@ -143,6 +150,8 @@ class Gateway:
         if self.pool is not None:
             self._owned.append(self.pool.close)
             self.pool.configure(c.policy for c in self._policies)
+        self.packages = packages
+        """Installs a run's packages (``spec.packages``) before it starts; None: such a run fails closed."""
         self.sessions = SessionManager(self)
         """The live sessions (``gateway.sessions``): create, list, get, execute in, close; closed with the Gateway."""
 
@@ -198,7 +207,10 @@ class Gateway:
             from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when needed
 
             runner = DockerRunner()
-        gateway = cls(policy, runner=runner, audit=sink, tracer=tracer, pool=pool, defer_removal=defer_removal)
+        gateway = cls(
+            policy, runner=runner, audit=sink, tracer=tracer, pool=pool, defer_removal=defer_removal,
+            packages=_docker_installer(runner),
+        )  # fmt: skip
         # Closed in reverse: the pool (added by the constructor) before the runner, the trail last.
         gateway._owned.insert(0, sink.close)
         if owned_runner:
@@ -338,10 +350,13 @@ class Gateway:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
         if not run or not decision.allowed:
             return ExecutionResult(request_id, decision)
-        outcome, error = self._run(decision, request, on_output, cancel, records)
+        installed, error = self._install(decision, records)
+        outcome: Outcome | None = None
+        if error is None:
+            outcome, error = self._run(decision, request, on_output, cancel, records, installed=installed)
         audit_ok = True
         try:
-            self._record_outcome(decision, outcome, error, records=records)
+            self._record_outcome(decision, outcome, error, records=records, installed=installed)
         except GatewayError as exc:
             audit_ok = False
             error = error or _unrecorded(exc, ran=outcome is not None)
@@ -437,18 +452,41 @@ class Gateway:
         data = {"decision": decision_data, "options_sha256": decision.options_sha256, "dry_run": dry_run}
         self._append("policy.decision", data, **records)
 
+    def _install(self, decision: Decision, records: Mapping[str, Any]) -> tuple[Installed | None, GatewayError | None]:
+        """The install phase of a run whose decision lists packages (cached, or installed in a sandbox of its own
+        whose only destination is the policy's index); nothing for a run without. A failure is the run's error:
+        the run does not start."""
+        settings = decision.settings
+        if settings is None or settings.packages is None:
+            return None, None
+        asked = ", ".join(str(r) for r in settings.packages.requirements)
+        if self.packages is None:
+            return None, PackageInstallError(f"this gateway has no package installer, so {asked} cannot be installed; "
+                                             "nothing ran")  # fmt: skip
+        try:
+            return self.packages.install(settings, request_id=records["request_id"], slots=self.slots), None
+        except GatewayError as exc:
+            return None, exc
+        except Exception as exc:  # noqa: BLE001 - an installer bug must come back as an audited failure, not a crash
+            error = PackageInstallError(f"installing {asked} failed unexpectedly: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return None, error
+
     def _run(
         self, decision: Decision, request: ExecutionRequest, on_output: OnOutput | None,
-        cancel: threading.Event | None, records: Mapping[str, Any],
+        cancel: threading.Event | None, records: Mapping[str, Any], *, installed: Installed | None = None,
     ) -> tuple[Outcome | None, GatewayError | None]:  # fmt: skip
-        """Hand the decision's run specification and the payload to the runner; every failure comes back."""
+        """Hand the decision's run specification (with the installed packages, if any) and the payload to the
+        runner; every failure comes back."""
         spec, settings = decision.run, decision.settings
         if spec is None or settings is None:
             return None, ContractError("an allowed decision carries no run specification")
-        if settings.packages is not None:
-            # Fail closed until the install phase (issue 31) is wired: a run never starts without its packages.
-            asked = ", ".join(str(r) for r in settings.packages.requirements)
-            return None, PackageInstallError(f"this gateway cannot install packages yet ({asked}); nothing ran")
+        if installed is not None:
+            assert self.packages is not None  # noqa: S101 -- it installed them
+            try:
+                spec = self.packages.apply(spec, installed)
+            except GatewayError as exc:
+                return None, exc
         with self._tracer.start_as_current_span(SPAN_SANDBOX) as sspan:
             outcome: Outcome | None = None
             error: GatewayError | None = None
@@ -508,16 +546,25 @@ class Gateway:
             raise
 
     def _record_outcome(
-        self, decision: Decision, outcome: Outcome | None, error: GatewayError | None, *, records: Mapping[str, Any]
-    ) -> None:
+        self, decision: Decision, outcome: Outcome | None, error: GatewayError | None, *, records: Mapping[str, Any],
+        installed: Installed | None = None,
+    ) -> None:  # fmt: skip
         image = decision.settings.profile.image if decision.settings is not None else ""
         if outcome is not None and outcome.pulled:
             self._append("image.pulled", {"image": image, "image_id": outcome.image_id}, **records)
+        self._record_connections(outcome, records)
+        data = outcome_data(image, outcome, error)
+        if installed is not None:
+            data = {**data, "packages": installed.to_record()}
+        self._append("execution.outcome", data, **records)
+
+    def _record_connections(self, outcome: Outcome | None, records: Mapping[str, Any]) -> None:
+        """One ``network.connection`` record per connection of ``outcome``'s egress report (a run's, or a session
+        execution's), appended without waiting: the caller's ``execution.outcome``, appended next, makes them
+        durable together."""
         if outcome is not None and outcome.egress is not None:
-            # Not waited for, one by one: the outcome's record, appended next, makes them durable together.
             for connection in outcome.egress.records:
                 self._append("network.connection", connection_data(connection), durable=False, **records)
-        self._append("execution.outcome", outcome_data(image, outcome, error), **records)
 
     def _append(self, event_type: str, data: Mapping[str, Any], *, caller: Caller | None = None, **kw: Any) -> None:
         if caller is not None:
@@ -557,6 +604,16 @@ def _make_pool(pool: bool | PoolConfig | WarmPool | None, runner: Runner, slots:
             f"a warm pool needs a runner that can prepare pooled sandboxes; {type(runner).__name__} cannot"
         )
     return WarmPool(runner, slots, override=pool if isinstance(pool, PoolConfig) else None)
+
+
+def _docker_installer(runner: Runner) -> Installer | None:
+    """The install phase for a Docker runner (packages cached in ``GATEWAY_PACKAGES_DIR``); None for another."""
+    docker = sys.modules.get("gateway.runner.docker.runner")  # a DockerRunner's module is loaded already
+    if docker is None or not isinstance(runner, docker.DockerRunner):
+        return None
+    from gateway.packages.docker import DockerInstaller  # noqa: PLC0415 - only with a Docker runner
+
+    return DockerInstaller(runner)
 
 
 def _check_not_cancelled(cancel: threading.Event | None) -> None:

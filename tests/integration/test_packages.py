@@ -1,0 +1,216 @@
+"""Package installs on the real engine, under runc and runsc: a package from a local index installs in a sandbox of its
+own and imports in the run, read-only; an identical request installs nothing; what the policy does not allow never
+reaches a run.
+
+The index is tests/package_index.py on 127.0.0.1 (wheels written by the test, an sdist), allowed through an
+explicit CIDR entry the way an operator allows an internal mirror; its name resolves through the runner's test
+resolver only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import Gateway
+from gateway.audit.memory import MemoryAuditSink
+from gateway.egress.addresses import IPAddress
+from gateway.errors import PackageInstallError, PackageRefusedError
+from gateway.packages import PackageCache
+from gateway.packages.docker import DockerInstaller
+from gateway.policy.loader import load_policy_text
+from gateway.resources import policies_dir
+from gateway.result import ExecutionResult
+from gateway.runner.docker.runner import DockerRunner
+from gateway.slots import HostSlots
+from tests.integration.conftest import gateway_containers
+from tests.package_index import Archive, PackageIndex, build_sdist, build_wheel
+
+pytestmark = pytest.mark.integration
+
+HOST = "index.test"
+
+
+class Resolver:
+    """The test's name service: only the index's name resolves, to loopback."""
+
+    async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
+        if host != HOST:
+            raise OSError(f"test resolver: no such name {host}")
+        return [ipaddress.ip_address("127.0.0.1")]
+
+
+ARCHIVES: list[Archive] = [
+    build_wheel(
+        "gw-hello", "1.0",
+        {"gw_hello/__init__.py": "from gw_dep import VALUE\nGREETING = 'hello ' + VALUE\n"}, requires=["gw-dep"],
+    ),
+    build_wheel("gw_dep", "2.0", {"gw_dep/__init__.py": "VALUE = 'world'\n"}),
+    build_wheel("gw-other", "1.0", {"gw_other/__init__.py": "X = 1\n"}),
+    build_wheel("gw-greedy", "1.0", {"gw_greedy/__init__.py": "\n"}, requires=["gw-other"]),
+    build_sdist("gw-source-only", "1.0"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def index() -> Iterator[PackageIndex]:
+    with PackageIndex(ARCHIVES) as served:
+        yield served
+
+
+def policy_text(
+    runtime: str, port: int, *, allow: str = '["gw-hello", "gw-dep", "gw-greedy", "gw-source-only"]'
+) -> str:
+    base = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
+    return textwrap.dedent(f"""\
+        apiVersion: gateway.agent-exec/v1
+        kind: Policy
+        extends: {base}
+        metadata: {{name: packages-it-{runtime}}}
+        spec:
+          network:
+            egress:
+              allow:
+                - {{host: {HOST}, ports: [{port}], cidrs: [127.0.0.0/8]}}
+          packages:
+            index: http://{HOST}:{port}/simple/
+            allow: {allow}
+            size: 64m
+        """)
+
+
+@dataclass
+class Packages:
+    gateway: Gateway
+    installer: DockerInstaller
+    cache: Path
+
+    def run(self, code: str, **request: Any) -> ExecutionResult:
+        return self.gateway.execute({"code": textwrap.dedent(code), **request})
+
+
+@pytest.fixture
+def make_packages(engine: Any, runtime: str, index: PackageIndex, tmp_path: Path) -> Iterator[Callable[..., Packages]]:
+    made: list[tuple[Gateway, Path]] = []
+
+    def make(**policy: Any) -> Packages:
+        root = Path(tempfile.mkdtemp(prefix="gw-pk-", dir="/tmp"))
+        runner = DockerRunner(engine, egress_resolver=Resolver(), egress_root=str(root / "egress"))
+        installer = DockerInstaller(runner, PackageCache(root / "cache"))
+        text = policy_text(runtime, index.port, **policy)
+        compiled = load_policy_text(text, source=str(tmp_path / "packages.yaml"))
+        gateway = Gateway(
+            compiled, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 4),
+            packages=installer,
+        )  # fmt: skip
+        made.append((gateway, root))
+        return Packages(gateway, installer, root / "cache")
+
+    yield make
+    for gateway, root in made:
+        gateway.close()
+        gateway.runner.close()
+        PackageCache(root / "cache").drop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def outcome_record(packages: Packages, result: ExecutionResult) -> dict[str, Any]:
+    sink = packages.gateway.audit
+    assert isinstance(sink, MemoryAuditSink)
+    [record] = [
+        r for r in sink.records if r["event_type"] == "execution.outcome" and r["request_id"] == result.request_id
+    ]
+    return record["data"]
+
+
+def test_a_package_installs_imports_read_only_and_the_second_request_hits_the_cache(
+    make_packages: Callable[..., Packages], index: PackageIndex, engine: Any
+) -> None:
+    packages = make_packages()
+    code = """
+        import os, socket, sys
+        import gw_hello
+        print(gw_hello.GREETING)
+        print(gw_hello.__file__)
+        try:
+            open("/opt/gateway-packages/gw_hello/new.py", "w")
+        except OSError as exc:
+            fields = [line.split() for line in open("/proc/self/mountinfo")]
+            options = [f[5].split(",")[0] for f in fields if f[4] == "/opt/gateway-packages"]
+            print("not written", exc.errno in (13, 30), options)
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=2)
+        except OSError:
+            print("no network")
+    """
+    first = packages.run(code, packages=["GW_Hello"])
+    assert first.error is None, first.to_dict()
+    assert first.outcome is not None
+    out = first.outcome.stdout.decode().splitlines()
+    assert out[0] == "hello world"
+    assert out[1] == "/opt/gateway-packages/gw_hello/__init__.py"
+    assert out[2] == "not written True ['ro']"  # EACCES or EROFS, and the mount is read-only
+    assert out[3] == "no network"
+    assert packages.installer.install_count == 1
+    record = outcome_record(packages, first)["packages"]
+    assert record["cached"] is False
+    assert [(d["name"], d["version"]) for d in record["distributions"]] == [("gw-dep", "2.0"), ("gw-hello", "1.0")]
+    by_name = {a.filename: a.sha256 for a in ARCHIVES}
+    assert all(by_name[d["filename"]] == d["sha256"] for d in record["distributions"])
+    paths = {f["path"] for f in record["files"]}
+    assert {"gw_hello/__init__.py", "gw_dep/__init__.py"} <= paths
+    assert record["files_total"] == len(record["files"])
+    asked = len(index.requests)
+
+    second = packages.run("import gw_hello; print(gw_hello.GREETING)", packages=["gw-hello"])
+    assert second.error is None, second.to_dict()
+    assert second.outcome is not None
+    assert second.outcome.stdout == b"hello world\n"
+    assert packages.installer.install_count == 1  # no install sandbox ran
+    assert len(index.requests) == asked  # nothing was asked of the index
+    again = outcome_record(packages, second)["packages"]
+    assert again["cached"] is True
+    assert again["tree_sha256"] == record["tree_sha256"]
+    assert gateway_containers(engine) == []
+
+
+def test_a_dependency_outside_the_allow_list_is_refused_and_nothing_runs(
+    make_packages: Callable[..., Packages], engine: Any
+) -> None:
+    packages = make_packages()
+    result = packages.run("print('ran')", packages=["gw-greedy"])  # gw-greedy is allowed, its gw-other is not
+    assert isinstance(result.error, PackageRefusedError), result.to_dict()
+    assert "gw-other" in result.error.message
+    assert "spec.packages.allow" in result.error.message
+    assert result.outcome is None
+    assert outcome_record(packages, result)["error"]["code"] == "packages.refused"
+    assert not (packages.cache / "trees").exists()  # nothing was stored
+    assert gateway_containers(engine) == []
+
+
+def test_a_requested_name_outside_the_allow_list_is_denied_before_anything(
+    make_packages: Callable[..., Packages],
+) -> None:
+    packages = make_packages()
+    result = packages.run("print('ran')", packages=["gw-other"])
+    assert result.decision is not None
+    assert not result.decision.allowed
+    assert [v.rule for v in result.decision.violations] == ["packages.allowed"]
+    assert packages.installer.install_count == 0
+
+
+def test_a_source_only_package_is_refused_with_binary_only(make_packages: Callable[..., Packages], engine: Any) -> None:
+    packages = make_packages()
+    result = packages.run("print('ran')", packages=["gw-source-only"])
+    assert isinstance(result.error, PackageInstallError), result.to_dict()
+    assert "gw-source-only" in result.error.message
+    assert result.outcome is None
+    assert gateway_containers(engine) == []
