@@ -286,6 +286,7 @@ class SessionManager:
         outcome = error.outcome if isinstance(error.outcome, Outcome) else None
         data = outcome_data(settings.sandbox.profile.image, outcome, error) | {"session_id": session_id}
         try:
+            self._gateway._record_connections(outcome, records)
             self._gateway._append("execution.outcome", data, **records)
         except GatewayError:
             return SessionResult(str(records["request_id"]), decision, error=error, audit_ok=False)
@@ -470,6 +471,7 @@ class SessionManager:
             record["session_killed"] = killed
         audit_ok = True
         try:
+            gw._record_connections(outcome, records)
             gw._append("execution.outcome", record, **records)
         except GatewayError as exc:
             audit_ok = False

@@ -263,6 +263,20 @@ def assert_ended_cleanly(egress: Egress, engine: Any) -> None:
     assert list(egress.root.iterdir()) == []
 
 
+def connections_in_trail(egress: Egress) -> list[tuple[str, str, str]]:
+    """The ``network.connection`` records of ``egress``'s trail: request id, host, decision; each right before its
+    execution's ``execution.outcome`` (or another connection of it)."""
+    sink = egress.gateway.audit
+    assert isinstance(sink, MemoryAuditSink)
+    found = []
+    for record, following in zip(sink.records, sink.records[1:], strict=False):
+        if record["event_type"] == "network.connection":
+            assert following["event_type"] in ("network.connection", "execution.outcome")
+            assert following["request_id"] == record["request_id"]
+            found.append((record["request_id"], record["data"]["host"], record["data"]["decision"]))
+    return found
+
+
 def lines(result: ExecutionResult) -> dict[str, str]:
     assert result.outcome is not None
     found = {}
@@ -547,6 +561,7 @@ def test_each_execution_of_a_workspace_session_has_its_own_proxy(
     assert [r.host for r in report_of(first).records] == ["mirror.test"]
     assert report_of(second).records == ()  # its own proxy: nothing of the first execution's
     assert list(egress.root.iterdir()) == []
+    assert connections_in_trail(egress) == [(first.request_id, "mirror.test", "allowed")]
     sessions.close(sid, principal="alice")
     assert_ended_cleanly(egress, engine)
 
