@@ -13,14 +13,13 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
@@ -40,7 +39,7 @@ from gateway.errors import (
     RequestError,
     SandboxError,
 )
-from gateway.packages import Installed, Installer
+from gateway.packages import Installed, Installer, installer_for
 from gateway.policy import CompiledPolicy, Policy, PolicySet, load_policy
 from gateway.policy.model import PoolConfig
 from gateway.request import ExecutionRequest, parse_request
@@ -61,6 +60,9 @@ from gateway.telemetry import (
     annotate_outcome,
     get_tracer,
 )
+
+if TYPE_CHECKING:
+    from gateway.egress import EgressReport
 
 __all__ = ["Admission", "Caller", "Gateway", "RawRequest"]
 
@@ -209,7 +211,7 @@ class Gateway:
             runner = DockerRunner()
         gateway = cls(
             policy, runner=runner, audit=sink, tracer=tracer, pool=pool, defer_removal=defer_removal,
-            packages=_docker_installer(runner),
+            packages=installer_for(runner),
         )  # fmt: skip
         # Closed in reverse: the pool (added by the constructor) before the runner, the trail last.
         gateway._owned.insert(0, sink.close)
@@ -552,18 +554,18 @@ class Gateway:
         image = decision.settings.profile.image if decision.settings is not None else ""
         if outcome is not None and outcome.pulled:
             self._append("image.pulled", {"image": image, "image_id": outcome.image_id}, **records)
-        self._record_connections(outcome, records)
+        self._record_connections(outcome.egress if outcome is not None else None, records)
         data = outcome_data(image, outcome, error)
         if installed is not None:
             data = {**data, "packages": installed.to_record()}
         self._append("execution.outcome", data, **records)
 
-    def _record_connections(self, outcome: Outcome | None, records: Mapping[str, Any]) -> None:
-        """One ``network.connection`` record per connection of ``outcome``'s egress report (a run's, or a session
-        execution's), appended without waiting: the caller's ``execution.outcome``, appended next, makes them
-        durable together."""
-        if outcome is not None and outcome.egress is not None:
-            for connection in outcome.egress.records:
+    def _record_connections(self, egress: EgressReport | None, records: Mapping[str, Any]) -> None:
+        """One ``network.connection`` record per connection in ``egress`` (a run's or a session execution's report,
+        or what a kernel's end cut), appended without waiting: the caller's next record (``execution.outcome``, or
+        the session's end) makes them durable together."""
+        if egress is not None:
+            for connection in egress.records:
                 self._append("network.connection", connection_data(connection), durable=False, **records)
 
     def _append(self, event_type: str, data: Mapping[str, Any], *, caller: Caller | None = None, **kw: Any) -> None:
@@ -604,16 +606,6 @@ def _make_pool(pool: bool | PoolConfig | WarmPool | None, runner: Runner, slots:
             f"a warm pool needs a runner that can prepare pooled sandboxes; {type(runner).__name__} cannot"
         )
     return WarmPool(runner, slots, override=pool if isinstance(pool, PoolConfig) else None)
-
-
-def _docker_installer(runner: Runner) -> Installer | None:
-    """The install phase for a Docker runner (packages cached in ``GATEWAY_PACKAGES_DIR``); None for another."""
-    docker = sys.modules.get("gateway.runner.docker.runner")  # a DockerRunner's module is loaded already
-    if docker is None or not isinstance(runner, docker.DockerRunner):
-        return None
-    from gateway.packages.docker import DockerInstaller  # noqa: PLC0415 - only with a Docker runner
-
-    return DockerInstaller(runner)
 
 
 def _check_not_cancelled(cancel: threading.Event | None) -> None:

@@ -7,16 +7,18 @@ an :class:`Installer` before a run whose decision lists packages; without one su
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.packages.cache import Distribution, Installed, InstalledFile, PackageCache
 
 if TYPE_CHECKING:
     from gateway.decision.settings import SandboxSettings
+    from gateway.runner import Runner
     from gateway.runspec import RunSpec
     from gateway.slots import HostSlots
 
-__all__ = ["Distribution", "Installed", "InstalledFile", "Installer", "PackageCache"]
+__all__ = ["Distribution", "Installed", "InstalledFile", "Installer", "PackageCache", "installer_for"]
 
 
 class Installer(Protocol):
@@ -30,3 +32,14 @@ class Installer(Protocol):
     def apply(self, spec: RunSpec, installed: Installed) -> RunSpec:
         """``spec`` with ``installed`` bound read-only and on the run's ``PYTHONPATH``."""
         ...
+
+
+def installer_for(runner: Runner) -> Installer | None:
+    """The install phase for ``runner``: a Docker runner's (packages cached in ``GATEWAY_PACKAGES_DIR``), else None
+    (a run with packages then fails closed)."""
+    docker = sys.modules.get("gateway.runner.docker.runner")  # a DockerRunner's module is loaded already
+    if docker is None or not isinstance(runner, docker.DockerRunner):
+        return None
+    from gateway.packages.docker import DockerInstaller  # noqa: PLC0415 - only with a Docker runner
+
+    return DockerInstaller(runner)

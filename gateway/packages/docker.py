@@ -92,7 +92,7 @@ def _pip_arguments(settings: SandboxSettings, proxy: str) -> list[str]:
     args = [
         "install", "--isolated", "--no-cache-dir", "--disable-pip-version-check", "--no-input", "--no-compile",
         "--progress-bar", "off", "--index-url", rule.index, "--proxy", proxy, "--target", "tree",
-        "--report", "report.json",
+        "--report", "report.json", "--retries", "1", "--timeout", "30",
     ]  # fmt: skip
     if rule.index.startswith("http://"):  # the policy chose plain HTTP (an internal mirror): pip must be told
         args += ["--trusted-host", f"{rule.index_egress.host}:{rule.index_egress.ports[0]}"]

@@ -46,6 +46,7 @@ from gateway.errors import (
     ServerConfigError,
     http_status_for,
 )
+from gateway.packages import installer_for
 from gateway.policy import CompiledPolicy, Policy, load_policy
 from gateway.resources import policy_path_from_env
 from gateway.runner import Runner
@@ -170,7 +171,8 @@ class Service:
             sink.close()
             raise
         try:
-            gateway = Gateway(policies, runner=backend, audit=sink, pool=config.pool or None)
+            packages = installer_for(backend)
+            gateway = Gateway(policies, runner=backend, audit=sink, pool=config.pool or None, packages=packages)
         except BaseException:
             backend.close()
             sink.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import shutil
+import socket
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
@@ -101,11 +102,11 @@ class Packages:
 def make_packages(engine: Any, runtime: str, index: PackageIndex, tmp_path: Path) -> Iterator[Callable[..., Packages]]:
     made: list[tuple[Gateway, Path]] = []
 
-    def make(**policy: Any) -> Packages:
+    def make(port: int | None = None, **policy: Any) -> Packages:
         root = Path(tempfile.mkdtemp(prefix="gw-pk-", dir="/tmp"))
         runner = DockerRunner(engine, egress_resolver=Resolver(), egress_root=str(root / "egress"))
         installer = DockerInstaller(runner, PackageCache(root / "cache"))
-        text = policy_text(runtime, index.port, **policy)
+        text = policy_text(runtime, index.port if port is None else port, **policy)
         compiled = load_policy_text(text, source=str(tmp_path / "packages.yaml"))
         gateway = Gateway(
             compiled, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 4),
@@ -213,4 +214,19 @@ def test_a_source_only_package_is_refused_with_binary_only(make_packages: Callab
     assert isinstance(result.error, PackageInstallError), result.to_dict()
     assert "gw-source-only" in result.error.message
     assert result.outcome is None
+    assert gateway_containers(engine) == []
+
+
+def test_an_unreachable_index_fails_the_install_and_nothing_runs(
+    make_packages: Callable[..., Packages], engine: Any
+) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    packages = make_packages(port=closed)
+    result = packages.run("print('ran')", packages=["gw-hello"])
+    assert isinstance(result.error, PackageInstallError), result.to_dict()
+    assert "gw-hello" in result.error.message
+    assert result.outcome is None
+    assert outcome_record(packages, result)["error"]["code"] == "packages.install_failed"
     assert gateway_containers(engine) == []

@@ -74,3 +74,13 @@ def test_a_refused_install_is_the_runs_error_and_nothing_runs() -> None:
     [record] = [r for r in sink.records if r["event_type"] == "execution.outcome"]
     assert record["data"]["error"]["code"] == "packages.refused"
     assert "numpy" in record["data"]["error"]["message"]
+
+
+def test_only_a_docker_runner_gets_an_installer_by_default() -> None:
+    from gateway.packages import installer_for
+    from gateway.packages.docker import DockerInstaller
+    from gateway.runner.docker.runner import DockerRunner
+
+    assert installer_for(FakeRunner()) is None
+    runner = DockerRunner()  # connects to no engine until it runs something
+    assert isinstance(installer_for(runner), DockerInstaller)
