@@ -206,9 +206,10 @@ def within_session(session: SessionSettings, request: ExecutionRequest) -> tuple
     more than the session's profile; empty when it asks for no more.
 
     Language, image, runtime and network, when the execution names them, are the session's; each mount it names
-    is one of the session's (``ro`` may narrow ``rw``); each limit it gives is at most the session's. What it
-    omits is the session's (:func:`bind_to_session`). Audit mode does not apply: the session's sandbox exists
-    with that profile, and more cannot be given.
+    is one of the session's (``ro`` may narrow ``rw``); each limit it gives is at most the session's; it lists no
+    packages (they are installed before a sandbox is made). What it omits is the session's
+    (:func:`bind_to_session`). Audit mode does not apply: the session's sandbox exists with that profile, and
+    more cannot be given.
     """
     sandbox = session.sandbox
     out: list[RuleResult] = []
@@ -236,6 +237,12 @@ def within_session(session: SessionSettings, request: ExecutionRequest) -> tuple
             message = f"mount {mount.source}:{mount.target}:{mount.mode} is not one of the session's mounts"
             got = {"source": mount.source, "target": mount.target, "mode": mount.mode}
             out.append(_violation(f"$.mounts[{index}]", got, expected, message))
+    if request.packages:
+        message = (
+            "packages are installed before a run's sandbox is made; the session's sandbox exists already, so an "
+            "execution in it cannot add any"
+        )
+        out.append(_violation("$.packages", list(request.packages), [], message))
     return tuple(out)
 
 

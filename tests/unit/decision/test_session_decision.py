@@ -194,6 +194,13 @@ def test_an_execution_names_only_the_session_s_mounts(make_policy: Callable[[str
         assert (violation.rule, violation.path) == (SESSION_PROFILE_RULE, "$.mounts[0]")
 
 
+def test_an_execution_in_a_session_lists_no_packages(sessions_policy: Policy) -> None:
+    session = _session(sessions_policy)
+    [violation] = within_session(session, parse_request({"code": "x", "packages": ["idna"]}))
+    assert (violation.rule, violation.path) == (SESSION_PROFILE_RULE, "$.packages")
+    assert "installed before a run's sandbox is made" in violation.message
+
+
 def test_binding_fills_what_the_execution_omits_from_the_session(sessions_policy: Policy) -> None:
     session = _session(sessions_policy, limits={"memory": "128m", "timeout_s": 20})
     bound = bind_to_session(session, parse_request({"code": "print(1)", "limits": {"timeout_s": 3}}))
