@@ -2,7 +2,8 @@
 
 A run with egress gets an `EgressRun` from `EgressHost.open`: a fresh private directory below the host's root, and
 the run's `EgressProxy` listening on ``proxy.sock`` in it; the runner binds that directory into the run's sandbox.
-`EgressRun.close` ends every connection, removes the directory and returns the run's `EgressReport`.
+`EgressRun.close` ends every connection, removes the directory and returns the run's `EgressReport`. A kernel (one
+proxy for a session's whole life) takes each cell's part with `EgressRun.take`; the limits stay the whole life's.
 
 Who can reach a run's socket: the root directory is the gateway user's own, mode 0700, so no other host user gets
 past it, and each run's directory has a random name (128 bits). A gateway running as root also gives the run's
@@ -54,9 +55,12 @@ class _Records:
             else:
                 self.dropped += 1
 
-    def taken(self) -> tuple[tuple[ConnectionRecord, ...], int]:
+    def take(self) -> tuple[tuple[ConnectionRecord, ...], int]:
+        """The records kept and the number dropped since the last take; the cap counts afresh from here."""
         with self._lock:
-            return tuple(self.kept), self.dropped
+            taken = tuple(self.kept), self.dropped
+            self.kept, self.dropped = [], 0
+            return taken
 
 
 class EgressRun:
@@ -70,10 +74,27 @@ class EgressRun:
         self._records = records
         self._lock = threading.Lock()
         self._report: EgressReport | None = None
+        self._taken = (0, 0, 0, 0)
+        """The totals (connections, denied, bytes out, bytes in) at the last take."""
+
+    def take(self) -> EgressReport:
+        """What the proxy saw since the last take (or since it opened): the records of the connections that ended
+        meanwhile (a connection is recorded when it ends) and the totals' growth. A kernel takes one per cell; the
+        proxy's limits are not reset, they bound the kernel's whole life. After `close`, nothing is left to take."""
+        with self._lock:
+            return self._take()
+
+    def _take(self) -> EgressReport:
+        stats = self._proxy.stats
+        now = (stats.connections, stats.denied, stats.bytes_out, stats.bytes_in)
+        before, self._taken = self._taken, now
+        records, dropped = self._records.take()
+        connections, denied, bytes_out, bytes_in = (a - b for a, b in zip(now, before, strict=True))
+        return EgressReport(records, connections, denied, bytes_out, bytes_in, dropped=dropped)
 
     def close(self) -> EgressReport:
-        """End every connection (each records ``run-ended``), remove the directory, and return the run's report;
-        idempotent (a second call returns the same report)."""
+        """End every connection (each records ``run-ended``), remove the directory, and return what is left to
+        take (the run's whole report when it never took one); idempotent (a second call returns the same report)."""
         with self._lock:
             if self._report is None:
                 try:
@@ -81,16 +102,7 @@ class EgressRun:
                 finally:
                     self._host.forget(self)
                     _remove(self.directory)
-                stats = self._proxy.stats
-                records, dropped = self._records.taken()
-                self._report = EgressReport(
-                    records=records,
-                    connections=stats.connections,
-                    denied=stats.denied,
-                    bytes_out=stats.bytes_out,
-                    bytes_in=stats.bytes_in,
-                    dropped=dropped,
-                )
+                self._report = self._take()
             return self._report
 
 

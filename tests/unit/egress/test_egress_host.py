@@ -182,3 +182,45 @@ def test_closing_the_host_closes_every_open_run(root: Path) -> None:
     assert not any(t.name == "gateway-egress" and t.is_alive() for t in threading.enumerate())
     assert run.close().records[0].ended == "run-ended"
     client.close()
+
+
+def test_each_take_has_what_ended_since_the_last_and_the_limits_stay_the_whole_lifes(root: Path) -> None:
+    """A kernel's proxy: each cell takes the connections that ended since the cell before and the totals' growth;
+    its limits count the whole life; closing leaves the connections it cut to take."""
+    host = EgressHost(root, resolver=Resolver(), max_records=2)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    upstream = Upstream(answer)
+    limits = EgressLimits(connections=2)
+    whole_life = EgressPlan((Destination("mirror.internal", ports=(upstream.port,), cidrs=(LOOPBACK,)),), limits)
+    run = host.open(whole_life, uid=SANDBOX[0], gid=SANDBOX[1])
+    try:
+        url = f"http://mirror.internal:{upstream.port}/"
+        assert request(run.directory, url)[1].endswith(b"ok")
+        first = run.take()
+        assert [(r.allowed, r.ended) for r in first.records] == [(True, "closed")]
+        assert (first.connections, first.denied, first.bytes_in) == (1, 0, len(answer))
+        empty = run.take()
+        assert (empty.records, empty.connections, empty.bytes_in, empty.bytes_out) == ((), 0, 0, 0)
+        assert request(run.directory, url)[1].endswith(b"ok")
+        _, third = request(run.directory, url)  # past the whole life's two connections
+        assert third.startswith(b"HTTP/1.1 403 ")
+        second = run.take()
+        assert [r.allowed for r in second.records] == [True, False]
+        assert (second.connections, second.denied) == (1, 1)
+        for _ in range(3):  # the record cap counts afresh for each take
+            request(run.directory, "http://elsewhere.example:1/")
+        capped = run.take()
+        assert (len(capped.records), capped.dropped, capped.denied) == (2, 1, 3)
+        holder = Upstream(None)
+        held = EgressPlan((Destination("mirror.internal", ports=(holder.port,), cidrs=(LOOPBACK,)),), EgressLimits())
+        other = host.open(held, uid=SANDBOX[0], gid=SANDBOX[1])
+        client, _ = request(other.directory, f"http://mirror.internal:{holder.port}/", wait=False)
+        assert holder.got.wait(10)
+        assert other.take().records == ()  # still open: not recorded yet
+        left = other.close()
+        assert [(r.allowed, r.ended) for r in left.records] == [(True, "run-ended")]
+        assert other.take().records == ()  # each once
+        client.close()
+    finally:
+        run.close()
+        host.close()
