@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
@@ -60,6 +60,9 @@ from gateway.telemetry import (
     annotate_outcome,
     get_tracer,
 )
+
+if TYPE_CHECKING:
+    from gateway.egress import EgressReport
 
 __all__ = ["Admission", "Caller", "Gateway", "RawRequest"]
 
@@ -551,18 +554,18 @@ class Gateway:
         image = decision.settings.profile.image if decision.settings is not None else ""
         if outcome is not None and outcome.pulled:
             self._append("image.pulled", {"image": image, "image_id": outcome.image_id}, **records)
-        self._record_connections(outcome, records)
+        self._record_connections(outcome.egress if outcome is not None else None, records)
         data = outcome_data(image, outcome, error)
         if installed is not None:
             data = {**data, "packages": installed.to_record()}
         self._append("execution.outcome", data, **records)
 
-    def _record_connections(self, outcome: Outcome | None, records: Mapping[str, Any]) -> None:
-        """One ``network.connection`` record per connection of ``outcome``'s egress report (a run's, or a session
-        execution's), appended without waiting: the caller's ``execution.outcome``, appended next, makes them
-        durable together."""
-        if outcome is not None and outcome.egress is not None:
-            for connection in outcome.egress.records:
+    def _record_connections(self, egress: EgressReport | None, records: Mapping[str, Any]) -> None:
+        """One ``network.connection`` record per connection in ``egress`` (a run's or a session execution's report,
+        or what a kernel's end cut), appended without waiting: the caller's next record (``execution.outcome``, or
+        the session's end) makes them durable together."""
+        if egress is not None:
+            for connection in egress.records:
                 self._append("network.connection", connection_data(connection), durable=False, **records)
 
     def _append(self, event_type: str, data: Mapping[str, Any], *, caller: Caller | None = None, **kw: Any) -> None:

@@ -7,6 +7,10 @@ sequence and are judged by ``frames.cell_end``. The supervisor interrupts a cell
 kernel when the cell does not come back within ``grace_s``; the host keeps its own deadline a margin beyond that,
 and ends the sandbox itself when the supervisor does not answer by then. Cells run one at a time; a kernel that
 ended for any reason (``KERNEL_KILL_REASONS``) stays ended, and its slot is freed once, when its sandbox is gone.
+
+A kernel with egress (a backend that gives its sandbox a proxy for its whole life: ``_egress_take``) has the
+supervisor's bridge from its opening payload on, the proxy's variables set over each cell's ``env``, and each cell's
+``Outcome.egress`` is what the proxy saw since the cell before (:meth:`HostKernel.take_egress`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gateway.errors import CancelledRunError, GatewayError, OutputCallbackError, RequestError, SandboxError
@@ -33,10 +38,18 @@ from gateway.runner.frames import (
     take_frame,
 )
 from gateway.runner.interface import CellResult, OnOutput, Outcome, Sandbox
-from gateway.runner.supervisor import STARTUP_ENV, STARTUP_ENV_PREFIXES, encode_cell, encode_payload, new_key
+from gateway.runner.supervisor import (
+    EGRESS_ENVIRONMENT,
+    STARTUP_ENV,
+    STARTUP_ENV_PREFIXES,
+    encode_cell,
+    encode_payload,
+    new_key,
+)
 from gateway.runner.workspace import path_refusal
 
 if TYPE_CHECKING:
+    from gateway.egress import EgressReport
     from gateway.slots import Slot
 
 __all__ = ["HostKernel"]
@@ -109,15 +122,32 @@ class HostKernel(abc.ABC, Generic[S]):
         an ended sandbox is the cell's result, not an error."""
         return False
 
+    @property
+    def _egress(self) -> bool:
+        """Whether the sandbox has a proxy (egress): the backend then supplies ``_egress_take``."""
+        return False
+
+    def _egress_take(self) -> EgressReport | None:
+        """What the sandbox's proxy saw since the last take (after ``_end``: what its closing left); None
+        without egress."""
+        return None
+
+    def take_egress(self) -> EgressReport | None:
+        """The connection records and totals of the kernel's proxy not yet in a cell's outcome (None without
+        egress): after :meth:`close`, the connections the end cut (``run-ended``); each once."""
+        return self._egress_take()
+
     # -- open ------------------------------------------------------------------------------------------
 
     def start(self, files: Mapping[str, bytes]) -> None:
         """Hand over the opening payload and wait until the interpreter is ready (the cell frame of ``seq`` 0)."""
         spec = self._sandbox.spec
+        env = dict(spec.options.get("environment") or {})
+        if self._egress:  # set over the request's: the proxy is the kernel's only way out anyway
+            env.update(EGRESS_ENVIRONMENT)
         data = encode_payload(
-            self._key, "", files, spec.output_files_bytes, spec.output_files,
-            env=dict(spec.options.get("environment") or {}), timeout_s=spec.timeout_s, kernel=True,
-            value_cap=spec.output_bytes, grace_s=self._grace_s,
+            self._key, "", files, spec.output_files_bytes, spec.output_files, env=env, timeout_s=spec.timeout_s,
+            kernel=True, value_cap=spec.output_bytes, grace_s=self._grace_s, egress=self._egress,
         )  # fmt: skip
         got = Collected()
         cell: dict[str, Any] | None = None
@@ -164,9 +194,18 @@ class HostKernel(abc.ABC, Generic[S]):
         try:
             if self.killed is not None:
                 raise SandboxError(f"the kernel in {self.where} is gone ({self.killed}); open a new kernel")
-            return self._execute(
-                code, timeout_s, files=dict(files or {}), env=dict(env or {}), on_output=on_output, cancel=cancel
-            )
+            env = dict(env or {})
+            if self._egress:  # as at its opening: over the cell's own
+                env.update(EGRESS_ENVIRONMENT)
+            try:
+                cell = self._execute(
+                    code, timeout_s, files=dict(files or {}), env=env, on_output=on_output, cancel=cancel
+                )
+            except GatewayError as exc:
+                if isinstance(exc.outcome, Outcome):
+                    exc.outcome = self._with_egress(exc.outcome)
+                raise
+            return replace(cell, outcome=self._with_egress(cell.outcome))
         finally:
             self._busy.release()
 
@@ -225,6 +264,12 @@ class HostKernel(abc.ABC, Generic[S]):
             outcome=outcome, value=end.value, value_truncated=end.value_truncated, interrupted=end.interrupted,
             killed=end.killed,
         )  # fmt: skip
+
+    def _with_egress(self, outcome: Outcome) -> Outcome:
+        """``outcome`` with what the proxy saw during the cell (taken after the kernel died, if it did, so that the
+        connections its end cut are the cell's)."""
+        report = self._egress_take()
+        return outcome if report is None else replace(outcome, egress=report)
 
     def _outcome(
         self, got: Collected, start: float, *, exit_code: int | None, files_truncated: bool, timed_out: bool = False,

@@ -64,6 +64,7 @@ from gateway.telemetry import SPAN_EXECUTE, annotate_error
 
 if TYPE_CHECKING:
     from gateway._gateway import Caller, Gateway, RawRequest
+    from gateway.egress import EgressReport
 
 __all__ = ["MAX_ENDED", "SWEEP_EVERY_S", "RawSessionRequest", "SessionManager"]
 
@@ -286,7 +287,7 @@ class SessionManager:
         outcome = error.outcome if isinstance(error.outcome, Outcome) else None
         data = outcome_data(settings.sandbox.profile.image, outcome, error) | {"session_id": session_id}
         try:
-            self._gateway._record_connections(outcome, records)
+            self._gateway._record_connections(outcome.egress if outcome is not None else None, records)
             self._gateway._append("execution.outcome", data, **records)
         except GatewayError:
             return SessionResult(str(records["request_id"]), decision, error=error, audit_ok=False)
@@ -471,7 +472,7 @@ class SessionManager:
             record["session_killed"] = killed
         audit_ok = True
         try:
-            gw._record_connections(outcome, records)
+            gw._record_connections(outcome.egress if outcome is not None else None, records)
             gw._append("execution.outcome", record, **records)
         except GatewayError as exc:
             audit_ok = False
@@ -619,12 +620,16 @@ class SessionManager:
         if self._ahead is not None:  # nothing is made ahead for it any more: its slot is free at once
             self._ahead.drop(session.session_id)
         kernel = session.kernel
+        cut: EgressReport | None = None
         if kernel is not None:
             try:
                 kernel.close()
             except GatewayError as exc:
                 with contextlib.suppress(GatewayError):
                     gw._append("container.left", {"error": {"code": exc.code, "message": exc.message}}, **records)
+            # A kernel with egress: the connections its end cut (run-ended) are no cell's; recorded before the end.
+            take_egress = getattr(kernel, "take_egress", None)
+            cut = take_egress() if take_egress is not None else None
         data: dict[str, Any] = {
             "session_id": session.session_id, "mode": session.settings.mode, "reason": reason,
             "container_id": kernel.container_id if kernel is not None else None, "executions": session.executions,
@@ -634,6 +639,7 @@ class SessionManager:
             if left is not None:
                 data["workspace_left"] = {"code": left.code, "message": left.message}
         with contextlib.suppress(GatewayError):  # the end is best effort: the sandbox is already gone
+            gw._record_connections(cut, records)
             gw._append(END_EVENTS[state], data, **records)
 
     def _destroy_workspace(self, session: _Session) -> GatewayError | None:

@@ -1,22 +1,25 @@
-"""Fail closed on a live engine where egress is not given: a kernel session the policy allows network egress is
-refused before any container is made. (Runs and workspace sessions get their proxy: test_egress_runs.py; the
-Kubernetes backend refuses egress when it assembles the Pod: tests/unit/runner/test_egress_refusal.py.)"""
+"""A kernel with egress on a live engine is never a ready one: its proxy is bound when its container is made, so a
+gateway keeping ready kernels opens a kernel session with egress on request and leaves the ready kernel alone.
+(Runs, workspace and kernel sessions through their proxies: test_egress_runs.py; the Kubernetes backend refuses
+egress when it assembles the Pod: tests/unit/runner/test_egress_refusal.py.)"""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway import Gateway
+from gateway import Gateway, PoolConfig
 from gateway.audit import verify_trail
-from gateway.errors import EgressUnavailableError
 from gateway.resources import policies_dir
+from gateway.runner.docker.options import POOL_LABEL
 from gateway.runner.docker.runner import DockerRunner
 from tests.integration.conftest import gateway_containers
-from tests.integration.session_checks import Gateways
+from tests.integration.session_checks import Gateways, eventually, exists, pooled_ids
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +27,15 @@ MIRROR = policies_dir() / "examples" / "egress-mirror.yaml"
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, engine: Any) -> Iterator[Gateway]:
+def egress_root() -> Iterator[Path]:
+    """A short root (a unix socket's path is at most 107 bytes)."""
+    parent = Path(tempfile.mkdtemp(prefix="gw-eg-", dir="/tmp"))
+    yield parent / "egress"
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, engine: Any, workspace_root: str, egress_root: Path) -> Iterator[Gateway]:
     policy = tmp_path / "mirror-sessions.yaml"
     policy.write_text(
         "apiVersion: gateway.agent-exec/v1\nkind: Policy\n"
@@ -32,26 +43,42 @@ def gateway(tmp_path: Path, engine: Any) -> Iterator[Gateway]:
         "metadata:\n  name: mirror-sessions\n"
         "spec:\n  sessions:\n    modes: [workspace, kernel]\n    max_per_principal: 2\n"
         "    idle_s: {default: 600, max: 1800}\n    lifetime_s: {default: 600, max: 3600}\n"
-        "    workspace_size: {default: 64m, max: 256m}\n"
+        "    workspace_size: {default: 64m, max: 256m}\n    pool: {size: 1}\n"
     )
     gateways = Gateways(tmp_path)
-    gw = gateways.make(policy, DockerRunner(engine))
+    runner = DockerRunner(engine, workspace_root=workspace_root, egress_root=str(egress_root))
+    gw = gateways.make(policy, runner, pool=PoolConfig())
     gw.__enter__()
     yield gw
     gateways.close()
+    runner.close()
 
 
-def test_a_kernel_session_with_egress_is_refused_and_nothing_ran(gateway: Gateway, engine: Any, tmp_path: Path) -> None:
+def test_a_kernel_session_with_egress_opens_its_own_kernel_never_a_ready_one(
+    gateway: Gateway, engine: Any, tmp_path: Path, egress_root: Path
+) -> None:
+    pool = gateway.pool
+    assert pool is not None
+    assert pool.wait_ready(timeout_s=60), pool.stats()
+    runner = gateway.runner
+    assert isinstance(runner, DockerRunner)
+    (ready,) = pooled_ids(engine, runner.instance)
     result = gateway.sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
-    assert result.session is None
-    assert isinstance(result.error, EgressUnavailableError)
-    assert result.error.code == "runner.egress_unavailable"
-    assert "kernel session" in result.error.message
-    assert "nothing ran" in result.error.message
-    assert gateway_containers(engine) == []
-    # The same policy's kernel session without egress opens as before.
-    plain = gateway.sessions.create({"mode": "kernel", "principal": "alice"})
-    assert plain.session is not None, plain.to_dict()
-    gateway.sessions.close(plain.session.session_id, principal="alice")
+    assert result.session is not None, result.to_dict()
+    container = result.session.container_id
+    assert container is not None
+    assert container != ready
+    assert POOL_LABEL not in engine.api.inspect_container(container)["Config"]["Labels"]
+    stats = pool.stats()
+    assert (stats.kernel_hits, stats.kernel_misses, stats.kernels) == (0, 0, 1)  # the ready one is left alone
+    assert len(list(egress_root.iterdir())) == 1  # its proxy, for its whole life
+    sid = result.session.session_id
+    cell = gateway.sessions.execute(sid, {"code": "import os\nprint(os.environ['HTTPS_PROXY'])", "principal": "alice"})
+    assert cell.outcome is not None, cell.to_dict()
+    assert cell.outcome.stdout == b"http://127.0.0.1:3128\n"
+    gateway.sessions.close(sid, principal="alice")
+    assert eventually(lambda: not exists(engine, container))
+    assert list(egress_root.iterdir()) == []
     gateway.close()
+    assert gateway_containers(engine) == []
     assert verify_trail(tmp_path / "audit").ok

@@ -263,15 +263,17 @@ def assert_ended_cleanly(egress: Egress, engine: Any) -> None:
     assert list(egress.root.iterdir()) == []
 
 
-def connections_in_trail(egress: Egress) -> list[tuple[str, str, str]]:
+def connections_in_trail(egress: Egress) -> list[tuple[str | None, str, str]]:
     """The ``network.connection`` records of ``egress``'s trail: request id, host, decision; each right before its
-    execution's ``execution.outcome`` (or another connection of it)."""
+    execution's ``execution.outcome`` (or another connection of it), or those a kernel's end cut (no request id)
+    right before the session's end."""
     sink = egress.gateway.audit
     assert isinstance(sink, MemoryAuditSink)
     found = []
     for record, following in zip(sink.records, sink.records[1:], strict=False):
         if record["event_type"] == "network.connection":
-            assert following["event_type"] in ("network.connection", "execution.outcome")
+            ends = ("execution.outcome",) if record["request_id"] else ("session.closed", "session.expired")
+            assert following["event_type"] in ("network.connection", *ends)
             assert following["request_id"] == record["request_id"]
             found.append((record["request_id"], record["data"]["host"], record["data"]["decision"]))
     return found
@@ -563,6 +565,80 @@ def test_each_execution_of_a_workspace_session_has_its_own_proxy(
     assert list(egress.root.iterdir()) == []
     assert connections_in_trail(egress) == [(first.request_id, "mirror.test", "allowed")]
     sessions.close(sid, principal="alice")
+    assert_ended_cleanly(egress, engine)
+
+
+_FETCH = """
+import os, socket
+def fetch(path):
+    # Read to the end: the proxy records a connection when it ends, so this cell's outcome has it.
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    target = "mirror.test:%d" % PORT
+    s.sendall(("GET http://%s%s HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % (target, path, target)).encode())
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    s.close()
+    return data.split(b"\\r\\n\\r\\n", 1)[1].decode()
+"""
+
+
+def test_a_kernel_session_has_one_proxy_for_its_life_and_each_cell_its_connections(
+    make_egress: Callable[..., Egress], upstreams: Upstreams, engine: Any, workspace_root: str
+) -> None:
+    egress = make_egress(workspace_root=workspace_root)
+    holder = upstreams.holder
+    holder.accepted.clear()
+    holder.ended.clear()
+    sessions = egress.gateway.sessions
+    created = sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
+    assert created.session is not None, created.to_dict()
+    sid = created.session.session_id
+    (directory,) = egress.root.iterdir()  # the kernel's proxy, for its whole life
+
+    def cell(code: str) -> ExecutionResult:
+        result = sessions.execute(sid, {"code": textwrap.dedent(code), "principal": "alice"})
+        assert result.outcome is not None, result.to_dict()
+        assert result.outcome.exit_code == 0, result.outcome.stderr.decode()
+        return result
+
+    first = cell(f"PORT = {upstreams.http}\n{_FETCH}\nkept = fetch('/one')\nprint(os.environ['HTTP_PROXY'], kept)")
+    second = cell("again = fetch('/two')\nprint(kept, '|', again)")
+    proxy = "http://127.0.0.1:3128"
+    assert first.outcome is not None
+    assert second.outcome is not None
+    assert first.outcome.stdout.decode() == f"{proxy} hello /one via mirror.test:{upstreams.http}\n"
+    assert second.outcome.stdout.decode() == (
+        f"hello /one via mirror.test:{upstreams.http} | hello /two via mirror.test:{upstreams.http}\n"
+    )
+    for result in (first, second):  # each cell: the connection it made, and no other
+        report = report_of(result)
+        assert [(r.host, r.port, r.allowed, r.ended) for r in report.records] == [
+            ("mirror.test", upstreams.http, True, "closed")
+        ]
+        assert (report.connections, report.denied) == (1, 0)
+    # A connection the session still holds when it is closed: ended with it.
+    code = f"""
+        held = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+        target = "mirror.test:{holder.port}"
+        held.sendall(("GET http://%s/hold HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % (target, target)).encode())
+        """
+    third = cell(code)
+    assert holder.accepted.wait(10)
+    assert directory.exists()
+    sessions.close(sid, principal="alice")
+    assert holder.ended.wait(10)  # the upstream saw the connection end with the session
+    assert report_of(third).records == ()  # still open when the cell returned
+    assert connections_in_trail(egress) == [
+        (first.request_id, "mirror.test", "allowed"), (second.request_id, "mirror.test", "allowed"),
+        (None, "mirror.test", "allowed"),
+    ]  # fmt: skip
+    sink = egress.gateway.audit
+    assert isinstance(sink, MemoryAuditSink)
+    cut, end = sink.records[-2:]
+    assert (cut["event_type"], cut["request_id"], cut["data"]["ended"]) == ("network.connection", None, "run-ended")
+    assert cut["data"]["port"] == holder.port
+    assert (end["event_type"], end["data"]["session_id"]) == ("session.closed", sid)
     assert_ended_cleanly(egress, engine)
 
 

@@ -9,12 +9,18 @@ removed.
 
 A ready kernel (``DockerRunner.prepare_kernel``, kept by the warm pool) is opened the same way before any
 session asks for it, from the profile part of a session's options; a session that claims it binds its own spec
-(:meth:`DockerKernel.bind`).
+(:meth:`DockerKernel.bind`). A ready kernel never has egress.
+
+A kernel with egress has one proxy for its whole life (``DockerSandbox.egress``, opened and bound with its
+container as a run's): each cell takes what the proxy saw since the cell before, the limits (connections, bytes,
+rate) are the whole session's, and the proxy is closed when the kernel ends, on every path (closed, killed,
+discarded, failed to start).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -27,6 +33,7 @@ from gateway.runner.frames import KERNEL_GRACE_S, KERNEL_READY_S
 from gateway.runner.kernel import HostKernel
 
 if TYPE_CHECKING:
+    from gateway.egress import EgressReport
     from gateway.runner.docker.runner import DockerRunner, DockerSandbox
     from gateway.runner.interface import RunSpec
     from gateway.slots import Slot
@@ -50,6 +57,9 @@ class DockerKernel(HostKernel["DockerSandbox"]):
         self._opened_at = time.monotonic()
         self._opened_unix = time.time()
         """Before the opening payload is sent: the supervisor's lifetime counts from a moment after this."""
+        self._egress_lock = threading.Lock()
+        self._egress_left: EgressReport | None = None
+        """What closing the proxy left to take (the connections the kernel's end cut), until it is taken."""
 
     @property
     def sandbox(self) -> DockerSandbox:
@@ -117,6 +127,26 @@ class DockerKernel(HostKernel["DockerSandbox"]):
                 time.sleep(0.05)
         return False
 
+    @property
+    def _egress(self) -> bool:
+        return self._sandbox.egress is not None
+
+    def _egress_take(self) -> EgressReport | None:
+        egress = self._sandbox.egress
+        if egress is None:
+            return None
+        with self._egress_lock:
+            left, self._egress_left = self._egress_left, None
+            return left if left is not None else egress.take()
+
+    def _close_egress(self) -> None:
+        """End the proxy (its connections record ``run-ended``) and keep what it left for the next take."""
+        egress = self._sandbox.egress
+        if egress is None:
+            return
+        with self._egress_lock, contextlib.suppress(Exception):  # best effort: the container is gone already
+            self._egress_left = egress.close()
+
     def _sandbox_facts(self) -> Mapping[str, Any]:
         sb = self._sandbox
         return {"container_id": sb.container_id, "image_id": sb.image_id, "pulled": sb.pulled}
@@ -125,7 +155,10 @@ class DockerKernel(HostKernel["DockerSandbox"]):
         """Kill and remove the container; why it could not be removed, if so."""
         # Closing stdin ends the supervisor (it kills every process and exits); the forced remove makes sure.
         self._sandbox.close()
-        with contextlib.suppress(GatewayError):
-            if self._sandbox.container_id is not None:
-                self._runner._kill(self._sandbox.container_id)
+        try:
+            with contextlib.suppress(GatewayError):
+                if self._sandbox.container_id is not None:
+                    self._runner._kill(self._sandbox.container_id)
+        finally:
+            self._close_egress()  # the kernel has ended: so do its connections
         return self._runner._destroy(self._sandbox)

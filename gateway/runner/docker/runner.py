@@ -55,7 +55,6 @@ from gateway.decision.settings import BackendLimits, SandboxProfile
 from gateway.errors import (
     CancelledRunError,
     ContainerLeftError,
-    EgressUnavailableError,
     EngineUnavailableError,
     GatewayError,
     ImageMissingError,
@@ -529,8 +528,9 @@ class DockerRunner:
         self, spec: RunSpec, *, files: Mapping[str, bytes] | None = None, slot: Slot | None = None,
         grace_s: float = KERNEL_GRACE_S,
     ) -> DockerKernel:  # fmt: skip
-        """A kernel in a container made exactly as a run's (see ``gateway.runner.interface.KernelRunner``)."""
-        _refuse_kernel_egress(spec, slot)
+        """A kernel in a container made exactly as a run's (see ``gateway.runner.interface.KernelRunner``); with
+        egress, its proxy is opened and bound with the container, for the kernel's whole life
+        (``gateway.runner.docker.kernel``)."""
         kwargs = self._create_kwargs(spec.options, expires_s=spec.timeout_s)
         return self._open_kernel(spec, kwargs, files, slot, grace_s)
 
@@ -559,8 +559,9 @@ class DockerRunner:
     def kernel_key(self, spec: RunSpec, workspace: WorkspaceShape | None) -> str | None:
         """The sha256 of everything a kernel is opened with before a session claims it: the profile part of
         ``spec``'s options, its environment (the opening payload's), its deadline and output caps, and the
-        workspace's size, uid and gid; None for a spec no ready kernel can serve (mounts are bound at create)."""
-        if spec.mounts or spec.workspace is not None or "mounts" in spec.options:
+        workspace's size, uid and gid; None for a spec no ready kernel can serve (mounts are bound at create, and so
+        is an egress proxy: a kernel with egress is always opened on request)."""
+        if spec.mounts or spec.workspace is not None or "mounts" in spec.options or wants_egress(spec):
             return None
         opened = {
             "options": profile_part(spec.options), "environment": dict(spec.options.get("environment") or {}),
@@ -578,11 +579,13 @@ class DockerRunner:
         (size, uid, gid), its interpreter up with ``spec``'s environment, holding ``slot``. Its deadline (the
         label, the supervisor's) is ``spec``'s plus ``wait_s``, the longest it may wait to be claimed, so that it
         still has ``spec``'s whole deadline when a session claims it (:meth:`claim_kernel`)."""
-        _refuse_kernel_egress(spec, slot)
         key = self.kernel_key(spec, workspace)
         if key is None:
             slot.release()
-            raise UnsafeOptionsError("a ready kernel is made before any request; its spec cannot hold mounts")
+            raise UnsafeOptionsError(
+                "a ready kernel is made before any request; its spec cannot hold mounts or egress (both are bound "
+                "when its container is made for the session)"
+            )
         options = profile_part(spec.options)
         options["labels"] = {**options["labels"], POOL_LABEL: key}
         options["environment"] = dict(spec.options.get("environment") or {})
@@ -627,6 +630,8 @@ class DockerRunner:
             differ.append("output caps")
         if spec.mounts or spec.workspace is not None or "mounts" in spec.options:
             differ.append("mounts")
+        if wants_egress(spec):
+            differ.append("egress")
         if differ:
             raise UnsafeOptionsError(
                 "the ready kernel was opened with options other than the profile part of the decision's "
@@ -997,18 +1002,6 @@ def _end_egress(sandbox: DockerSandbox) -> EgressReport | None:
         return sandbox.egress.close()
     except Exception as exc:
         raise SandboxError(f"closing the run's egress proxy failed: {exc}") from exc
-
-
-def _refuse_kernel_egress(spec: RunSpec, slot: Slot | None) -> None:
-    """A kernel (a session's persistent interpreter) with egress is not in this version: refused, nothing made."""
-    if wants_egress(spec):
-        if slot is not None:
-            slot.release()
-        raise EgressUnavailableError(
-            "the decision allows network egress, but a kernel session cannot have it in this version (each "
-            "execution of a workspace session, or a run, can); nothing ran",
-            hint="ask for network none in kernel mode, or use a workspace session or a run for egress",
-        )
 
 
 def _left(container_id: str, outcome: Outcome, cause: GatewayError) -> GatewayError:

@@ -1,8 +1,8 @@
 """Egress where the sandbox can give it, fail closed where it cannot.
 
-The Docker runner gives a run with network egress its own proxy (the run-time guard passes its options); a kernel
-session with egress, the Kubernetes backend, and any run whose options and egress plan disagree are refused before
-any sandbox is made.
+The Docker runner gives a run (and a kernel) with network egress its own proxy (the run-time guard passes its
+options); a ready kernel with egress, the Kubernetes backend, and any run whose options and egress plan disagree are
+refused before any sandbox is made.
 """
 
 from __future__ import annotations
@@ -14,14 +14,7 @@ import pytest
 
 from gateway.decision import evaluate
 from gateway.egress import EgressPlan
-from gateway.errors import (
-    EXIT_GATEWAY_FAILURE,
-    EgressUnavailableError,
-    RunnerError,
-    UnsafeOptionsError,
-    exit_code_for,
-    http_status_for,
-)
+from gateway.errors import UnsafeOptionsError
 from gateway.policy import Policy, load_policy
 from gateway.request import parse_request
 from gateway.resources import policies_dir
@@ -121,21 +114,15 @@ def test_options_and_plan_that_disagree_are_refused_before_the_engine(egress_run
         runner.prepare_pooled(profile_part(egress_run.options), ttl_s=5)
 
 
-def test_a_kernel_with_egress_is_refused_before_the_engine(egress_run: RunSpec) -> None:
+def test_a_kernel_with_egress_is_never_made_ready_ahead(egress_run: RunSpec) -> None:
+    """Its proxy is bound when its container is made for the session: the warm pool has no key for it, and a
+    ready kernel is never made for it."""
     runner = DockerRunner(NoEngine())
+    assert runner.kernel_key(egress_run, None) is None
     slot = Released()
-    for opening in (
-        lambda: runner.open_kernel(egress_run, slot=slot),
-        lambda: runner.prepare_kernel(egress_run, workspace=None, slot=slot, wait_s=1),
-    ):
-        with pytest.raises(EgressUnavailableError) as info:
-            opening()
-        assert isinstance(info.value, RunnerError)
-        assert "kernel session" in info.value.message
-        assert "nothing ran" in info.value.message
-        # Not available on this path (like a backend without sessions), not a failing sandbox (502).
-        assert (http_status_for(info.value), exit_code_for(info.value)) == (501, EXIT_GATEWAY_FAILURE)
-    assert slot.released == 2  # the host slot a kernel would have held is given back each time
+    with pytest.raises(UnsafeOptionsError, match="cannot hold mounts or egress"):
+        runner.prepare_kernel(egress_run, workspace=None, slot=slot, wait_s=1)
+    assert slot.released == 1  # the host slot a ready kernel would have held is given back
 
 
 class Released:

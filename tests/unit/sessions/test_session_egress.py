@@ -1,6 +1,6 @@
 """A session execution's egress in the audit trail, as a run's: one ``network.connection`` record per connection its
 outcome reports, with the execution's request id, right before its ``execution.outcome`` (workspace and kernel
-sessions alike)."""
+sessions alike); the connections a kernel's end cut, right before the session's end."""
 
 from __future__ import annotations
 
@@ -45,12 +45,27 @@ REFUSED = ConnectionRecord(
 REPORT = EgressReport(records=(FETCHED, REFUSED), connections=2, denied=1, bytes_out=517, bytes_in=4096)
 
 
+CUT = ConnectionRecord(
+    method="CONNECT", host="mirror.internal", port=18443, address="127.0.0.1", allowed=True,
+    rule="network.egress.allowed", message="", bytes_out=10, bytes_in=20, duration=1.0, ended="run-ended",
+)  # fmt: skip
+
+
 class EgressKernel(FakeKernel):
-    """A kernel whose every cell reports the connections of ``REPORT``."""
+    """A kernel whose every cell reports the connections of ``REPORT``, and whose end cuts one (``CUT``), as a
+    Docker kernel's proxy does."""
 
     def execute(self, code: str, **kw: Any) -> CellResult:
         cell = super().execute(code, **kw)
         return CellResult(make_outcome(egress=REPORT), cell.value, False, False, None)
+
+    cut: tuple[ConnectionRecord, ...] = (CUT,)
+
+    def take_egress(self) -> EgressReport | None:
+        if self.killed is None:
+            return EgressReport((), 0, 0, 0, 0)
+        cut, self.cut = self.cut, ()
+        return EgressReport(cut, 0, 0, 0, 0)
 
 
 class EgressKernelRunner(KernelFakeRunner):
@@ -89,6 +104,13 @@ def test_each_executions_connections_are_recorded_before_its_outcome(tmp_path: P
         assert all(r["principal"] == "alice" and r["policy"] == own[1]["policy"] for r in own[2:4])
         assert own[-1]["data"]["session_id"] == sid
         assert own[-1]["data"]["egress"]["connections"] == 2
+    if mode == "kernel":  # the connection the kernel's end cut: no execution's, recorded before the session's end
+        cut, end = sink.records[-2:]
+        assert (cut["event_type"], cut["request_id"], cut["principal"]) == ("network.connection", None, "alice")
+        assert (cut["data"]["ended"], end["event_type"]) == ("run-ended", "session.closed")
+    else:
+        assert sink.records[-1]["event_type"] == "session.closed"
+    assert [r["event_type"] for r in sink.records].count("network.connection") == (5 if mode == "kernel" else 4)
     validator = jsonschema.Draft202012Validator(load_schema("audit-record"))
     for record in sink.records:
         assert not list(validator.iter_errors(record)), record["event_type"]
