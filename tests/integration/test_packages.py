@@ -230,3 +230,19 @@ def test_an_unreachable_index_fails_the_install_and_nothing_runs(
     assert result.outcome is None
     assert outcome_record(packages, result)["error"]["code"] == "packages.install_failed"
     assert gateway_containers(engine) == []
+
+
+def test_a_run_that_asks_for_egress_gets_it_with_its_packages(
+    make_packages: Callable[..., Packages], index: PackageIndex
+) -> None:
+    packages = make_packages()
+    code = f"""
+        import urllib.request
+        import gw_hello
+        print(gw_hello.GREETING)
+        print(urllib.request.urlopen("http://{HOST}:{index.port}/simple/", timeout=20).status)
+    """
+    result = packages.run(code, packages=["gw-hello"], network="egress")
+    assert result.error is None, result.to_dict()
+    assert result.outcome is not None
+    assert result.outcome.stdout == b"hello world\n200\n"
