@@ -642,6 +642,38 @@ def test_a_kernel_session_has_one_proxy_for_its_life_and_each_cell_its_connectio
     assert_ended_cleanly(egress, engine)
 
 
+def test_a_cell_that_gets_its_kernel_killed_has_the_connections_the_end_cut(
+    make_egress: Callable[..., Egress], upstreams: Upstreams, engine: Any, workspace_root: str
+) -> None:
+    egress = make_egress(workspace_root=workspace_root)
+    holder = upstreams.holder
+    holder.accepted.clear()
+    holder.ended.clear()
+    sessions = egress.gateway.sessions
+    created = sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
+    assert created.session is not None, created.to_dict()
+    sid = created.session.session_id
+    code = f"""
+        import signal, socket, time
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # past its deadline and the grace: the kernel is killed
+        held = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+        target = "mirror.test:{holder.port}"
+        held.sendall(("GET http://%s/hold HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % (target, target)).encode())
+        while True:
+            time.sleep(1)
+        """
+    result = sessions.execute(
+        sid, {"code": textwrap.dedent(code), "principal": "alice", "limits": {"timeout_s": 3}}
+    )  # fmt: skip
+    assert result.session_ended is not None, result.to_dict()
+    assert holder.accepted.is_set()
+    assert holder.ended.wait(10)
+    (record,) = report_of(result).records
+    assert (record.port, record.allowed, record.ended) == (holder.port, True, "run-ended")
+    assert connections_in_trail(egress) == [(result.request_id, "mirror.test", "allowed")]
+    assert_ended_cleanly(egress, engine)
+
+
 MIRROR_PORT = 18089
 
 
