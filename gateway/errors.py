@@ -443,11 +443,11 @@ class ImageMissingError(RunnerError):
 
 
 class EgressUnavailableError(RunnerError):
-    """A run the decision allowed network ``egress`` that this sandbox cannot give it (the Kubernetes backend, a
-    kernel session): refused before any container is made (fail closed), never run without the proxy."""
+    """A run the decision allowed network ``egress`` that this backend cannot give it (Kubernetes): refused before
+    any Pod is made (fail closed), never run without the proxy."""
 
     code = "runner.egress_unavailable"
-    hint = "ask for network none, or run it on the Docker backend (runs and workspace sessions have egress)"
+    hint = "ask for network none, or run it on the Docker backend (runs and sessions there have egress)"
 
 
 class SandboxError(RunnerError):
