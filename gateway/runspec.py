@@ -109,6 +109,9 @@ class RunSpec:
     tmpfs. Set by the session manager on the decision's spec; never from a request."""
     egress: EgressPlan | None = None
     """With network ``egress``: the destinations and limits of the run's own proxy (issue 31); None otherwise."""
+    packages: bool = False
+    """The run's installed packages are among ``mounts`` (read-only at ``/opt/gateway-packages``): the sandbox puts
+    them on the program's path. Set by the packages installer (``gateway.packages``) only, never from a request."""
 
     def __post_init__(self) -> None:
         # A private deep copy: nothing the caller keeps can change what was guarded.

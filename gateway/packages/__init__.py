@@ -30,7 +30,8 @@ class Installer(Protocol):
         ...
 
     def apply(self, spec: RunSpec, installed: Installed) -> RunSpec:
-        """``spec`` with ``installed`` bound read-only and on the run's ``PYTHONPATH``."""
+        """``spec`` with ``installed`` bound read-only and ``packages`` set (the sandbox puts it on the program's
+        path)."""
         ...
 
 

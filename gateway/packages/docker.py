@@ -15,7 +15,9 @@ For an allowed request with packages whose resolution is not cached (:class:`~ga
 
 The run phase then gets the tree bound read-only at :data:`PACKAGES_TARGET` (a judged mount: staged, non-recursive,
 checked after start; ``nosuid,nodev,noexec``, so a wheel's compiled extension cannot be loaded in this version)
-with ``PYTHONPATH`` naming it; its network is the decision's own.
+and ``RunSpec.packages`` set: its supervisor puts the tree on the program's path where ``PYTHONPATH`` would (no
+``PYTHON*`` variable in the request's environment, so the interpreter the sandbox started ahead runs the
+program); its network is the decision's own.
 """
 
 from __future__ import annotations
@@ -43,13 +45,12 @@ from gateway.runner.docker.mounts import engine_mounts
 from gateway.runner.docker.options import DECISION_LABEL
 from gateway.runner.docker.runner import DockerRunner
 from gateway.runner.interface import Payload
+from gateway.runner.supervisor import EGRESS_PROXY_URL, PACKAGES_TARGET
 from gateway.runspec import HostMount, RunSpec
 from gateway.slots import HostSlots
 
 __all__ = ["INSTALL_TIMEOUT_S", "PACKAGES_TARGET", "DockerInstaller", "pip_zipapp"]
 
-PACKAGES_TARGET = "/opt/gateway-packages"
-"""Where a run sees its installed packages (read-only, first on its ``PYTHONPATH``)."""
 INSTALL_TIMEOUT_S = 300.0
 """The install run's deadline."""
 _OUTPUT_BYTES = 64 * 1024
@@ -193,8 +194,6 @@ class DockerInstaller:
         workspaces = self.runner.workspaces
         workspace = workspaces.create(rule.size, settings.profile.uid, settings.profile.gid)
         try:
-            from gateway.runner.supervisor import EGRESS_PROXY_URL  # noqa: PLC0415
-
             workspaces.put(workspace, "pip.pyz", self._pip)
             arguments = _pip_arguments(settings, EGRESS_PROXY_URL)
             workspaces.put(workspace, "install.json", json.dumps(arguments).encode())
@@ -216,16 +215,13 @@ class DockerInstaller:
 
     def apply(self, spec: RunSpec, installed: Installed) -> RunSpec:
         """``spec`` with the installed tree bound read-only at :data:`PACKAGES_TARGET` (a judged mount after the
-        request's own) and first on ``PYTHONPATH``; its options guarded again by the runner's assembler."""
+        request's own) and ``packages`` set (the supervisor puts the tree on the program's path); its options
+        guarded again by the runner's assembler."""
         options: dict[str, Any] = dict(spec.options)
         labels: Mapping[str, str] = options.get("labels") or {}
-        environment = dict(options.get("environment") or {})
-        earlier = environment.get("PYTHONPATH")
-        environment["PYTHONPATH"] = PACKAGES_TARGET + (f":{earlier}" if earlier else "")
-        options["environment"] = environment
         st = os.stat(installed.path)
         tree = HostMount(installed.root, installed.path, st.st_dev, st.st_ino, PACKAGES_TARGET, read_only=True)
         mounts = (*spec.mounts, tree)
         options["mounts"] = engine_mounts([(m.target, m.read_only) for m in mounts], str(labels[DECISION_LABEL]))
         self.runner.assembler.guard(options)
-        return dataclasses.replace(spec, options=options, mounts=mounts)
+        return dataclasses.replace(spec, options=options, mounts=mounts, packages=True)

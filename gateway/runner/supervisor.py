@@ -54,7 +54,10 @@ content on the command line) that:
    container ends, and the engine removes it (``AutoRemove``), with no client and no reaper. A run with egress
    (payload ``egress_socket``): before the program starts, it listens on ``127.0.0.1:EGRESS_PORT``, and a
    thread of its own relays each connection there to the gateway's proxy on the unix socket the runner bound
-   at ``EGRESS_TARGET`` (``bridge``), until the run ends with it;
+   at ``EGRESS_TARGET`` (``bridge``), until the run ends with it. A run with packages (payload ``packages``):
+   the program has ``PACKAGES_TARGET`` on ``sys.path`` right after its own directory and first on its
+   ``PYTHONPATH``, as ``PYTHONPATH`` would give it, set by the supervisor (so the interpreter started ahead
+   serves it: a ``PYTHONPATH`` in the request would cost a fresh interpreter, 150-200 ms under runsc);
 6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
    struck (``FRAME_META``), sends the files under ``out/`` (at most ``files_max`` of them, and ``files_cap``
    bytes counting contents and the names of every entry walked) and a final frame with the exit status (a
@@ -90,6 +93,7 @@ __all__ = [
     "EGRESS_TARGET",
     "INTERPRETERS",
     "MAGIC",
+    "PACKAGES_TARGET",
     "STARTUP_ENV",
     "STARTUP_ENV_PREFIXES",
     "SUPERVISOR",
@@ -107,6 +111,9 @@ MAGIC = b"GWP1"
 CELL_MAGIC = b"GWC1"
 """Opens each cell the host sends a kernel-mode supervisor after its payload."""
 STARTUP_ENV = ("LANG", "LANGUAGE", "HOME", "TZ")
+PACKAGES_TARGET = "/opt/gateway-packages"
+"""Where a run with packages has its installed tree (bound read-only by ``gateway.packages``): the supervisor puts
+it on the program's ``sys.path`` (``encode_payload(packages=True)``; the supervisor's ``PKG``)."""
 STARTUP_ENV_PREFIXES = ("PYTHON", "LC_")
 """The variables the interpreter reads only while it starts (the supervisor's ``STARTUP`` and its prefixes): a
 run setting one gets an interpreter of its own, a kernel cannot be given one after its interpreter started."""
@@ -131,6 +138,9 @@ W = sys.argv[1]
 AHEAD = sys.argv[2] if len(sys.argv) > 2 else "python"
 PY = "/usr/bin/python3"
 STARTUP = ("LANG", "LANGUAGE", "HOME", "TZ")
+# A run with packages (payload "packages", set by the runner: never guessed from a path) has the gateway's sealed
+# tree bound here (``PACKAGES_TARGET``).
+PKG = "/opt/gateway-packages"
 # Each language: the workspace file its code is written to, and the interpreter that runs that file fresh (never
 # the code itself on a command line).
 PROGRAMS = {
@@ -214,6 +224,8 @@ def program():
     sys.argv[:] = [path]
     if hasattr(sys, "orig_argv"):  # Python 3.10 and later
         sys.orig_argv[:] = [PY, path]
+    if mode == b"p":  # the packages tree where PYTHONPATH puts it: after the script's directory, before site-packages
+        sys.path.insert(0, PKG)
     sys.path.insert(0, W)
     if mode == b"k":
         kernel()
@@ -629,6 +641,15 @@ try:
     cap = int(req["files_cap"])
     env = dict(os.environ)
     env.update(req["env"])
+    given = dict(req["env"])
+    PACKAGES = bool(req.get("packages"))
+    if PACKAGES:
+        if KERNEL:
+            fail("a kernel cannot have packages: they are installed before a run's sandbox is made")
+        # The program's PYTHONPATH names the tree first (a fresh interpreter reads it; the forked one was told by
+        # its mode "p" and keeps it for the processes it starts), yet the request set no PYTHON* variable, so the
+        # interpreter started ahead still serves it.
+        env["PYTHONPATH"] = given["PYTHONPATH"] = PKG + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     most = int(req["files_max"])
     # The interpreter started ahead runs the program when it is the request's language and the request sets
     # nothing that interpreter reads only while it starts (``FRESH``); otherwise a fresh one, started with the
@@ -639,11 +660,11 @@ try:
              "the request's environment and no PYTHON* in the image's")
     GRACE = float(req.get("grace_s", 0))
     VCAP = int(req.get("value_cap", 0))
-    extra = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in sorted(req["env"].items()))
+    extra = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in sorted(given.items()))
     if AHEAD == "shell":  # bash reads NUL-terminated entries up to EOF, no length
-        extra = b"r" + b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in sorted(req["env"].items()))
+        extra = b"r" + b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in sorted(given.items()))
     else:
-        extra = (b"k" if KERNEL else b"r") + extra
+        extra = (b"k" if KERNEL else b"p" if PACKAGES else b"r") + extra
     BRIDGE = None
     if req.get("egress_socket"):
         try:
@@ -678,7 +699,7 @@ try:
         pid, out_r, err_r = spawn(INTERPRETER + [W + "/" + MAIN], env)
 except OSError as exc:
     fail("cannot start the program: %s" % (exc,))
-del env, extra
+del env, extra, given
 if BRIDGE is not None:
     import _thread
     _thread.start_new_thread(bridge, BRIDGE)
@@ -1079,6 +1100,7 @@ def encode_payload(
     grace_s: float = 0.0,
     language: str = "python",
     egress: bool = False,
+    packages: bool = False,
 ) -> bytes:
     """The bytes the host writes to the supervisor's stdin (``files_cap``: bytes of returned files, names
     included; ``files_max``: how many files at most; ``timeout_s``: the supervisor's own deadline).
@@ -1089,7 +1111,10 @@ def encode_payload(
     kernel's lifetime, cells follow (:func:`encode_cell`), a cell's value is kept to ``value_cap`` bytes, and a
     cell still running ``grace_s`` after the SIGINT at its deadline gets the kernel killed.
     ``egress``: the supervisor bridges ``127.0.0.1:EGRESS_PORT`` to ``EGRESS_SOCKET`` (bound there by the runner)
-    for the whole run; the caller puts ``EGRESS_ENVIRONMENT`` in ``env``."""
+    for the whole run; the caller puts ``EGRESS_ENVIRONMENT`` in ``env``.
+    ``packages``: the run's installed packages are bound at ``PACKAGES_TARGET``: the program gets that directory
+    on ``sys.path`` right after its own (where ``PYTHONPATH`` would put it, before the image's site-packages) and
+    first on its ``PYTHONPATH`` (for the processes it starts), and the interpreter started ahead still runs it."""
     if not 0 < len(key) <= 64:  # the supervisor's HMAC takes a key of at most one SHA-256 block as it is
         raise ValueError(f"a frame key is 1 to 64 bytes, got {len(key)}")
     body = marshal.dumps(
@@ -1107,6 +1132,7 @@ def encode_payload(
             "language": str(language),
             "egress_socket": EGRESS_SOCKET if egress else "",
             "egress_port": EGRESS_PORT,
+            "packages": int(packages),
         },
         PAYLOAD_MARSHAL_VERSION,
     )

@@ -171,10 +171,13 @@ def test_a_package_installs_imports_read_only_and_the_second_request_hits_the_ca
     assert record["files_total"] == len(record["files"])
     asked = len(index.requests)
 
-    second = packages.run("import gw_hello; print(gw_hello.GREETING)", packages=["gw-hello"])
+    code = "import sys, gw_hello\nprint(gw_hello.GREETING, sys.path[:2], sys.flags.isolated)"
+    second = packages.run(code, packages=["gw-hello"])
     assert second.error is None, second.to_dict()
     assert second.outcome is not None
-    assert second.outcome.stdout == b"hello world\n"
+    # where PYTHONPATH would put the tree, and the run went to the interpreter the sandbox started ahead (a fork
+    # of the supervisor's `python3 -I`), not a fresh one
+    assert second.outcome.stdout == b"hello world ['/workspace', '/opt/gateway-packages'] 1\n"
     assert packages.installer.install_count == 1  # no install sandbox ran
     assert len(index.requests) == asked  # nothing was asked of the index
     again = outcome_record(packages, second)["packages"]

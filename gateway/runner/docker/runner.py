@@ -757,6 +757,7 @@ class DockerRunner:
             timeout_s=spec.timeout_s,
             language=payload.language,
             egress=sb.egress is not None,
+            packages=spec.packages,
         )
         deadline = start + spec.timeout_s
         kill = False

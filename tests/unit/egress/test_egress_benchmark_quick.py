@@ -57,11 +57,14 @@ def test_a_tiny_run_reports_every_step_throughput_and_target() -> None:
     assert report["info"]["python"]
 
 
-def test_asking_for_the_packages_figure_says_it_is_not_available_yet(
-    egress: ModuleType, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert egress.main(["--packages"]) == 2
-    assert "the packages install phase is not built yet" in capsys.readouterr().err
+def test_the_packages_policy_allows_the_index_and_the_bench_wheel_only(egress: ModuleType) -> None:
+    from gateway.policy.loader import load_policy_text
+
+    policy = load_policy_text(egress.packages_policy("runsc", 18089), source="bench.yaml")
+    assert policy.packages is not None
+    assert policy.packages.index == f"http://{egress.HOST}:18089/simple/"
+    assert list(policy.packages.allow) == ["gw-bench"]
+    assert policy.runtime.default == "runsc"
 
 
 def test_targets_take_the_proxy_against_direct_of_the_same_run(egress: ModuleType) -> None:
@@ -75,7 +78,10 @@ def test_targets_take_the_proxy_against_direct_of_the_same_run(egress: ModuleTyp
         "https_proxy": {"rounds_mb_s": [300.0]},
         "https_direct": {"rounds_mb_s": [600.0]},
     }
-    ratios, found = egress.targets(steps, throughput, egress.packages_install())
+    ratios, found = egress.targets(steps, throughput, {"measured": False, "why": egress.PACKAGES_NOT_ASKED})
     met = [(t["value"], t["met"]) for t in found]
     assert met == [(2.25, False), (0.5, True), (0.7, True), (0.5, False), (None, None)]  # 0.7 is the bound: met
     assert ratios["https added ms at p50"] == 2.25
+    for added, ok in ((50.0, True), (50.1, False)):  # the bound is met at 50 ms
+        _, found = egress.targets(steps, throughput, {"measured": True, "added_ms": added})
+        assert (found[-1]["value"], found[-1]["met"]) == (added, ok)

@@ -146,7 +146,7 @@ def test_pips_report_gives_name_version_archive_and_sha256() -> None:
         _distributions(json.dumps(report).encode())
 
 
-def test_apply_binds_the_tree_read_only_after_the_requests_mounts_and_puts_it_on_pythonpath(tmp_path: Path) -> None:
+def test_apply_binds_the_tree_read_only_after_the_requests_mounts_and_tells_the_sandbox(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from gateway.packages.docker import PACKAGES_TARGET, DockerInstaller
@@ -167,5 +167,6 @@ def test_apply_binds_the_tree_read_only_after_the_requests_mounts_and_puts_it_on
     [mount] = spec.options["mounts"]
     assert mount["Source"] == f"{STAGING_ROOT}/{decision.decision_id}/0"
     assert (mount["Target"], mount["ReadOnly"]) == (PACKAGES_TARGET, True)
-    assert spec.options["environment"]["PYTHONPATH"] == PACKAGES_TARGET
+    assert spec.packages  # the supervisor puts the tree on the program's path: no PYTHON* variable is set
+    assert not any(name.startswith("PYTHON") for name in spec.options.get("environment") or {})
     assert "mounts" not in decision.run.options

@@ -40,8 +40,7 @@ class FakeInstaller:
         return TREE
 
     def apply(self, spec: RunSpec, installed: Installed) -> RunSpec:
-        environment = {**spec.options["environment"], "PYTHONPATH": "/opt/gateway-packages"}
-        return dataclasses.replace(spec, options={**spec.options, "environment": environment})
+        return dataclasses.replace(spec, packages=True)
 
 
 def test_the_run_gets_the_installers_spec_and_the_record_lists_the_tree() -> None:
@@ -54,8 +53,8 @@ def test_the_run_gets_the_installers_spec_and_the_record_lists_the_tree() -> Non
     assert plain.error is None
     assert installer.installed == [("idna",)]
     [(spec, _), (other, _)] = runner.calls
-    assert spec.options["environment"]["PYTHONPATH"] == "/opt/gateway-packages"
-    assert "PYTHONPATH" not in other.options["environment"]
+    assert spec.packages
+    assert not other.packages
     records = [r for r in sink.records if r["event_type"] == "execution.outcome"]
     assert records[0]["data"]["packages"] == TREE.to_record()
     assert records[0]["data"]["packages"]["cached"] is True

@@ -38,6 +38,7 @@ def supervise(
     language: str = "python",
     kernel: bool = False,
     ahead: str = "python",
+    packages: bool = False,
 ) -> tuple[int, list[Frame]]:
     """Run the supervisor as the runner does: stdin stays open until the final frame, then it is closed.
 
@@ -58,7 +59,16 @@ def supervise(
         assert proc.stdin is not None
         assert proc.stdout is not None
         payload = encode_payload(
-            key, code, files, cap, most, timeout_s=timeout_s, env=env, language=language, kernel=kernel
+            key,
+            code,
+            files,
+            cap,
+            most,
+            timeout_s=timeout_s,
+            env=env,
+            language=language,
+            kernel=kernel,
+            packages=packages,
         )
         proc.stdin.write(payload)
         proc.stdin.flush()
