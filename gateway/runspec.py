@@ -38,6 +38,10 @@ class HostMount:
     target: str
     """Container path."""
     read_only: bool
+    exec: bool = False
+    """Staged without ``noexec``: only the packages installer's sealed, hash-checked, read-only tree at
+    ``/opt/gateway-packages`` (so a wheel's compiled extension loads); a request's mount never (the decision
+    builds those without it, and the runner refuses it anywhere else)."""
 
 
 @dataclass(frozen=True, slots=True)

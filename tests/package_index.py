@@ -1,9 +1,10 @@
 """A PEP 503 package index on loopback for tests: small wheels written by hand, an sdist, served by http.server.
 
 A wheel is a zip holding the package's files and ``<name>-<version>.dist-info/`` with METADATA, WHEEL and
-RECORD; :func:`build_wheel` writes exactly that (pure Python, ``py3-none-any``), :func:`build_sdist` a
-source-only ``.tar.gz``. :class:`PackageIndex` serves ``/simple/`` and ``/simple/<name>/`` (links with
-``#sha256=`` fragments) and the files, on ``127.0.0.1`` and a random port, counting the requests it answered.
+RECORD; :func:`build_wheel` writes exactly that (pure Python, ``py3-none-any``, or with a compiled extension that
+:func:`compile_extension` builds with the host's C compiler), :func:`build_sdist` a source-only ``.tar.gz``.
+:class:`PackageIndex` serves ``/simple/`` and ``/simple/<name>/`` (links with ``#sha256=`` fragments) and the
+files, on ``127.0.0.1`` and a random port, counting the requests it answered.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import hashlib
 import html
 import io
 import re
+import shutil
+import subprocess
+import sysconfig
 import tarfile
+import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-__all__ = ["Archive", "PackageIndex", "build_sdist", "build_wheel", "canonical"]
+__all__ = ["EXTENSION_TAG", "Archive", "PackageIndex", "build_sdist", "build_wheel", "canonical", "compile_extension"]
 
 
 def canonical(name: str) -> str:
@@ -47,22 +52,56 @@ def _record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
-def build_wheel(name: str, version: str, files: Mapping[str, str], *, requires: Sequence[str] = ()) -> Archive:
-    """A pure-Python wheel of ``name`` ``version`` holding ``files`` (path -> text) and depending on ``requires``."""
+def build_wheel(
+    name: str, version: str, files: Mapping[str, str], *, requires: Sequence[str] = (),
+    binaries: Mapping[str, bytes] | None = None, tag: str = "py3-none-any",
+) -> Archive:  # fmt: skip
+    """A wheel of ``name`` ``version`` holding ``files`` (path -> text) and ``binaries`` (path -> bytes: a compiled
+    extension, with a platform ``tag``), depending on ``requires``; pure Python, ``py3-none-any``, by default."""
     stem = re.sub(r"[-_.]+", "_", name)
     info = f"{stem}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    contents = {path: text.encode() for path, text in files.items()}
+    contents = {path: text.encode() for path, text in files.items()} | dict(binaries or {})
     contents[f"{info}/METADATA"] = metadata.encode()
-    contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    purelib = "true" if tag == "py3-none-any" else "false"
+    contents[f"{info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n".encode()
+    )
     record = [_record_line(path, data) for path, data in contents.items()] + [f"{info}/RECORD,,"]
     contents[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as wheel:
         for path, data in contents.items():
             wheel.writestr(zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0)), data)
-    return Archive(canonical(name), f"{stem}-{version}-py3-none-any.whl", buffer.getvalue())
+    return Archive(canonical(name), f"{stem}-{version}-{tag}.whl", buffer.getvalue())
+
+
+EXTENSION_TAG = f"cp311-abi3-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}"
+"""The tag of a wheel holding :func:`compile_extension`'s module: CPython's stable ABI from 3.11 on, this host's
+platform (the sandbox images' Python is 3.11 on the same machine)."""
+
+
+def compile_extension(module: str, answer: int) -> bytes | None:
+    """A CPython extension module (stable ABI, ``<last part of module>.abi3.so``) whose ``answer()`` returns
+    ``answer``, compiled with the host's ``cc`` against this interpreter's headers; None without a compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    leaf = module.rsplit(".", 1)[-1]
+    source = f"""
+#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *unused) {{ return PyLong_FromLong({answer}); }}
+static PyMethodDef methods[] = {{{{"answer", answer, METH_NOARGS, NULL}}, {{NULL, NULL, 0, NULL}}}};
+static struct PyModuleDef definition = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
+PyMODINIT_FUNC PyInit_{leaf}(void) {{ return PyModule_Create(&definition); }}
+"""
+    with tempfile.TemporaryDirectory(prefix="gw-ext-") as tmp:
+        (Path(tmp) / "ext.c").write_text(source)
+        argv = [compiler, "-shared", "-fPIC", "-O2", f"-I{sysconfig.get_paths()['include']}", "ext.c", "-o", "ext.so"]
+        subprocess.run(argv, cwd=tmp, check=True, capture_output=True)
+        return (Path(tmp) / "ext.so").read_bytes()
 
 
 def build_sdist(name: str, version: str) -> Archive:

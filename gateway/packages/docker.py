@@ -14,8 +14,9 @@ For an allowed request with packages whose resolution is not cached (:class:`~ga
    tree into the cache and removes the workspace.
 
 The run phase then gets the tree bound read-only at :data:`PACKAGES_TARGET` (a judged mount: staged, non-recursive,
-checked after start; ``nosuid,nodev,noexec``, so a wheel's compiled extension cannot be loaded in this version)
-and ``RunSpec.packages`` set: its supervisor puts the tree on the program's path where ``PYTHONPATH`` would (no
+checked after start; ``nosuid,nodev`` and, alone of all mounts, without ``noexec`` (``HostMount.exec``): the tree
+is the gateway's own copy, sealed and hash-checked, and a wheel's compiled extension must load from it) and
+``RunSpec.packages`` set: its supervisor puts the tree on the program's path where ``PYTHONPATH`` would (no
 ``PYTHON*`` variable in the request's environment, so the interpreter the sandbox started ahead runs the
 program); its network is the decision's own.
 """
@@ -220,7 +221,9 @@ class DockerInstaller:
         options: dict[str, Any] = dict(spec.options)
         labels: Mapping[str, str] = options.get("labels") or {}
         st = os.stat(installed.path)
-        tree = HostMount(installed.root, installed.path, st.st_dev, st.st_ino, PACKAGES_TARGET, read_only=True)
+        tree = HostMount(
+            installed.root, installed.path, st.st_dev, st.st_ino, PACKAGES_TARGET, read_only=True, exec=True
+        )
         mounts = (*spec.mounts, tree)
         options["mounts"] = engine_mounts([(m.target, m.read_only) for m in mounts], str(labels[DECISION_LABEL]))
         self.runner.assembler.guard(options)

@@ -33,11 +33,13 @@ from gateway.result import ExecutionResult
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
 from tests.integration.conftest import gateway_containers
-from tests.package_index import Archive, PackageIndex, build_sdist, build_wheel
+from tests.package_index import EXTENSION_TAG, Archive, PackageIndex, build_sdist, build_wheel, compile_extension
 
 pytestmark = pytest.mark.integration
 
 HOST = "index.test"
+NATIVE = compile_extension("gw_native._native", 42)
+"""A compiled extension module (the host's C compiler), as numpy's or pydantic-core's wheels hold; None without one."""
 
 
 class Resolver:
@@ -59,6 +61,13 @@ ARCHIVES: list[Archive] = [
     build_wheel("gw-greedy", "1.0", {"gw_greedy/__init__.py": "\n"}, requires=["gw-other"]),
     build_sdist("gw-source-only", "1.0"),
 ]  # fmt: skip
+if NATIVE is not None:
+    ARCHIVES.append(
+        build_wheel(
+            "gw-native", "1.0", {"gw_native/__init__.py": "from gw_native._native import answer\n"},
+            binaries={"gw_native/_native.abi3.so": NATIVE}, tag=EXTENSION_TAG,
+        )
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +77,7 @@ def index() -> Iterator[PackageIndex]:
 
 
 def policy_text(
-    runtime: str, port: int, *, allow: str = '["gw-hello", "gw-dep", "gw-greedy", "gw-source-only"]'
+    runtime: str, port: int, *, allow: str = '["gw-hello", "gw-dep", "gw-greedy", "gw-source-only", "gw-native"]'
 ) -> str:
     base = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
     return textwrap.dedent(f"""\
@@ -249,3 +258,23 @@ def test_a_run_that_asks_for_egress_gets_it_with_its_packages(
     assert result.error is None, result.to_dict()
     assert result.outcome is not None
     assert result.outcome.stdout == b"hello world\n200\n"
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler (cc or gcc) on this host to build the extension module")
+def test_a_wheels_compiled_extension_loads_from_the_read_only_tree(make_packages: Callable[..., Packages]) -> None:
+    packages = make_packages()
+    code = """
+        import gw_native
+        print(gw_native.answer(), gw_native._native.__file__)
+        try:
+            open("/opt/gateway-packages/gw_native/x.so", "wb")
+        except OSError:
+            print("read-only")
+    """
+    result = packages.run(code, packages=["gw-native"])
+    assert result.error is None, result.to_dict()
+    assert result.outcome is not None
+    assert result.outcome.stdout.decode().splitlines() == [
+        "42 /opt/gateway-packages/gw_native/_native.abi3.so",
+        "read-only",
+    ], (result.outcome.exit_code, result.outcome.stderr.decode())

@@ -9,7 +9,10 @@ So, for each judged mount (:class:`~gateway.runner.interface.HostMount`), the ru
 2. scans it again through that descriptor (no socket, device node, FIFO or mount point below it; bounded);
 3. binds *the descriptor* (``/proc/self/fd/N``, ``MS_BIND`` without ``MS_REC``: submounts never come along)
    at ``STAGING_ROOT/<decision id>/<index>`` (a private mount, mode 0700, owned by root), remounts it
-   ``nosuid,nodev,noexec`` and read-only for ``ro``, and checks the staged root's identity again;
+   ``nosuid,nodev,noexec`` and read-only for ``ro``, and checks the staged root's identity and flags again.
+   One mount alone may be staged without ``noexec`` (``HostMount.exec``): the packages tree, read-only at
+   ``PACKAGES_TARGET`` (sealed by the gateway and hash-checked, its wheels' compiled extensions must load);
+   exec on any other mount is refused;
 4. gives the engine the staging path as a ``bind`` mount with ``BindOptions.NonRecursive``;
 5. after start, before the payload is sent, checks the container really has the judged directory at each
    target, by device and inode, under runc and runsc alike (:meth:`Staging.verify`), and kills it otherwise;
@@ -38,6 +41,7 @@ from gateway.errors import SandboxError
 from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
 from gateway.policy.paths import denied_host_reason
 from gateway.runner.interface import HostMount
+from gateway.runner.supervisor import PACKAGES_TARGET
 
 __all__ = [
     "STAGING_ROOT",
@@ -60,6 +64,7 @@ _MS_BIND = 0x1000
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 0x2
 _ST_RDONLY = 0x1
+_ST_NOEXEC = 0x8
 _DECISION_ID = re.compile(r"[0-9a-zA-Z_-]{1,64}")
 
 
@@ -172,6 +177,13 @@ class Staging:
     @classmethod
     def stage(cls, mounts: Sequence[HostMount], decision_id: str, *, root: str = STAGING_ROOT) -> Staging:
         """Bind every judged directory below ``root``; on any failure nothing stays bound."""
+        for mount in mounts:
+            if mount.exec and (mount.target != PACKAGES_TARGET or not mount.read_only):
+                raise MountStagingError(
+                    f"refusing to stage {mount.path} at {mount.target} without noexec: only the packages tree, "
+                    f"read-only at {PACKAGES_TARGET}, may be; nothing was bound",
+                    hint="this is a gateway bug: a mount other than the installer's asked for exec",
+                )
         _ensure_root(root)
         staging_path(decision_id, 0, root=root)  # refuses a decision id that is not a plain name
         staging = cls(root, decision_id, tuple(mounts))
@@ -218,15 +230,14 @@ class Staging:
             self.staged.append(dst)
             # Out of the source's peer group: nothing mounted on the host later propagates into the staged bind.
             _mount(None, dst, _MS_PRIVATE)
-            flags = _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (_MS_RDONLY if m.read_only else 0)
-            _mount(None, dst, flags)
+            flags = _MS_BIND | _MS_REMOUNT | _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if m.read_only else 0)
+            _mount(None, dst, flags | (0 if m.exec else _MS_NOEXEC))
         finally:
             os.close(fd)
         st = os.stat(dst)
         if Identity(st.st_dev, st.st_ino) != judged:
             raise MountStagingError(f"the staged bind of {m.path} at {dst} does not hold the judged directory")
-        if m.read_only and not os.statvfs(dst).f_flag & _ST_RDONLY:
-            raise MountStagingError(f"the staged bind of {m.path} at {dst} is not read-only")
+        _check_flags(m, dst, "the staged bind of")
 
     def check_options(self, mounts: object) -> None:
         """The assembled ``mounts`` are exactly the staged binds, with ``ReadOnly`` matching each judged mode."""
@@ -240,7 +251,8 @@ class Staging:
     def verify(self, inspect: Mapping[str, Any], runtime: str) -> None:
         """After start, before the payload: the engine bound exactly the staging paths, each still holds the
         judged directory, and each target in the container's file system (runc: its init's root; runsc: the
-        gofer's root, see :func:`_container_root`) is the judged directory, read-only when judged ``ro``.
+        gofer's root, see :func:`_container_root`) is the judged directory, read-only when judged ``ro``, and
+        ``noexec`` exactly when staged so (runsc; under runc the exec mount's lack of it only).
         Raises :class:`MountStagingError` otherwise (the runner then removes the container)."""
         got = sorted(
             (str(m.get("Source")), str(m.get("Destination")), bool(m.get("RW")), str(m.get("Type")))
@@ -253,13 +265,15 @@ class Staging:
             st = os.stat(f"{self.directory}/{i}")
             if (st.st_dev, st.st_ino) != (m.device, m.inode):
                 raise MountStagingError(f"staging {self.directory}/{i} no longer holds the judged {m.path}")
+            _check_flags(m, f"{self.directory}/{i}", "the staged bind of")
         pid = int((inspect.get("State") or {}).get("Pid") or 0)
         root = _container_root(pid, runtime, str(inspect.get("Id") or ""))
         for m in self.mounts:
             inside = f"{root}{m.target}"
             try:
                 st = os.stat(inside)
-                ro = bool(os.statvfs(inside).f_flag & _ST_RDONLY)
+                flags = os.statvfs(inside).f_flag
+                ro = bool(flags & _ST_RDONLY)
             except OSError as exc:
                 raise MountStagingError(f"cannot check {m.target} in the container: {exc.strerror}") from exc
             if (st.st_dev, st.st_ino) != (m.device, m.inode):
@@ -269,6 +283,12 @@ class Staging:
                 )
             if m.read_only and not ro:
                 raise MountStagingError(f"{m.target} in the container is writable but was judged ro")
+            # The gofer serves the program's files with its mount's flags: noexec exactly where staged. runc 1.1
+            # remounts a read-only bind without the staged nosuid,nodev,noexec (the engine cannot ask for them),
+            # so under runc only the exec mount is checked: it must not be noexec, or its extensions cannot load.
+            if (runtime == "runsc" or m.exec) and bool(flags & _ST_NOEXEC) == m.exec:
+                state = "noexec" if m.exec else "not noexec"
+                raise MountStagingError(f"{m.target} in the container is {state}, but was staged with exec={m.exec}")
 
     def remove(self) -> None:
         """Unmount every staged bind and remove the run's staging directory (idempotent). A directory that
@@ -276,6 +296,16 @@ class Staging:
         with contextlib.suppress(OSError):
             _remove_tree(self.directory)
         self.staged.clear()
+
+
+def _check_flags(m: HostMount, path: str, what: str) -> None:
+    """``path`` is read-only when ``m`` was judged ``ro``, and ``noexec`` unless ``m`` is the one mount allowed exec."""
+    flags = os.statvfs(path).f_flag
+    if m.read_only and not flags & _ST_RDONLY:
+        raise MountStagingError(f"{what} {m.path} at {path} is not read-only")
+    if bool(flags & _ST_NOEXEC) == m.exec:
+        state = "noexec" if m.exec else "not noexec"
+        raise MountStagingError(f"{what} {m.path} at {path} is {state}, but was staged with exec={m.exec}")
 
 
 def _container_root(pid: int, runtime: str, container_id: str) -> str:

@@ -163,6 +163,7 @@ def test_apply_binds_the_tree_read_only_after_the_requests_mounts_and_tells_the_
     spec = installer.apply(decision.run, stored)
     [tree] = spec.mounts
     assert (tree.root, tree.path, tree.target, tree.read_only) == (stored.root, stored.path, PACKAGES_TARGET, True)
+    assert tree.exec  # sealed and hash-checked: its compiled extensions may load
     assert (tree.device, tree.inode) == (os.stat(stored.path).st_dev, os.stat(stored.path).st_ino)
     [mount] = spec.options["mounts"]
     assert mount["Source"] == f"{STAGING_ROOT}/{decision.decision_id}/0"

@@ -54,3 +54,13 @@ def test_an_allowed_request_with_packages_fails_closed_without_an_installer() ->
     assert runner.calls == []
     [outcome] = [r for r in sink.records if r["event_type"] == "execution.outcome"]
     assert outcome["data"]["error"]["code"] == "packages.install_failed"
+
+
+@pytest.mark.parametrize(
+    "mount",
+    [{"source": "/srv/data", "target": "/d", "mode": "exec"}, {"source": "/srv/data", "target": "/d", "exec": True}],
+)
+def test_a_request_cannot_ask_for_exec_on_its_mounts(mount: dict[str, object]) -> None:
+    # Exec is the packages tree's alone (HostMount.exec, set by the installer): a request's mount is noexec.
+    with pytest.raises(RequestError):
+        parse_request({"code": "x", "mounts": [mount]})

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.runner.docker.mounts import STAGING_ROOT, MountStagingError, Staging, engine_mounts, staging_path
 from gateway.runner.interface import HostMount
+from gateway.runner.supervisor import PACKAGES_TARGET
 
 JUDGED = (
     HostMount("/srv/data", "/srv/data/in", 1, 2, "/data", True),
@@ -65,3 +66,31 @@ def test_staging_refuses_a_source_that_is_not_the_judged_directory_before_bindin
         f"{source.stat().st_dev}/{source.stat().st_ino}, judged {st.st_dev}/{st.st_ino}); nothing was bound"
     )
     assert not Path(STAGING_ROOT, decision_id).exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "read_only"), [("/data", True), (PACKAGES_TARGET, False)], ids=["other-target", "writable"]
+)
+def test_exec_is_refused_on_any_mount_but_the_read_only_packages_tree(target: str, read_only: bool) -> None:
+    mount = HostMount("/srv/data", "/srv/data/in", 1, 2, target, read_only, exec=True)
+    with pytest.raises(MountStagingError, match="without noexec: only the packages tree"):
+        Staging.stage([mount], "unit-exec-" + secrets.token_hex(4))
+
+
+def test_only_the_packages_tree_is_staged_without_noexec(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("staging binds directories: it needs root")
+    tree, data = tmp_path / "tree", tmp_path / "data"
+    tree.mkdir()
+    data.mkdir()
+    mounts = [
+        HostMount(str(tmp_path), str(d), d.stat().st_dev, d.stat().st_ino, target, True, exec=exec_)
+        for d, target, exec_ in ((tree, PACKAGES_TARGET, True), (data, "/data", False))
+    ]
+    staging = Staging.stage(mounts, "unit-exec-" + secrets.token_hex(4))
+    try:
+        flags = [os.statvfs(f"{staging.directory}/{i}").f_flag for i in range(2)]
+    finally:
+        staging.remove()
+    noexec, rdonly = 0x8, 0x1
+    assert [(bool(f & noexec), bool(f & rdonly)) for f in flags] == [(False, True), (True, True)]
