@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.hostfs import HostPathError, Identity, identity_of, open_beneath, scan
-from gateway.policy.model import EGRESS, RUNSC_MIN_PIDS, EgressRule, Limit, PackagesRule, Policy
+from gateway.policy.model import EGRESS, RUNSC_MIN_PIDS, EgressRule, Limit, NpmRule, PackagesRule, Policy
+from gateway.policy.npm import NpmSpec, NpmSpecError, npm_name_allowed, parse_npm_spec
 from gateway.policy.packages import Requirement, RequirementError, name_allowed, parse_requirement
 from gateway.policy.paths import is_within
 from gateway.request import EgressAsk, ExecutionRequest
@@ -28,6 +29,7 @@ __all__ = [
     "BackendLimits",
     "ResolvedEgress",
     "ResolvedMount",
+    "ResolvedNpm",
     "ResolvedPackages",
     "SandboxProfile",
     "SandboxSettings",
@@ -236,6 +238,37 @@ def _resolve_packages(rule: PackagesRule, asked: tuple[str, ...]) -> ResolvedPac
 
 
 @dataclass(frozen=True, slots=True)
+class ResolvedNpm:
+    """The npm install phase of one JavaScript run: the request's specs, normalised, and the policy section
+    judging them. A spec that does not parse, or names a package outside ``allow``, is in ``refused``."""
+
+    rule: NpmRule
+    specs: tuple[NpmSpec, ...]
+    """Sorted by their text: the same set of specs is the same install, however it was written."""
+    refused: tuple[tuple[int, str], ...] = ()
+    """``(index in the request's packages, why)``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"registry": self.rule.registry, "specs": [str(s) for s in self.specs]}
+
+
+def _resolve_npm(rule: NpmRule, asked: tuple[str, ...]) -> ResolvedNpm:
+    accepted: dict[str, NpmSpec] = {}
+    refused: list[tuple[int, str]] = []
+    for index, text in enumerate(asked):
+        try:
+            spec = parse_npm_spec(text)
+        except NpmSpecError as exc:
+            refused.append((index, str(exc)))
+            continue
+        if not npm_name_allowed(spec.name, rule.allow):
+            refused.append((index, f"package {spec.name!r} is not allowed (allowed: {list(rule.allow)})"))
+            continue
+        accepted[str(spec)] = spec
+    return ResolvedNpm(rule, tuple(accepted[k] for k in sorted(accepted)), tuple(refused))
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxProfile:
     """What a sandbox is made of before any request arrives: the policy, the image, the runtime, the limits.
 
@@ -284,6 +317,8 @@ class SandboxSettings:
     """With network ``egress`` under a policy that lists destinations: what the run may reach; else None."""
     packages: ResolvedPackages | None = None
     """With a request's packages under a policy with ``spec.packages``: what its install phase installs."""
+    npm: ResolvedNpm | None = None
+    """With a JavaScript request's packages under a policy with ``spec.packages.npm``: what npm installs."""
 
     def plan(self) -> dict[str, Any]:
         """The ``plan`` object of the decision record (a contract: keys are added, never renamed)."""
@@ -306,6 +341,8 @@ class SandboxSettings:
             plan["egress"] = self.egress.to_dict()
         if self.packages is not None:
             plan["packages"] = self.packages.to_dict()
+        if self.npm is not None:
+            plan["npm"] = self.npm.to_dict()
         return plan
 
 
@@ -371,6 +408,9 @@ def resolve(policy: Policy, request: ExecutionRequest) -> SandboxSettings:
         if profile.network == EGRESS and policy.network.egress is not None
         else None,
         packages=_resolve_packages(policy.packages, request.packages)
-        if request.packages and policy.packages is not None
+        if request.packages and policy.packages is not None and language == "python"
+        else None,
+        npm=_resolve_npm(policy.npm, request.packages)
+        if request.packages and policy.npm is not None and language == "javascript"
         else None,
     )

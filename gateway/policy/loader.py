@@ -45,6 +45,7 @@ from gateway.policy.model import (
     MountRoot,
     MountsRule,
     NetworkRule,
+    NpmRule,
     PackagesRule,
     Policy,
     PolicyException,
@@ -348,12 +349,13 @@ def _egress(raw: dict[str, Any], sem: _Semantic) -> EgressRule:
 _PACKAGES = "$.spec.packages"
 
 
-def _index_egress(url: str, egress: EgressRule | None, sem: _Semantic) -> Destination | None:
+def _index_egress(
+    url: str, egress: EgressRule | None, sem: _Semantic, path: str = f"{_PACKAGES}.index", what: str = "index"
+) -> Destination | None:
     """The install phase's one destination: the index URL's host and port, with the CIDRs of the egress entry
     that covers them; None (and a problem) when the URL is not usable or no entry covers it."""
     from gateway.egress.addresses import Destination, HostError  # noqa: PLC0415 -- see _egress
 
-    path = f"{_PACKAGES}.index"
     parts = urlsplit(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -367,7 +369,7 @@ def _index_egress(url: str, egress: EgressRule | None, sem: _Semantic) -> Destin
     if egress is None:
         sem.fail(
             path,
-            f"the index host {host}:{port} must be on the egress list, but the policy lists none: add it "
+            f"the {what} host {host}:{port} must be on the egress list, but the policy lists none: add it "
             "under spec.network.egress.allow",
         )
         return None
@@ -386,14 +388,41 @@ def _index_egress(url: str, egress: EgressRule | None, sem: _Semantic) -> Destin
             return Destination(host, (port,), entry.cidrs)
     sem.fail(
         path,
-        f"the index host {host}:{port} is not on the egress list: add it (and the port) under "
+        f"the {what} host {host}:{port} is not on the egress list: add it (and the port) under "
         "spec.network.egress.allow",
     )
     return None
 
 
+def _npm(raw: dict[str, Any], egress: EgressRule | None, sem: _Semantic) -> NpmRule | None:
+    """``spec.packages.npm``: a registry on the egress list, hashes keyed by ``name@version``."""
+    section = f"{_PACKAGES}.npm"
+    destination = _index_egress(raw["registry"], egress, sem, f"{section}.registry", "registry")
+    hashes = tuple(sorted((key, tuple(sorted(v))) for key, v in raw["hashes"].items())) if "hashes" in raw else None
+    size = sem.size(raw["size"], f"{section}.size") if "size" in raw else DEFAULT_PACKAGES_SIZE
+    if size < MIN_WORKSPACE:
+        sem.fail(
+            f"{section}.size",
+            f"{format_size(size)} is below the smallest install tree ({format_size(MIN_WORKSPACE)}); "
+            "give at least that",
+        )
+    if destination is None:
+        return None
+    return NpmRule(
+        registry=raw["registry"],
+        registry_egress=destination,
+        allow=tuple(raw["allow"]),
+        hashes=hashes,
+        max=raw.get("max", 16),
+        size=size,
+    )
+
+
 def _packages(raw: dict[str, Any], egress: EgressRule | None, sem: _Semantic) -> PackagesRule | None:
-    """``spec.packages``: an index on the egress list, canonical patterns, hashes keyed by canonical name."""
+    """``spec.packages``: an index on the egress list, canonical patterns, hashes keyed by canonical name (None
+    when the section names only an npm registry)."""
+    if "index" not in raw:
+        return None
     destination = _index_egress(raw["index"], egress, sem)
     hashes: tuple[tuple[str, tuple[str, ...]], ...] | None = None
     if "hashes" in raw:
@@ -584,6 +613,8 @@ def _compile(loaded: LoadedYaml) -> Policy:
     pool = _pool(spec, sem)
     sessions = _sessions(spec, sem)
     packages = _packages(spec["packages"], network.egress, sem) if "packages" in spec else None
+    npm_raw = spec.get("packages", {}).get("npm")
+    npm = _npm(npm_raw, network.egress, sem) if npm_raw is not None else None
 
     if sem.problems:
         raise PolicyError(
@@ -613,6 +644,7 @@ def _compile(loaded: LoadedYaml) -> Policy:
         pool=pool,
         sessions=sessions,
         packages=packages,
+        npm=npm,
     )
 
 

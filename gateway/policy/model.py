@@ -40,6 +40,7 @@ __all__ = [
     "MountRoot",
     "MountsRule",
     "NetworkRule",
+    "NpmRule",
     "PackagesRule",
     "Policy",
     "PolicyException",
@@ -207,6 +208,37 @@ class PackagesRule:
             return None
         key = f"{name}=={version}"
         return next((digests for listed, digests in self.hashes if listed == key), ())
+
+
+@dataclass(frozen=True, slots=True)
+class NpmRule:
+    """``spec.packages.npm``: the registry JavaScript requests may install npm packages from, and which.
+
+    A request's ``packages`` (language ``javascript``) are installed with ``npm install --ignore-scripts`` in a
+    phase whose only destination is :attr:`registry_egress`; every package of the lock file (dependencies too)
+    must match :attr:`allow`, come from the registry's host and, when :attr:`hashes` is set, carry a listed
+    integrity."""
+
+    registry: str
+    """The npm registry URL (``http://mirror.internal:18089/npm/``)."""
+    registry_egress: Destination
+    """The registry's host and port, with the CIDRs of the ``spec.network.egress`` entry that covers it."""
+    allow: tuple[str, ...]
+    """Package names or fnmatch patterns (``@types/*``)."""
+    hashes: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    """``(name@version, the allowed ``sha512-...`` integrity strings)``, sorted; ``None``: not required."""
+    max: int = 16
+    """Specs one request may list."""
+    size: int = DEFAULT_PACKAGES_SIZE
+    """Bytes the installed tree may take (the install phase's workspace)."""
+
+    def allowed_integrity(self, name: str, version: str) -> tuple[str, ...] | None:
+        """The integrity strings listed for ``name@version``; ``()`` when it is not listed; ``None`` when the
+        policy requires none."""
+        if self.hashes is None:
+            return None
+        key = f"{name}@{version}"
+        return next((listed for spec, listed in self.hashes if spec == key), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +425,9 @@ class Policy:
     """What sessions the policy allows (``spec.sessions``); ``None``: none at all."""
     packages: PackagesRule | None = None
     """Python packages a request may install (``spec.packages``); ``None``: a request with packages is denied."""
+    npm: NpmRule | None = None
+    """npm packages a JavaScript request may install (``spec.packages.npm``); ``None``: such a request is
+    denied."""
     audit_policy: Policy | None = None
     """The stricter shadow policy (``spec.audit_policy``) judged on every request; its failures are warnings."""
 
