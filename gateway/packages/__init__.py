@@ -1,7 +1,8 @@
 """Python packages for runs (``spec.packages``): the install phase, and installed trees cached by resolved set.
 
-`cache` keeps the trees (and which request resolved to which); `docker` installs on the Docker engine, in a
-sandbox whose only destination is the policy's index, and binds a tree read-only into a run. The Gateway calls
+`cache` keeps the trees (and which request resolved to which); `docker` installs on the Docker engine (pip
+downloads in a sandbox whose only destination is the policy's index, the gateway checks the archives itself with
+`archives`, pip installs them in a sandbox with no network) and binds a tree read-only into a run. The Gateway calls
 an :class:`Installer` before a run whose decision lists packages; without one such a run fails closed.
 """
 

@@ -26,7 +26,7 @@ from gateway.audit.memory import MemoryAuditSink
 from gateway.egress.addresses import IPAddress
 from gateway.errors import PackageInstallError, PackageRefusedError
 from gateway.packages import PackageCache
-from gateway.packages.docker import DockerInstaller
+from gateway.packages.docker import PIP_PROGRAM, PIP_STEP, DockerInstaller
 from gateway.policy.loader import load_policy_text
 from gateway.resources import policies_dir
 from gateway.result import ExecutionResult
@@ -77,7 +77,11 @@ def index() -> Iterator[PackageIndex]:
 
 
 def policy_text(
-    runtime: str, port: int, *, allow: str = '["gw-hello", "gw-dep", "gw-greedy", "gw-source-only", "gw-native"]'
+    runtime: str,
+    port: int,
+    *,
+    allow: str = '["gw-hello", "gw-dep", "gw-greedy", "gw-source-only", "gw-native"]',
+    hashes: str = "",
 ) -> str:
     base = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
     return textwrap.dedent(f"""\
@@ -94,7 +98,7 @@ def policy_text(
             index: http://{HOST}:{port}/simple/
             allow: {allow}
             size: 64m
-        """)
+        """) + (f"    hashes: {hashes}\n" if hashes else "")
 
 
 @dataclass
@@ -111,10 +115,10 @@ class Packages:
 def make_packages(engine: Any, runtime: str, index: PackageIndex, tmp_path: Path) -> Iterator[Callable[..., Packages]]:
     made: list[tuple[Gateway, Path]] = []
 
-    def make(port: int | None = None, **policy: Any) -> Packages:
+    def make(port: int | None = None, download_program: str = PIP_PROGRAM, **policy: Any) -> Packages:
         root = Path(tempfile.mkdtemp(prefix="gw-pk-", dir="/tmp"))
         runner = DockerRunner(engine, egress_resolver=Resolver(), egress_root=str(root / "egress"))
-        installer = DockerInstaller(runner, PackageCache(root / "cache"))
+        installer = DockerInstaller(runner, PackageCache(root / "cache"), download_program=download_program)
         text = policy_text(runtime, index.port if port is None else port, **policy)
         compiled = load_policy_text(text, source=str(tmp_path / "packages.yaml"))
         gateway = Gateway(
@@ -278,3 +282,69 @@ def test_a_wheels_compiled_extension_loads_from_the_read_only_tree(make_packages
         "42 /opt/gateway-packages/gw_native/_native.abi3.so",
         "read-only",
     ], (result.outcome.exit_code, result.outcome.stderr.decode())
+
+
+EVIL_DEP = build_wheel("gw_dep", "2.0", {"gw_dep/__init__.py": "VALUE = 'evil'\n"})
+"""gw-dep 2.0 as the index does not serve it: what a download sandbox taken over by the index's archives could
+leave in place of the real one."""
+LATER_DEP = build_wheel("gw_dep", "9.9", {"gw_dep/__init__.py": "VALUE = 'later'\n"})
+
+
+def lying_download(replace: str, data: bytes) -> str:
+    """A download sandbox's program that runs pip, then writes ``data`` at ``dl/<replace>``, as a pip exploited by
+    what the index served could, whatever it would say about it."""
+    return PIP_STEP + f"open('dl/{replace}', 'wb').write({data!r})\nsys.exit(status)\n"
+
+
+def test_an_archive_swapped_in_the_download_sandbox_is_caught_by_the_gateways_own_digest(
+    make_packages: Callable[..., Packages], engine: Any
+) -> None:
+    real = next(a for a in ARCHIVES if a.filename == "gw_dep-2.0-py3-none-any.whl")
+    hello = next(a for a in ARCHIVES if a.project == "gw-hello")
+    hashes = f'{{"gw-dep==2.0": [{real.sha256}], "gw-hello==1.0": [{hello.sha256}]}}'
+    packages = make_packages(hashes=hashes, download_program=lying_download(real.filename, EVIL_DEP.data))
+    result = packages.run("print('ran')", packages=["gw-hello"])
+    assert isinstance(result.error, PackageRefusedError), result.to_dict()
+    assert f"gw-dep==2.0 has sha256 {EVIL_DEP.sha256}, not one listed" in result.error.message
+    assert result.outcome is None
+    assert not (packages.cache / "trees").exists()
+    assert gateway_containers(engine) == []
+
+
+def test_without_hashes_the_record_names_the_digest_of_what_was_installed_not_the_indexs(
+    make_packages: Callable[..., Packages],
+) -> None:
+    real = next(a for a in ARCHIVES if a.filename == "gw_dep-2.0-py3-none-any.whl")
+    packages = make_packages(download_program=lying_download(real.filename, EVIL_DEP.data))
+    result = packages.run("import gw_dep; print(gw_dep.VALUE)", packages=["gw-hello"])
+    assert result.error is None, result.to_dict()
+    assert result.outcome is not None
+    assert result.outcome.stdout == b"evil\n"
+    distributions = {d["name"]: d for d in outcome_record(packages, result)["packages"]["distributions"]}
+    assert distributions["gw-dep"]["sha256"] == EVIL_DEP.sha256 != real.sha256
+
+
+def test_an_archive_named_as_another_version_than_it_holds_is_not_installed(
+    make_packages: Callable[..., Packages], engine: Any
+) -> None:
+    packages = make_packages(download_program=lying_download("gw_dep-2.0-py3-none-any.whl", LATER_DEP.data))
+    result = packages.run("print('ran')", packages=["gw-hello"])
+    assert isinstance(result.error, PackageInstallError), result.to_dict()
+    # pip reads version 9.9 in the wheel's metadata: the file pinned as gw-dep==2.0 is not a candidate for it
+    assert "installing gw-hello (no network) failed" in result.error.message, result.error.message
+    assert "gw-dep==2.0" in result.error.message
+    assert result.outcome is None
+    assert not (packages.cache / "trees").exists()
+    assert gateway_containers(engine) == []
+
+
+def test_an_extra_archive_the_policy_does_not_allow_is_refused(
+    make_packages: Callable[..., Packages], engine: Any
+) -> None:
+    other = next(a for a in ARCHIVES if a.project == "gw-other")
+    packages = make_packages(download_program=lying_download(other.filename, other.data))
+    result = packages.run("print('ran')", packages=["gw-hello"])
+    assert isinstance(result.error, PackageRefusedError), result.to_dict()
+    assert "gw-other==1.0, which spec.packages.allow does not list" in result.error.message
+    assert not (packages.cache / "trees").exists()
+    assert gateway_containers(engine) == []
