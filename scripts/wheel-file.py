@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Copy one file out of a hash-checked wheel into an image's root file system and record it for the SBOM.
+"""Copy one file (or directory) out of a hash-checked wheel into an image's root file system; record it for the SBOM.
 
     wheel-file.py WHEEL_DIR DISTRIBUTION MEMBER ROOTFS DEST NAME
 
@@ -9,6 +9,10 @@ the file becomes ROOTFS/DEST (mode 0755, owned by whoever runs this: root in a b
 wheel's version, is added to ROOTFS/usr/share/agent-gateway/components.json, which `gateway sbom --image` reads
 next to the dpkg database: the wheel (file name, sha256, its PyPI purl) and the installed file (path, sha256).
 The file is written in a fixed form (sorted, no times), so two builds give the same bytes.
+
+A MEMBER ending in ``/`` is a directory: every file under it is copied below DEST (mode 0755 where the wheel marks
+it executable, else 0644; no symlink, no path outside DEST), and the component's sha256 is that of its manifest
+(one ``<sha256>  <relative path>`` line per file, sorted), as ``sha256sum`` would list the tree.
 """
 
 from __future__ import annotations
@@ -45,6 +49,27 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _copy_directory(archive: zipfile.ZipFile, wheel: str, member: str, target: Path) -> str:
+    """Every file under ``member`` written below ``target``; the manifest of what was written."""
+    manifest = []
+    for info in sorted(archive.infolist(), key=lambda i: i.filename):
+        if not info.filename.startswith(member) or info.is_dir():
+            continue
+        relative = info.filename[len(member) :]
+        mode = info.external_attr >> 16
+        if ".." in relative.split("/") or relative.startswith("/") or (mode & 0o170000) == 0o120000:
+            sys.exit(f"wheel-file: {wheel} has {info.filename!r}: a link or a path outside {member}")
+        data = archive.read(info)
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o755 if mode & 0o111 else 0o644)
+        manifest.append(f"{_sha256(data)}  {relative}\n")
+    if not manifest:
+        sys.exit(f"wheel-file: {wheel} has no file under {member}")
+    return "".join(manifest)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 6:
         sys.exit(__doc__)
@@ -52,15 +77,18 @@ def main(argv: list[str]) -> int:
     if not dest.startswith("/") or ".." in dest.split("/"):
         sys.exit(f"wheel-file: DEST must be an absolute path without '..', got {dest!r}")
     wheel, version = _the_wheel(Path(wheel_dir), distribution)
-    with zipfile.ZipFile(wheel) as archive:
-        try:
-            data = archive.read(member)
-        except KeyError:
-            sys.exit(f"wheel-file: {wheel.name} has no {member}")
     target = Path(rootfs) / dest.lstrip("/")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
-    target.chmod(0o755)
+    with zipfile.ZipFile(wheel) as archive:
+        if member.endswith("/"):
+            data = _copy_directory(archive, wheel.name, member, target).encode()
+        else:
+            try:
+                data = archive.read(member)
+            except KeyError:
+                sys.exit(f"wheel-file: {wheel.name} has no {member}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(0o755)
 
     listing = Path(rootfs) / COMPONENTS
     components = json.loads(listing.read_text(encoding="utf-8"))["components"] if listing.exists() else []

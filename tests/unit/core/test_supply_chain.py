@@ -517,6 +517,32 @@ def test_wheel_file_installs_one_member_and_lists_it_for_the_sbom_the_same_way_t
     assert not (rootfs / "demo_bin").exists(), "only the member asked for"
 
 
+def test_wheel_file_installs_a_directory_member_listed_by_its_manifest(tmp_path: Path) -> None:
+    import zipfile
+
+    wheels, rootfs = tmp_path / "wheels", tmp_path / "rootfs"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "demo_bin-1.2.3-py3-none-any.whl", "w") as archive:
+        script = zipfile.ZipInfo("demo_bin/lib/npm/bin/npm-cli.js")
+        script.external_attr = 0o100755 << 16
+        archive.writestr(script, b"#!/usr/bin/env node\n")
+        archive.writestr("demo_bin/lib/npm/package.json", b"{}")
+        archive.writestr("demo_bin/bin/node", b"node")
+    command = [sys.executable, str(ROOT / "scripts" / "wheel-file.py"), str(wheels), "demo-bin", "demo_bin/lib/npm/"]
+    subprocess.run([*command, str(rootfs), "/usr/lib/node_modules/npm", "npm"], check=True)
+    npm = rootfs / "usr" / "lib" / "node_modules" / "npm"
+    assert (npm / "bin" / "npm-cli.js").stat().st_mode & 0o777 == 0o755
+    assert (npm / "package.json").stat().st_mode & 0o777 == 0o644
+    assert not (rootfs / "usr" / "bin").exists(), "only what is under the member"
+    manifest = "".join(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n"
+        for name, data in [("bin/npm-cli.js", b"#!/usr/bin/env node\n"), ("package.json", b"{}")]
+    )
+    [entry] = json.loads((rootfs / "usr" / "share" / "agent-gateway" / "components.json").read_text())["components"]
+    assert entry["path"] == "/usr/lib/node_modules/npm"
+    assert entry["sha256"] == hashlib.sha256(manifest.encode()).hexdigest()
+
+
 def test_wheel_file_refuses_a_missing_member_or_wheel(tmp_path: Path) -> None:
     _wheel(tmp_path / "demo_bin-1.0-py3-none-any.whl", {"demo_bin/x": b""})
     script = [sys.executable, str(ROOT / "scripts" / "wheel-file.py"), str(tmp_path)]
