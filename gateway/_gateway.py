@@ -459,9 +459,12 @@ class Gateway:
         whose only destination is the policy's index); nothing for a run without. A failure is the run's error:
         the run does not start."""
         settings = decision.settings
-        if settings is None or settings.packages is None:
+        if settings is not None and settings.npm is not None:
+            asked = ", ".join(str(s) for s in settings.npm.specs)
+        elif settings is not None and settings.packages is not None:
+            asked = ", ".join(str(r) for r in settings.packages.requirements)
+        else:
             return None, None
-        asked = ", ".join(str(r) for r in settings.packages.requirements)
         if self.packages is None:
             return None, PackageInstallError(f"this gateway has no package installer, so {asked} cannot be installed; "
                                              "nothing ran")  # fmt: skip

@@ -43,5 +43,6 @@ def installer_for(runner: Runner) -> Installer | None:
     if docker is None or not isinstance(runner, docker.DockerRunner):
         return None
     from gateway.packages.docker import DockerInstaller  # noqa: PLC0415 - only with a Docker runner
+    from gateway.packages.npm import Installers  # noqa: PLC0415 - only with a Docker runner
 
-    return DockerInstaller(runner)
+    return Installers(DockerInstaller(runner))

@@ -153,7 +153,8 @@ PROGRAMS = {
 # module /dev/null (uncached again) and formats a few values as console.log does (output to nothing) ahead, so
 # the module loader's and the formatter's code are compiled before the program (2-4 ms less per run under
 # runc with Debian's node 18, which has no code cache); then, given the same length-prefixed block as the
-# Python child's, it sets process.env, closes fds 3 and 4, takes off what ``-e`` adds (the builtin modules as
+# Python child's, it sets process.env (a run with packages, mode "p": NODE_PATH, read again by
+# ``Module._initPaths``), closes fds 3 and 4, takes off what ``-e`` adds (the builtin modules as
 # globals: their setter is ``setReal``; only builtin modules' names are looked at, since reading the descriptor
 # of one of node 24's lazy web globals loads it: 30-80 ms; ``require``, ``module``, ...; ``execArgv``, which
 # ``child_process.fork`` would pass on), all its own names in a closure, and runs main.js (its path is
@@ -168,6 +169,7 @@ const d = rd(rd(4).readUInt32BE(0));
 fs.closeSync(3); fs.closeSync(4);
 if (d.length > 1) for (const e of d.toString("utf8", 1).split("\0")) { const i = e.indexOf("=");
   process.env[e.slice(0, i)] = e.slice(i + 1); }
+if (d[0] === 112) M._initPaths();
 for (const n of Object.getOwnPropertyNames(globalThis)) { if (!M.isBuiltin(n)) continue;
   const p = Object.getOwnPropertyDescriptor(globalThis, n);
   if (p.set && p.set.name === "setReal") delete globalThis[n]; }
@@ -649,7 +651,11 @@ try:
         # The program's PYTHONPATH names the tree first (a fresh interpreter reads it; the forked one was told by
         # its mode "p" and keeps it for the processes it starts), yet the request set no PYTHON* variable, so the
         # interpreter started ahead still serves it.
-        env["PYTHONPATH"] = given["PYTHONPATH"] = PKG + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if LANGUAGE == "javascript":  # node's NODE_PATH the same way (mode "p": the node started ahead reads it again)
+            MODS = PKG + "/node_modules"
+            env["NODE_PATH"] = given["NODE_PATH"] = MODS + (":" + env["NODE_PATH"] if env.get("NODE_PATH") else "")
+        else:
+            env["PYTHONPATH"] = given["PYTHONPATH"] = PKG + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     most = int(req["files_max"])
     # The interpreter started ahead runs the program when it is the request's language and the request sets
     # nothing that interpreter reads only while it starts (``FRESH``); otherwise a fresh one, started with the

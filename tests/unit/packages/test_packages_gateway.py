@@ -78,8 +78,11 @@ def test_a_refused_install_is_the_runs_error_and_nothing_runs() -> None:
 def test_only_a_docker_runner_gets_an_installer_by_default() -> None:
     from gateway.packages import installer_for
     from gateway.packages.docker import DockerInstaller
+    from gateway.packages.npm import Installers
     from gateway.runner.docker.runner import DockerRunner
 
     assert installer_for(FakeRunner()) is None
     runner = DockerRunner()  # connects to no engine until it runs something
-    assert isinstance(installer_for(runner), DockerInstaller)
+    installer = installer_for(runner)
+    assert isinstance(installer, Installers)  # pip's for python runs, npm's for javascript
+    assert isinstance(installer.python, DockerInstaller)
