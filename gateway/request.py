@@ -208,7 +208,8 @@ class ExecutionRequest:
     """With network ``egress``: the destinations the run may reach, each within the policy's list (rule
     ``network.egress``); ``None``: the policy's whole list."""
     packages: tuple[str, ...] = ()
-    """Python requirement strings to install from the policy's index before the run, as given (rules
+    """Packages to install before the run, as given: Python requirement strings from the policy's index for
+    language ``python``, npm specs (``name``, ``name@range``) from its npm registry for ``javascript`` (rules
     ``packages.enabled``, ``packages.allowed`` parse and judge them)."""
 
     @property
