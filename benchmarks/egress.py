@@ -434,7 +434,7 @@ checks after start, the supervisor putting it on the path), not the cost of impo
 
 def packages_policy(runtime: str, port: int) -> str:
     """The gateway's policy for ``runtime`` (``strict.yaml`` for runsc) with an index on loopback as
-    ``packages-mirror.yaml`` has it: ``mirror.internal`` on ``port`` through the explicit CIDR 127.0.0.0/8."""
+    ``egress-mirror.yaml`` has it: ``mirror.internal`` on ``port`` through the explicit CIDR 127.0.0.0/8."""
     base = policies_dir() / ("strict.yaml" if runtime == "runsc" else "default.yaml")
     return f"""\
 apiVersion: gateway.agent-exec/v1

@@ -16,7 +16,9 @@ MIRROR = policies_dir() / "examples" / "egress-mirror.yaml"
 def _candidate(tmp_path: Path, allow: str) -> Path:
     path = tmp_path / "candidate.yaml"
     path.write_text(
-        f"apiVersion: gateway.agent-exec/v1\nkind: Policy\nextends: {MIRROR}\nmetadata: {{name: egress-mirror}}\n"
+        # The mirror's egress without its package index (which must stay on the egress list): over default.yaml.
+        f"apiVersion: gateway.agent-exec/v1\nkind: Policy\nextends: {policies_dir() / 'default.yaml'}\n"
+        "metadata: {name: egress-mirror}\n"
         f"spec:\n  network:\n    egress:\n      allow:\n{allow}",
         encoding="utf-8",
     )

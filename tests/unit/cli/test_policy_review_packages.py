@@ -11,7 +11,7 @@ import pytest
 from gateway.cli import main
 from gateway.resources import policies_dir
 
-MIRROR = policies_dir() / "examples" / "packages-mirror.yaml"
+MIRROR = policies_dir() / "examples" / "egress-mirror.yaml"
 
 
 def test_impact_replays_a_requests_packages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

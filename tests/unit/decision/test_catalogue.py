@@ -105,7 +105,7 @@ EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
     ("env.dangerous", "default", {"env": {"LD_PRELOAD": "/x.so"}}),
     ("env.limits", "default", {"env": _APP}),
     ("packages.enabled", "default", {"packages": ["idna"]}),
-    ("packages.allowed", "examples/packages-mirror", {"packages": ["numpy"]}),
+    ("packages.allowed", "examples/egress-mirror", {"packages": ["numpy"]}),
 ]
 
 

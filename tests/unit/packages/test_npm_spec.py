@@ -75,10 +75,15 @@ def test_an_allowed_javascript_request_plans_the_npm_install_and_no_pip() -> Non
 
 
 def test_a_policy_with_an_npm_registry_only_denies_python_packages() -> None:
-    text = NPM_POLICY.read_text().replace(
-        "extends: ../../../../policies/examples/packages-mirror.yaml",
-        f"extends: {NPM_POLICY.parents[4] / 'policies' / 'examples' / 'egress-mirror.yaml'}",
+    # The mirror's egress alone (egress-mirror.yaml also has a Python index): the npm policy over it.
+    egress = (
+        "  network:\n    egress:\n      allow:\n"
+        "        - {host: mirror.internal, ports: [18089, 18443], cidrs: [127.0.0.0/8]}\n"
     )
+    text = NPM_POLICY.read_text().replace(
+        "extends: ../../../../policies/examples/egress-mirror.yaml",
+        f"extends: {NPM_POLICY.parents[4] / 'policies' / 'default.yaml'}",
+    ).replace("spec:\n", "spec:\n" + egress, 1)
     policy = load_policy_text(text, source=str(NPM_POLICY))
     assert policy.packages is None
     assert policy.npm is not None

@@ -21,7 +21,7 @@ from gateway.packages.cache import (
 from gateway.policy import load_policy
 from gateway.resources import policies_dir
 
-RULE = load_policy(policies_dir() / "examples" / "packages-mirror.yaml").packages
+RULE = load_policy(policies_dir() / "examples" / "egress-mirror.yaml").packages
 assert RULE is not None
 IDNA = Distribution("idna", "3.7", "a" * 64, "idna-3.7-py3-none-any.whl")
 
@@ -135,7 +135,7 @@ def test_apply_binds_the_tree_read_only_after_the_requests_mounts_and_tells_the_
     from gateway.runner.docker.options import DockerAssembler
     from gateway.testing import decide
 
-    policy = load_policy(policies_dir() / "examples" / "packages-mirror.yaml")
+    policy = load_policy(policies_dir() / "examples" / "egress-mirror.yaml")
     decision = decide(policy, parse_request({"code": "x", "packages": ["idna"]}))
     assert decision.run is not None
     stored = PackageCache(tmp_path / "cache").store("1" * 64, str(_source(tmp_path)), [IDNA], "img", max_bytes=1 << 20)

@@ -19,7 +19,7 @@ from gateway.runner import FakeRunner
 from gateway.runspec import RunSpec
 from gateway.slots import HostSlots
 
-POLICY = load_policy(policies_dir() / "examples" / "packages-mirror.yaml")
+POLICY = load_policy(policies_dir() / "examples" / "egress-mirror.yaml")
 TREE = Installed(
     key="c" * 64, root="/cache/trees", path="/cache/trees/" + "c" * 64, image_id="sha256:img",
     distributions=(Distribution("idna", "3.7", "a" * 64, "idna-3.7-py3-none-any.whl"),),

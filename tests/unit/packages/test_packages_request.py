@@ -12,7 +12,7 @@ from gateway.resources import policies_dir
 from gateway.runner import FakeRunner
 from gateway.testing import capture_audit, decide
 
-POLICY = load_policy(policies_dir() / "examples" / "packages-mirror.yaml")
+POLICY = load_policy(policies_dir() / "examples" / "egress-mirror.yaml")
 
 
 def test_packages_are_kept_as_given_and_round_trip() -> None:
