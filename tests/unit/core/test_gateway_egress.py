@@ -15,7 +15,7 @@ from audit_support import CountingIO
 
 from gateway import Caller, Gateway
 from gateway.audit import JsonlAuditTrail, NetworkConnectionView, verify_trail, view_record
-from gateway.egress import ConnectionRecord, EgressReport
+from gateway.egress import EgressReport
 from gateway.errors import SandboxError
 from gateway.policy import load_policy
 from gateway.resources import load_schema, policies_dir
@@ -23,18 +23,11 @@ from gateway.result import connection_data
 from gateway.runner import FakeRunner
 from gateway.runner.fake import make_outcome
 from gateway.testing import capture_audit
+from tests.egress_support import ALLOWED, DENIED
 
 POLICY = load_policy(policies_dir() / "examples" / "egress-mirror.yaml")
 REQUEST = {"code": "import urllib.request", "network": "egress"}
 
-ALLOWED = ConnectionRecord(
-    method="CONNECT", host="mirror.internal", port=18443, address="127.0.0.1", allowed=True,
-    rule="network.egress.allowed", message="", bytes_out=517, bytes_in=4096, duration=0.0504, ended="closed",
-)  # fmt: skip
-DENIED = ConnectionRecord(
-    method="GET", host="evil.example", port=80, address=None, allowed=False, rule="network.egress.host",
-    message="evil.example is not an allowed destination", bytes_out=0, bytes_in=0, duration=0.0002, ended="denied",
-)  # fmt: skip
 REPORT = EgressReport(records=(ALLOWED, DENIED), connections=2, denied=1, bytes_out=600, bytes_in=5000, dropped=1)
 
 

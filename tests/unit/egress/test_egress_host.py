@@ -11,26 +11,17 @@ import socket
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gateway.egress import Destination, EgressLimits, EgressPlan
-from gateway.egress.addresses import IPAddress
 from gateway.egress.host import SOCKET_NAME, EgressHost
+from tests.egress_support import loopback_resolver
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 SANDBOX = (65534, 65534)
-
-
-class Resolver:
-    """``mirror.internal`` is 127.0.0.1; no other name resolves (nothing outside is ever asked)."""
-
-    async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
-        if host != "mirror.internal":
-            raise OSError(f"no such name {host}")
-        return [ipaddress.ip_address("127.0.0.1")]
 
 
 class Upstream:
@@ -73,7 +64,7 @@ def root() -> Iterator[Path]:
 
 @pytest.fixture
 def host(root: Path) -> Iterator[EgressHost]:
-    made = EgressHost(root, resolver=Resolver(), max_records=2)
+    made = EgressHost(root, resolver=loopback_resolver("mirror.internal"), max_records=2)
     yield made
     made.close()
 
@@ -171,7 +162,7 @@ def test_a_report_keeps_a_bounded_number_of_records_and_counts_the_rest(host: Eg
 
 
 def test_closing_the_host_closes_every_open_run(root: Path) -> None:
-    host = EgressHost(root, resolver=Resolver())
+    host = EgressHost(root, resolver=loopback_resolver("mirror.internal"))
     upstream = Upstream(None)
     run = host.open(plan(upstream.port), uid=SANDBOX[0], gid=SANDBOX[1])
     client, _ = request(run.directory, f"http://mirror.internal:{upstream.port}/", wait=False)
@@ -187,7 +178,7 @@ def test_closing_the_host_closes_every_open_run(root: Path) -> None:
 def test_each_take_has_what_ended_since_the_last_and_the_limits_stay_the_whole_lifes(root: Path) -> None:
     """A kernel's proxy: each cell takes the connections that ended since the cell before and the totals' growth;
     its limits count the whole life; closing leaves the connections it cut to take."""
-    host = EgressHost(root, resolver=Resolver(), max_records=2)
+    host = EgressHost(root, resolver=loopback_resolver("mirror.internal"), max_records=2)
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
     upstream = Upstream(answer)
     limits = EgressLimits(connections=2)

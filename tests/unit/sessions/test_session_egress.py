@@ -18,6 +18,7 @@ from gateway.resources import load_schema, policies_dir
 from gateway.runner.fake import make_outcome
 from gateway.runner.interface import CellResult, RunSpec
 from gateway.slots import HostSlots, Slot
+from tests.egress_support import ALLOWED, DENIED
 from tests.unit.sessions_support import FakeKernel, FakeWorkspaces, KernelFakeRunner
 
 POLICY = f"""\
@@ -34,15 +35,7 @@ spec:
     workspace_size: {{default: 16m, max: 64m}}
 """
 
-FETCHED = ConnectionRecord(
-    method="CONNECT", host="mirror.internal", port=18443, address="127.0.0.1", allowed=True,
-    rule="network.egress.allowed", message="", bytes_out=517, bytes_in=4096, duration=0.05, ended="closed",
-)  # fmt: skip
-REFUSED = ConnectionRecord(
-    method="GET", host="evil.example", port=80, address=None, allowed=False, rule="network.egress.host",
-    message="evil.example is not an allowed destination", bytes_out=0, bytes_in=0, duration=0.0, ended="denied",
-)  # fmt: skip
-REPORT = EgressReport(records=(FETCHED, REFUSED), connections=2, denied=1, bytes_out=517, bytes_in=4096)
+REPORT = EgressReport(records=(ALLOWED, DENIED), connections=2, denied=1, bytes_out=517, bytes_in=4096)
 
 
 CUT = ConnectionRecord(
