@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from audit_support import CONNECTION
 
 from gateway.audit import EVENT_TYPES, JsonlAuditTrail, ocsf_export, verify_trail
 from gateway.audit.interrupted import mark_interrupted
@@ -74,21 +75,7 @@ def _outcome(**changes: Any) -> dict[str, Any]:
 
 
 def _connection(**changes: Any) -> dict[str, Any]:
-    connection: dict[str, Any] = {
-        "host": "mirror.internal",
-        "port": 18443,
-        "address": "127.0.0.1",
-        "method": "CONNECT",
-        "decision": "allowed",
-        "rule": "network.egress.allowed",
-        "bytes_out": 517,
-        "bytes_in": 4096,
-        "duration_ms": 50,
-        "ended": "closed",
-        "caller": CALLER,
-    }
-    connection.update(changes)
-    return connection
+    return {**CONNECTION, "caller": CALLER, **changes}
 
 
 # (event_type, data, request_id, principal) for every event type, in the shapes the gateway writes

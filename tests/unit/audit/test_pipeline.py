@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from audit_support import CONNECTION
 from opentelemetry.sdk.trace import TracerProvider
 
 from gateway.audit import GENESIS_HASH, SCHEMA_VERSION, MemoryAuditSink, verify_trail
@@ -98,18 +99,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         **OUTCOME,
         "egress": {"connections": 1, "denied": 1, "bytes_out": 517, "bytes_in": 4096, "records_dropped": 0},
     },
-    "network.connection": {
-        "host": "mirror.internal",
-        "port": 18443,
-        "address": "127.0.0.1",
-        "method": "CONNECT",
-        "decision": "allowed",
-        "rule": "network.egress.allowed",
-        "bytes_out": 517,
-        "bytes_in": 4096,
-        "duration_ms": 50,
-        "ended": "closed",
-    },
+    "network.connection": CONNECTION,
     "containers.reaped": {"container_ids": ["c" * 64]},
     "container.left": {"error": {"code": "runner.container_left", "message": "could not be removed"}},
     "recovery": {"reason": "truncated", "dropped_bytes": 10, "last_good_seq": 3, "last_good_hash": "f" * 64},
