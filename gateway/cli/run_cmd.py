@@ -54,6 +54,21 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     src.add_argument("source", nargs="?", help="a file with the program, or - for stdin")
     add_profile_arguments(run)
     add_file_arguments(run)
+    run.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="install a package before the run (repeatable; pip requirement or npm spec, as the policy's "
+        "spec.packages allows)",
+    )
+    run.add_argument(
+        "--egress",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT[,PORT...]]",
+        help="with --network egress: reach only this host (repeatable; narrows the policy's list, never widens it)",
+    )
     run.add_argument("--principal", help="who is asking (agent name)")
     _common(run)
     run.set_defaults(func=_run)
@@ -98,7 +113,34 @@ def build_request(args: argparse.Namespace, stdin_text: str | None = None) -> di
         req["env"] = env_field(args.env)
     if args.file:
         req["files"] = files_field(args.file)
+    if args.package:
+        req["packages"] = list(args.package)
+    if args.egress:
+        req["egress"] = [egress_destination(item) for item in args.egress]
     return req
+
+
+def egress_destination(item: str) -> dict[str, Any]:
+    """``--egress HOST[:PORT[,PORT...]]`` as a request's ``egress`` entry (an IPv6 literal in brackets:
+    ``[2001:db8::1]:443``); without ports the policy's default port applies."""
+    host, ports = item, ""
+    if item.startswith("["):
+        end = item.find("]")
+        rest = item[end + 1 :]
+        if end < 0 or (rest and not rest.startswith(":")):
+            raise RequestError(f"--egress {item!r}: expected [IPv6]:PORT or [IPv6]")
+        host, ports = item[1:end], rest[1:]
+    elif item.count(":") == 1:
+        host, _, ports = item.partition(":")
+    if not host:
+        raise RequestError(f"--egress {item!r}: expected HOST[:PORT[,PORT...]]")
+    entry: dict[str, Any] = {"host": host}
+    if ports:
+        try:
+            entry["ports"] = [int(port) for port in ports.split(",")]
+        except ValueError:
+            raise RequestError(f"--egress {item!r}: ports must be numbers separated by commas") from None
+    return entry
 
 
 class _LiveOutput:
