@@ -1,9 +1,12 @@
-"""Python packages for runs (``spec.packages``): the install phase, and installed trees cached by resolved set.
+"""Packages for runs (``spec.packages``: pip for Python, npm for JavaScript): the install phase, and installed
+trees cached by resolved set.
 
-`cache` keeps the trees (and which request resolved to which); `docker` installs on the Docker engine (pip
-downloads in a sandbox whose only destination is the policy's index, the gateway checks the archives itself with
-`archives`, pip installs them in a sandbox with no network) and binds a tree read-only into a run. The Gateway calls
-an :class:`Installer` before a run whose decision lists packages; without one such a run fails closed.
+`cache` keeps the trees (and which request resolved to which); `docker` installs Python packages on the Docker
+engine (pip downloads in a sandbox whose only destination is the policy's index, the gateway checks the archives
+itself with `archives`, pip installs them in a sandbox with no network) and binds a tree read-only into a run;
+`npm` does the same for JavaScript (npm with install scripts off, the gateway checking the lock file and every
+tarball's integrity). The Gateway calls an :class:`Installer` before a run whose decision lists packages; without
+one such a run fails closed.
 """
 
 from __future__ import annotations
