@@ -9,11 +9,8 @@ entry the way an operator allows an internal mirror; its name resolves through t
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import shutil
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,18 +18,14 @@ from typing import Any
 import pytest
 
 from gateway import Gateway
-from gateway.audit.memory import MemoryAuditSink
-from gateway.egress.addresses import IPAddress
 from gateway.errors import PackageRefusedError
-from gateway.packages import PackageCache
 from gateway.packages.docker import DockerInstaller
 from gateway.packages.npm import Installers
 from gateway.policy.loader import load_policy_text
 from gateway.resources import policies_dir
 from gateway.result import ExecutionResult
-from gateway.runner.docker.runner import DockerRunner
-from gateway.slots import HostSlots
 from tests.integration.conftest import gateway_containers
+from tests.integration.packages_support import PackageGateways, outcome_data
 from tests.npm_registry import NpmPackage, NpmRegistry, build_package
 
 pytestmark = pytest.mark.integration
@@ -54,15 +47,6 @@ PACKAGES: list[NpmPackage] = [
         scripts=dict.fromkeys(("preinstall", "install", "postinstall", "prepare"), SCRIPT),
     ),
 ]  # fmt: skip
-
-
-class Resolver:
-    """The test's name service: only the registry's name resolves, to loopback."""
-
-    async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
-        if host != HOST:
-            raise OSError(f"test resolver: no such name {host}")
-        return [ipaddress.ip_address("127.0.0.1")]
 
 
 @pytest.fixture(scope="module")
@@ -117,35 +101,17 @@ class Npm:
 
 @pytest.fixture
 def make_npm(engine: Any, runtime: str, registry: NpmRegistry, tmp_path: Path) -> Iterator[Callable[..., Npm]]:
-    made: list[tuple[Gateway, Path]] = []
+    gateways = PackageGateways(engine, HOST, tmp_path)
 
     def make(**policy: Any) -> Npm:
-        root = Path(tempfile.mkdtemp(prefix="gw-npm-", dir="/tmp"))
-        runner = DockerRunner(engine, egress_resolver=Resolver(), egress_root=str(root / "egress"))
-        installer = Installers(DockerInstaller(runner, PackageCache(root / "cache")))
         compiled = load_policy_text(policy_text(runtime, registry.port, **policy), source=str(tmp_path / "npm.yaml"))
-        gateway = Gateway(
-            compiled, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 4),
-            packages=installer,
-        )  # fmt: skip
-        made.append((gateway, root))
+        gateway, installer, _ = gateways.make(
+            compiled, lambda runner, cache: Installers(DockerInstaller(runner, cache))
+        )
         return Npm(gateway, installer)
 
     yield make
-    for gateway, root in made:
-        gateway.close()
-        gateway.runner.close()
-        PackageCache(root / "cache").drop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def outcome_record(npm: Npm, result: ExecutionResult) -> dict[str, Any]:
-    sink = npm.gateway.audit
-    assert isinstance(sink, MemoryAuditSink)
-    [record] = [
-        r for r in sink.records if r["event_type"] == "execution.outcome" and r["request_id"] == result.request_id
-    ]
-    return record["data"]
+    gateways.close()
 
 
 def test_a_package_requires_read_only_and_the_second_request_hits_the_cache(
@@ -168,7 +134,7 @@ def test_a_package_requires_read_only_and_the_second_request_hits_the_cache(
         "not written true",
     ], first.outcome.stderr
     assert npm.installer.npm.install_count == 1
-    record = outcome_record(npm, first)["packages"]
+    record = outcome_data(npm.gateway, first)["packages"]
     assert record["cached"] is False
     # the newest gw-dep within ^2.0.0, each with the sha256 of the tarball the registry served
     assert [(d["name"], d["version"]) for d in record["distributions"]] == [("gw-dep", "2.1.0"), ("gw-hello", "1.0.0")]
@@ -186,7 +152,7 @@ def test_a_package_requires_read_only_and_the_second_request_hits_the_cache(
     assert second.outcome.stdout == b"hello world\n"
     assert npm.installer.npm.install_count == 1  # no install sandbox ran
     assert len(registry.requests) == asked  # nothing was asked of the registry
-    again = outcome_record(npm, second)["packages"]
+    again = outcome_data(npm.gateway, second)["packages"]
     assert again["cached"] is True
     assert again["tree_sha256"] == record["tree_sha256"]
     assert gateway_containers(engine) == []
@@ -216,6 +182,6 @@ def test_install_scripts_never_run(make_npm: Callable[..., Npm]) -> None:
     assert result.error is None, result.to_dict()
     assert result.outcome is not None
     assert result.outcome.stdout == b"quiet\n"
-    files = [f["path"] for f in outcome_record(npm, result)["packages"]["files"]]
+    files = [f["path"] for f in outcome_data(npm.gateway, result)["packages"]["files"]]
     assert "node_modules/gw-scripted/index.js" in files
     assert not [path for path in files if "/ran-" in path], files

@@ -9,12 +9,9 @@ resolver only.
 
 from __future__ import annotations
 
-import ipaddress
-import shutil
 import socket
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,17 +19,13 @@ from typing import Any
 import pytest
 
 from gateway import Gateway
-from gateway.audit.memory import MemoryAuditSink
-from gateway.egress.addresses import IPAddress
 from gateway.errors import PackageInstallError, PackageRefusedError
-from gateway.packages import PackageCache
 from gateway.packages.docker import PIP_PROGRAM, PIP_STEP, DockerInstaller
 from gateway.policy.loader import load_policy_text
 from gateway.resources import policies_dir
 from gateway.result import ExecutionResult
-from gateway.runner.docker.runner import DockerRunner
-from gateway.slots import HostSlots
 from tests.integration.conftest import gateway_containers
+from tests.integration.packages_support import PackageGateways, outcome_data
 from tests.package_index import EXTENSION_TAG, Archive, PackageIndex, build_sdist, build_wheel, compile_extension
 
 pytestmark = pytest.mark.integration
@@ -40,15 +33,6 @@ pytestmark = pytest.mark.integration
 HOST = "index.test"
 NATIVE = compile_extension("gw_native._native", 42)
 """A compiled extension module (the host's C compiler), as numpy's or pydantic-core's wheels hold; None without one."""
-
-
-class Resolver:
-    """The test's name service: only the index's name resolves, to loopback."""
-
-    async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
-        if host != HOST:
-            raise OSError(f"test resolver: no such name {host}")
-        return [ipaddress.ip_address("127.0.0.1")]
 
 
 ARCHIVES: list[Archive] = [
@@ -113,36 +97,18 @@ class Packages:
 
 @pytest.fixture
 def make_packages(engine: Any, runtime: str, index: PackageIndex, tmp_path: Path) -> Iterator[Callable[..., Packages]]:
-    made: list[tuple[Gateway, Path]] = []
+    gateways = PackageGateways(engine, HOST, tmp_path)
 
     def make(port: int | None = None, download_program: str = PIP_PROGRAM, **policy: Any) -> Packages:
-        root = Path(tempfile.mkdtemp(prefix="gw-pk-", dir="/tmp"))
-        runner = DockerRunner(engine, egress_resolver=Resolver(), egress_root=str(root / "egress"))
-        installer = DockerInstaller(runner, PackageCache(root / "cache"), download_program=download_program)
         text = policy_text(runtime, index.port if port is None else port, **policy)
         compiled = load_policy_text(text, source=str(tmp_path / "packages.yaml"))
-        gateway = Gateway(
-            compiled, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 4),
-            packages=installer,
-        )  # fmt: skip
-        made.append((gateway, root))
-        return Packages(gateway, installer, root / "cache")
+        made = gateways.make(
+            compiled, lambda runner, cache: DockerInstaller(runner, cache, download_program=download_program)
+        )
+        return Packages(*made)
 
     yield make
-    for gateway, root in made:
-        gateway.close()
-        gateway.runner.close()
-        PackageCache(root / "cache").drop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def outcome_record(packages: Packages, result: ExecutionResult) -> dict[str, Any]:
-    sink = packages.gateway.audit
-    assert isinstance(sink, MemoryAuditSink)
-    [record] = [
-        r for r in sink.records if r["event_type"] == "execution.outcome" and r["request_id"] == result.request_id
-    ]
-    return record["data"]
+    gateways.close()
 
 
 def test_a_package_installs_imports_read_only_and_the_second_request_hits_the_cache(
@@ -174,7 +140,7 @@ def test_a_package_installs_imports_read_only_and_the_second_request_hits_the_ca
     assert out[2] == "not written True ['ro']"  # EACCES or EROFS, and the mount is read-only
     assert out[3] == "no network"
     assert packages.installer.install_count == 1
-    record = outcome_record(packages, first)["packages"]
+    record = outcome_data(packages.gateway, first)["packages"]
     assert record["cached"] is False
     assert [(d["name"], d["version"]) for d in record["distributions"]] == [("gw-dep", "2.0"), ("gw-hello", "1.0")]
     by_name = {a.filename: a.sha256 for a in ARCHIVES}
@@ -193,7 +159,7 @@ def test_a_package_installs_imports_read_only_and_the_second_request_hits_the_ca
     assert second.outcome.stdout == b"hello world ['/workspace', '/opt/gateway-packages'] 1\n"
     assert packages.installer.install_count == 1  # no install sandbox ran
     assert len(index.requests) == asked  # nothing was asked of the index
-    again = outcome_record(packages, second)["packages"]
+    again = outcome_data(packages.gateway, second)["packages"]
     assert again["cached"] is True
     assert again["tree_sha256"] == record["tree_sha256"]
     assert gateway_containers(engine) == []
@@ -208,7 +174,7 @@ def test_a_dependency_outside_the_allow_list_is_refused_and_nothing_runs(
     assert "gw-other" in result.error.message
     assert "spec.packages.allow" in result.error.message
     assert result.outcome is None
-    assert outcome_record(packages, result)["error"]["code"] == "packages.refused"
+    assert outcome_data(packages.gateway, result)["error"]["code"] == "packages.refused"
     assert not (packages.cache / "trees").exists()  # nothing was stored
     assert gateway_containers(engine) == []
 
@@ -244,7 +210,7 @@ def test_an_unreachable_index_fails_the_install_and_nothing_runs(
     assert isinstance(result.error, PackageInstallError), result.to_dict()
     assert "gw-hello" in result.error.message
     assert result.outcome is None
-    assert outcome_record(packages, result)["error"]["code"] == "packages.install_failed"
+    assert outcome_data(packages.gateway, result)["error"]["code"] == "packages.install_failed"
     assert gateway_containers(engine) == []
 
 
@@ -320,7 +286,7 @@ def test_without_hashes_the_record_names_the_digest_of_what_was_installed_not_th
     assert result.error is None, result.to_dict()
     assert result.outcome is not None
     assert result.outcome.stdout == b"evil\n"
-    distributions = {d["name"]: d for d in outcome_record(packages, result)["packages"]["distributions"]}
+    distributions = {d["name"]: d for d in outcome_data(packages.gateway, result)["packages"]["distributions"]}
     assert distributions["gw-dep"]["sha256"] == EVIL_DEP.sha256 != real.sha256
 
 
