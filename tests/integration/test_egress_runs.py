@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.server
-import ipaddress
 import json
 import shutil
 import socket
@@ -32,12 +31,12 @@ from gateway import Gateway
 from gateway.audit.memory import MemoryAuditSink
 from gateway.cli import main
 from gateway.egress import EgressReport
-from gateway.egress.addresses import IPAddress
 from gateway.policy.loader import load_policy_text
 from gateway.resources import policies_dir
 from gateway.result import ExecutionResult
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
+from tests.egress_support import TableResolver
 from tests.integration.conftest import gateway_containers
 
 pytestmark = pytest.mark.integration
@@ -46,22 +45,6 @@ NODE_IMAGES = ("gateway/sandbox-node:24-bookworm", "gateway/sandbox-node:18-book
 """The Node.js sandbox images, newest first: the JavaScript test uses the first one present."""
 BIG = 256 * 1024
 """Bytes of the upstream's ``/big`` body: past the byte cap the tests ask for."""
-
-
-class Resolver:
-    """The test's name service (on the proxies' loop thread): a name's answers in turn (the last one repeats); every
-    name asked is noted, and a name not in the table does not resolve (nothing outside is asked)."""
-
-    def __init__(self, answers: dict[str, Sequence[Sequence[str]]]) -> None:
-        self.answers = answers
-        self.calls: list[str] = []
-
-    async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
-        self.calls.append(host)
-        answers = self.answers.get(host)
-        if answers is None:
-            raise OSError(f"test resolver: no such name {host}")
-        return [ipaddress.ip_address(a) for a in answers[min(self.calls.count(host), len(answers)) - 1]]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -89,6 +72,12 @@ class Holder:
         self.accepted = threading.Event()
         self.ended = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
+
+    def fresh(self) -> Holder:
+        """This holder with what an earlier test's clients did forgotten (the module's tests share it)."""
+        self.accepted.clear()
+        self.ended.clear()
+        return self
 
     def _serve(self) -> None:
         with contextlib.suppress(OSError):
@@ -220,13 +209,19 @@ class Egress:
     """A Gateway whose runner's proxies use the test's resolver, and the root of their directories."""
 
     gateway: Gateway
-    resolver: Resolver
+    resolver: TableResolver
     root: Path
 
     def run(self, code: str, **request: Any) -> ExecutionResult:
         result = self.gateway.execute({"code": textwrap.dedent(code), "network": "egress", **request})
         assert result.outcome is not None, result.to_dict()
         return result
+
+    def session(self, mode: str) -> str:
+        """The id of a new session of ``mode`` for alice, with egress."""
+        created = self.gateway.sessions.create({"mode": mode, "principal": "alice", "network": "egress"})
+        assert created.session is not None, created.to_dict()
+        return created.session.session_id
 
 
 @pytest.fixture
@@ -236,7 +231,7 @@ def make_egress(engine: Any, runtime: str, upstreams: Upstreams, tmp_path: Path)
     def make(workspace_root: str | None = None, **limits: Any) -> Egress:
         # A short root: a unix socket's path is at most 107 bytes.
         root = Path(tempfile.mkdtemp(prefix="gw-eg-", dir="/tmp")) / "egress"
-        resolver = Resolver(ANSWERS)
+        resolver = TableResolver(ANSWERS)
         runner = DockerRunner(engine, egress_resolver=resolver, egress_root=str(root), workspace_root=workspace_root)
         policy = load_policy_text(policy_text(runtime, upstreams, **limits), source=str(tmp_path / "egress.yaml"))
         gateway = Gateway(policy, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 4))
@@ -494,9 +489,7 @@ def test_connections_held_past_the_deadline_end_with_the_run(
     make_egress: Callable[..., Egress], upstreams: Upstreams, engine: Any
 ) -> None:
     egress = make_egress()
-    holder = upstreams.holder
-    holder.accepted.clear()
-    holder.ended.clear()
+    holder = upstreams.holder.fresh()
     code = f"""
         import socket, time
         s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
@@ -547,9 +540,7 @@ def test_each_execution_of_a_workspace_session_has_its_own_proxy(
 ) -> None:
     egress = make_egress(workspace_root=workspace_root)
     sessions = egress.gateway.sessions
-    created = sessions.create({"mode": "workspace", "principal": "alice", "network": "egress"})
-    assert created.session is not None, created.to_dict()
-    sid = created.session.session_id
+    sid = egress.session("workspace")
     code = (
         "import urllib.request\n"
         f"data = urllib.request.urlopen('http://mirror.test:{upstreams.http}/ws', timeout=20).read()\n"
@@ -587,13 +578,9 @@ def test_a_kernel_session_has_one_proxy_for_its_life_and_each_cell_its_connectio
     make_egress: Callable[..., Egress], upstreams: Upstreams, engine: Any, workspace_root: str
 ) -> None:
     egress = make_egress(workspace_root=workspace_root)
-    holder = upstreams.holder
-    holder.accepted.clear()
-    holder.ended.clear()
+    holder = upstreams.holder.fresh()
     sessions = egress.gateway.sessions
-    created = sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
-    assert created.session is not None, created.to_dict()
-    sid = created.session.session_id
+    sid = egress.session("kernel")
     (directory,) = egress.root.iterdir()  # the kernel's proxy, for its whole life
 
     def cell(code: str) -> ExecutionResult:
@@ -646,13 +633,9 @@ def test_a_cell_that_gets_its_kernel_killed_has_the_connections_the_end_cut(
     make_egress: Callable[..., Egress], upstreams: Upstreams, engine: Any, workspace_root: str
 ) -> None:
     egress = make_egress(workspace_root=workspace_root)
-    holder = upstreams.holder
-    holder.accepted.clear()
-    holder.ended.clear()
+    holder = upstreams.holder.fresh()
     sessions = egress.gateway.sessions
-    created = sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
-    assert created.session is not None, created.to_dict()
-    sid = created.session.session_id
+    sid = egress.session("kernel")
     code = f"""
         import signal, socket, time
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # past its deadline and the grace: the kernel is killed
