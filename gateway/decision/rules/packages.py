@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gateway.decision.rules.base import Context, Finding, Rule, fail, ok, skip
-from gateway.decision.settings import ResolvedNpm
+from gateway.policy.model import NpmRule, PackagesRule
+from gateway.policy.npm import NpmSpec
+from gateway.policy.packages import Requirement
 
 __all__ = ["RULES"]
 
@@ -41,39 +43,29 @@ def _enabled(ctx: Context) -> Iterator[Finding]:
         yield ok("$.packages", len(asked), {"index": rule.index}, f"packages may be installed from {rule.index}")
 
 
-def _allowed_npm(ctx: Context, resolved: ResolvedNpm) -> Iterator[Finding]:
-    rule = resolved.rule
-    count = len(ctx.request.packages)
-    if count > rule.max:
-        message = f"{count} npm specs asked; at most {rule.max} are allowed (spec.packages.npm.max)"
-        yield fail("$.packages", count, rule.max, message, never_relaxed=True)
-    for index, why in resolved.refused:
-        got = ctx.request.packages[index]
-        yield fail(f"$.packages[{index}]", got, list(rule.allow), why, never_relaxed=True)
-    if count <= rule.max and not resolved.refused:
-        listed = ", ".join(str(s) for s in resolved.specs)
-        yield ok("$.packages", [str(s) for s in resolved.specs], list(rule.allow), f"allowed: {listed}")
-
-
 def _allowed(ctx: Context) -> Iterator[Finding]:
-    if ctx.settings.npm is not None:
-        yield from _allowed_npm(ctx, ctx.settings.npm)
-        return
-    resolved = ctx.settings.packages
-    if resolved is None:
+    npm, python = ctx.settings.npm, ctx.settings.packages
+    rule: NpmRule | PackagesRule
+    accepted: tuple[NpmSpec, ...] | tuple[Requirement, ...]
+    if npm is not None:
+        rule, accepted, refused = npm.rule, npm.specs, npm.refused
+        what, ceiling = "npm specs", "spec.packages.npm.max"
+    elif python is not None:
+        rule, accepted, refused = python.rule, python.requirements, python.refused
+        what, ceiling = "requirements", "spec.packages.max"
+    else:
         yield skip("$.packages", "no packages to install (rule packages.enabled)")
         return
-    rule = resolved.rule
     count = len(ctx.request.packages)
     if count > rule.max:
-        message = f"{count} requirements asked; at most {rule.max} are allowed (spec.packages.max)"
+        message = f"{count} {what} asked; at most {rule.max} are allowed ({ceiling})"
         yield fail("$.packages", count, rule.max, message, never_relaxed=True)
-    for index, why in resolved.refused:
+    for index, why in refused:
         got = ctx.request.packages[index]
         yield fail(f"$.packages[{index}]", got, list(rule.allow), why, never_relaxed=True)
-    if count <= rule.max and not resolved.refused:
-        listed = ", ".join(str(r) for r in resolved.requirements)
-        yield ok("$.packages", [str(r) for r in resolved.requirements], list(rule.allow), f"allowed: {listed}")
+    if count <= rule.max and not refused:
+        listed = [str(a) for a in accepted]
+        yield ok("$.packages", listed, list(rule.allow), f"allowed: {', '.join(listed)}")
 
 
 RULES: tuple[Rule, ...] = (
