@@ -4,7 +4,8 @@ Every connection is checked the same way whichever method carries it: the host a
 `EgressRules`, the limits of the run, then the proxy resolves the name itself, checks every address and connects to the
 address it checked (no second lookup, so a rebinding resolver gains nothing). CONNECT tunnels carry TLS only, and the
 ClientHello's server name must be the CONNECT host (no domain fronting). Plain HTTP is forwarded one request per
-connection (``Connection: close``), with the Host header equal to the absolute URI's authority.
+connection (``Connection: close``), with the Host header equal to the absolute URI's authority. Once a tunnel's
+ClientHello passed, its bytes are opaque: on Linux the kernel copies them (`gateway.egress.splice`).
 
 Each connection yields one `ConnectionRecord` through the ``on_record`` callback; a later piece writes them to the
 audit trail. A denial before the tunnel opens answers 403 (502 when the name does not resolve or the upstream does not
@@ -18,12 +19,13 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from gateway.egress import splice
 from gateway.egress.addresses import (
     Destination,
     EgressRules,
@@ -281,11 +283,10 @@ class EgressProxy:
 
     async def _serve(self, client: socket.socket) -> None:
         conn = _Connection(started=self._clock())
-        upstream: asyncio.StreamWriter | None = None
         writer: asyncio.StreamWriter | None = None
         try:
             reader, writer = await asyncio.open_unix_connection(sock=client, limit=MAX_HEAD_BYTES)
-            upstream = await self._handle(conn, reader, writer)
+            await self._handle(conn, reader, writer)
         except _Denied as denial:
             conn.rule, conn.message, conn.ended = denial.rule, denial.message, "denied"
             assert writer is not None  # noqa: S101 -- denials come from _handle, which has the streams
@@ -309,10 +310,9 @@ class EgressProxy:
         except (OSError, asyncio.IncompleteReadError) as exc:
             conn.ended, conn.message = "error", conn.message or f"connection failed: {exc}"
         finally:
-            for stream in (upstream, writer):
-                if stream is not None:
-                    stream.close()
-            if writer is None:
+            if writer is not None:
+                writer.close()
+            else:
                 client.close()
             if conn.ended == "denied":
                 self.stats.denied += 1
@@ -332,9 +332,7 @@ class EgressProxy:
                 )
             )
 
-    async def _handle(
-        self, conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> asyncio.StreamWriter | None:
+    async def _handle(self, conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.limits.head_timeout)
         except TimeoutError as exc:
@@ -359,26 +357,39 @@ class EgressProxy:
         address = await self._resolve_checked(match)
         self._count_connection()
         conn.address = str(address)
-        upstream_reader, upstream = await self._connect(address, port)
+        upstream = await self._connect(address, port)
         conn.allowed, conn.rule, conn.message = True, match.destination.rule_id, f"{match.host}:{port} allowed"
         self.stats.connections += 1
+        if method == "CONNECT" and splice.AVAILABLE:
+            with upstream:
+                first = await self._open_tunnel(conn, match, reader, writer)
+                await self._splice_tunnel(conn, reader, writer, upstream, first)
+            return
         try:
-            if method == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-                await writer.drain()
-                first = await self._checked_hello(conn, match, reader)
-                self._count(conn, "out", len(first))
-                upstream.write(first)
-                await self._pump(conn, reader, upstream_reader, writer, upstream, request_body=None)
-            else:
-                request = _origin_request(method, path, headers, match.host, port)
-                self._count(conn, "out", len(request))
-                upstream.write(request)
-                await self._pump(conn, reader, upstream_reader, writer, upstream, request_body=body_length)
+            upstream_reader, upstream_writer = await asyncio.open_connection(sock=upstream, limit=COPY_BYTES)
         except BaseException:
             upstream.close()
             raise
-        return upstream
+        try:  # the streams own the upstream socket now
+            if method == "CONNECT":
+                first = await self._open_tunnel(conn, match, reader, writer)
+            else:
+                first = _origin_request(method, path, headers, match.host, port)
+                self._count(conn, "out", len(first))
+            upstream_writer.write(first)
+            await self._pump(conn, reader, upstream_reader, writer, upstream_writer, request_body=body_length)
+        finally:
+            upstream_writer.close()
+
+    async def _open_tunnel(
+        self, conn: _Connection, match: Match, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bytes:
+        """Answers the CONNECT and returns the client's ClientHello once it passed the checks, counted out."""
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        await writer.drain()
+        first = await self._checked_hello(conn, match, reader)
+        self._count(conn, "out", len(first))
+        return first
 
     def _count_attempt(self) -> None:
         now = self._clock()
@@ -413,13 +424,21 @@ class EgressProxy:
             raise _Denied(verdict.rule, verdict.message)
         return addresses[0]
 
-    async def _connect(self, address: IPAddress, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self, address: IPAddress, port: int) -> socket.socket:
+        """A non-blocking socket connected to ``address`` (the one checked), without Nagle's delay like asyncio's."""
+        upstream = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
         try:
-            return await asyncio.wait_for(
-                asyncio.open_connection(str(address), port, limit=COPY_BYTES), self.limits.connect_timeout
-            )
+            upstream.setblocking(False)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connecting = asyncio.get_running_loop().sock_connect(upstream, (str(address), port))
+            await asyncio.wait_for(connecting, self.limits.connect_timeout)
         except (OSError, TimeoutError) as exc:
+            upstream.close()
             raise _Denied(RULE_UPSTREAM, f"{address} port {port} did not accept the connection: {exc}", 502) from exc
+        except BaseException:
+            upstream.close()
+            raise
+        return upstream
 
     async def _checked_hello(self, conn: _Connection, match: Match, reader: asyncio.StreamReader) -> bytes:
         try:
@@ -445,19 +464,27 @@ class EgressProxy:
         conn.allowed = False
         return _Ended("denied", RULE_SNI, message)
 
-    def _count(self, conn: _Connection, direction: str, size: int) -> None:
+    def _budget(self, direction: str) -> int:
+        """The bytes the run may still move ``out`` (upstream) or ``in``."""
         if direction == "out":
-            if self.stats.bytes_out + size > self.limits.bytes_out:
-                self.stats.limited += 1
-                raise _Ended("limit", RULE_BYTES_OUT, f"the run reached its {self.limits.bytes_out} bytes out")
+            return self.limits.bytes_out - self.stats.bytes_out
+        return self.limits.bytes_in - self.stats.bytes_in
+
+    def _count(self, conn: _Connection, direction: str, size: int) -> None:
+        if size > self._budget(direction):
+            raise self._limit_reached(direction)
+        if direction == "out":
             self.stats.bytes_out += size
             conn.bytes_out += size
         else:
-            if self.stats.bytes_in + size > self.limits.bytes_in:
-                self.stats.limited += 1
-                raise _Ended("limit", RULE_BYTES_IN, f"the run reached its {self.limits.bytes_in} bytes in")
             self.stats.bytes_in += size
             conn.bytes_in += size
+
+    def _limit_reached(self, direction: str) -> _Ended:
+        self.stats.limited += 1
+        if direction == "out":
+            return _Ended("limit", RULE_BYTES_OUT, f"the run reached its {self.limits.bytes_out} bytes out")
+        return _Ended("limit", RULE_BYTES_IN, f"the run reached its {self.limits.bytes_in} bytes in")
 
     async def _pump(
         self,
@@ -497,18 +524,77 @@ class EgressProxy:
                 client.write(data)
                 await client.drain()
 
-        tasks = [asyncio.ensure_future(outward()), asyncio.ensure_future(inward())]
-        try:
-            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)  # the upstream closed
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in done:
-            error = task.exception()
-            if error is not None:
-                raise error
+        await _both_ways(outward(), inward())
         conn.ended = "closed"
+
+    async def _splice_tunnel(
+        self,
+        conn: _Connection,
+        client_reader: asyncio.StreamReader,
+        client: asyncio.StreamWriter,
+        upstream: socket.socket,
+        first: bytes,
+    ) -> None:
+        """Copies a checked tunnel both ways in the kernel (`splice`) until the upstream closes or a limit ends it.
+
+        ``first`` (the ClientHello) and what the client's reader already holds go upstream first; then the copies
+        run on a duplicate of the client's socket, while its stream stays paused until `_serve` closes it.
+        """
+        held = await _take_held_bytes(client_reader, client)
+        self._count(conn, "out", len(held))
+        await asyncio.get_running_loop().sock_sendall(upstream, first + held)
+        client.transport.set_write_buffer_limits(high=0)
+        await client.drain()  # with no buffer allowed, drain() returns once the stream's writes have all left
+        with _socket_of(client) as client_socket:
+
+            async def one_way(source: socket.socket, sink: socket.socket, direction: str) -> None:
+                if not await splice.copy(
+                    source,
+                    sink,
+                    budget=lambda: self._budget(direction),
+                    moved=lambda size: self._count(conn, direction, size),
+                ):
+                    raise self._limit_reached(direction)
+
+            async def outward() -> None:
+                await one_way(client_socket, upstream, "out")
+                upstream.shutdown(socket.SHUT_WR)  # the client finished sending; the upstream may still answer
+                await asyncio.Event().wait()
+
+            await _both_ways(outward(), one_way(upstream, client_socket, "in"))
+        conn.ended = "closed"
+
+
+async def _both_ways(outward: Coroutine[None, None, None], inward: Coroutine[None, None, None]) -> None:
+    """Runs both copies of a connection until the inward one ends (the upstream closed) or either fails."""
+    tasks = [asyncio.ensure_future(outward), asyncio.ensure_future(inward)]
+    try:
+        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        error = task.exception()
+        if error is not None:
+            raise error
+
+
+async def _take_held_bytes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """Stops the stream from reading its socket and returns the bytes its reader already holds."""
+    transport = writer.transport
+    assert isinstance(transport, asyncio.Transport)  # noqa: S101 -- a socket's transport reads and writes
+    transport.pause_reading()
+    reader.feed_eof()  # nothing more arrives through the reader, so read() returns just what it holds
+    held = await reader.read()
+    transport.pause_reading()  # read() resumes a transport that the reader itself paused (its buffer full)
+    return held
+
+
+def _socket_of(writer: asyncio.StreamWriter) -> socket.socket:
+    """A duplicate of the stream's socket, non-blocking like it (the transport keeps, and later closes, its own)."""
+    duplicate: socket.socket = writer.get_extra_info("socket").dup()
+    return duplicate
 
 
 def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:

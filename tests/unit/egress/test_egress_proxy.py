@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from gateway.egress import ConnectionRecord, Destination, EgressLimits, EgressProxy, EgressRules
+from gateway.egress import ConnectionRecord, Destination, EgressLimits, EgressProxy, EgressRules, splice
 from gateway.egress.addresses import IPAddress
 
 LOOPBACK_NET = ipaddress.ip_network("127.0.0.0/8")
@@ -57,6 +58,8 @@ class Upstream:
     port: int = 0
     received: bytearray = field(default_factory=bytearray)
     connections: int = 0
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a connection's handler has closed its socket (the sending upstream's only)."""
 
 
 @contextlib.asynccontextmanager
@@ -559,5 +562,128 @@ def test_a_plain_http_request_body_is_forwarded_exactly(tmp_path: Path) -> None:
         assert bytes(upstream.received).endswith(b"\r\n\r\n" + body)
         assert record.allowed
         assert record.bytes_out == len(upstream.received)
+
+    asyncio.run(scenario())
+
+
+@contextlib.asynccontextmanager
+async def sending_upstream(size: int | None) -> AsyncIterator[Upstream]:
+    """Reads the ClientHello, then sends ``size`` bytes and closes (None: sends until the proxy closes)."""
+    upstream = Upstream()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream.connections += 1
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            upstream.received += await reader.readexactly(len(client_hello("mirror.internal")))
+            sent = 0
+            while size is None or sent < size:
+                chunk = b"z" * (65536 if size is None else min(65536, size - sent))
+                writer.write(chunk)
+                await writer.drain()
+                sent += len(chunk)
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        upstream.finished.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    upstream.port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield upstream
+
+
+KERNEL_COPY = pytest.mark.skipif(
+    not splice.AVAILABLE, reason="exact to the byte with splice only: the copy through Python stops one read earlier"
+)
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@KERNEL_COPY
+def test_a_tunnel_carries_bytes_in_exactly_to_the_limit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        limits = EgressLimits(bytes_in=100_001)
+        async with sending_upstream(1_000_000) as upstream, running_proxy(tmp_path, limits=limits) as proxy:
+            _head, reader, writer = await proxy.connect(f"mirror.internal:{upstream.port}")
+            writer.write(client_hello("mirror.internal"))
+            received = await asyncio.wait_for(reader.read(), GUARD)
+            writer.close()
+            (record,) = await proxy.wait_records(1)
+        assert len(received) == record.bytes_in == proxy.proxy.stats.bytes_in == 100_001
+        assert (record.ended, record.rule, record.allowed) == ("limit", "network.egress.limit.bytes-in", True)
+        assert proxy.proxy.stats.limited == 1
+
+    asyncio.run(scenario())
+
+
+@KERNEL_COPY
+def test_a_tunnel_carries_bytes_out_exactly_to_the_limit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        limits = EgressLimits(bytes_out=200_000)
+        async with echo_upstream() as upstream, running_proxy(tmp_path, limits=limits) as proxy:
+            _head, reader, writer = await proxy.connect(f"mirror.internal:{upstream.port}")
+            hello = client_hello("mirror.internal")
+            writer.write(hello)
+            await asyncio.wait_for(reader.readexactly(len(hello)), GUARD)  # the tunnel copies on its own now
+            writer.write(b"y" * 1_000_000)
+            with contextlib.suppress(OSError):
+                await writer.drain()
+                await asyncio.wait_for(reader.read(), GUARD)
+            writer.close()
+            (record,) = await proxy.wait_records(1)
+        assert len(upstream.received) == record.bytes_out == 200_000
+        assert (record.ended, record.rule) == ("limit", "network.egress.limit.bytes-out")
+
+    asyncio.run(scenario())
+
+
+def test_a_tunnel_passes_the_clients_end_upstream_and_the_answer_back(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with echo_upstream() as upstream, running_proxy(tmp_path) as proxy:
+            _head, reader, writer = await proxy.connect(f"mirror.internal:{upstream.port}")
+            sent = client_hello("mirror.internal") + os.urandom(3_000_000)
+            writer.write(sent)
+            writer.write_eof()  # the echo answers everything, then closes on seeing the client's end
+            received = await asyncio.wait_for(reader.read(), GUARD)
+            writer.close()
+            (record,) = await proxy.wait_records(1)
+        assert received == bytes(upstream.received) == sent
+        assert (record.ended, record.bytes_out, record.bytes_in) == ("closed", len(sent), len(sent))
+
+    asyncio.run(scenario())
+
+
+def test_a_tunnel_ends_closed_when_the_upstream_ends(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with sending_upstream(2_000_000) as upstream, running_proxy(tmp_path) as proxy:
+            _head, reader, writer = await proxy.connect(f"mirror.internal:{upstream.port}")
+            writer.write(client_hello("mirror.internal"))
+            received = await asyncio.wait_for(reader.read(), GUARD)  # the client itself never ends its side
+            (record,) = await proxy.wait_records(1)
+            writer.close()
+        assert received == b"z" * 2_000_000
+        assert (record.ended, record.bytes_in) == ("closed", 2_000_000)
+
+    asyncio.run(scenario())
+
+
+def test_a_run_ending_mid_transfer_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with sending_upstream(None) as upstream:
+            before = open_fds()
+            async with running_proxy(tmp_path) as proxy:
+                _head, reader, writer = await proxy.connect(f"mirror.internal:{upstream.port}")
+                writer.write(client_hello("mirror.internal"))
+                await asyncio.wait_for(reader.readexactly(1_000_000), GUARD)  # the copy runs; then it stalls
+                await proxy.proxy.close()
+                (record,) = await proxy.wait_records(1)
+                writer.close()
+                await writer.wait_closed()
+                await asyncio.wait_for(upstream.finished.wait(), GUARD)
+            assert open_fds() == before
+        assert (record.ended, record.allowed) == ("run-ended", True)
+        assert record.bytes_in >= 1_000_000
 
     asyncio.run(scenario())
