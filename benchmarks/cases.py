@@ -10,7 +10,8 @@
 Every runner raises ``SystemExit`` with what it got when the output is not ``4\\n``: a benchmark never counts
 a failed run as a fast one. Only the local engine is contacted; the image is never pulled.
 
-:func:`run_info` and :func:`print_steps` are the report's parts that the sessions and languages benchmarks share.
+:func:`run_info` and :func:`print_steps` are the report's parts that the sessions and languages benchmarks share;
+:class:`Progress` is the progress line of the peers, sessions, languages and egress benchmarks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import json
 import os
 import platform
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -184,6 +187,27 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(ordered) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+class Progress:
+    """One updating line on stderr, the benchmark's ``name`` and the seconds since the start before each message,
+    when ``enabled`` (stderr is a terminal); silent otherwise."""
+
+    def __init__(self, name: str, enabled: bool) -> None:
+        self.name = name
+        self.enabled = enabled
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            line = f"[{self.name} {time.monotonic() - self.start:6.1f}s] {message}"
+            sys.stderr.write("\r\033[K" + line[:160])
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def cpus() -> int:

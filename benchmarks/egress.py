@@ -71,7 +71,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from cases import percentile
+from cases import Progress, percentile
 
 from gateway import Gateway
 from gateway.egress import ConnectionRecord, Destination, EgressHost, EgressLimits, EgressPlan
@@ -94,24 +94,6 @@ LIFTED = EgressLimits(connections=10**9, bytes_out=2**62, bytes_in=2**62, rate=1
 """The run's limits out of the way: the benchmark times forwarding, not the limits."""
 STEPS = ("https_proxy", "https_direct", "http_proxy", "http_direct")
 BULK = ("raw_proxy", "raw_direct", "https_proxy", "https_direct")
-
-
-class Progress:
-    """One updating line on stderr when it is a terminal; silent otherwise (the client process has its own)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.start = time.monotonic()
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"\r\033[K[egress {time.monotonic() - self.start:6.1f}s] {message}"[:160])
-            sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
 
 
 @dataclass(frozen=True)
@@ -369,7 +351,7 @@ class Client:
 
 def measure(setup: Setup) -> dict[str, Any]:
     """The client's whole run: the per-connection rounds, then the bulk rounds."""
-    progress = Progress(setup.progress)
+    progress = Progress("egress", setup.progress)
     client = Client(setup)
     steps: dict[str, Callable[[], None]] = {name: getattr(client, name) for name in STEPS}
     times: dict[str, list[float]] = {name: [] for name in STEPS}
@@ -678,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (5 if args.quick else 20)
     args.bulk_mb = args.bulk_mb or (20 if args.quick else 100)
     args.bulk_rounds = args.bulk_rounds or (1 if args.quick else 5)
-    report = run(args, Progress(sys.stderr.isatty()))
+    report = run(args, Progress("egress", sys.stderr.isatty()))
     if args.json:
         print(json.dumps(report, indent=2))
     else:

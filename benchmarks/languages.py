@@ -53,8 +53,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import sessions
-from cases import EXPECTED, gateway_failure, print_steps, run_info
+from cases import EXPECTED, Progress, gateway_failure, print_steps, run_info
 from peers import RUN_LABEL
 from sessions import private_slots, summarize, sweep
 
@@ -95,15 +94,6 @@ FRESH_PYTHON = Language("python", "print(2+2)", PYTHON_IMAGE, (), (), env=(("LAN
 """Python without the pre-forked interpreter: a request setting ``LANG`` (read only while an interpreter starts)
 gets a python3 started for it after the payload, as every other language's interpreter is."""
 Step = Callable[[], None]
-
-
-class Progress(sessions.Progress):
-    """One updating line on stderr when it is a terminal; silent otherwise."""
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"\r\033[K[languages {time.monotonic() - self.start:6.1f}s] {message}"[:160])
-            sys.stderr.flush()
 
 
 def policy_for(runtime: str, work: Path) -> Path:
@@ -350,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"languages.py: the image {image} is missing; build it with scripts/build-image.sh",
                       file=sys.stderr)  # fmt: skip
                 return 2
-        report = run(args, engine, Progress(sys.stderr.isatty()))
+        report = run(args, engine, Progress("languages", sys.stderr.isatty()))
     finally:
         engine.close()
     if args.json:

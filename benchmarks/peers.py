@@ -60,6 +60,7 @@ from cases import (
     CODE,
     EXPECTED,
     IMAGE,
+    Progress,
     cli_flags,
     cpus,
     docker_cli,
@@ -688,25 +689,6 @@ def measure(
 # --- the run ---------------------------------------------------------------------------------------------
 
 
-class Progress:
-    """One updating line on stderr when it is a terminal; silent otherwise."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.start = time.monotonic()
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            line = f"[peers {time.monotonic() - self.start:6.1f}s] {message}"
-            sys.stderr.write("\r\033[K" + line[:160])
-            sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-
-
 def registered_runtimes(client: Any) -> list[str]:
     runtimes = client.info().get("Runtimes", {})
     return ["runc"] + (["runsc"] if "runsc" in runtimes else [])
@@ -1014,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"peers.py: runtime(s) {missing} not registered with the engine", file=sys.stderr)
         return 2
-    progress = Progress(sys.stderr.isatty())
+    progress = Progress("peers", sys.stderr.isatty())
     # Ctrl-C and SIGTERM both end the run through the cleanup below, even when started from a shell that
     # made this process ignore SIGINT (a background job).
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -56,7 +56,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cases import CODE, EXPECTED, IMAGE, percentile, print_steps, run_info
+from cases import CODE, EXPECTED, IMAGE, Progress, percentile, print_steps, run_info
 from peers import RUN_LABEL, CaseError, Worker, peers_dir
 from service import gateway_serve_with
 
@@ -309,24 +309,6 @@ def targets(steps: dict[str, dict[str, float]], runtime: str) -> tuple[dict[str,
 # --- the run --------------------------------------------------------------------------------------------
 
 
-class Progress:
-    """One updating line on stderr when it is a terminal; silent otherwise."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.start = time.monotonic()
-
-    def __call__(self, message: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"\r\033[K[sessions {time.monotonic() - self.start:6.1f}s] {message}"[:160])
-            sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-
-
 @contextlib.contextmanager
 def private_slots(work: Path, count: int) -> Iterator[None]:
     """Host slots of this run's own (``count`` in a runtime directory of its own) for the local Gateway and the
@@ -502,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sessions.py: the image {IMAGE} is missing; build it with scripts/build-image.sh", file=sys.stderr)
         return 2
     try:
-        report = run(args, engine, Progress(sys.stderr.isatty()))
+        report = run(args, engine, Progress("sessions", sys.stderr.isatty()))
     finally:
         engine.close()
     if args.json:
