@@ -1,7 +1,8 @@
 """The function-calling tools for LLMs, one per language the policy allows (``execute_python``,
 ``execute_shell``, ``execute_javascript``), routed through the gateway.
 
-The model may set only ``code`` and a ``timeout`` (up to the policy's ceiling), and the tool's name sets the
+The model sets ``code``, a ``timeout`` (up to the policy's ceiling) and, where the policy allows installs for the
+tool's language, ``packages`` (from the operator's index, within its allow list); the tool's name sets the
 language: image, mounts, network, limits and env stay the operator's. Every call is decided, audited and
 contained like any other request, and the model gets a JSON-serialisable answer it can read, denials included
 with their reasons, and the files the program wrote under ``./out`` with their contents (text as text, binary as
@@ -11,9 +12,10 @@ the files): what is cut is marked.
 State between calls is the host's choice, never the model's: ``ToolHandler(gateway, session="kernel")`` (a
 local Gateway or a ``gateway.client.Client``) keeps one gateway session per handler (opened at the first call,
 or by :meth:`ToolHandler.open`; closed by :meth:`ToolHandler.close`), so the model's consecutive
-``execute_python`` calls share variables, imports and files; the model still sets only ``code`` and ``timeout``
-and never sees or names a session id. A session that ended (idle, lifetime, killed) is replaced by a new one at
-the next call, and that answer says the state is gone (``state_lost``). The session is Python's
+``execute_python`` calls share variables, imports and files; the model sets only ``code`` and ``timeout`` there
+(no ``packages``: an execution in a session may not list any, rule ``sessions.profile``) and never sees or names
+a session id. A session that ended (idle, lifetime, killed) is replaced by a new one at the next call, and that
+answer says the state is gone (``state_lost``). The session is Python's
 (:data:`SESSION_LANGUAGES`): in a session handler, the other languages' tools still run each call in a fresh
 sandbox, and their descriptions say so.
 """
@@ -29,7 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from gateway import Caller, Gateway
 from gateway.errors import CancelledRunError, SessionGoneError, SessionNotFoundError
 from gateway.executor import Executor, ResultLike
-from gateway.policy.model import Policy
+from gateway.policy.model import EGRESS, NpmRule, PackagesRule, Policy
+from gateway.policy.npm import MAX_SPEC_LENGTH
+from gateway.policy.packages import MAX_REQUIREMENT_LENGTH
 from gateway.result import ExecutionResult
 from gateway.sessions.model import SessionResult
 from gateway.sizes import format_size
@@ -100,9 +104,54 @@ def ceilings_text(policy: Policy) -> str:
     return (
         f"Policy {policy.name}: timeout up to {timeout.max:g} s (default {timeout.default:g} s); "
         f"memory {format_size(int(limits.memory.max))}, {limits.cpus.max:g} CPUs, {int(limits.pids.max)} "
-        f"processes, output capped at {format_size(int(limits.output_bytes.max))} per stream; "
-        f"network {policy.network.default}."
+        f"processes, output capped at {format_size(int(limits.output_bytes.max))} per stream."
     )
+
+
+_MAX_LISTED = 8
+"""Hosts or package names a description lists before it says how many more there are."""
+
+
+def _listed(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown if len(items) <= _MAX_LISTED else f"{shown} and {len(items) - _MAX_LISTED} more"
+
+
+def _network_text(policy: Policy) -> str:
+    """Where the policy's default network puts a run, for the tool description: ``network-less``, ``with network
+    access only to <hosts>`` (egress), or the network's name."""
+    network = policy.network
+    if network.default == "none":
+        return "network-less"
+    if network.default == EGRESS and network.egress is not None:
+        hosts = [
+            f"{d.host}:{d.ports[0]}" if len(d.ports) == 1 else f"{d.host} (ports {', '.join(map(str, d.ports))})"
+            for d in network.egress.allow
+        ]
+        return f"with network access only to {_listed(hosts)}"
+    return f"on the network {network.default!r}"
+
+
+def _packages_parameter(language: str, rule: PackagesRule | NpmRule) -> dict[str, Any]:
+    """The ``packages`` parameter of ``language``'s tool under ``rule`` (``spec.packages`` or its ``npm``)."""
+    what, length = {
+        "python": ("index: pip requirement strings such as 'requests>=2'", MAX_REQUIREMENT_LENGTH),
+        "javascript": ("registry: npm specs such as 'left-pad@^1.3'", MAX_SPEC_LENGTH),
+    }[language]
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": rule.max,
+        "items": {"type": "string", "minLength": 1, "maxLength": length},
+        "description": f"Packages to install before running, from the operator's {what}; only "
+        f"{_listed(list(rule.allow))} are allowed (dependencies too).",
+    }
+
+
+def _packages_rule(policy: Policy, language: str) -> PackagesRule | NpmRule | None:
+    """What ``language``'s requests may install under ``policy``: Python's ``spec.packages``, JavaScript's
+    ``spec.packages.npm``; None for another language, or when the policy allows no installs for it."""
+    return {"python": policy.packages, "javascript": policy.npm}.get(language)
 
 
 def tool_name(language: str) -> str:
@@ -121,6 +170,8 @@ def tool_definition(
     ceilings: str | None = None,
     session: ToolSession | None = None,
     language: str = "python",
+    network: str = "network-less",
+    packages: PackagesRule | NpmRule | None = None,
 ) -> dict[str, Any]:
     """The OpenAI-style function-calling definition of ``language``'s tool (also what Anthropic's tool
     ``input_schema`` takes).
@@ -128,17 +179,33 @@ def tool_definition(
     ``ceilings`` (see :func:`ceilings_text`) is appended to the description. ``session``: the description says
     what persists between calls in that mode (a :class:`ToolHandler` built with the same ``session``), for a
     language of :data:`SESSION_LANGUAGES`; another language's tool says nothing persists, as it runs each call
-    afresh. The parameters stay ``code`` and ``timeout``."""
+    afresh. ``network`` says where a run is (see :func:`_network_text`). The parameters are ``code`` and
+    ``timeout``, and ``packages`` bounded by ``packages`` (``spec.packages``, or ``spec.packages.npm`` for
+    JavaScript) when it is given; without it the schema refuses any other parameter."""
     if session is not None and session not in _PERSISTS:
         raise ValueError(f"session {session!r} is not one of {sorted(_PERSISTS)}")
     if language not in _LANGUAGES:
         raise ValueError(f"language {language!r} has no tool; the tools' languages are {sorted(_LANGUAGES)}")
+    if packages is not None and language not in ("python", "javascript"):
+        raise ValueError(f"language {language!r} has no packages; only python and javascript tools take them")
     opening, code = _LANGUAGES[language]
+    where = "in an isolated, network-less sandbox" if network == "network-less" else f"in an isolated sandbox {network}"
     description = (
-        f"{opening} in an isolated, network-less sandbox and return stdout, stderr and the exit code. Files "
+        f"{opening} {where} and return stdout, stderr and the exit code. Files "
         "written under ./out are returned with their contents (UTF-8 text as text, other bytes as base64); long "
         "contents are cut and marked truncated. "
     ) + (_PERSISTS[session] if session is not None and language in SESSION_LANGUAGES else _STATELESS)
+    properties: dict[str, Any] = {
+        "code": {"type": "string", "description": code},
+        "timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": max_timeout_s,
+            "description": "Wall-clock limit in seconds (optional; the policy default applies).",
+        },
+    }
+    if packages is not None:
+        properties["packages"] = _packages_parameter(language, packages)
     return {
         "type": "function",
         "function": {
@@ -146,15 +213,7 @@ def tool_definition(
             "description": f"{description} {ceilings}" if ceilings else description,
             "parameters": {
                 "type": "object",
-                "properties": {
-                    "code": {"type": "string", "description": code},
-                    "timeout": {
-                        "type": "number",
-                        "exclusiveMinimum": 0,
-                        "maximum": max_timeout_s,
-                        "description": "Wall-clock limit in seconds (optional; the policy default applies).",
-                    },
-                },
+                "properties": properties,
                 "required": ["code"],
                 "additionalProperties": False,
             },
@@ -168,10 +227,24 @@ EXECUTE_PYTHON_TOOL: dict[str, Any] = tool_definition()
 
 def tool_definitions(policy: Policy, *, session: ToolSession | None = None) -> list[dict[str, Any]]:
     """The tools a caller under ``policy`` is offered: one per language it allows, in the policy's order, each
-    with the policy's timeout ceiling as its schema's maximum and its ceilings in the description."""
+    with the policy's timeout ceiling as its schema's maximum, its default network and ceilings in the
+    description, and a ``packages`` parameter when the policy allows installs for its language (Python:
+    ``spec.packages``; JavaScript: ``spec.packages.npm``). With ``session``, the session-bound tool
+    (:data:`SESSION_LANGUAGES`) has no ``packages``: an execution in a session may not list any (rule
+    ``sessions.profile``)."""
     ceilings = ceilings_text(policy)
+    network = _network_text(policy)
     return [
-        tool_definition(float(policy.limits.timeout_s.max), ceilings=ceilings, session=session, language=language)
+        tool_definition(
+            float(policy.limits.timeout_s.max),
+            ceilings=ceilings,
+            session=session,
+            language=language,
+            network=network,
+            packages=None
+            if session is not None and language in SESSION_LANGUAGES
+            else _packages_rule(policy, language),
+        )
         for language in policy.languages.allowed
     ]
 
@@ -219,7 +292,10 @@ class ToolHandler:
 
     The handler serves every tool of :func:`tool_definitions` (:meth:`definitions`: those the policy offers);
     a call's tool name sets its request's ``language``, and the policy decides it like any request (a language
-    it does not allow is denied with the rule). A name no tool has is refused (``unknown_tool``).
+    it does not allow is denied with the rule). A name no tool has is refused (``unknown_tool``), and so is an
+    argument the tool does not offer (``invalid_arguments``): ``packages`` only where the definition has it
+    (the policy allows installs for the language, and it is not the session-bound tool). The policy decides
+    the packages like any request's (a denial names its rule, ``packages.allowed``).
 
     ``session``: every ``execute_python`` call (:data:`SESSION_LANGUAGES`) runs in one gateway session of that
     mode (``gateway.sessions``, local or remote: the answers are the same), created under the principal's
@@ -302,12 +378,26 @@ class ToolHandler:
         raise LookupError(f"the policy does not offer the {TOOL_NAME} tool (offered: {offered})")
 
     def _persisting(self, tool: dict[str, Any]) -> dict[str, Any]:
-        """The service's definition (which says nothing persists), saying what this handler's session keeps."""
+        """The service's definition (which says nothing persists), saying what this handler's session keeps, and
+        without ``packages`` (an execution in a session may not list any: rule ``sessions.profile``)."""
         if self.session is None or tool.get("function", {}).get("name") not in map(tool_name, SESSION_LANGUAGES):
             return tool
         function = dict(tool["function"])
         function["description"] = str(function["description"]).replace(_STATELESS, _PERSISTS[self.session])
+        parameters = dict(function["parameters"])
+        parameters["properties"] = {k: v for k, v in parameters["properties"].items() if k != "packages"}
+        function["parameters"] = parameters
         return {**tool, "function": function}
+
+    def _parameters(self, name: str) -> list[str]:
+        """The parameters ``name``'s tool offers (``code`` and ``timeout`` when the policy offers no such tool, or
+        the remote gateway cannot say which it offers)."""
+        if not self.local and not callable(getattr(self.gateway, "tools", None)):
+            return ["code", "timeout"]
+        for tool in self.definitions():
+            if tool.get("function", {}).get("name") == name:
+                return list(tool["function"]["parameters"]["properties"])
+        return ["code", "timeout"]
 
     # -- the session -----------------------------------------------------------------------------------
 
@@ -420,6 +510,15 @@ class ToolHandler:
 
     # -- a call ----------------------------------------------------------------------------------------
 
+    def _unknown(self, name: str, language: str, unknown: list[str], parameters: list[str]) -> str:
+        """Why a call naming ``unknown`` arguments is refused, and what ``name`` accepts."""
+        message = f"unknown argument(s) {unknown}; {name} accepts only {', '.join(map(repr, parameters))}"
+        if "packages" not in unknown:
+            return message
+        if self.session is not None and language in SESSION_LANGUAGES:
+            return f"{message}: an execution in the handler's session cannot install packages (sessions.profile)"
+        return f"{message}: the policy allows no package installs for {language}"
+
     def __call__(
         self, name: str, args: Mapping[str, Any] | str, *, cancel: threading.Event | None = None
     ) -> dict[str, Any]:
@@ -440,8 +539,11 @@ class ToolHandler:
         if not isinstance(args, Mapping):
             return _error("invalid_arguments", "arguments must be a JSON object with 'code'")
         unknown = sorted(set(args) - {"code", "timeout"})
-        if unknown:
-            return _error("invalid_arguments", f"unknown argument(s) {unknown}; only 'code' and 'timeout' are accepted")
+        if unknown:  # read the definitions only now: remotely, that is a request to the service
+            parameters = self._parameters(name)
+            unknown = sorted(set(args) - set(parameters))
+            if unknown:
+                return _error("invalid_arguments", self._unknown(name, language, unknown, parameters))
         code = args.get("code")
         if not isinstance(code, str):
             return _error("invalid_arguments", "'code' must be a string")
@@ -453,6 +555,11 @@ class ToolHandler:
             if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
                 return _error("invalid_arguments", "'timeout' must be a positive number of seconds")
             request["limits"] = {"timeout_s": timeout}
+        packages = args.get("packages")
+        if packages is not None:
+            if not isinstance(packages, list) or not all(isinstance(p, str) for p in packages):
+                return _error("invalid_arguments", "'packages' must be an array of strings (requirements or npm specs)")
+            request["packages"] = packages  # bounds and allow list: the request schema and the policy decide
         if cancel is not None and not self.local:
             raise TypeError("cancel needs a local Gateway; a remote run is bounded by the server's deadline")
         if self.session is not None and language in SESSION_LANGUAGES:

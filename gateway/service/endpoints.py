@@ -603,8 +603,9 @@ def tools_for(policy: Policy) -> list[dict[str, Any]]:
     ask for more), each saying which ``POST /v1/executions`` body it stands for."""
     tools = tool_definitions(policy)
     for tool, language in zip(tools, policy.languages.allowed, strict=True):
+        packages = ', "packages": packages' if "packages" in tool["function"]["parameters"]["properties"] else ""
         tool["function"]["description"] += (
             f' Call it through POST /v1/executions with {{"code": code, "language": "{language}", '
-            '"limits": {"timeout_s": timeout}}.'
+            f'"limits": {{"timeout_s": timeout}}{packages}}}.'
         )
     return tools

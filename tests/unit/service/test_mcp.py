@@ -117,7 +117,7 @@ def test_the_tool_is_the_llm_tool_with_the_principals_ceilings() -> None:
     assert set(tool.input_schema["properties"]) == {"code", "timeout"}
     assert tool.input_schema["properties"]["timeout"]["maximum"] == gateway.policy.limits.timeout_s.max
     assert "timeout up to 60 s (default 10 s)" in tool.description
-    assert "network none" in tool.description
+    assert "in an isolated, network-less sandbox" in tool.description
 
 
 def test_runs_and_denials_are_results_and_audited_with_the_principal() -> None:
