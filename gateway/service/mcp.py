@@ -2,8 +2,8 @@
 policy allows those languages) served over MCP stdio, as one configured principal.
 
 The tools are :mod:`gateway.tool`'s (one definition, one handler): ``tools/list`` offers one per language the
-principal's policy allows, and the model sets only ``code`` and a ``timeout`` up to the policy's ceiling,
-which each tool's description states. Every call goes through
+principal's policy allows, and the model sets only ``code``, a ``timeout`` up to the policy's ceiling, which
+each tool's description states, and, where the policy allows installs for the tool's language, ``packages``. Every call goes through
 one local :class:`~gateway.Gateway` with the principal's name in the request, so it is decided under that
 principal's policy and audited with it.
 
