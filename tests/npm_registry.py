@@ -13,12 +13,13 @@ import hashlib
 import io
 import json
 import tarfile
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
+
+from tests.loopback_http import LoopbackServer
 
 __all__ = ["NpmPackage", "NpmRegistry", "build_package", "integrity"]
 
@@ -72,7 +73,7 @@ def build_package(
 
 
 @dataclass
-class NpmRegistry:
+class NpmRegistry(LoopbackServer):
     """Serves ``packages`` on ``http://127.0.0.1:<port>/`` (or under the ``host`` name the runs use, when given)
     while entered; ``requests`` lists the paths asked for."""
 
@@ -80,11 +81,6 @@ class NpmRegistry:
     host: str | None = None
     requests: list[str] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.server_address[1])
 
     @property
     def url(self) -> str:
@@ -101,7 +97,7 @@ class NpmRegistry:
         latest = max(versions, key=lambda v: tuple(int(p) for p in v.split(".")))
         return {"name": name, "dist-tags": {"latest": latest}, "versions": versions}
 
-    def _answer(self, path: str) -> tuple[int, str, bytes]:
+    def answer(self, path: str) -> tuple[int, str, bytes]:
         name = unquote(path.lstrip("/"))
         if "/-/" in name:
             owner, _, filename = name.partition("/-/")
@@ -112,28 +108,3 @@ class NpmRegistry:
         if any(p.name == name for p in self.packages):
             return 200, "application/json", json.dumps(self.packument(name)).encode()
         return 404, "application/json", b'{"error": "Not found"}'
-
-    def __enter__(self) -> NpmRegistry:
-        registry = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                registry.requests.append(self.path)
-                status, kind, body = registry._answer(urlsplit(self.path).path)  # origin or absolute form
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()

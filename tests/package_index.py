@@ -19,12 +19,14 @@ import subprocess
 import sysconfig
 import tarfile
 import tempfile
-import threading
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
+
+from tests.loopback_http import LoopbackServer
 
 __all__ = ["EXTENSION_TAG", "Archive", "PackageIndex", "build_sdist", "build_wheel", "canonical", "compile_extension"]
 
@@ -121,18 +123,14 @@ def build_sdist(name: str, version: str) -> Archive:
 
 
 @dataclass
-class PackageIndex:
+class PackageIndex(LoopbackServer):
     """A PEP 503 simple index of ``archives`` on 127.0.0.1; use as a context manager (serves in a thread)."""
 
     archives: Sequence[Archive]
     requests: list[str] = field(default_factory=list)
     """The paths it answered, in order (for asserting that a cached install asked nothing)."""
     _server: ThreadingHTTPServer | None = None
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.server_address[1])
+    _served: dict[str, bytes] = field(default_factory=dict)
 
     def url(self, host: str = "127.0.0.1") -> str:
         """The index URL (``http://host:port/simple/``)."""
@@ -154,38 +152,15 @@ class PackageIndex:
             pages[f"/files/{archive.filename}"] = archive.data
         return pages
 
-    def __enter__(self) -> PackageIndex:
-        pages = self._pages()
-        seen = self.requests
+    def answer(self, path: str) -> tuple[int, str, bytes]:
+        body = self._served.get(path) or self._served.get(path + "/")
+        if body is None:
+            return 404, "text/plain", b"not found"
+        return 200, "text/html" if path.startswith("/simple/") else "application/octet-stream", body
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path.startswith("http://"):  # an absolute URI, as a proxy forwards it
-                    path = "/" + path.split("/", 3)[3]
-                seen.append(path)
-                body = pages.get(path) or pages.get(path + "/")
-                if body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                kind = "text/html" if path.startswith("/simple/") else "application/octet-stream"
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+    def __enter__(self) -> Self:
+        self._served = self._pages()
+        return super().__enter__()
 
     def files(self) -> Iterator[Archive]:
         yield from self.archives
