@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,15 @@ def _isolated_audit_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     path = tmp_path_factory.mktemp("audit")
     monkeypatch.setenv("GATEWAY_AUDIT_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory of the test's own at a short path (a unix socket's path is at most 107 bytes; pytest's
+    ``tmp_path`` is long), removed after the test: where proxies' sockets go."""
+    path = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 _MOUNT_POLICY = """\

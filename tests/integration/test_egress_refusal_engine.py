@@ -5,8 +5,6 @@ egress when it assembles the Pod: tests/unit/runner/test_egress_refusal.py.)"""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,8 @@ MIRROR = policies_dir() / "examples" / "egress-mirror.yaml"
 
 
 @pytest.fixture
-def egress_root() -> Iterator[Path]:
-    """A short root (a unix socket's path is at most 107 bytes)."""
-    parent = Path(tempfile.mkdtemp(prefix="gw-eg-", dir="/tmp"))
-    yield parent / "egress"
-    shutil.rmtree(parent, ignore_errors=True)
+def egress_root(short_dir: Path) -> Path:
+    return short_dir / "egress"
 
 
 @pytest.fixture

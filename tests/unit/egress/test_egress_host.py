@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import shutil
 import socket
 import stat
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,11 +53,8 @@ class Upstream:
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    """A short path (a unix socket's path is at most 107 bytes; pytest's tmp_path is long)."""
-    parent = Path(tempfile.mkdtemp(prefix="gw-egress-", dir="/tmp"))
-    yield parent / "egress"
-    shutil.rmtree(parent, ignore_errors=True)
+def root(short_dir: Path) -> Path:
+    return short_dir / "egress"
 
 
 @pytest.fixture

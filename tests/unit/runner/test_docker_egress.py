@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +13,8 @@ from gateway.runner.docker.egress import bind_egress, reap_egress
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    """A short path (a unix socket's path is at most 107 bytes; pytest's tmp_path is long)."""
-    parent = Path(tempfile.mkdtemp(prefix="gw-reap-", dir="/tmp"))
-    yield parent
-    shutil.rmtree(parent, ignore_errors=True)
+def root(short_dir: Path) -> Path:
+    return short_dir
 
 
 def test_the_run_directory_is_bound_read_only_at_the_fixed_target() -> None:
