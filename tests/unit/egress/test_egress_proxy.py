@@ -20,7 +20,7 @@ import pytest
 import trustme
 
 from gateway.egress import ConnectionRecord, Destination, EgressLimits, EgressProxy, EgressRules, splice
-from gateway.egress.addresses import IPAddress
+from tests.egress_support import TableResolver
 
 LOOPBACK_NET = ipaddress.ip_network("127.0.0.0/8")
 RULE_REQUEST = "network.egress.request"
@@ -33,22 +33,6 @@ def client_hello(server_name: str) -> bytes:
     with pytest.raises(ssl.SSLWantReadError):
         tls.do_handshake()
     return outgoing.read()
-
-
-class FakeResolver:
-    """Answers from a table; a name with several answers gives them in turn (the last one repeats)."""
-
-    def __init__(self, answers: dict[str, Sequence[Sequence[str]]]) -> None:
-        self.answers = answers
-        self.calls: list[str] = []
-
-    async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
-        self.calls.append(host)
-        answers = self.answers.get(host)
-        if answers is None:
-            raise OSError(f"fake resolver: no such name {host}")
-        answer = answers[min(self.calls.count(host), len(answers)) - 1]
-        return [ipaddress.ip_address(a) for a in answer]
 
 
 @dataclass
@@ -133,7 +117,7 @@ class Proxy:
 
     proxy: EgressProxy
 
-    def __init__(self, path: Path, resolver: FakeResolver) -> None:
+    def __init__(self, path: Path, resolver: TableResolver) -> None:
         self.path, self.resolver = path, resolver
         self.records: list[ConnectionRecord] = []
         self._arrived = asyncio.Event()
@@ -176,7 +160,7 @@ async def running_proxy(
     limits: EgressLimits | None = None,
     clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[Proxy]:
-    resolver = FakeResolver(answers if answers is not None else {"mirror.internal": [["127.0.0.1"]]})
+    resolver = TableResolver(answers if answers is not None else {"mirror.internal": [["127.0.0.1"]]})
     if destinations is None:
         destinations = [Destination("mirror.internal", ports=tuple(range(1024, 65536)), cidrs=(LOOPBACK_NET,))]
     harness = Proxy(tmp_path / "egress.sock", resolver)
