@@ -23,6 +23,7 @@ reported as ``file:line: $.path: ...``, and a suite with any problem runs no cas
         allowed: false
         violations: [{rule: limits.memory, path: $.limits.memory}]   # ids or {rule, path}: a multiset
         warnings: []                            # optional, the same forms
+        approvals: []                           # approve-mode failures (a request waiting for approval), the same
       - name: a principal's exception, before it expires
         request: {code: "x", limits: {memory: 6g}}
         principal: ml-bot-1                     # sets the request's principal
@@ -42,7 +43,7 @@ reported as ``file:line: $.path: ...``, and a suite with any problem runs no cas
         policy: invalid/duplicate-key.yaml
         errors: [{path: "$.spec.limits.memory", line: 14}]   # each must appear among the problems
 
-``violations`` and ``warnings`` are compared as multisets: a rule id matches one result of that rule, a
+``violations``, ``warnings`` and ``approvals`` are compared as multisets: a rule id matches one result of that rule, a
 ``{rule, path}`` one result of that rule at that path; omitted, they are not checked.
 """
 
@@ -358,7 +359,8 @@ def _run_case(
     detail: list[str] = []
     if decision.allowed != want_allowed:
         detail.append(f"{'allowed' if decision.allowed else 'denied'}, expected {'allow' if want_allowed else 'deny'}")
-    for key, results in (("violations", decision.violations), ("warnings", decision.warnings)):
+    judged = (("violations", decision.violations), ("warnings", decision.warnings), ("approvals", decision.approvals))
+    for key, results in judged:
         if key in case:
             mismatch = _compare_results(key, case[key], results)
             if mismatch is not None:

@@ -14,12 +14,12 @@ built-in list comes in as ``denied_paths`` (the Gateway passes its audit sink's)
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from gateway.decision.model import Decision, PolicyRef, RuleResult, ShadowVerdict, Status
+from gateway.decision.model import Decision, PolicyRef, RuleResult, ShadowVerdict, Status, request_digest
 from gateway.decision.rules import RULES, Context, Finding
 from gateway.decision.rules.base import RuleOf
 from gateway.decision.settings import BackendLimits, SandboxSettings, resolve
@@ -72,7 +72,7 @@ def stamp(rule_id: str, mode: Mode, finding: Finding) -> RuleResult:
     elif finding.never_relaxed:
         status, mode = "fail", "enforce"
     else:
-        status = "warn" if mode == "audit" else "fail"
+        status = "warn" if mode == "audit" else "fail"  # approve mode: a failure that holds (RuleResult.holds)
     return RuleResult(rule_id, status, mode, finding.path, finding.got, finding.expected, finding.message)
 
 
@@ -165,6 +165,7 @@ def evaluate(
     request_id: str | None = None,
     decision_id: str | None = None,
     now: datetime | None = None,
+    approved: Collection[str] = (),
 ) -> Decision:
     """Judge ``request`` under ``policy``; assemble the backend's options if nothing denies.
 
@@ -174,15 +175,17 @@ def evaluate(
     the current time; a naive time is read as UTC): the policy's exceptions that match the principal and have
     not expired by then widen the policy for this request, and the decision lists their ids. A shadow policy
     (``spec.audit_policy``) judges the same request; its failures join the results as ``shadow:<rule id>``
-    failures in mode ``audit``, which never deny. Never raises for a bad request or a broken policy object:
-    every failure is an ``error`` result and a deny.
+    failures in mode ``audit``, which never deny. A request that only approve-mode rules fail is held
+    (``Decision.approval_required``, nothing assembled) unless its :func:`request_digest` is in ``approved`` (the
+    digests an operator approved); either way the decision carries that digest. Never raises for a bad request or a
+    broken policy object: every failure is an ``error`` result and a deny.
     """
     decision_id = decision_id or uuid.uuid4().hex
     request_id = request_id or uuid.uuid4().hex
     moment = _utc(now)
     decision = _evaluate(
         policy, request, assembler=assembler, denied_paths=denied_paths, admission=admission,
-        request_id=request_id, decision_id=decision_id, now=moment,
+        request_id=request_id, decision_id=decision_id, now=moment, approved=approved,
     )  # fmt: skip
     shadow = policy.shadow if isinstance(policy, CompiledPolicy) else None
     if shadow is None and isinstance(policy, Policy) and policy.audit_policy is not None:
@@ -215,6 +218,7 @@ def _evaluate(
     request_id: str,
     decision_id: str,
     now: datetime,
+    approved: Collection[str],
 ) -> Decision:
     raw = policy.policy if isinstance(policy, CompiledPolicy) else policy
     ref = PolicyRef(raw.name, raw.sha256, raw.source)
@@ -237,13 +241,21 @@ def _evaluate(
     results.extend(judge(ctx, RULES))
     if any(r.denies for r in results):
         return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
+    digest = request_digest(request, settings) if any(r.holds for r in results) else None
+    if digest is not None and digest not in approved:
+        return Decision(
+            decision_id, request_id, False, ref, tuple(results), settings, exceptions=used, request_digest=digest
+        )
     assembled = assemble(
         assembler, settings, denied_paths=ctx.denied_paths, decision_id=decision_id, request_id=request_id
     )
     if isinstance(assembled, RuleResult):
         results.append(assembled)
-        return Decision(decision_id, request_id, False, ref, tuple(results), settings, exceptions=used)
+        return Decision(
+            decision_id, request_id, False, ref, tuple(results), settings, exceptions=used, request_digest=digest
+        )
     run, recorded = assembled
     return Decision(
-        decision_id, request_id, True, ref, tuple(results), settings, run, exceptions=used, recorded_options=recorded
-    )
+        decision_id, request_id, True, ref, tuple(results), settings, run, exceptions=used, recorded_options=recorded,
+        request_digest=digest,
+    )  # fmt: skip

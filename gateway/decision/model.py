@@ -17,9 +17,12 @@ from typing import Any, Literal
 from gateway.canonical import options_bytes
 from gateway.decision.settings import SandboxSettings
 from gateway.policy.model import Mode
+from gateway.request import ExecutionRequest
 from gateway.runspec import RunSpec
 
-__all__ = ["DENYING", "Decision", "PolicyRef", "RuleResult", "ShadowVerdict", "Status", "copy_json"]
+__all__ = [
+    "DENYING", "Decision", "PolicyRef", "RuleResult", "ShadowVerdict", "Status", "copy_json", "request_digest",
+]  # fmt: skip
 
 Status = Literal["pass", "fail", "warn", "error", "skip"]
 
@@ -54,6 +57,11 @@ class RuleResult:
     def denies(self) -> bool:
         """An error in any mode, or a failure in enforce mode."""
         return self.status == "error" or (self.status == "fail" and self.mode == "enforce")
+
+    @property
+    def holds(self) -> bool:
+        """A failure in approve mode: the request waits for an operator's approval (it does not deny)."""
+        return self.status == "fail" and self.mode == "approve"
 
     def to_dict(self, *, shared: bool = False) -> dict[str, Any]:
         """This result as JSON data: ``got`` and ``expected`` copied, or as they are with ``shared`` (see
@@ -114,6 +122,9 @@ class Decision:
     recorded_options: Mapping[str, Any] | None = None
     """``run.options`` as the record and the responses show them (the assembler's ``recorded`` form: the
     Docker seccomp profile named by its digest); present exactly when ``run`` is."""
+    request_digest: str | None = None
+    """:func:`request_digest` of the request, present when approve-mode rules asked for an approval (the request
+    waits for one, or runs because an operator approved exactly this digest)."""
 
     def __post_init__(self) -> None:
         if (self.run is None) != (self.recorded_options is None):
@@ -139,6 +150,16 @@ class Decision:
         return tuple(r for r in self.results if r.denies)
 
     @property
+    def approvals(self) -> tuple[RuleResult, ...]:
+        """The approve-mode failures: the rules that ask an operator to approve this request."""
+        return tuple(r for r in self.results if r.holds)
+
+    @property
+    def approval_required(self) -> bool:
+        """Neither allowed nor denied: only approve-mode rules failed, and no approval of this digest was given."""
+        return not self.allowed and not self.violations and bool(self.approvals)
+
+    @property
     def warnings(self) -> tuple[RuleResult, ...]:
         """Audit-mode failures (``warn``) and the shadow policy's failures (``fail`` in mode ``audit``)."""
         return tuple(r for r in self.results if r.status == "warn" or (r.status == "fail" and r.mode == "audit"))
@@ -150,7 +171,7 @@ class Decision:
         ``got`` and ``expected``, which may be the compiled policy's) instead of copies of them, for a reader
         that changes nothing and copies what it keeps: an audit sink (``AuditSink.append``)."""
         options = self.recorded_options
-        return {
+        out: dict[str, Any] = {
             "decision_id": self.decision_id,
             "request_id": self.request_id,
             "allowed": self.allowed,
@@ -163,3 +184,18 @@ class Decision:
             "exceptions": list(self.exceptions),
             "shadow": None if self.shadow is None else self.shadow.to_dict(),
         }
+        if self.request_digest is not None:  # only approve-mode rules add these (older records stay as they were)
+            out["approvals"] = [r.to_dict(shared=shared) for r in self.approvals]
+            out["approval_required"] = self.approval_required
+            out["request_digest"] = self.request_digest
+        return out
+
+
+def request_digest(request: ExecutionRequest, settings: SandboxSettings) -> str:
+    """sha256 of what an approval is bound to: the request's content (code, files, every setting it asked for,
+    its principal; not its free-form ``metadata``) and the settings the decision resolved (``plan``), in the
+    canonical options format. The one definition: the engine stamps it, the approval store matches it."""
+    content = request.to_dict()
+    content.pop("metadata", None)
+    body = {"request": content, "principal": request.principal, "plan": settings.plan()}
+    return hashlib.sha256(options_bytes(body)).hexdigest()

@@ -133,14 +133,14 @@ def decide_session(
     A policy without ``spec.sessions`` denies with ``sessions.enabled``. Never raises for a bad request or policy
     object: a rule that crashes is an ``error`` result and a deny.
     """
-    profile = evaluate(
+    profile = _without_approvals(evaluate(
         policy, request.profile_request(), assembler=assembler, denied_paths=denied_paths,
         request_id=request_id, decision_id=decision_id, now=now,
-    )  # fmt: skip
+    ))  # fmt: skip
     if profile.settings is None:  # a policy object that cannot be resolved: an engine.resolve error, a deny
         return SessionDecision(profile, None)
     compiled = policy if isinstance(policy, CompiledPolicy) else compile_policy(policy)
-    results = judge(SessionContext(compiled, request, live_sessions), SESSION_RULES)
+    results = [_denying(r) for r in judge(SessionContext(compiled, request, live_sessions), SESSION_RULES)]
     shadow: tuple[RuleResult, ...] = ()
     if compiled.shadow is not None:
         note = f"the audit policy {compiled.shadow.name!r} would deny: "
@@ -178,6 +178,23 @@ def _kernel_lifetime(
         return replace(decision, allowed=False, results=(*decision.results, assembled), run=None, recorded_options=None)
     run, recorded = assembled
     return replace(decision, run=run, recorded_options=recorded)
+
+
+_NO_APPROVALS = "; sessions have no approvals, so approve mode denies here"
+
+
+def _denying(result: RuleResult) -> RuleResult:
+    """An approve-mode failure as the enforce-mode failure it is in a session (nothing would approve it)."""
+    return replace(result, mode="enforce", message=result.message + _NO_APPROVALS) if result.holds else result
+
+
+def _without_approvals(decision: Decision) -> Decision:
+    """``decision`` with its approve-mode failures denying: a session, and an execution in one, waits for no
+    approval (a held request would otherwise be neither run nor denied with a reason)."""
+    if decision.request_digest is None:
+        return decision
+    results = tuple(_denying(r) for r in decision.results)
+    return replace(decision, allowed=False, results=results, run=None, recorded_options=None, request_digest=None)
 
 
 def _violation(path: str, got: Any, expected: Any, message: str) -> RuleResult:
@@ -281,7 +298,7 @@ def decide_in_session(
     admission = violations or (
         RuleResult(SESSION_PROFILE_RULE, "pass", "enforce", "$", None, None, "within the session's profile"),
     )
-    return evaluate(
+    return _without_approvals(evaluate(
         policy, bind_to_session(session, request), assembler=assembler, denied_paths=denied_paths,
         admission=admission, request_id=request_id, decision_id=decision_id, now=now,
-    )  # fmt: skip
+    ))  # fmt: skip

@@ -154,17 +154,17 @@ class _Semantic:
     def _hard_max(
         self, path: str, mode: Mode, maximum: float, hard_max: float | None, *, size: bool, clampable: bool
     ) -> None:
-        """``hard_max`` belongs to audit mode and lies at or above ``max``; a limit that cannot be clamped (the
-        bytes a request sends) needs one in audit mode, or audit mode would lift its ceiling altogether."""
+        """``hard_max`` belongs to audit and approve mode and lies at or above ``max``; a limit that cannot be
+        clamped (the bytes a request sends) needs one in audit mode, or audit mode would lift its ceiling."""
 
         def show(value: float) -> str:
             return format_size(int(value)) if size else f"{value:g}"
 
-        if hard_max is not None and mode != "audit":
+        if hard_max is not None and mode == "enforce":
             self.fail(
                 f"{path}.hard_max",
-                "hard_max is only valid with mode: audit (in enforce mode max already denies); "
-                "set mode: audit or remove hard_max",
+                "hard_max is only valid with mode: audit or approve (in enforce mode max already denies); "
+                "set mode: audit or approve, or remove hard_max",
             )
         elif hard_max is not None and hard_max < maximum:
             message = f"hard_max {show(hard_max)} is below max {show(maximum)}; it must be at least max"

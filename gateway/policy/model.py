@@ -50,7 +50,9 @@ __all__ = [
     "UserSpec",
 ]
 
-Mode = Literal["enforce", "audit"]
+Mode = Literal["enforce", "audit", "approve"]
+"""``enforce``: a failure denies; ``audit``: it warns; ``approve``: it holds the request for an operator's
+approval (``gateway.approvals``) and never denies on its own."""
 DEFAULT_LANGUAGE = "python"
 
 MIN_MEMORY = 6 * 1024 * 1024
@@ -113,7 +115,7 @@ class Limit:
     mode: Mode = "enforce"
     """``audit``: a request above ``max`` is a warning and gets ``max`` (clamped), never its own value."""
     hard_max: int | float | None = None
-    """Only in audit mode: a request above this is denied even in audit mode (None: no such bound)."""
+    """Only in audit or approve mode: a request above this is denied in that mode too (None: no such bound)."""
 
 
 DEFAULT_OUTPUT_FILES = Limit(default=256, max=256)

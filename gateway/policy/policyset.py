@@ -42,10 +42,10 @@ def _refuse_shared_rw_roots(default: Policy, principals: Mapping[str, Policy]) -
 
 def code_size_ceiling(policy: Policy) -> int | None:
     """The most UTF-8 bytes of code ``policy`` lets any request send (rule ``limits.code_size``): its ``max``
-    raised by any of its exceptions (expired ones too: a bound, not a decision), or in audit mode its
-    ``hard_max`` (the loader requires one there: what was sent cannot be clamped); None without one."""
+    raised by any of its exceptions (expired ones too: a bound, not a decision), or in audit or approve mode its
+    ``hard_max`` (the loader requires one in audit mode: what was sent cannot be clamped); None without one."""
     limit = policy.limits.code_size
-    if limit.mode == "audit":
+    if limit.hard_max is not None or limit.mode == "audit":
         return None if limit.hard_max is None else int(limit.hard_max)
     raised = (ceiling for exc in policy.exceptions for name, ceiling in exc.limits if name == "code_size")
     return int(max((limit.max, *raised)))

@@ -72,13 +72,15 @@ def _ceiling_rule(
         elif rule.hard_max is not None and got > rule.hard_max:
             message = (
                 f"{field} {_show(got, size)} is above the hard ceiling {_show(rule.hard_max, size)} "
-                "(hard_max: denied even in audit mode)"
+                f"(hard_max: denied even in {rule.mode} mode)"
             )
             yield fail(path, got, expected, message, never_relaxed=True)
         elif got > maximum:
             message = f"{field} {_show(got, size)} is above the ceiling {_show(maximum, size)}"
             if rule.mode == "audit":
                 message += f"; clamped to {_show(effective, size)} (audit mode)"
+            elif rule.mode == "approve":
+                message += "; it runs only once an operator approves this request (approve mode)"
             yield fail(path, got, expected, message)
         elif low is not None and got < low:
             # Below what a sandbox can be given: the backend would refuse it after a container was made, so
@@ -148,7 +150,7 @@ def _size_cap_rule(
         if rule.hard_max is not None and got > rule.hard_max:
             message = (
                 f"{what} {total} {got} bytes; the hard ceiling is {format_size(int(rule.hard_max))} "
-                "(hard_max: denied even in audit mode)"
+                f"(hard_max: denied even in {rule.mode} mode)"
             )
             yield fail(path, got, expected, message, never_relaxed=True)
         elif got > maximum:

@@ -71,8 +71,8 @@ def test_every_bound_is_checked_and_every_problem_reported(make_policy: Callable
     )
     assert _problems(make_policy, bad) == [
         "$.spec.sessions.idle_s.default: default 900 is above the ceiling max 600",
-        "$.spec.sessions.lifetime_s.hard_max: hard_max is only valid with mode: audit (in enforce mode max already "
-        "denies); set mode: audit or remove hard_max",
+        "$.spec.sessions.lifetime_s.hard_max: hard_max is only valid with mode: audit or approve (in enforce mode "
+        "max already denies); set mode: audit or approve, or remove hard_max",
         "$.spec.sessions.workspace_size.default: 512k is below the smallest workspace (1m); no session could be "
         "created",
     ]
