@@ -125,7 +125,7 @@ def _egress_plan(settings: SandboxSettings) -> EgressPlan | None:
     # Imported here: gateway.egress loads asyncio and ssl, which only a run with egress needs.
     from gateway.egress.proxy import EgressPlan  # noqa: PLC0415
 
-    return EgressPlan(settings.egress.destinations, settings.egress.proxy_limits())
+    return EgressPlan(settings.egress.destinations, settings.egress.proxy_limits(), settings.egress.secrets)
 
 
 def assemble(

@@ -8,6 +8,7 @@ and the language (what a warm pool can prepare ahead of a request); the rest bel
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     # gateway.egress loads its proxy (asyncio, ssl) too: imported where a run with egress needs it.
     from gateway.egress.addresses import Destination
     from gateway.egress.proxy import EgressLimits
+    from gateway.egress.secrets import SecretRule
 
 __all__ = [
     "BackendLimits",
@@ -118,6 +120,9 @@ class ResolvedEgress:
     rate: int
     outside: tuple[tuple[int, str], ...] = ()
     """``(index in the request's egress list, why no policy entry covers it)``."""
+    secrets: tuple[SecretRule, ...] = ()
+    """The policy's secret rules for this run's principal, each with only the hosts among ``destinations``: what
+    the proxy injects (names only; the runner looks the values up)."""
 
     def proxy_limits(self) -> EgressLimits:
         """The proxy's limits for this run."""
@@ -138,6 +143,7 @@ class ResolvedEgress:
                 "bytes_in": self.bytes_in,
                 "rate": self.rate,
             },
+            **({"secrets": [rule.to_dict() for rule in self.secrets]} if self.secrets else {}),
         }
 
 
@@ -197,7 +203,20 @@ def _resolve_egress(rule: EgressRule, request: ExecutionRequest) -> ResolvedEgre
         bytes_in=int(pick(req.egress_bytes_in, rule.bytes_in)),
         rate=int(pick(req.egress_rate, rule.rate)),
         outside=tuple(outside),
+        secrets=_bound_secrets(rule.secrets, destinations, request.principal),
     )
+
+
+def _bound_secrets(
+    rules: tuple[SecretRule, ...], destinations: list[Destination], principal: str | None
+) -> tuple[SecretRule, ...]:
+    """The rules that apply to ``principal``, each keeping only the hosts a destination of the run names."""
+    bound = []
+    for rule in rules:
+        hosts = tuple(h for h in rule.hosts if any(d.names(h) for d in destinations))
+        if hosts and rule.applies_to(principal):
+            bound.append(dataclasses.replace(rule, hosts=hosts))
+    return tuple(bound)
 
 
 @dataclass(frozen=True, slots=True)

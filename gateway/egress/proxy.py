@@ -35,6 +35,7 @@ from gateway.egress.addresses import (
     normalise_name,
     parse_ip_literal,
 )
+from gateway.egress.secrets import SecretRule
 from gateway.egress.tls import HelloError, read_client_hello
 
 __all__ = [
@@ -151,6 +152,8 @@ class EgressPlan:
 
     destinations: tuple[Destination, ...]
     limits: EgressLimits
+    secrets: tuple[SecretRule, ...] = ()
+    """The secret rules the proxy injects (names, hosts, header templates; the runner looks the values up)."""
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ from gateway.yamlstrict import LoadedYaml, load_yaml
 
 if TYPE_CHECKING:
     from gateway.egress.addresses import Destination
+    from gateway.egress.secrets import SecretRule
 
 __all__ = [
     "MAX_POLICY_BYTES",
@@ -339,11 +340,58 @@ def _egress(raw: dict[str, Any], sem: _Semantic) -> EgressRule:
         bytes_in=sem.limit(lim, "bytes_in", size=True, section=section, absent=_EGRESS_DEFAULTS.bytes_in),
         rate=sem.limit(lim, "rate", size=False, section=section, absent=_EGRESS_DEFAULTS.rate),
         mode=raw.get("mode", "enforce"),
+        secrets=_secrets(raw.get("secrets", ()), destinations, sem),
     )
     for name in ("bytes_out", "bytes_in"):
         if getattr(rule, name).default == 0:
             sem.fail(f"{section}.{name}.default", "0 bytes would let no connection carry anything; give a size")
     return rule
+
+
+_FRAMING_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive"}
+)
+
+
+def _secrets(raw: list[dict[str, Any]], allow: list[Destination], sem: _Semantic) -> tuple[SecretRule, ...]:
+    """``spec.network.egress.secrets``: each host a name on the egress list; a host bound twice only to disjoint
+    sets of principals (else which value a run gets would depend on the order)."""
+    from gateway.egress.addresses import HostError, normalise_name  # noqa: PLC0415 -- see _egress
+    from gateway.egress.secrets import SecretRule  # noqa: PLC0415 -- see _egress
+
+    rules: list[SecretRule] = []
+    bound: dict[str, list[tuple[int, frozenset[str]]]] = {}
+    for index, item in enumerate(raw):
+        path = f"{_EGRESS}.secrets[{index}]"
+        principals = frozenset(item.get("principals", ()))
+        hosts: list[str] = []
+        for h_index, text in enumerate(item["hosts"]):
+            at = f"{path}.hosts[{h_index}]"
+            try:
+                host = normalise_name(text)
+            except HostError as exc:
+                sem.fail(at, f"{exc}; a secret is bound to host names only (no wildcard, no IP literal)")
+                continue
+            if not any(entry.names(host) for entry in allow):
+                sem.fail(at, f"host {text!r} is not on the egress list: add it under spec.network.egress.allow")
+            for other, theirs in bound.get(host, ()):
+                if not principals or not theirs or principals & theirs:
+                    sem.fail(at, f"host {text!r} is already bound by secrets[{other}] for the same principals")
+            bound.setdefault(host, []).append((index, principals))
+            hosts.append(host)
+        header = item.get("header", "Authorization")
+        if header.lower() in _FRAMING_HEADERS:
+            sem.fail(f"{path}.header", f"{header!r} frames the request itself; name the header the host reads")
+        rules.append(
+            SecretRule(
+                name=item["name"],
+                hosts=tuple(hosts),
+                header=header,
+                template=item.get("template", "Bearer {secret}"),
+                principals=tuple(item.get("principals", ())),
+            )
+        )
+    return tuple(rules)
 
 
 _PACKAGES = "$.spec.packages"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     # gateway.egress loads its proxy (asyncio, ssl) with it: only a policy with egress pays for that import.
     from gateway.egress.addresses import Destination
+    from gateway.egress.secrets import SecretRule
 
 __all__ = [
     "BURST_RESPONSES",
@@ -163,6 +164,8 @@ class EgressRule:
     """Connection attempts allowed within any second."""
     mode: Mode = "enforce"
     """The mode of the ``network.egress`` rule (a requested destination outside the list)."""
+    secrets: tuple[SecretRule, ...] = ()
+    """``spec.network.egress.secrets``: secrets the proxy injects, by name, for hosts of ``allow``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import SandboxError, UnsafeOptionsError
 from gateway.runner.docker.mounts import _container_root
@@ -23,7 +23,11 @@ from gateway.runner.docker.options import EGRESS_LABEL
 from gateway.runner.interface import RunSpec
 from gateway.runner.supervisor import EGRESS_TARGET
 
-__all__ = ["bind_egress", "reap_egress", "sandbox_user", "verify_egress", "wants_egress"]
+if TYPE_CHECKING:
+    from gateway.egress.proxy import EgressPlan
+    from gateway.egress.secrets import SecretStore
+
+__all__ = ["bind_egress", "check_secrets", "reap_egress", "sandbox_user", "verify_egress", "wants_egress"]
 
 _ACCEPTING = 0x10000
 """``__SO_ACCEPTCON`` in ``/proc/net/unix``'s flags: a listening socket."""
@@ -41,6 +45,14 @@ def wants_egress(spec: RunSpec) -> bool:
             + "); a pooled or ready container never has egress. Nothing was created"
         )
     return labelled
+
+
+def check_secrets(plan: EgressPlan, store: SecretStore) -> None:
+    """Refuse a run whose plan binds a secret the gateway has no value for (fail closed: the run would otherwise
+    reach the host without its credential), before any container is made."""
+    for rule in plan.secrets:
+        if store.value(rule.name) is None:
+            raise SandboxError(store.missing(rule.name))
 
 
 def sandbox_user(spec: RunSpec) -> tuple[int, int]:

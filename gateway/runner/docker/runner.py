@@ -64,7 +64,14 @@ from gateway.errors import (
 )
 from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import read_frames
-from gateway.runner.docker.egress import bind_egress, reap_egress, sandbox_user, verify_egress, wants_egress
+from gateway.runner.docker.egress import (
+    bind_egress,
+    check_secrets,
+    reap_egress,
+    sandbox_user,
+    verify_egress,
+    wants_egress,
+)
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.docker.kernel import KERNEL_GRACE_S, DockerKernel
 from gateway.runner.docker.mounts import Staging, reap_staging
@@ -95,6 +102,7 @@ from gateway.slots import Slot, default_runtime_dir, instance_dead
 if TYPE_CHECKING:
     from gateway.egress.host import EgressHost, EgressRun
     from gateway.egress.proxy import EgressReport, Resolver
+    from gateway.egress.secrets import SecretStore
     from gateway.runner.pool import WorkspaceShape
 
 __all__ = ["BUILD_COMMAND", "EXPIRY_GRACE_S", "DockerRunner", "DockerSandbox", "is_expired", "new_instance_id"]
@@ -166,7 +174,9 @@ class DockerRunner:
     directory below ``egress_root`` (default: ``egress`` in the gateway's runtime directory) that the runner binds
     into the sandbox (``gateway.runner.docker.egress``); its proxies resolve names with ``egress_resolver``
     (default: the system resolver; tests pass their own). One event-loop thread hosts them, started by the first
-    such run and ended by :meth:`close`.
+    such run and ended by :meth:`close`. The values of the secrets a run's plan binds come from ``secrets``
+    (default: ``GATEWAY_SECRET_*`` variables and ``GATEWAY_SECRETS_FILE``); one missing refuses the run before
+    any container.
     """
 
     def __init__(
@@ -179,6 +189,7 @@ class DockerRunner:
         workspace_root: str | None = None,
         egress_root: str | None = None,
         egress_resolver: Resolver | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
         self.assembler = DockerAssembler(capacity=self._engine_limits)
         """Builds and guards this backend's options; the Gateway hands it to the decision."""
@@ -195,6 +206,7 @@ class DockerRunner:
         self._egress_resolver = egress_resolver
         self._egress: EgressHost | None = None
         self._egress_lock = threading.Lock()
+        self._secrets = secrets
 
     def _engine_limits(self) -> BackendLimits:
         """The engine refuses (at start) a CPU quota above its host's CPUs: say so to the decision."""
@@ -227,11 +239,24 @@ class DockerRunner:
 
                 self._egress = EgressHost(self._egress_directory(), resolver=self._egress_resolver)
             host = self._egress
+        if spec.egress.secrets:
+            check_secrets(spec.egress, self._secret_store())
         uid, gid = sandbox_user(spec)
         try:
             return host.open(spec.egress, uid=uid, gid=gid)
         except OSError as exc:
             raise SandboxError(f"cannot open the run's egress proxy: {exc}; nothing ran") from exc
+
+    def _secret_store(self) -> SecretStore:
+        """The store given, else the gateway's environment and ``GATEWAY_SECRETS_FILE`` (read when a run needs it)."""
+        if self._secrets is None:
+            from gateway.egress.secrets import SecretStore, SecretStoreError  # noqa: PLC0415 -- see _open_egress
+
+            try:
+                self._secrets = SecretStore.load(os.environ, os.environ.get("GATEWAY_SECRETS_FILE"))
+            except SecretStoreError as exc:
+                raise SandboxError(f"{exc}; nothing ran") from exc
+        return self._secrets
 
     def _egress_directory(self) -> Path:
         return Path(self._egress_root) if self._egress_root else default_runtime_dir() / "egress"
