@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from gateway.egress.addresses import EgressRules
 from gateway.egress.proxy import ConnectionRecord, EgressPlan, EgressProxy, EgressReport, Resolver
+from gateway.egress.secrets import injections
 
 __all__ = ["MAX_EGRESS_RECORDS", "SOCKET_NAME", "EgressHost", "EgressRun"]
 
@@ -133,6 +134,7 @@ class EgressHost:
     def open(self, plan: EgressPlan, *, uid: int, gid: int) -> EgressRun:
         """A fresh directory and the run's proxy listening in it, allowing exactly ``plan``; ``uid``/``gid``: the
         sandbox's user (owner of the directory and socket when the gateway runs as root)."""
+        injected = injections(plan.secrets, plan.values)  # a secret without its value raises here, before anything
         directory = self._make_directory(uid, gid)
         records = _Records(self._max_records)
         proxy = EgressProxy(
@@ -141,6 +143,7 @@ class EgressHost:
             limits=plan.limits,
             resolver=self._resolver,
             clock=self._clock,
+            injections=injected,
         )
         try:
             path = directory / SOCKET_NAME

@@ -19,8 +19,8 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -35,7 +35,7 @@ from gateway.egress.addresses import (
     normalise_name,
     parse_ip_literal,
 )
-from gateway.egress.secrets import SecretRule
+from gateway.egress.secrets import Injection, SecretRule
 from gateway.egress.tls import HelloError, read_client_hello
 
 __all__ = [
@@ -131,6 +131,8 @@ class ConnectionRecord:
     """Seconds from accepting the connection to its end, on the proxy's clock."""
     ended: str
     """How it ended: ``denied``, ``closed`` (the upstream finished), ``limit``, ``run-ended``, ``error``."""
+    secret: str | None = None
+    """The name of the secret the proxy set on the request (its value never), or None."""
 
 
 @dataclass
@@ -154,6 +156,9 @@ class EgressPlan:
     limits: EgressLimits
     secrets: tuple[SecretRule, ...] = ()
     """The secret rules the proxy injects (names, hosts, header templates; the runner looks the values up)."""
+    values: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """The values of ``secrets`` by name, set by the runner just before the proxy starts: they exist only in the
+    gateway process (no record serialises an ``EgressPlan``; the decision's plan names the secrets only)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,7 @@ class _Connection:
     bytes_out: int = 0
     bytes_in: int = 0
     ended: str = "error"
+    secret: str | None = None
 
 
 class EgressProxy:
@@ -205,6 +211,8 @@ class EgressProxy:
 
     ``clock`` measures durations and the connection rate (tests pass a fixed one); ``on_record`` receives one
     `ConnectionRecord` per connection, called on the event loop, and must not block.
+    ``injections`` maps a host name to the header the proxy sets on each plain-HTTP request to it (a header of
+    that name the client sent is dropped); the proxy never follows a redirect, so the header goes to that host only.
     """
 
     def __init__(
@@ -215,8 +223,10 @@ class EgressProxy:
         limits: EgressLimits | None = None,
         resolver: Resolver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        injections: Mapping[str, Injection] | None = None,
     ) -> None:
         self.rules = rules
+        self._injections = dict(injections or {})
         self.limits = limits or EgressLimits()
         self.stats = EgressStats()
         self._on_record = on_record
@@ -332,6 +342,7 @@ class EgressProxy:
                     bytes_in=conn.bytes_in,
                     duration=self._clock() - conn.started,
                     ended=conn.ended,
+                    secret=conn.secret,
                 )
             )
 
@@ -377,7 +388,9 @@ class EgressProxy:
             if method == "CONNECT":
                 first = await self._open_tunnel(conn, match, reader, writer)
             else:
-                first = _origin_request(method, path, headers, match.host, port)
+                injection = self._injections.get(match.host) if match.literal is None else None
+                first = _origin_request(method, path, headers, match.host, port, injection=injection)
+                conn.secret = injection.name if injection is not None else None
                 self._count(conn, "out", len(first))
             upstream_writer.write(first)
             await self._pump(conn, reader, upstream_reader, writer, upstream_writer, request_body=body_length)
@@ -693,11 +706,16 @@ def _request_body_length(headers: list[tuple[str, str]]) -> int:
     return int(lengths.pop()) if lengths else 0
 
 
-def _origin_request(method: str, path: str, headers: list[tuple[str, str]], host: str, port: int) -> bytes:
+def _origin_request(
+    method: str, path: str, headers: list[tuple[str, str]], host: str, port: int, *, injection: Injection | None
+) -> bytes:
     authority = host if port == 80 else f"{host}:{port}"
     if ":" in host:
         authority = f"[{host}]" if port == 80 else f"[{host}]:{port}"
     lines = [f"{method} {path} HTTP/1.1", f"Host: {authority}"]
-    lines += [f"{name}: {value}" for name, value in headers if name.lower() not in _HOP_BY_HOP | {"host"}]
+    dropped = _HOP_BY_HOP | {"host"} | ({injection.header.lower()} if injection is not None else set())
+    lines += [f"{name}: {value}" for name, value in headers if name.lower() not in dropped]
+    if injection is not None:
+        lines.append(f"{injection.header}: {injection.value}")
     lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")

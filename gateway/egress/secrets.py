@@ -18,7 +18,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ENV_PREFIX", "SecretRule", "SecretStore", "SecretStoreError", "secret_variable"]
+__all__ = ["ENV_PREFIX", "Injection", "SecretRule", "SecretStore", "SecretStoreError", "injections", "secret_variable"]
 
 ENV_PREFIX = "GATEWAY_SECRET_"
 """The prefix of the environment variables that hold secret values."""
@@ -63,6 +63,33 @@ class SecretRule:
     def to_dict(self) -> dict[str, object]:
         """What the decision record shows: the name, the hosts and the header, never a value."""
         return {"name": self.name, "hosts": list(self.hosts), "header": self.header}
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What the proxy sets on a request to one host: the header, its value holding the secret, the secret's name."""
+
+    name: str
+    header: str
+    value: str = field(repr=False)
+    """The header's whole value (the template filled in): held by the gateway process only, never recorded."""
+
+
+def injections(rules: tuple[SecretRule, ...], values: Mapping[str, str]) -> dict[str, Injection]:
+    """Each host's injection for a run: ``rules`` (one per host, as the loader ensures per principal) with the
+    secrets' ``values``; a rule without its value raises KeyError (the runner refused that run already)."""
+    return {
+        host: Injection(rule.name, rule.header, rule.header_value(values[rule.name]))
+        for rule in rules
+        for host in rule.hosts
+    }
+
+
+def value_problem(value: str) -> str | None:
+    """Why a secret's value cannot go into a header (a line break would add headers of its own), or None."""
+    if not value.isascii() or not value.isprintable():
+        return "holds a control or non-ASCII character, which a header value cannot carry"
+    return None
 
 
 @dataclass(frozen=True)

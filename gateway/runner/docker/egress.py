@@ -11,6 +11,7 @@ container keeps ``network_mode: none``: the proxy's socket is its only way out, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from gateway.egress.proxy import EgressPlan
     from gateway.egress.secrets import SecretStore
 
-__all__ = ["bind_egress", "check_secrets", "reap_egress", "sandbox_user", "verify_egress", "wants_egress"]
+__all__ = ["bind_egress", "bind_secrets", "reap_egress", "sandbox_user", "verify_egress", "wants_egress"]
 
 _ACCEPTING = 0x10000
 """``__SO_ACCEPTCON`` in ``/proc/net/unix``'s flags: a listening socket."""
@@ -47,12 +48,22 @@ def wants_egress(spec: RunSpec) -> bool:
     return labelled
 
 
-def check_secrets(plan: EgressPlan, store: SecretStore) -> None:
-    """Refuse a run whose plan binds a secret the gateway has no value for (fail closed: the run would otherwise
-    reach the host without its credential), before any container is made."""
+def bind_secrets(plan: EgressPlan, store: SecretStore) -> EgressPlan:
+    """``plan`` with the values of the secrets it binds (``EgressPlan.values``, kept in the gateway process); a
+    secret without a usable value refuses the run (fail closed: it would otherwise reach the host without its
+    credential), before any container is made."""
+    from gateway.egress.secrets import value_problem  # noqa: PLC0415 -- see the imports
+
+    values: dict[str, str] = {}
     for rule in plan.secrets:
-        if store.value(rule.name) is None:
+        value = store.value(rule.name)
+        if value is None:
             raise SandboxError(store.missing(rule.name))
+        problem = value_problem(value)
+        if problem is not None:
+            raise SandboxError(f"the value of secret {rule.name!r} {problem}; fix it in {store.source}; nothing ran")
+        values[rule.name] = value
+    return dataclasses.replace(plan, values=values)
 
 
 def sandbox_user(spec: RunSpec) -> tuple[int, int]:

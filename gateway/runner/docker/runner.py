@@ -66,7 +66,7 @@ from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import read_frames
 from gateway.runner.docker.egress import (
     bind_egress,
-    check_secrets,
+    bind_secrets,
     reap_egress,
     sandbox_user,
     verify_egress,
@@ -239,11 +239,10 @@ class DockerRunner:
 
                 self._egress = EgressHost(self._egress_directory(), resolver=self._egress_resolver)
             host = self._egress
-        if spec.egress.secrets:
-            check_secrets(spec.egress, self._secret_store())
+        plan = bind_secrets(spec.egress, self._secret_store()) if spec.egress.secrets else spec.egress
         uid, gid = sandbox_user(spec)
         try:
-            return host.open(spec.egress, uid=uid, gid=gid)
+            return host.open(plan, uid=uid, gid=gid)
         except OSError as exc:
             raise SandboxError(f"cannot open the run's egress proxy: {exc}; nothing ran") from exc
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gateway.egress.proxy import EgressLimits, EgressPlan
-from gateway.egress.secrets import SecretRule, SecretStore, SecretStoreError, secret_variable
+from gateway.egress.secrets import Injection, SecretRule, SecretStore, SecretStoreError, injections, secret_variable
 from gateway.errors import SandboxError
-from gateway.runner.docker.egress import check_secrets
+from gateway.runner.docker.egress import bind_secrets
 
 VALUE = "s3cr3t-value-0123456789"
 
@@ -83,9 +83,20 @@ def test_a_rule_fills_its_template() -> None:
     assert SecretRule("t", ("h",)).applies_to(None)
 
 
-def test_a_run_whose_secret_has_no_value_is_refused_before_any_container() -> None:
+def test_a_run_whose_secret_has_no_usable_value_is_refused_before_any_container() -> None:
     plan = EgressPlan((), EgressLimits(), (SecretRule("mirror-token", ("mirror.internal",)),))
-    check_secrets(plan, SecretStore.load({"GATEWAY_SECRET_MIRROR_TOKEN": VALUE}))
+    bound = bind_secrets(plan, SecretStore.load({"GATEWAY_SECRET_MIRROR_TOKEN": VALUE}))
+    assert bound.values == {"mirror-token": VALUE}
+    assert VALUE not in repr(bound)
+    assert injections(bound.secrets, bound.values) == {
+        "mirror.internal": Injection("mirror-token", "Authorization", f"Bearer {VALUE}")
+    }
     with pytest.raises(SandboxError, match="GATEWAY_SECRET_MIRROR_TOKEN") as caught:
-        check_secrets(plan, SecretStore.load({"GATEWAY_SECRET_OTHER": VALUE}))
+        bind_secrets(plan, SecretStore.load({"GATEWAY_SECRET_OTHER": VALUE}))
     assert "nothing ran" in str(caught.value)
+    for bad in ("line\r\nX-Evil: 1", "caf\u00e9", "nul\x00"):
+        with pytest.raises(SandboxError, match="control or non-ASCII") as caught:
+            bind_secrets(plan, SecretStore.load({"GATEWAY_SECRET_MIRROR_TOKEN": bad}))
+        assert bad not in str(caught.value)
+    with pytest.raises(KeyError):
+        injections(plan.secrets, {})
