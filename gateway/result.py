@@ -178,6 +178,8 @@ def outcome_data(image: str, outcome: Outcome | None, error: GatewayError | None
     }
     if o.egress is not None:  # each connection is a network.connection record of its own, written just before
         data["egress"] = {**_egress_totals(o.egress), "records_dropped": o.egress.dropped}
+        if o.egress.redactions:  # an upstream echoed a secret: erased from the output, recorded here (names only)
+            data["egress"]["redactions"] = [r.to_dict() for r in o.egress.redactions]
     return data
 
 
@@ -207,6 +209,8 @@ def connection_data(record: ConnectionRecord) -> dict[str, Any]:
     }
     if record.message:  # why it was denied or ended early
         data["message"] = record.message
+    if record.secret is not None:  # the proxy set this secret's header (its name; the value is never recorded)
+        data["secret"] = record.secret
     return data
 
 

@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,9 +67,18 @@ class _Records:
 class EgressRun:
     """One run's proxy and directory: what the runner binds (``directory``) and closes when the run ends."""
 
-    def __init__(self, host: EgressHost, directory: Path, proxy: EgressProxy, records: _Records) -> None:
+    def __init__(
+        self,
+        host: EgressHost,
+        directory: Path,
+        proxy: EgressProxy,
+        records: _Records,
+        values: Mapping[str, str] | None = None,
+    ) -> None:
         self.directory = directory
         """The run's private directory, holding ``proxy.sock``; the runner binds it into the sandbox."""
+        self.values: Mapping[str, str] = dict(values or {})
+        """The values of the secrets the proxy injects, by name: the runner erases them from the run's output."""
         self._host = host
         self._proxy = proxy
         self._records = records
@@ -158,7 +167,7 @@ class EgressHost:
                 self.call(proxy.close())
             _remove(directory)
             raise
-        run = EgressRun(self, directory, proxy, records)
+        run = EgressRun(self, directory, proxy, records, plan.values)
         with self._lock:
             self._runs.add(run)
         return run

@@ -35,7 +35,7 @@ from gateway.egress.addresses import (
     normalise_name,
     parse_ip_literal,
 )
-from gateway.egress.secrets import Injection, SecretRule
+from gateway.egress.secrets import Injection, Redaction, SecretRule
 from gateway.egress.tls import HelloError, read_client_hello
 
 __all__ = [
@@ -176,6 +176,8 @@ class EgressReport:
     bytes_out: int
     bytes_in: int
     dropped: int = 0
+    redactions: tuple[Redaction, ...] = ()
+    """Where the values of the run's secrets were found in its output and erased (the runner fills it)."""
 
 
 class _Denied(Exception):  # noqa: N818 -- a control-flow signal carrying the verdict, not an error to report

@@ -11,6 +11,7 @@ strings, and must be readable by its owner only (mode 0600 or stricter): a secre
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -18,7 +19,17 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ENV_PREFIX", "Injection", "SecretRule", "SecretStore", "SecretStoreError", "injections", "secret_variable"]
+__all__ = [
+    "ENV_PREFIX",
+    "Injection",
+    "Redaction",
+    "SecretRule",
+    "SecretStore",
+    "SecretStoreError",
+    "injections",
+    "redact",
+    "secret_variable",
+]
 
 ENV_PREFIX = "GATEWAY_SECRET_"
 """The prefix of the environment variables that hold secret values."""
@@ -83,6 +94,41 @@ def injections(rules: tuple[SecretRule, ...], values: Mapping[str, str]) -> dict
         for rule in rules
         for host in rule.hosts
     }
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """A secret's value found in (and erased from) what a run returned: which secret, where, how many times."""
+
+    secret: str
+    where: str
+    """``stdout``, ``stderr`` or ``file:<path>`` (a returned file)."""
+    count: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"secret": self.secret, "where": self.where, "count": self.count}
+
+
+def _forms(value: str) -> list[bytes]:
+    """The spellings of a value an upstream may echo: itself and its base64 (standard and URL-safe, padded or not)."""
+    raw = value.encode()
+    forms = {raw}
+    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        forms |= {encoded, encoded.rstrip(b"=")}
+    return sorted(forms, key=len, reverse=True)  # the longest first: a padded form before its unpadded prefix
+
+
+def redact(data: bytes, values: Mapping[str, str]) -> tuple[bytes, dict[str, int]]:
+    """``data`` with every form of each secret's value replaced by ``[secret:<name>]``, and the count per name."""
+    counts: dict[str, int] = {}
+    for name, value in sorted(values.items()):
+        mark = f"[secret:{name}]".encode()
+        for form in _forms(value):
+            found = data.count(form)
+            if found:
+                data = data.replace(form, mark)
+                counts[name] = counts.get(name, 0) + found
+    return data, counts
 
 
 def value_problem(value: str) -> str | None:

@@ -21,14 +21,22 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import SandboxError, UnsafeOptionsError
 from gateway.runner.docker.mounts import _container_root
 from gateway.runner.docker.options import EGRESS_LABEL
-from gateway.runner.interface import RunSpec
+from gateway.runner.interface import Outcome, RunSpec
 from gateway.runner.supervisor import EGRESS_TARGET
 
 if TYPE_CHECKING:
     from gateway.egress.proxy import EgressPlan
     from gateway.egress.secrets import SecretStore
 
-__all__ = ["bind_egress", "bind_secrets", "reap_egress", "sandbox_user", "verify_egress", "wants_egress"]
+__all__ = [
+    "bind_egress",
+    "bind_secrets",
+    "reap_egress",
+    "redact_outcome",
+    "sandbox_user",
+    "verify_egress",
+    "wants_egress",
+]
 
 _ACCEPTING = 0x10000
 """``__SO_ACCEPTCON`` in ``/proc/net/unix``'s flags: a listening socket."""
@@ -64,6 +72,36 @@ def bind_secrets(plan: EgressPlan, store: SecretStore) -> EgressPlan:
             raise SandboxError(f"the value of secret {rule.name!r} {problem}; fix it in {store.source}; nothing ran")
         values[rule.name] = value
     return dataclasses.replace(plan, values=values)
+
+
+def redact_outcome(outcome: Outcome, values: Mapping[str, str]) -> Outcome:
+    """``outcome`` with the values of the run's secrets (and their base64 forms) erased from its stdout, stderr and
+    returned files as ``[secret:<name>]``, each erasure listed in ``outcome.egress.redactions``. An upstream that
+    echoes the credential it was sent must not hand it to the caller through the run's output."""
+    if not values or outcome.egress is None:
+        return outcome
+    from gateway.egress.secrets import Redaction, redact  # noqa: PLC0415 -- see the imports
+
+    found: list[Redaction] = []
+
+    def erase(data: bytes, where: str) -> bytes:
+        clean, counts = redact(data, values)
+        found.extend(Redaction(name, where, count) for name, count in counts.items())
+        return clean
+
+    stdout, stderr = erase(outcome.stdout, "stdout"), erase(outcome.stderr, "stderr")
+    files = {name: erase(data, f"file:{name}") for name, data in outcome.files.items()}
+    if not found:
+        return outcome
+    return dataclasses.replace(
+        outcome,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_bytes=outcome.stdout_bytes + len(stdout) - len(outcome.stdout),
+        stderr_bytes=outcome.stderr_bytes + len(stderr) - len(outcome.stderr),
+        files=files,
+        egress=dataclasses.replace(outcome.egress, redactions=tuple(found)),
+    )
 
 
 def sandbox_user(spec: RunSpec) -> tuple[int, int]:

@@ -68,6 +68,7 @@ from gateway.runner.docker.egress import (
     bind_egress,
     bind_secrets,
     reap_egress,
+    redact_outcome,
     sandbox_user,
     verify_egress,
     wants_egress,
@@ -719,7 +720,7 @@ class DockerRunner:
             exc.outcome = exc.outcome or self._partial(sandbox, got, start)
             egress = _end_egress(sandbox)
             if egress is not None:
-                exc.outcome = replace(exc.outcome, egress=egress)
+                exc.outcome = _redacted(sandbox, replace(exc.outcome, egress=egress))
             raise
         finally:
             try:
@@ -735,7 +736,7 @@ class DockerRunner:
                 else:
                     left = self._destroy(sandbox)
         if egress is not None:
-            outcome = replace(outcome, egress=egress)
+            outcome = _redacted(sandbox, replace(outcome, egress=egress))
         if left is not None:
             raise _left(str(sandbox.container_id), outcome, left)
         return outcome
@@ -1017,6 +1018,11 @@ class _Removals:
 
     def close(self) -> None:
         self.settle(60.0)
+
+
+def _redacted(sandbox: DockerSandbox, outcome: Outcome) -> Outcome:
+    """``outcome`` with the values of the run's secrets erased from what it returns (``redact_outcome``)."""
+    return outcome if sandbox.egress is None else redact_outcome(outcome, sandbox.egress.values)
 
 
 def _end_egress(sandbox: DockerSandbox) -> EgressReport | None:
