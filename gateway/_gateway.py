@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from gateway.audit import AuditSink, JsonlAuditTrail
+from gateway.audit.approvals import ApprovalStore
 from gateway.audit.interrupted import mark_interrupted
 from gateway.decision import Assembler, Decision, RuleResult, evaluate
 from gateway.errors import (
@@ -135,6 +136,7 @@ class Gateway:
         pool: bool | PoolConfig | WarmPool | None = None,
         defer_removal: bool = False,
         packages: Installer | None = None,
+        approvals: ApprovalStore | None = None,
     ) -> None:
         self._policies = policies if isinstance(policies, PolicySet) else PolicySet.single(policies)
         self.runner = runner
@@ -154,6 +156,9 @@ class Gateway:
             self.pool.configure(c.policy for c in self._policies)
         self.packages = packages
         """Installs a run's packages (``spec.packages``) before it starts; None: such a run fails closed."""
+        self.approvals = approvals if approvals is not None else ApprovalStore(audit)
+        """The approvals of requests held by approve-mode rules (``gateway.audit.approvals``), rebuilt from the trail
+        when the Gateway is entered."""
         self.sessions = SessionManager(self)
         """The live sessions (``gateway.sessions``): create, list, get, execute in, close; closed with the Gateway."""
 
@@ -227,6 +232,7 @@ class Gateway:
             self._append("policy.loaded", {**ref, "source": compiled.policy.source}, policy=ref)
         if isinstance(self.audit, JsonlAuditTrail):
             mark_interrupted(self.audit)  # the runs a killed gateway left without an outcome
+            self.approvals.load_trail(self.audit.directory)  # pending and granted approvals survive a restart
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -345,13 +351,47 @@ class Gateway:
             self._append("request.received", {"request": request.to_dict()}, durable=False, **records)
         except GatewayError as exc:
             return ExecutionResult(request_id, None, error=exc, audit_ok=False)
-        decision = self._decide(compiled, request, request_id, span)
+        approved = self.approvals.usable(request.principal) if run else frozenset()
+        decision = self._decide(compiled, request, request_id, span, approved)
         try:
             self._record_decision(decision, dry_run=not run, records=records)
         except GatewayError as exc:
             return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
+        if run and (decision.approval_required or (decision.allowed and decision.request_digest is not None)):
+            return self._approval(decision, request, records, on_output=on_output, cancel=cancel)
         if not run or not decision.allowed:
             return ExecutionResult(request_id, decision)
+        return self._execute_allowed(decision, request, records, on_output=on_output, cancel=cancel)
+
+    def _approval(
+        self, decision: Decision, request: ExecutionRequest, records: Mapping[str, Any], *,
+        on_output: OnOutput | None, cancel: threading.Event | None,
+    ) -> ExecutionResult:  # fmt: skip
+        """A request that approve-mode rules held: pending (``approval.requested``, nothing runs), or, allowed by
+        its approval, one use recorded (``approval.used``) before it runs. Fails closed on an unwritable trail."""
+        request_id = decision.request_id
+        fields = {k: v for k, v in records.items() if k != "caller"}
+        try:
+            if decision.approval_required:
+                rules = [r.rule for r in decision.approvals]
+                held = self.approvals.hold(
+                    decision.request_digest or "", principal=request.principal, rules=rules, request=request.to_dict(),
+                    request_id=request_id, decision_id=decision.decision_id, policy=records.get("policy"),
+                )  # fmt: skip
+                return ExecutionResult(request_id, decision, approval_id=held.approval_id)
+            used = self.approvals.use(decision.request_digest or "", request.principal, fields)
+        except AuditUnavailableError as exc:
+            return ExecutionResult(request_id, decision, error=exc, audit_ok=False)
+        except GatewayError as exc:
+            return ExecutionResult(request_id, decision, error=exc)
+        result = self._execute_allowed(decision, request, records, on_output=on_output, cancel=cancel)
+        return dataclasses.replace(result, approval_id=used.approval_id)
+
+    def _execute_allowed(
+        self, decision: Decision, request: ExecutionRequest, records: Mapping[str, Any], *,
+        on_output: OnOutput | None, cancel: threading.Event | None,
+    ) -> ExecutionResult:  # fmt: skip
+        request_id = decision.request_id
         installed, error = self._install(decision, records)
         outcome: Outcome | None = None
         if error is None:
@@ -423,8 +463,9 @@ class Gateway:
         return ExecutionResult(request_id, None, error=error)
 
     def _decide(
-        self, compiled: CompiledPolicy, request: ExecutionRequest, request_id: str, span: trace.Span
-    ) -> Decision:
+        self, compiled: CompiledPolicy, request: ExecutionRequest, request_id: str, span: trace.Span,
+        approved: frozenset[str] = frozenset(),
+    ) -> Decision:  # fmt: skip
         """Admission, then every rule, then assembly and guard by the runner's own assembler."""
         with self._tracer.start_as_current_span(SPAN_POLICY) as pspan:
             decision = evaluate(
@@ -435,6 +476,7 @@ class Gateway:
                 admission=self._admit(request, compiled.policy),
                 request_id=request_id,
                 now=datetime.now(UTC),
+                approved=approved,
             )
             annotate_decision(pspan, span, decision)
         return decision

@@ -172,6 +172,17 @@ class RemoteResult:
         return bool(self._data.get("interrupted"))
 
     @property
+    def approval_id(self) -> str | None:
+        """The approval the request waits for (:attr:`pending`) or the one its run used; None for other requests."""
+        found = self._data.get("approval_id")
+        return None if found is None else str(found)
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for an operator's approval: nothing ran."""
+        return bool(self._data.get("pending"))
+
+    @property
     def session_ended(self) -> str | None:
         """Why the session ended during this execution (its kernel was killed); None while it lives."""
         ended = self._data.get("session_ended")

@@ -15,8 +15,14 @@ __all__ = [
     "EXIT_DENIED",
     "EXIT_GATEWAY_FAILURE",
     "EXIT_MEMORY",
+    "EXIT_PENDING",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
+    "ApprovalClosedError",
+    "ApprovalConflictError",
+    "ApprovalError",
+    "ApprovalLimitError",
+    "ApprovalNotFoundError",
     "AuditError",
     "AuditIntegrityError",
     "AuditSpaceError",
@@ -81,6 +87,8 @@ EXIT_USAGE = 2
 """Usage error or invalid request."""
 EXIT_DENIED = 77
 """Denied by policy (sysexits ``EX_NOPERM``)."""
+EXIT_PENDING = 75
+"""Waiting for an operator's approval (sysexits ``EX_TEMPFAIL``): nothing ran; the approval id is on stderr."""
 EXIT_TIMEOUT = 124
 """Killed at the deadline, as ``timeout(1)``."""
 EXIT_GATEWAY_FAILURE = 125
@@ -539,6 +547,39 @@ class OutputCallbackError(GatewayError):
     hint = "the run was stopped because the caller's output callback failed; fix the callback and retry"
 
 
+# --- approvals ----------------------------------------------------------------------------------------
+
+
+class ApprovalError(GatewayError):
+    """An approval cannot be held, decided or used as asked (``gateway.audit.approvals``): nothing ran."""
+
+    code = "approval.error"
+
+
+class ApprovalNotFoundError(ApprovalError):
+    """No approval has this id (in the trail's recent segments)."""
+
+    code = "approval.not_found"
+
+
+class ApprovalConflictError(ApprovalError):
+    """An operator's action that cannot apply: decided twice, expired, or a digest that is not the request's."""
+
+    code = "approval.conflict"
+
+
+class ApprovalClosedError(ApprovalError):
+    """The request's approval was denied or used up: it does not run (and asks anew only once that one expired)."""
+
+    code = "approval.closed"
+
+
+class ApprovalLimitError(ApprovalError):
+    """The principal holds too many pending approvals: the request is not held (and does not run)."""
+
+    code = "approval.too_many"
+
+
 # --- sessions -----------------------------------------------------------------------------------------
 
 
@@ -653,6 +694,11 @@ _TABLE: tuple[tuple[type[GatewayError], int, int], ...] = (
     (SandboxError, EXIT_GATEWAY_FAILURE, 502),
     (RunnerError, EXIT_GATEWAY_FAILURE, 502),
     (CapacityError, EXIT_GATEWAY_FAILURE, 503),
+    (ApprovalNotFoundError, EXIT_USAGE, 404),
+    (ApprovalConflictError, EXIT_USAGE, 409),
+    (ApprovalClosedError, EXIT_DENIED, 403),
+    (ApprovalLimitError, EXIT_GATEWAY_FAILURE, 429),
+    (ApprovalError, EXIT_USAGE, 400),
     (SessionNotFoundError, EXIT_USAGE, 404),
     (SessionGoneError, EXIT_USAGE, 410),
     (SessionBusyError, EXIT_USAGE, 409),

@@ -17,6 +17,7 @@ from gateway.errors import (
     EXIT_DENIED,
     EXIT_GATEWAY_FAILURE,
     EXIT_MEMORY,
+    EXIT_PENDING,
     EXIT_TIMEOUT,
     GatewayError,
     exit_code_for,
@@ -74,6 +75,13 @@ class ExecutionResult:
     """A kernel cell was interrupted (its deadline, an output flood) and the kernel lives on."""
     session_ended: str | None = None
     """Why the session ended during this execution (a kernel kill reason: ``session.killed``); None while it lives."""
+    approval_id: str | None = None
+    """The approval this request waits for (:attr:`pending`), or the one its run used (``gateway.audit.approvals``)."""
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for an operator's approval: neither allowed nor denied, nothing ran (exit status 75)."""
+        return self.approval_id is not None and self.decision is not None and self.decision.approval_required
 
     @property
     def allowed(self) -> bool:
@@ -89,6 +97,8 @@ class ExecutionResult:
         """CLI exit status following ``docker run`` / ``timeout(1)`` (see DESIGN.md)."""
         if self.error is not None and self.outcome is None:
             return exit_code_for(self.error)
+        if self.pending:
+            return EXIT_PENDING
         if self.decision is not None and not self.decision.allowed:
             return EXIT_DENIED
         if self.outcome is None:
@@ -143,6 +153,8 @@ class ExecutionResult:
                 "interrupted": self.interrupted,
                 "session_ended": self.session_ended,
             }
+        if self.approval_id is not None:  # only approve-mode requests: other results unchanged
+            out |= {"approval_id": self.approval_id, "pending": self.pending}
         return out
 
 

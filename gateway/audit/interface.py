@@ -43,6 +43,11 @@ EVENT_TYPES: Final = frozenset(
         "session.killed",
         "session.file.put",
         "session.file.get",
+        "approval.requested",
+        "approval.granted",
+        "approval.denied",
+        "approval.used",
+        "approval.refused",
     }
 )
 """Every ``event_type`` a record may carry; ``schemas/audit-record.schema.json`` describes each ``data``."""

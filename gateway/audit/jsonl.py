@@ -71,10 +71,15 @@ NEW_WORK_EVENTS: Final = frozenset(
         "session.created",
         "session.file.put",
         "session.file.get",
+        "approval.requested",
+        "approval.granted",
+        "approval.denied",
+        "approval.used",
+        "approval.refused",
     }
 )
-"""Records that start new work; below the watermark they are refused (:class:`AuditSpaceError`), and the
-caller fails closed (507)."""
+"""Records that start new work (an approval's records lead to a run, or are an operator's action on one); below
+the watermark they are refused (:class:`AuditSpaceError`), and the caller fails closed (507)."""
 RESERVE_EVENTS: Final = frozenset(
     {
         "execution.outcome", "image.pulled", "network.connection", "container.left", "containers.reaped", "recovery",

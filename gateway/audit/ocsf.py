@@ -141,12 +141,17 @@ MAPPING: Final[Mapping[str, tuple[OcsfClass, int]]] = MappingProxyType(
         "session.file.put": (API_ACTIVITY, 3),
         "session.file.get": (API_ACTIVITY, 2),
         "network.connection": (NETWORK_ACTIVITY, 2),
+        "approval.requested": (API_ACTIVITY, 1),
+        "approval.granted": (API_ACTIVITY, 3),
+        "approval.denied": (API_ACTIVITY, 3),
+        "approval.used": (API_ACTIVITY, 3),
+        "approval.refused": (API_ACTIVITY, 99),
     }
 )
 """``event_type`` -> (class, activity id); the activity of a dry-run decision is Read (2); a connection's depends on
 how it ended, and a plain-HTTP one is HTTP Activity, by its method."""
 
-_OTHER_ACTIVITY: Final = {"image.pulled": "Pull", "auth.forbidden": "Forbidden"}
+_OTHER_ACTIVITY: Final = {"image.pulled": "Pull", "auth.forbidden": "Forbidden", "approval.refused": "Refused"}
 """``activity_name`` of the events whose activity is Other (99)."""
 
 # status_id (base event), action_id and disposition_id (Security Control profile), severity_id
@@ -518,6 +523,15 @@ def _generic(view: AuditRecordView, ev: _Event) -> None:
         container = text("container_id")
         ev.resources = [{"type": "Container", "uid": container}] if container is not None else None
         ev.unmapped = {k: data.get(k) for k in ("session_id", "mode", "reason", "expires_at") if k in data}
+    elif kind.startswith("approval."):
+        ev.operation = kind
+        approver = f" by {a}" if (a := text("approver")) else ""
+        ev.message = f"{kind}: {text('approval_id')}{approver}"
+        if kind == "approval.refused":
+            ev.status_id, ev.severity_id = _FAILURE, _MEDIUM
+            ev.status_code, ev.status_detail = text("code"), text("message")
+        keys = ("approval_id", "request_digest", "approver", "reason", "uses_allowed", "use", "rules", "expires_at")
+        ev.unmapped = {k: data.get(k) for k in keys if k in data}
     elif kind == "recovery":
         ev.status_id, ev.severity_id = _FAILURE, _HIGH
         ev.message = f"trail repaired: {text('reason')}"

@@ -423,7 +423,8 @@ def redactor(code_max_bytes: int) -> Processor:
     def redact(record: Record) -> Record:
         erased: list[str] = []
         data = record["data"]
-        if record["event_type"] == "request.received" and isinstance(data.get("request"), dict):
+        held = record["event_type"] in ("request.received", "approval.requested")  # both keep the request
+        if held and isinstance(data.get("request"), dict):
             _redact_request(data["request"], code_max_bytes, erased)
         if record["event_type"] == "policy.decision" and isinstance(data.get("decision"), dict):
             _redact_decision(data["decision"], erased)

@@ -53,7 +53,7 @@ __all__ = [
 
 Mode = Literal["enforce", "audit", "approve"]
 """``enforce``: a failure denies; ``audit``: it warns; ``approve``: it holds the request for an operator's
-approval (``gateway.approvals``) and never denies on its own."""
+approval (``gateway.audit.approvals``) and never denies on its own."""
 DEFAULT_LANGUAGE = "python"
 
 MIN_MEMORY = 6 * 1024 * 1024

@@ -181,6 +181,51 @@ EVENTS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
         "agent-1",
     ),
     ("network.connection", _connection(method="PATCH", port=18089), "r-1", "agent-1"),
+    (
+        "approval.requested",
+        {
+            "approval_id": "a" * 32,
+            "request_digest": "d" * 64,
+            "rules": ["limits.memory"],
+            "requested_at": "2026-12-05T12:00:00.000000Z",
+            "expires_at": "2026-12-05T13:00:00.000000Z",
+            "request_id": "r-12",
+            "decision_id": "d-12",
+            "request": {"code": "print(1)"},
+        },
+        "r-12",
+        "agent-1",
+    ),
+    (
+        "approval.granted",
+        {"approval_id": "a" * 32, "request_digest": "d" * 64, "approver": "alice", "reason": "ok", "uses_allowed": 1},
+        "r-12",
+        "agent-1",
+    ),
+    (
+        "approval.used",
+        {"approval_id": "a" * 32, "request_digest": "d" * 64, "use": 1, "uses_allowed": 1},
+        "r-13",
+        "agent-1",
+    ),
+    (
+        "approval.denied",
+        {"approval_id": "b" * 32, "request_digest": "d" * 64, "approver": "bob", "reason": "no"},
+        None,
+        "agent-1",
+    ),
+    (
+        "approval.refused",
+        {
+            "approval_id": "c" * 32,
+            "action": "approve",
+            "approver": "bob",
+            "code": "approval.not_found",
+            "message": "no approval",
+        },
+        None,
+        None,
+    ),
     ("gateway.stop", {"policy_source": "policies/default.yaml"}, None, None),
 ]
 
