@@ -58,7 +58,8 @@ content on the command line) that:
    the program has ``PACKAGES_TARGET`` on ``sys.path`` right after its own directory and first on its
    ``PYTHONPATH``, as ``PYTHONPATH`` would give it, set by the supervisor (so the interpreter started ahead
    serves it: a ``PYTHONPATH`` in the request would cost a fresh interpreter, 150-200 ms under runsc);
-6. when the child exits, kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
+6. when the child exits (or node started ahead, at its natural end, says its exit code: its own teardown
+   skipped, ``NODE_BOOT``), kills every other process (``kill(-1)``), says whether the memory cgroup's OOM killer
    struck (``FRAME_META``), sends the files under ``out/`` (at most ``files_max`` of them, and ``files_cap``
    bytes counting contents and the names of every entry walked) and a final frame with the exit status (a
    signal ``n`` is ``128 + n``), waits (at most 10 s) for the host to close its stdin, and exits with that
@@ -158,14 +159,25 @@ PROGRAMS = {
 # globals: their setter is ``setReal``; only builtin modules' names are looked at, since reading the descriptor
 # of one of node 24's lazy web globals loads it: 30-80 ms; ``require``, ``module``, ...; ``execArgv``, which
 # ``child_process.fork`` would pass on), all its own names in a closure, and runs main.js (its path is
-# ``process.argv[1]``) as the main module. Bash's: "r", then each variable NUL-terminated; ``$0`` is main.sh's
-# path, no positional arguments, and it sources main.sh (no second exec).
-NODE_BOOT = r'''(() => { const fs = require("fs"), M = require("module");
+# ``process.argv[1]``) as the main module.
+# Its end: node's own teardown after a natural end costs about 10 ms under gVisor, and nothing of it reaches the
+# program or its output. So when node emits ``beforeExit`` (its event loop is empty: every write to stdout and
+# stderr is done; node's own emit, with no JavaScript caller below it, not a program's ``process.emit``) and
+# nothing else can run (no ``beforeExit`` or ``exit`` listener, node's own included; no ``worker_threads``
+# loaded; no native addon, whose clean-up hooks run at exit; an exit code of 0-255), the bootstrap writes "x"
+# and the exit code on fd 4 (reopened close-on-exec: no child inherits it) and waits; the supervisor takes that
+# as node's exit status and kills it (``FAST``). Anything else ends as node ends alone. What the program can see
+# of it: ``process.emit`` is an own property of ``process`` (a wrapper calling EventEmitter's), one more
+# descriptor in /proc/self/fd (the reopened pipe: what the program writes there can end its run), and at that
+# last ``beforeExit`` ``Error.stackTraceLimit`` and ``Error.prepareStackTrace`` set and restored.
+# Bash's: "r", then each variable NUL-terminated; ``$0`` is main.sh's path, no positional arguments, and it
+# sources main.sh (no second exec).
+NODE_BOOT = r'''(() => { const fs = require("fs"), M = require("module"), emitted = process.emit;
 process.stdout; process.stderr; require("/dev/null"); delete require.cache["/dev/null"];
 require("util").format("%s %d %j", "", 0, {}, [0]);
 const rd = (n) => { const b = Buffer.alloc(n); let o = 0; while (o < n) { const k = fs.readSync(3, b, o, n - o, null);
   if (k === 0) process.exit(125); o += k; } return b; };
-const d = rd(rd(4).readUInt32BE(0));
+const d = rd(rd(4).readUInt32BE(0)), back = fs.openSync("/proc/self/fd/4", "w"), pipe = fs.fstatSync(back).ino;
 fs.closeSync(3); fs.closeSync(4);
 if (d.length > 1) for (const e of d.toString("utf8", 1).split("\0")) { const i = e.indexOf("=");
   process.env[e.slice(0, i)] = e.slice(i + 1); }
@@ -175,6 +187,18 @@ for (const n of Object.getOwnPropertyNames(globalThis)) { if (!M.isBuiltin(n)) c
   if (p.set && p.set.name === "setReal") delete globalThis[n]; }
 for (const n of ["require", "module", "exports", "__filename", "__dirname"]) delete globalThis[n];
 process.execArgv.length = 0;
+const callers = (f) => { const l = Error.stackTraceLimit, p = Error.prepareStackTrace, o = {};
+  try { Error.stackTraceLimit = 1; Error.prepareStackTrace = (e, s) => s.length; Error.captureStackTrace(o, f);
+    return o.stack; } finally { Error.stackTraceLimit = l; Error.prepareStackTrace = p; } };
+const over = (c) => process.listenerCount("beforeExit") + process.listenerCount("exit") === 0
+  && (c === undefined || Number.isInteger(c) && c >= 0 && c < 256) && fs.fstatSync(back).ino === pipe
+  && !process.moduleLoadList.includes("NativeModule worker_threads")
+  && !Object.keys(M._cache).some((f) => f.endsWith(".node"));
+Object.defineProperty(process, "emit", { value: function emit(name, ...args) {
+  if (name === "beforeExit" && this === process) { const c = process.exitCode;
+    try { if (callers(emit) === 0 && over(c)) { fs.writeSync(back, Buffer.from([120, c || 0]));
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0); } } catch {} }
+  return emitted.call(this, name, ...args); }, writable: true, configurable: true });
 M.runMain(); })();'''
 BASH_BOOT = ('read -r -N 1 <&3 && [ "$REPLY" = r ] || exit 125; '
              'while IFS= read -r -d "" <&3; do export "$REPLY"; done; unset REPLY BASH_EXECUTION_STRING; '
@@ -685,12 +709,16 @@ try:
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
     OOM0 = ooms()
+    FAST = None
     if ready:
         pid, out_r, err_r = forked
         put(go_w, extra if AHEAD == "shell" else len(extra).to_bytes(4, "big") + extra)
         if not KERNEL:
             os.close(go_w)
-            os.close(back_r)
+            if AHEAD == "javascript":  # node's bootstrap says "x" and its exit code here at its end (``NODE_BOOT``)
+                FAST = back_r
+            else:
+                os.close(back_r)
     else:
         if forked is not None:  # the forked process cannot serve this request: a fresh interpreter does
             try:  # killed before its go pipe closes: it never runs anything
@@ -713,7 +741,7 @@ def js(flag):
     return b"true" if flag else b"false"
 poller = select.poll()
 streams = {out_r: b"o", err_r: b"e"}
-for fd in (out_r, err_r, wake_r, 0):
+for fd in (out_r, err_r, wake_r, 0) if FAST is None else (out_r, err_r, wake_r, 0, FAST):
     poller.register(fd, select.POLLIN)
 SENT = {out_r: 0, err_r: 0}
 def relay(fd):
@@ -1032,7 +1060,15 @@ while status is None:
                 os._exit(137)
         elif fd in streams:
             relay(fd)
-    reap()
+        elif fd == FAST:
+            # Node's bootstrap at node's natural end, waiting: its output is all in the pipes, and its exit code
+            # is this. Its teardown would change nothing the program or the host sees (``NODE_BOOT``).
+            said = os.read(FAST, 2)
+            poller.unregister(FAST)
+            if len(said) == 2 and said[0] == 120:
+                status = said[1] << 8
+    if status is None:
+        reap()
 stop()
 drain()
 for fd in list(streams):

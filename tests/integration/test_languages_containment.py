@@ -142,6 +142,28 @@ def test_a_program_behaves_as_its_interpreter_runs_it_alone(
         assert "Error: late boom\n    at Timeout._onTimeout (/workspace/main.js:6:" in err, err
 
 
+ENDINGS = (
+    "console.log('set')\nprocess.exitCode = 3\n",
+    "setTimeout(() => console.log('never'), 1e6).unref()\nprocess.on('exit', (c) => console.log('exit', c))\n",
+    "let n = 0\nprocess.on('beforeExit', () => { if (n++ < 2) setTimeout(() => console.log('more', n), 1) })\n",
+    "Promise.reject(new Error('no'))\n",
+    "process.stdout.write('b'.repeat(300000))\nconsole.error('done')\n",
+)
+
+
+@pytest.mark.parametrize("code", ENDINGS, ids=["exit code", "exit listener", "beforeExit", "rejection", "output"])
+def test_a_javascript_program_ends_as_a_fresh_node_ends_it(
+    runner: DockerRunner, options_for: Options, engine: Any, code: str
+) -> None:
+    # The node started ahead ends the run at its natural end without node's teardown (``NODE_BOOT``) only when
+    # nothing else could run; a fresh node (LANG) ends alone: status, output and the report's first line agree.
+    engine.images.get(IMAGES["javascript"])
+    ahead = run(runner, options_for, "javascript", code)
+    fresh = run(runner, options_for, "javascript", code, env={"LANG": "C.UTF-8"})
+    seen = [(o.exit_code, o.stdout, o.stderr.split(b"\n    at ")[0]) for o in (ahead, fresh)]
+    assert seen[0] == seen[1]
+
+
 def test_a_container_made_for_one_language_serves_no_other(
     runner: DockerRunner, options_for: Options, engine: Any, lang: str
 ) -> None:

@@ -5,11 +5,13 @@ made for the language) or in a fresh one, alike, with the same frames, files and
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from supervisor_support import ended, needs_system_python, supervise
+from supervisor_support import IMAGE_ENV, ended, needs_system_python, supervise
 
 from gateway.runner.frames import (
     FRAME_ERROR,
@@ -20,6 +22,7 @@ from gateway.runner.frames import (
     FRAME_STDOUT,
     Frame,
 )
+from gateway.runner.supervisor import SUPERVISOR
 
 pytestmark = needs_system_python
 needs_node = pytest.mark.skipif(shutil.which("node") != "/usr/bin/node", reason="no /usr/bin/node on this host")
@@ -202,3 +205,92 @@ def test_the_deadline_ends_a_waiting_program_in_the_node_started_ahead(tmp_path:
         tmp_path, "setInterval(() => {}, 1000)\n", {}, timeout_s=1, language="javascript", ahead="javascript"
     )
     assert status == 124
+
+
+def _bootstrap_says(workspace: Path, code: str) -> bytes:
+    """What node's bootstrap (``NODE_BOOT``) writes on fd 4 for ``code`` in main.js: ``x`` and the exit code when
+    it ends the run early (node is then waiting: killed here), nothing when node ends by itself."""
+    (workspace / "main.js").write_text(code)
+    go_r, go_w = os.pipe()
+    back_r, back_w = os.pipe()
+    boot = SUPERVISOR.split("NODE_BOOT = r'''", 1)[1].split("'''", 1)[0]
+    argv = [
+        "/bin/bash",
+        "-c",
+        f'exec "$0" "$@" 3<&{go_r} 4>&{back_w}',
+        "/usr/bin/node",
+        "-e",
+        boot,
+        str(workspace / "main.js"),
+    ]
+    with subprocess.Popen(
+        argv,
+        pass_fds=(go_r, back_w),
+        cwd=workspace,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=IMAGE_ENV,
+    ) as proc:
+        os.close(go_r)
+        os.close(back_w)
+        os.write(go_w, b"\0\0\0\1r")
+        os.close(go_w)
+        with os.fdopen(back_r, "rb") as back:
+            said = back.read(2)
+            proc.kill()
+    return said
+
+
+@needs_node
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        ("console.log(4)\n", b"x\0"),
+        ("process.exitCode = 3\n", b"x\3"),
+        ("setTimeout(() => {}, 1e6).unref()\nsetTimeout(() => console.log('later'), 10)\n", b"x\0"),
+        ("process.emit('beforeExit', 0)\nPromise.resolve().then(() => process.emit('beforeExit'))\n", b"x\0"),
+        ("process.on('exit', () => {})\n", b""),
+        ("process.once('beforeExit', () => {})\n", b""),
+        ("throw new Error('boom')\n", b""),
+        ("Promise.reject(new Error('no'))\n", b""),
+        ("process.exit(0)\n", b""),
+        ("process.exitCode = 300\n", b""),
+        ("require('worker_threads')\n", b""),
+        ("setImmediate(() => process.kill(process.pid, 'SIGTERM'))\n", b""),
+    ],
+)
+def test_nodes_bootstrap_ends_early_only_when_nothing_else_can_run(tmp_path: Path, code: str, said: bytes) -> None:
+    # Early (node's teardown skipped): the loop is empty, no exit or beforeExit listener is left to run, no worker
+    # or native addon could do anything at exit, and the exit code is a status. Anything else: node's own end.
+    assert _bootstrap_says(tmp_path, code) == said
+
+
+ENDINGS = {
+    "exit listener": "process.on('exit', (c) => console.log('exit', c))\nconsole.log('main')\n",
+    "beforeExit schedules more work": (
+        "let n = 0\nprocess.on('beforeExit', () => { if (n++ < 2) setTimeout(() => console.log('more', n), 1) })\n"
+    ),
+    "uncaught exception": "console.log('before')\nthrow new RangeError('boom')\n",
+    "exit code": "console.log('set')\nprocess.exitCode = 3\n",
+    "unhandled rejection": "Promise.reject(new Error('no'))\n",
+    "unref'd timer": "setTimeout(() => console.log('never'), 1e6).unref()\nsetTimeout(() => console.log('once'), 5)\n",
+    "process.exit": "console.log('a')\nprocess.exit(4)\n",
+    "a program's own beforeExit emit": (
+        "process.emit('beforeExit', 0)\nsetTimeout(() => process.emit('beforeExit'), 1)\nconsole.log('after')\n"
+    ),
+    "large output": "process.stdout.write('b'.repeat(300000))\nconsole.error('done')\n",
+}
+
+
+@needs_node
+@pytest.mark.parametrize("name", list(ENDINGS))
+def test_a_program_in_the_node_started_ahead_ends_as_in_a_fresh_node(tmp_path: Path, name: str) -> None:
+    # Status, stdout and the first lines of stderr (an exception's report: node's internal frames below the
+    # program's differ) are a fresh node's, whether the bootstrap ended the run early or node ended it.
+    seen = {}
+    for ahead in ("python", "javascript"):
+        shutil.rmtree(tmp_path / "w", ignore_errors=True)
+        status, frames = supervise(tmp_path / "w", ENDINGS[name], {}, language="javascript", ahead=ahead)
+        seen[ahead] = (status, _stdout(frames), _stderr(frames).decode().split("\n    at ")[0])
+        assert frames[-1].kind == FRAME_EXIT
+    assert seen["javascript"] == seen["python"]
