@@ -18,6 +18,7 @@ import errno
 import functools
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from gateway.errors import EXIT_GATEWAY_FAILURE, EXIT_USAGE, AuditError
+from gateway.errors import EXIT_GATEWAY_FAILURE, EXIT_USAGE, AuditError, ServerConfigError
 from gateway.runner import Runner
 from gateway.service.accesslog import ACCESS_LOGGER, FORMATS
 from gateway.service.config import ServerConfig, load_server_config
@@ -251,10 +252,23 @@ def _kube_runner(settings: Any) -> Runner:
     return KubernetesRunner(KubeClient(settings))
 
 
+def _docker_runner(config: ServerConfig) -> Callable[[], Runner]:
+    """The Docker runner, with the secrets of ``secrets_file`` (else ``GATEWAY_SECRETS_FILE``) and the
+    ``GATEWAY_SECRET_*`` variables read now: a secrets file others may read stops the service from starting."""
+    from gateway.egress.secrets import SecretStore, SecretStoreError  # noqa: PLC0415 - only when serving
+    from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when serving
+
+    path = config.secrets_file or os.environ.get("GATEWAY_SECRETS_FILE")
+    try:
+        store = SecretStore.load(os.environ, str(path) if path else None)
+    except SecretStoreError as exc:
+        raise ServerConfigError(f"secrets_file: {exc}") from exc
+    return functools.partial(DockerRunner, secrets=store)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415 - the server only when serving
 
-    from gateway.runner.docker.runner import DockerRunner  # noqa: PLC0415 - docker-py only when serving
     from gateway.service.accesslog import AccessLog  # noqa: PLC0415 - Starlette only when serving
     from gateway.service.app import build_app  # noqa: PLC0415 - Starlette only when serving
     from gateway.service.deadlines import http_protocol  # noqa: PLC0415 - uvicorn only when serving
@@ -267,9 +281,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gateway serve: {exc}", file=sys.stderr)
         return EXIT_ADDRESS_UNAVAILABLE
     try:
-        runner: Callable[[], Runner] = DockerRunner
-        if config.backend == "kubernetes":
-            runner = _kubernetes_runner(config)
+        runner = _kubernetes_runner(config) if config.backend == "kubernetes" else _docker_runner(config)
         try:
             service = Service.from_config(config, runner=runner)  # refuses to start without principals with a token
         except AuditError as exc:  # the trail is checked against its key before anything starts

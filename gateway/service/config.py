@@ -149,6 +149,9 @@ class ServerConfig:
     anchor_every_seconds: float | None = None
     backend: str = "docker"
     """``docker`` or ``kubernetes``: which runner ``gateway serve`` builds."""
+    secrets_file: Path | None = None
+    """The secrets the egress proxy injects (``spec.network.egress.secrets``): a YAML or JSON mapping of names to
+    values, mode 0600; None: ``GATEWAY_SECRETS_FILE``, if set. ``GATEWAY_SECRET_<NAME>`` variables override it."""
     kubernetes: KubernetesSettings = KubernetesSettings()
     """The Kubernetes backend's connection (``backend: kubernetes``)."""
     mcp: McpSettings = McpSettings()
@@ -229,6 +232,7 @@ def load_server_config_text(text: str, *, source: str = "<string>", base: Path |
         anchor_every_records=anchor.get("every_records"),
         anchor_every_seconds=None if "every_seconds" not in anchor else float(anchor["every_seconds"]),
         backend=data.get("backend", "docker"),
+        secrets_file=path("secrets_file"),
         access_log_format=access_log.get("format", "text"),
         **{key: float(data[key]) for key in _SECONDS if key in data},  # absent: the field's default
         kubernetes=KubernetesSettings(
