@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "sbom": "sbom_cmd",
     "kubernetes": "kubernetes_cmd",
     "session": "session_cmd",
+    "approvals": "approvals_cmd",
 }
 """Each sub-command, in the order ``--help`` lists them, and the module (in this package) that registers it."""
 

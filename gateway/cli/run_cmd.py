@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "run",
         help="run code through the gateway",
         description="Decide, audit and run code in a hardened single-use sandbox. Exit status: the program's own; "
-        "77 denied by policy; 124 killed at the deadline; 137 killed for memory (or the sandbox killed for another "
+        "77 denied by policy; 75 waiting for an operator's approval (the approval id on stderr; nothing ran); "
+        "124 killed at the deadline; 137 killed for memory (or the sandbox killed for another "
         "resource limit); 125 gateway or engine failure; 130 / 143 the gateway itself was interrupted (SIGINT / "
         "SIGTERM: its sandbox removed, the outcome recorded); "
         "2 usage or invalid request.",
@@ -180,7 +181,9 @@ def _print_human(result: ExecutionResult, live: _LiveOutput) -> None:
         + ("" if "mode)" in w["message"] else f" ({w.get('mode', 'audit')} mode)")
         for w in data["warnings"]
     ]
-    if result.decision is not None and not result.decision.allowed:
+    if result.pending:
+        notes.append(_pending_note(result))
+    elif result.decision is not None and not result.decision.allowed:
         notes.append(f"gateway: denied by policy {data['policy']['name']} (request {result.request_id}):")
         notes.extend(f"  {v['rule']} at {v.get('path', '$')}: {v['message']}" for v in data["violations"])
     if result.error is not None:
@@ -211,6 +214,15 @@ def _print_human(result: ExecutionResult, live: _LiveOutput) -> None:
         notes.append("gateway: WARNING: the audit record of this request could not be written")
     for note in notes:
         print(note, file=sys.stderr)
+
+
+def _pending_note(result: ExecutionResult) -> str:
+    """What a held request tells people: its approval id, the rules that asked, and what happens next."""
+    rules = ", ".join(r.rule for r in result.decision.approvals) if result.decision is not None else ""
+    return (
+        f"gateway: waiting for approval {result.approval_id} (asked by {rules}); nothing ran. An operator decides with "
+        f"`gateway approvals approve {result.approval_id} --reason ...` (or deny); then run the identical request again"
+    )
 
 
 @contextlib.contextmanager
@@ -267,6 +279,8 @@ def _run(args: argparse.Namespace) -> int:
         shutdown()
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
+        if result.pending:
+            print(_pending_note(result), file=sys.stderr)
     else:
         _print_human(result, live)
     if isinstance(result.error, InterruptedRunError):
