@@ -27,6 +27,7 @@ __all__ = [
     "SecretStore",
     "SecretStoreError",
     "injections",
+    "longest_form",
     "redact",
     "secret_variable",
 ]
@@ -116,6 +117,11 @@ def _forms(value: str) -> list[bytes]:
     for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
         forms |= {encoded, encoded.rstrip(b"=")}
     return sorted(forms, key=len, reverse=True)  # the longest first: a padded form before its unpadded prefix
+
+
+def longest_form(values: Mapping[str, str]) -> int:
+    """The length of the longest form :func:`redact` looks for (0 without values)."""
+    return max((len(form) for value in values.values() for form in _forms(value)), default=0)
 
 
 def redact(data: bytes, values: Mapping[str, str]) -> tuple[bytes, dict[str, int]]:

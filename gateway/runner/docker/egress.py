@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import SandboxError, UnsafeOptionsError
 from gateway.runner.docker.mounts import _container_root
 from gateway.runner.docker.options import EGRESS_LABEL
-from gateway.runner.interface import Outcome, RunSpec
+from gateway.runner.interface import OnOutput, Outcome, RunSpec
 from gateway.runner.supervisor import EGRESS_TARGET
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.egress.secrets import SecretStore
 
 __all__ = [
+    "OutputRedactor",
     "bind_egress",
     "bind_secrets",
     "reap_egress",
@@ -102,6 +104,39 @@ def redact_outcome(outcome: Outcome, values: Mapping[str, str]) -> Outcome:
         files=files,
         egress=dataclasses.replace(outcome.egress, redactions=tuple(found)),
     )
+
+
+class OutputRedactor:
+    """An ``on_output`` callback that passes chunks on with the run's secret values erased, as ``redact_outcome``
+    erases them from the outcome. A value may be split across chunks, so the last bytes of each stream (fewer than
+    a value's longest form) are held back until more arrive, or until :meth:`flush` when the run has ended."""
+
+    def __init__(self, on_output: OnOutput, values: Mapping[str, str]) -> None:
+        from gateway.egress.secrets import longest_form  # noqa: PLC0415 -- see the imports
+
+        self._on_output = on_output
+        self._values = dict(values)
+        self._hold = longest_form(values)
+        self._pending: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        from gateway.egress.secrets import redact  # noqa: PLC0415 -- see the imports
+
+        with self._lock:
+            clean, _counts = redact(self._pending.get(stream, b"") + data, self._values)
+            cut = max(0, len(clean) - self._hold)
+            self._pending[stream] = clean[cut:]
+        if cut:
+            self._on_output(stream, clean[:cut])
+
+    def flush(self) -> None:
+        """Pass on what was held back (the run ended: nothing more can complete a value)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for stream, data in pending.items():
+            if data:
+                self._on_output(stream, data)
 
 
 def sandbox_user(spec: RunSpec) -> tuple[int, int]:

@@ -65,6 +65,7 @@ from gateway.errors import (
 from gateway.policy.images import parse_image_ref
 from gateway.runner.docker.collect import read_frames
 from gateway.runner.docker.egress import (
+    OutputRedactor,
     bind_egress,
     bind_secrets,
     reap_egress,
@@ -710,6 +711,9 @@ class DockerRunner:
         start = time.monotonic()
         left: GatewayError | None = None
         egress: EgressReport | None = None
+        redactor = None
+        if on_output is not None and sandbox.egress is not None and sandbox.egress.values:
+            on_output = redactor = OutputRedactor(on_output, sandbox.egress.values)  # live chunks, erased too
         try:
             if sandbox.spec.workspace is not None:  # the program has not run: its supervisor waits for the payload
                 prepare_for_run(sandbox.spec.workspace, payload.files)
@@ -723,6 +727,8 @@ class DockerRunner:
                 exc.outcome = _redacted(sandbox, replace(exc.outcome, egress=egress))
             raise
         finally:
+            if redactor is not None:
+                redactor.flush()
             try:
                 # The run is over, whatever ended it: its proxy ends every connection it still has (run-ended).
                 egress = _end_egress(sandbox)

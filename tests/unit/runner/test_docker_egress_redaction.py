@@ -6,7 +6,7 @@ import base64
 
 from gateway.egress import EgressReport
 from gateway.egress.secrets import Redaction, redact
-from gateway.runner.docker.egress import redact_outcome
+from gateway.runner.docker.egress import OutputRedactor, redact_outcome
 from gateway.runner.fake import make_outcome
 
 VALUE = "s3cr3t-0123456789abcdef?>"
@@ -48,3 +48,19 @@ def test_an_outcome_without_the_value_or_without_secrets_is_unchanged() -> None:
     assert redact_outcome(outcome, VALUES) is outcome
     echoed = make_outcome(stdout=VALUE.encode(), egress=REPORT)
     assert redact_outcome(echoed, {}) is echoed
+
+
+def test_live_chunks_never_carry_a_value_split_across_them() -> None:
+    got: list[tuple[str, bytes]] = []
+    redactor = OutputRedactor(lambda stream, data: got.append((stream, data)), VALUES)
+    raw = f"before {VALUE} between ".encode() + base64.b64encode(VALUE.encode()) + b" after"
+    for index in range(0, len(raw), 5):  # every value is split across chunks
+        redactor("stdout", raw[index : index + 5])
+    redactor("stderr", VALUE.encode()[:3])
+    streamed = b"".join(data for stream, data in got if stream == "stdout")
+    assert VALUE.encode()[:8] not in streamed  # not even a prefix went out before the rest arrived
+    redactor.flush()
+    stdout = b"".join(data for stream, data in got if stream == "stdout")
+    # (a base64 form's padding may arrive after its unpadded part was erased: it stays, and reveals nothing)
+    assert stdout.replace(b"=", b"") == b"before [secret:mirror-token] between [secret:mirror-token] after"
+    assert b"".join(data for stream, data in got if stream == "stderr") == VALUE.encode()[:3]
