@@ -13,6 +13,7 @@ import base64
 import http.server
 import json
 import shutil
+import socket
 import tempfile
 import textwrap
 import threading
@@ -26,6 +27,7 @@ import pytest
 from gateway import Gateway
 from gateway.audit.memory import MemoryAuditSink
 from gateway.audit.ocsf import to_ocsf
+from gateway.cli import main
 from gateway.egress.secrets import SecretStore
 from gateway.errors import SandboxError
 from gateway.policy.loader import load_policy_text
@@ -232,4 +234,64 @@ def test_a_secret_without_a_value_refuses_the_run_before_any_container(
     assert isinstance(result.error, SandboxError)
     assert "GATEWAY_SECRET_MIRROR_TOKEN" in result.error.message
     assert result.outcome is None or result.outcome.container_id is None
+    assert gateway_containers(engine) == []
+
+
+MIRROR_PORT = 18089
+"""The plain-HTTP port policies/examples/egress-mirror-secret.yaml names for mirror.internal."""
+
+
+@pytest.fixture
+def mirror_echo() -> Iterator[http.server.ThreadingHTTPServer]:
+    try:
+        answers = {info[4][0] for info in socket.getaddrinfo("mirror.internal", MIRROR_PORT, type=socket.SOCK_STREAM)}
+    except OSError:
+        answers = set()
+    if answers != {"127.0.0.1"}:
+        pytest.skip("mirror.internal does not resolve to 127.0.0.1 only: scripts/setup.sh adds it to /etc/hosts")
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", MIRROR_PORT), _Echo)
+    except OSError as exc:
+        pytest.skip(f"127.0.0.1:{MIRROR_PORT} is taken ({exc.strerror}): the shipped policy names that port")
+    server.seen = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_shipped_policy_with_the_secret_from_the_environment(
+    mirror_echo: http.server.ThreadingHTTPServer,
+    engine: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gateway run`` under policies/examples/egress-mirror-secret.yaml, the value in GATEWAY_SECRET_MIRROR_TOKEN."""
+    code = (
+        "import json, urllib.request\n"
+        f"answer = urllib.request.urlopen('http://mirror.internal:{MIRROR_PORT}/simple/', timeout=20).read()\n"
+        "print(json.loads(answer)['Authorization'])\n"
+    )
+    policy = str(policies_dir() / "examples" / "egress-mirror-secret.yaml")
+    audit = tmp_path / "audit"
+    argv = ["run", "--json", "--policy", policy, "--audit-dir", str(audit), "--network", "egress", "--code", code]
+    monkeypatch.delenv("GATEWAY_SECRETS_FILE", raising=False)
+    monkeypatch.delenv("GATEWAY_SECRET_MIRROR_TOKEN", raising=False)
+    refused = main(argv)
+    assert "GATEWAY_SECRET_MIRROR_TOKEN" in capsys.readouterr().out
+    assert refused != 0
+    assert mirror_echo.seen == []  # type: ignore[attr-defined]
+    monkeypatch.setenv("GATEWAY_SECRET_MIRROR_TOKEN", VALUE)
+    rc = main(argv)
+    out = capsys.readouterr().out
+    result = json.loads(out)
+    assert rc == 0, out[:3000]
+    assert result["stdout"] == "Bearer [secret:mirror-token]\n"
+    assert [headers.get("Authorization") for _, _, headers in mirror_echo.seen] == [f"Bearer {VALUE}"]  # type: ignore[attr-defined]
+    trail = b"".join(path.read_bytes() for path in audit.rglob("*") if path.is_file())
+    assert b"mirror-token" in trail
+    for form in FORMS:
+        assert form not in trail
+        assert form.decode() not in out
     assert gateway_containers(engine) == []
