@@ -581,7 +581,14 @@ def _answer(result: Mapping[str, Any]) -> dict[str, Any]:
         "request_id": result["request_id"],
         "allowed": result["allowed"],
     }
-    if not result["allowed"]:
+    if result.get("pending"):  # held by approve-mode rules: neither ran nor denied
+        approval_id = result["approval_id"]
+        answer["waiting_for_approval"] = {
+            "approval_id": approval_id,
+            "message": f"waiting for approval {approval_id}: an operator must approve this exact request; nothing "
+            "ran. Call the tool again with the identical arguments once it is approved.",
+        }
+    elif not result["allowed"]:
         answer["denied_because"] = [{"rule": v["rule"], "message": v["message"]} for v in result["violations"]]
     if result["error"] is not None:
         error = result["error"]

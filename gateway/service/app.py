@@ -90,6 +90,10 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/tools", endpoints.tools, methods=["GET"], middleware=bearer),
         Route("/v1/audit/records", endpoints.audit_records, methods=["GET"], middleware=bearer),
         Route("/v1/reload", endpoints.reload, methods=["POST"], middleware=bearer),
+        Route("/v1/approvals", endpoints.approvals, methods=["GET"], middleware=bearer),
+        Route("/v1/approvals/{approval_id}", endpoints.approval, methods=["GET"], middleware=bearer),
+        Route("/v1/approvals/{approval_id}/approve", endpoints.approve, methods=["POST"], middleware=bearer),
+        Route("/v1/approvals/{approval_id}/deny", endpoints.deny, methods=["POST"], middleware=bearer),
         Route("/metrics", endpoints.metrics, methods=["GET"], middleware=bearer),
         Route("/v1/sessions/{session_id}/files", session_files.list_files, methods=["GET"], middleware=bearer),
         Route(

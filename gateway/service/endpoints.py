@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -26,7 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import Caller, ExecutionResult
+from gateway.audit.approvals import State
 from gateway.errors import (
+    ApprovalNotFoundError,
     AuthenticationError,
     BodiesInFlightError,
     DecisionWorkerError,
@@ -130,6 +134,8 @@ def _execution_response(result: ExecutionResult) -> JSONResponse:
     if result.error is not None:
         extra = {"result": body} if result.outcome is not None else {}
         return error_response(result.error, result.request_id, **extra)
+    if result.pending:  # held for an operator's approval: the body carries approval_id; poll /v1/approvals/{id}
+        return _json(202, body, result.request_id)
     if result.decision is not None and not result.decision.allowed:
         return _denied(result, body)
     return _json(200, body, result.request_id)
@@ -304,9 +310,105 @@ async def _execute(
         await admitted.__aexit__(None, None, None)
     response = _execution_response(result)
     metrics.execution_seconds.labels(str(response.status_code)).observe(time.perf_counter() - started)
-    if result.error is None and result.decision is not None and not result.decision.allowed:
+    if result.error is None and result.decision is not None and not result.decision.allowed and not result.pending:
         metrics.denied(result.decision.to_dict()["violations"], dry_run=False)
     return response
+
+
+# --- /v1/approvals ---------------------------------------------------------------------------------------------
+
+_APPROVAL_STATES = ("pending", "granted", "denied", "used", "expired")
+
+
+@counted("/v1/approvals")
+@v1
+async def approvals(request: Request, caller: Caller, request_id: str) -> Response:
+    """Operators only: the approvals in ``?state=`` (default ``pending``; ``all`` for every one), each with the
+    request it holds and the rules that asked."""
+    service = Service.of(request)
+    await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+    state = request.query_params.get("state", "pending")
+    if state not in (*_APPROVAL_STATES, "all"):
+        allowed = ", ".join((*_APPROVAL_STATES, "all"))
+        problem = Problem(f"state {state!r} is not one of {allowed}", path="$.query.state")
+        raise RequestError(f"unknown approval state {state!r}", problems=[problem])
+    store = service.gateway.approvals
+    found = store.list(state=None if state == "all" else cast(State, state))  # checked above
+    now = store.clock()
+    return _json(200, {"approvals": [a.to_dict(now) for a in found]}, request_id)
+
+
+@counted("/v1/approvals/{approval_id}")
+@v1
+async def approval(request: Request, caller: Caller, request_id: str) -> Response:
+    """One approval, for its requester (to poll it) or an operator; anyone else's id is ``approval.not_found``,
+    like an unknown one."""
+    service = Service.of(request)
+    store = service.gateway.approvals
+    approval_id = request.path_params["approval_id"]
+    found = store.get(approval_id)
+    if found.principal != caller.principal and not is_operator(service, caller):
+        raise ApprovalNotFoundError(f"no approval {approval_id!r} of principal {caller.principal!r}")
+    return _json(200, found.to_dict(store.clock()), request_id)
+
+
+async def _verdict(request: Request, caller: Caller, request_id: str, *, approve: bool) -> Response:
+    """Operators only: approve or deny a pending approval; the body is ``{"reason": ...}`` (approve: ``uses``,
+    default 1; both: ``digest``, the request digest the operator checked). The approver is the caller."""
+    service = Service.of(request)
+    await run_in_threadpool(require_operator, service, caller, request.url.path, request_id)
+    body, held = await _read_body(request, caller, request_id)
+    try:
+        doc = json.loads(body)
+    finally:
+        held.release()
+    reason, uses, digest = _verdict_fields(doc, approve=approve)
+    store = service.gateway.approvals
+    approval_id = request.path_params["approval_id"]
+    if approve:
+        decided = await run_in_threadpool(
+            functools.partial(store.grant, approval_id, approver=caller.principal, reason=reason, uses=uses,
+                              digest=digest)
+        )  # fmt: skip
+    else:
+        decided = await run_in_threadpool(
+            functools.partial(store.deny, approval_id, approver=caller.principal, reason=reason, digest=digest)
+        )
+    return _json(200, decided.to_dict(store.clock()), request_id)
+
+
+def _verdict_fields(doc: Any, *, approve: bool) -> tuple[str, int, str | None]:
+    """``reason`` (a non-empty string), ``uses`` (approve only: an integer from 1, default 1) and ``digest`` (64
+    hex) of a verdict's body; every problem at once as a 422."""
+    problems: list[Problem] = []
+    if not isinstance(doc, dict):
+        raise RequestError("the body must be a JSON object", problems=[Problem("expected an object", path="$")])
+    known = {"reason", "digest", *(("uses",) if approve else ())}
+    problems.extend(Problem(f"unknown field {k!r}", path=f"$.{k}") for k in sorted(set(doc) - known))
+    reason = doc.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        problems.append(Problem("reason is required: a non-empty string saying why", path="$.reason"))
+    uses = doc.get("uses", 1)
+    if not isinstance(uses, int) or isinstance(uses, bool) or not 1 <= uses <= 1000:
+        problems.append(Problem("uses must be an integer from 1 to 1000", path="$.uses"))
+    digest = doc.get("digest")
+    if digest is not None and (not isinstance(digest, str) or re.fullmatch(r"[0-9a-f]{64}", digest) is None):
+        problems.append(Problem("digest must be 64 lower-case hex digits (sha256)", path="$.digest"))
+    if problems:
+        raise RequestError("invalid approval verdict", problems=problems)
+    return str(reason), int(uses), digest
+
+
+@counted("/v1/approvals/{approval_id}/approve")
+@v1
+async def approve(request: Request, caller: Caller, request_id: str) -> Response:
+    return await _verdict(request, caller, request_id, approve=True)
+
+
+@counted("/v1/approvals/{approval_id}/deny")
+@v1
+async def deny(request: Request, caller: Caller, request_id: str) -> Response:
+    return await _verdict(request, caller, request_id, approve=False)
 
 
 # --- /v1/sessions ----------------------------------------------------------------------------------------------

@@ -133,11 +133,15 @@ _ERRORS: dict[str, tuple[str, str]] = {
     "404": (
         "NotFound",
         "No such endpoint (http.not_found), or no session of the caller with this id (session.not_found: unknown "
-        "and another principal's alike).",
+        "and another principal's alike), or no approval of the caller with this id (approval.not_found).",
     ),
     "405": ("MethodNotAllowed", "The endpoint does not take this method (http.method_not_allowed)."),
     "408": ("BodyTimeout", "The body did not arrive within body_read_s (request.timeout)."),
-    "409": ("Busy", "An execution already runs in this session (session.busy): send the next when it has returned."),
+    "409": (
+        "Busy",
+        "An execution already runs in this session (session.busy): send the next when it has returned; or an "
+        "approval that cannot be decided (approval.conflict: not pending, or another digest).",
+    ),
     "410": ("Gone", "The session has ended: closed, expired or killed (session.gone, the message says which)."),
     "413": (
         "TooLarge",
@@ -279,6 +283,93 @@ def _session_paths(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
                 ),
             },
         },
+    }
+
+
+def _approval_paths(auth: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """``/v1/approvals`` and below (``gateway/service/endpoints.py``): list, poll, approve, deny."""
+    v1 = ("401", "405", "429")
+    approval_id = {"name": "approval_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    one = _body({"type": "object", "description": "One approval: approval_id, state (pending, granted, denied, "
+                 "used, expired), request_digest, principal, rules, requested_at, expires_at, request_id, request, "
+                 "approver, reason, uses_allowed, uses."}, "The approval.")  # fmt: skip
+    verdict_body = {
+        "required": True,
+        "content": {
+            _JSON: {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["reason"],
+                    "properties": {
+                        "reason": {"type": "string", "minLength": 1, "description": "Why (recorded in the trail)."},
+                        "uses": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": 1000,
+                            "description": "Approve only: how many runs of exactly that request it allows (default 1).",
+                        },
+                        "digest": {
+                            "type": "string",
+                            "pattern": "^[0-9a-f]{64}$",
+                            "description": "The request "
+                            "digest the operator checked; another one is refused (approval.conflict).",
+                        },
+                    },
+                }
+            }
+        },
+    }
+
+    def verdict(verb: str, record: str) -> dict[str, Any]:
+        return {
+            "post": {
+                "operationId": f"{verb}Approval",
+                "parameters": [approval_id],
+                "summary": f"Operators only: {verb} a pending approval ({record}; the approver is the caller). 404 "
+                "approval.not_found for an unknown id; 409 approval.conflict when it is not pending (decided, "
+                "expired) or the digest is not the request's; each refusal is recorded (approval.refused).",
+                "security": auth,
+                "requestBody": verdict_body,
+                "responses": _responses(one, "400", "403", "404", "409", "413", "415", "422", *v1, "503"),
+            }
+        }
+
+    return {
+        "/v1/approvals": {
+            "get": {
+                "operationId": "listApprovals",
+                "summary": "Operators only: the approvals in ?state= (pending by default; granted, denied, used, "
+                "expired, or all), each with the request it holds and the rules that asked.",
+                "security": auth,
+                "responses": _responses(
+                    _body(
+                        {
+                            "type": "object",
+                            "required": ["approvals"],
+                            "properties": {"approvals": {"type": "array", "items": {"type": "object"}}},
+                        },
+                        "The approvals.",
+                    ),
+                    "403",
+                    "422",
+                    *v1,
+                    "503",
+                ),
+            }
+        },
+        "/v1/approvals/{approval_id}": {
+            "get": {
+                "operationId": "getApproval",
+                "parameters": [approval_id],
+                "summary": "One approval, for the principal whose request it holds (to poll it) or an operator; "
+                "another principal's id is approval.not_found, like an unknown one.",
+                "security": auth,
+                "responses": _responses(one, "404", *v1, "503"),
+            }
+        },
+        "/v1/approvals/{approval_id}/approve": verdict("approve", "approval.granted"),
+        "/v1/approvals/{approval_id}/deny": verdict("deny", "approval.denied"),
     }
 
 
@@ -579,6 +670,12 @@ def _document(mcp_sessions: bool) -> dict[str, Any]:
     }
     paths["/v1/executions"]["post"]["responses"]["200"]["content"][_EVENT_STREAM] = _EXECUTION_EVENTS
     paths.update(_session_paths(auth))
+    paths.update(_approval_paths(auth))
+    paths["/v1/executions"]["post"]["responses"]["202"] = _body(
+        _ref("ExecutionResult"),
+        "Held for an operator's approval (a rule in mode approve): nothing ran; the result carries approval_id and "
+        "pending true. Poll GET /v1/approvals/{approval_id}; once approved, submit the identical request again.",
+    )
     paths["/mcp"] = _mcp_path(auth, mcp_sessions)
     responses: dict[str, Any] = {}
     paths.update(_session_file_paths(auth))

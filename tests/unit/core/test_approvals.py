@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ from gateway.errors import (
     AuditUnavailableError,
 )
 from gateway.policy import Policy, load_policy
+from gateway.policy.model import Limit
 from gateway.resources import load_schema, policies_dir
 from gateway.testing import FakeRunner
+from gateway.tool import TOOL_NAME, handle_tool_call
 
 LARGE = {"code": "print(1)", "limits": {"memory": "384m"}, "principal": "agent-1"}
 
@@ -189,3 +192,16 @@ def test_a_pending_approval_survives_a_new_gateway_on_the_same_trail(policy: Pol
     with JsonlAuditTrail(trail) as sink, Gateway(policy, runner=runner, audit=sink) as gw:
         assert gw.execute(LARGE).ran
     assert len(runner.calls) == 1
+
+
+def test_the_llm_tool_says_it_waits_for_approval_and_runs_once_approved(policy: Policy) -> None:
+    limits = dataclasses.replace(policy.limits, timeout_s=Limit(default=10, max=60, mode="approve", hard_max=600))
+    sink = MemoryAuditSink()
+    gw = Gateway(dataclasses.replace(policy, limits=limits), runner=FakeRunner(), audit=sink)
+    waiting = handle_tool_call(TOOL_NAME, {"code": "print(1)", "timeout": 120}, gateway=gw)
+    approval_id = waiting["waiting_for_approval"]["approval_id"]
+    assert f"waiting for approval {approval_id}" in waiting["waiting_for_approval"]["message"]
+    assert "denied_because" not in waiting
+    assert "error" not in waiting
+    gw.approvals.grant(approval_id, approver="alice", reason="a long job")
+    assert handle_tool_call(TOOL_NAME, {"code": "print(1)", "timeout": 120}, gateway=gw)["ok"]
