@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 
 from gateway.audit.interface import AuditSink
 from gateway.audit.interrupted import SCAN_SEGMENTS
+from gateway.audit.pipeline import stored_request
 from gateway.audit.segments import list_segments
 from gateway.errors import (
     ApprovalClosedError,
@@ -226,8 +227,9 @@ class ApprovalStore:
                     f"{self.max_pending}); this request was not held",
                     hint="wait until an operator decides some, or they expire",
                 )
+            shown = stored_request(request)  # as the record keeps it: no file content, no environment value
             approval = Approval(
-                uuid.uuid4().hex, digest, principal, tuple(rules), now, now + self.ttl, request, request_id
+                uuid.uuid4().hex, digest, principal, tuple(rules), now, now + self.ttl, shown, request_id
             )
             data = {
                 "approval_id": approval.approval_id, "request_digest": digest, "rules": list(approval.rules),

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import json
 import os
 import re
 import socket
@@ -65,6 +66,7 @@ __all__ = [
     "redactor",
     "stamper",
     "stored_prefix",
+    "stored_request",
     "utc_timestamp",
 ]
 
@@ -324,6 +326,14 @@ def _cap_strings(value: Any, path: str, erased: list[str]) -> Any:
     if isinstance(value, list):
         return [_cap_strings(item, json_path(path, index), erased) for index, item in enumerate(value)]
     return value
+
+
+def stored_request(request: Mapping[str, Any], code_max_bytes: int = 65536) -> dict[str, Any]:
+    """``request`` (an ``ExecutionRequest.to_dict()``) as a record keeps it: files by digest, environment by name,
+    code up to ``code_max_bytes``. For what shows a request outside the trail (a pending approval)."""
+    kept: dict[str, Any] = json.loads(json.dumps(request))
+    _redact_request(kept, code_max_bytes, [])
+    return kept
 
 
 def _redact_request(request: dict[str, Any], code_max_bytes: int, erased: list[str]) -> None:

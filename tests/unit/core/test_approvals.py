@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,15 @@ def test_the_llm_tool_says_it_waits_for_approval_and_runs_once_approved(policy: 
     assert "error" not in waiting
     gw.approvals.grant(approval_id, approver="alice", reason="a long job")
     assert handle_tool_call(TOOL_NAME, {"code": "print(1)", "timeout": 120}, gateway=gw)["ok"]
+
+
+def test_a_pending_approval_shows_the_request_as_the_trail_keeps_it(policy: Policy) -> None:
+    sink, clock = MemoryAuditSink(), Clock()
+    gw, _ = _gateway(policy, sink, clock)
+    held = gw.execute({**LARGE, "env": {"APP_TOKEN": "s3cret"}, "files": {"in.txt": "data"}})
+    assert held.approval_id is not None
+    shown = gw.approvals.get(held.approval_id).request
+    assert shown["env_names"] == ["APP_TOKEN"]
+    assert "s3cret" not in json.dumps(shown)
+    assert "s3cret" not in json.dumps(sink.of_type("approval.requested"))
+    assert shown["files"][0]["name"] == "in.txt"
