@@ -100,15 +100,33 @@ def _policy(runtime: str, port: int) -> str:
                 - {{host: other.test, ports: [{port}], cidrs: [127.0.0.0/8]}}
               secrets:
                 - {{name: mirror-token, hosts: [mirror.test]}}
+          sessions:
+            modes: [kernel]
+            max_per_principal: 1
+            idle_s: {{default: 600, max: 600}}
+            lifetime_s: {{default: 600, max: 600}}
+            workspace_size: {{default: 16m, max: 16m}}
         """)
 
 
 @pytest.fixture
 def gateway(engine: Any, runtime: str, upstream: http.server.ThreadingHTTPServer, tmp_path: Path) -> Iterator[Gateway]:
+    yield from _gateway(engine, runtime, upstream, tmp_path)
+
+
+def _gateway(
+    engine: Any,
+    runtime: str,
+    upstream: http.server.ThreadingHTTPServer,
+    tmp_path: Path,
+    workspace_root: str | None = None,
+) -> Iterator[Gateway]:
     root = Path(tempfile.mkdtemp(prefix="gw-sec-", dir="/tmp")) / "egress"  # a unix socket's path is short
     resolver = TableResolver({"mirror.test": [["127.0.0.1"]], "other.test": [["127.0.0.1"]]})
     store = SecretStore.load({"GATEWAY_SECRET_MIRROR_TOKEN": VALUE})
-    runner = DockerRunner(engine, egress_resolver=resolver, egress_root=str(root), secrets=store)
+    runner = DockerRunner(
+        engine, egress_resolver=resolver, egress_root=str(root), secrets=store, workspace_root=workspace_root
+    )
     policy = load_policy_text(_policy(runtime, upstream.server_address[1]), source=str(tmp_path / "secrets.yaml"))
     gateway = Gateway(policy, runner=runner, audit=MemoryAuditSink(), slots=HostSlots(tmp_path / "slots", 4))
     upstream.seen.clear()  # type: ignore[attr-defined]
@@ -183,7 +201,12 @@ def test_the_header_reaches_the_bound_host_only_and_its_echo_is_redacted(
     gateway: Gateway, upstream: http.server.ThreadingHTTPServer, engine: Any
 ) -> None:
     port = upstream.server_address[1]
-    result = gateway.execute({"code": FETCH.format(port=port), "network": "egress"})
+    chunks: list[bytes] = []
+    result = gateway.execute(
+        {"code": FETCH.format(port=port), "network": "egress"}, on_output=lambda _stream, data: chunks.append(data)
+    )
+    assert result.outcome is not None
+    assert b"".join(chunks) == result.outcome.stdout  # streamed live, erased as well
     assert result.outcome is not None
     assert result.outcome.exit_code == 0, result.outcome.stderr.decode()
     assert result.outcome.stdout.decode().splitlines() == [
@@ -234,6 +257,38 @@ def test_a_secret_without_a_value_refuses_the_run_before_any_container(
     assert isinstance(result.error, SandboxError)
     assert "GATEWAY_SECRET_MIRROR_TOKEN" in result.error.message
     assert result.outcome is None or result.outcome.container_id is None
+    assert gateway_containers(engine) == []
+
+
+KERNEL_FETCH = FETCH.split("print(", maxsplit=1)[0] + 'print(json.loads(chosen)["Authorization"])\n'
+
+
+def test_a_kernel_cells_echo_of_the_secret_is_redacted(
+    engine: Any, runtime: str, upstream: http.server.ThreadingHTTPServer, tmp_path: Path, workspace_root: str
+) -> None:
+    made = _gateway(engine, runtime, upstream, tmp_path, workspace_root)
+    gateway = next(made)
+    try:
+        created = gateway.sessions.create({"mode": "kernel", "principal": "alice", "network": "egress"})
+        assert created.session is not None, created.to_dict()
+        sid = created.session.session_id
+        code = KERNEL_FETCH.format(port=upstream.server_address[1])
+        chunks: list[bytes] = []
+        result = gateway.sessions.execute(
+            sid, {"code": code, "principal": "alice"}, on_output=lambda _stream, data: chunks.append(data)
+        )
+        assert result.outcome is not None, result.to_dict()
+        assert result.outcome.exit_code == 0, result.outcome.stderr.decode()
+        assert result.outcome.stdout == b"Bearer [secret:mirror-token]\n"
+        assert b"".join(chunks) == result.outcome.stdout  # streamed live, erased as well
+        assert result.outcome.egress is not None
+        assert [r.to_dict() for r in result.outcome.egress.redactions] == [
+            {"secret": "mirror-token", "where": "stdout", "count": 1}
+        ]
+        gateway.sessions.close(sid, principal="alice")
+        _nowhere_but_names(gateway, result)
+    finally:
+        next(made, None)
     assert gateway_containers(engine) == []
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
 from gateway.runner.docker.collect import Demux
+from gateway.runner.docker.egress import OutputRedactor, redact_outcome
 from gateway.runner.docker.errors import map_engine_error
 from gateway.runner.frames import KERNEL_GRACE_S, KERNEL_READY_S
 from gateway.runner.kernel import HostKernel
@@ -35,7 +36,7 @@ from gateway.runner.kernel import HostKernel
 if TYPE_CHECKING:
     from gateway.egress import EgressReport
     from gateway.runner.docker.runner import DockerRunner, DockerSandbox
-    from gateway.runner.interface import RunSpec
+    from gateway.runner.interface import CellResult, OnOutput, Outcome, RunSpec
     from gateway.slots import Slot
 
 __all__ = ["KERNEL_GRACE_S", "KERNEL_READY_S", "DockerKernel"]
@@ -138,6 +139,27 @@ class DockerKernel(HostKernel["DockerSandbox"]):
         with self._egress_lock:
             left, self._egress_left = self._egress_left, None
             return left if left is not None else egress.take()
+
+    def execute(
+        self, code: str, *, timeout_s: float, files: Mapping[str, bytes] | None = None,
+        env: Mapping[str, str] | None = None, on_output: OnOutput | None = None, cancel: threading.Event | None = None,
+    ) -> CellResult:  # fmt: skip
+        """A cell, as the host kernel runs it; with secrets, its live output chunks have their values erased too."""
+        egress = self._sandbox.egress
+        redactor = None
+        if on_output is not None and egress is not None and egress.values:
+            on_output = redactor = OutputRedactor(on_output, egress.values)
+        try:
+            return super().execute(code, timeout_s=timeout_s, files=files, env=env, on_output=on_output, cancel=cancel)
+        finally:
+            if redactor is not None:
+                redactor.flush()
+
+    def _with_egress(self, outcome: Outcome) -> Outcome:
+        """The cell's outcome with its egress, and the values of the kernel's secrets erased from its output."""
+        outcome = super()._with_egress(outcome)
+        egress = self._sandbox.egress
+        return outcome if egress is None else redact_outcome(outcome, egress.values)
 
     def _close_egress(self) -> None:
         """End the proxy (its connections record ``run-ended``) and keep what it left for the next take."""
