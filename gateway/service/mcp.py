@@ -3,9 +3,9 @@ policy allows those languages) served over MCP stdio, as one configured principa
 
 The tools are :mod:`gateway.tool`'s (one definition, one handler): ``tools/list`` offers one per language the
 principal's policy allows, and the model sets only ``code``, a ``timeout`` up to the policy's ceiling, which
-each tool's description states, and, where the policy allows installs for the tool's language, ``packages``. Every call goes through
-one local :class:`~gateway.Gateway` with the principal's name in the request, so it is decided under that
-principal's policy and audited with it.
+each tool's description states, and, where the policy allows installs for the tool's language, ``packages``.
+Every call goes through one local :class:`~gateway.Gateway` with the principal's name in the request, so it is
+decided under that principal's policy and audited with it.
 
 Who the server acts as (:func:`resolve_identity`): ``--principal NAME`` takes the principal, its policy and its
 ``max_concurrent`` quota from the principals file; without it, ``--policy FILE`` must be given explicitly and

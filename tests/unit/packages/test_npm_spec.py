@@ -80,10 +80,14 @@ def test_a_policy_with_an_npm_registry_only_denies_python_packages() -> None:
         "  network:\n    egress:\n      allow:\n"
         "        - {host: mirror.internal, ports: [18089, 18443], cidrs: [127.0.0.0/8]}\n"
     )
-    text = NPM_POLICY.read_text().replace(
-        "extends: ../../../../policies/examples/egress-mirror.yaml",
-        f"extends: {NPM_POLICY.parents[4] / 'policies' / 'default.yaml'}",
-    ).replace("spec:\n", "spec:\n" + egress, 1)
+    text = (
+        NPM_POLICY.read_text()
+        .replace(
+            "extends: ../../../../policies/examples/egress-mirror.yaml",
+            f"extends: {NPM_POLICY.parents[4] / 'policies' / 'default.yaml'}",
+        )
+        .replace("spec:\n", "spec:\n" + egress, 1)
+    )
     policy = load_policy_text(text, source=str(NPM_POLICY))
     assert policy.packages is None
     assert policy.npm is not None
