@@ -1,10 +1,17 @@
 """What the egress tests share, unit and integration alike: a name service from a table (nothing outside is ever
-looked up) and two connections as a run's proxy records them, one allowed and one denied."""
+looked up), two connections as a run's proxy records them (one allowed, one denied), and the shipped mirror
+policies' upstream on loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import ipaddress
-from collections.abc import Sequence
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+
+import pytest
 
 from gateway.egress import ConnectionRecord
 from gateway.egress.addresses import IPAddress
@@ -41,3 +48,30 @@ DENIED = ConnectionRecord(
     message="evil.example is not an allowed destination", bytes_out=0, bytes_in=0, duration=0.0002, ended="denied",
 )  # fmt: skip
 """A plain-HTTP request to a host the policy does not name, refused before any lookup."""
+
+
+MIRROR_PORT = 18089
+"""The plain-HTTP port the shipped mirror policies (policies/examples/egress-mirror*.yaml) name for mirror.internal."""
+
+
+@contextlib.contextmanager
+def mirror_server(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[http.server.ThreadingHTTPServer]:
+    """``handler`` served on 127.0.0.1:``MIRROR_PORT``, the shipped mirror policies' upstream through the system
+    resolver; the test is skipped when mirror.internal does not resolve to 127.0.0.1 alone (scripts/setup.sh maps it
+    in /etc/hosts) or the port is taken."""
+    try:
+        answers = {info[4][0] for info in socket.getaddrinfo("mirror.internal", MIRROR_PORT, type=socket.SOCK_STREAM)}
+    except OSError:
+        answers = set()
+    if answers != {"127.0.0.1"}:
+        pytest.skip("mirror.internal does not resolve to 127.0.0.1 only: scripts/setup.sh adds it to /etc/hosts")
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", MIRROR_PORT), handler)
+    except OSError as exc:
+        pytest.skip(f"127.0.0.1:{MIRROR_PORT} is taken ({exc.strerror}): the shipped mirror policies name that port")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

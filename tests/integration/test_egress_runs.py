@@ -36,7 +36,7 @@ from gateway.resources import policies_dir
 from gateway.result import ExecutionResult
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
-from tests.egress_support import TableResolver
+from tests.egress_support import MIRROR_PORT, TableResolver, mirror_server
 from tests.integration.conftest import gateway_containers
 
 pytestmark = pytest.mark.integration
@@ -657,25 +657,10 @@ def test_a_cell_that_gets_its_kernel_killed_has_the_connections_the_end_cut(
     assert_ended_cleanly(egress, engine)
 
 
-MIRROR_PORT = 18089
-
-
 @pytest.fixture
 def mirror_upstream() -> Iterator[int]:
-    try:
-        answers = {info[4][0] for info in socket.getaddrinfo("mirror.internal", MIRROR_PORT, type=socket.SOCK_STREAM)}
-    except OSError:
-        answers = set()
-    if answers != {"127.0.0.1"}:
-        pytest.skip("mirror.internal does not resolve to 127.0.0.1 only: scripts/setup.sh adds it to /etc/hosts")
-    try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", MIRROR_PORT), _Handler)
-    except OSError as exc:
-        pytest.skip(f"127.0.0.1:{MIRROR_PORT} is taken ({exc.strerror}): the shipped mirror policy names that port")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield MIRROR_PORT
-    server.shutdown()
-    server.server_close()
+    with mirror_server(_Handler):
+        yield MIRROR_PORT
 
 
 def test_the_shipped_mirror_policy_end_to_end(

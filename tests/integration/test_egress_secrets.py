@@ -13,7 +13,6 @@ import base64
 import http.server
 import json
 import shutil
-import socket
 import tempfile
 import textwrap
 import threading
@@ -34,7 +33,7 @@ from gateway.policy.loader import load_policy_text
 from gateway.resources import policies_dir
 from gateway.runner.docker.runner import DockerRunner
 from gateway.slots import HostSlots
-from tests.egress_support import TableResolver
+from tests.egress_support import MIRROR_PORT, TableResolver, mirror_server
 from tests.integration.conftest import gateway_containers
 
 pytestmark = pytest.mark.integration
@@ -292,27 +291,11 @@ def test_a_kernel_cells_echo_of_the_secret_is_redacted(
     assert gateway_containers(engine) == []
 
 
-MIRROR_PORT = 18089
-"""The plain-HTTP port policies/examples/egress-mirror-secret.yaml names for mirror.internal."""
-
-
 @pytest.fixture
 def mirror_echo() -> Iterator[http.server.ThreadingHTTPServer]:
-    try:
-        answers = {info[4][0] for info in socket.getaddrinfo("mirror.internal", MIRROR_PORT, type=socket.SOCK_STREAM)}
-    except OSError:
-        answers = set()
-    if answers != {"127.0.0.1"}:
-        pytest.skip("mirror.internal does not resolve to 127.0.0.1 only: scripts/setup.sh adds it to /etc/hosts")
-    try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", MIRROR_PORT), _Echo)
-    except OSError as exc:
-        pytest.skip(f"127.0.0.1:{MIRROR_PORT} is taken ({exc.strerror}): the shipped policy names that port")
-    server.seen = []  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with mirror_server(_Echo) as server:
+        server.seen = []  # type: ignore[attr-defined]
+        yield server
 
 
 def test_the_shipped_policy_with_the_secret_from_the_environment(
