@@ -381,3 +381,44 @@ def test_the_outcome_record_lists_a_bounded_number_of_files() -> None:
     few = outcome_data("img", make_outcome(files={"a": b"x"}), None)
     assert few["files"] == [{"name": "a", "bytes": 1, "sha256": few["files"][0]["sha256"]}]
     assert "files_omitted" not in few
+
+
+class _RacingAPI:
+    """The engine's answers when the gateway's forced removal races the container's AutoRemove: a 409 conflict
+    ("... is not running"), AutoRemove then not finishing, and a second forced removal that works."""
+
+    def __init__(self, *, second: Exception | None = None) -> None:
+        self.removals = 0
+        self.waits = 0
+        self.second = second
+
+    def remove_container(self, cid: str, force: bool) -> None:
+        self.removals += 1
+        if self.removals == 1:
+            response = type("Response", (), {"status_code": 409, "reason": "Conflict", "url": "/containers"})()
+            raise docker.errors.APIError(
+                "409 Client Error", response=response,  # type: ignore[arg-type]
+                explanation=f"Could not kill running container {cid}, cannot remove - Container {cid} is not running",
+            )  # fmt: skip
+        if self.second is not None:
+            raise self.second
+
+    def wait(self, cid: str, timeout: float, condition: str) -> None:
+        self.waits += 1
+        raise docker.errors.APIError("wait timed out")  # the engine's own removal did not finish
+
+
+def test_a_removal_that_races_autoremove_is_waited_for_then_forced_again() -> None:
+    api = _RacingAPI()
+    runner = DockerRunner(type("Client", (), {"api": api})())
+    assert runner._removal_failure("c" * 64) is None
+    assert (api.removals, api.waits) == (2, 1)
+
+
+def test_a_removal_that_fails_twice_is_reported() -> None:
+    api = _RacingAPI(second=docker.errors.APIError("500 Server Error", explanation="device or resource busy"))
+    runner = DockerRunner(type("Client", (), {"api": api})())
+    failure = runner._removal_failure("c" * 64)
+    assert failure is not None
+    assert "removing container" in failure.message
+    assert api.removals == 2
