@@ -268,7 +268,7 @@ def test_handle_tool_call_with_the_remote_client(server: Server) -> None:
         assert handler.definition() == bob.tools()[0]
         with pytest.raises(ValueError, match="principal"):
             ToolHandler(bob, principal="mallory")
-    assert answer["ok"] is True, answer
+    assert answer["ok"] is True
     assert answer["stdout"] == "4\n"
     assert answer["exit_code"] == 0
     assert denied["ok"] is False

@@ -891,29 +891,19 @@ class DockerRunner:
             raise map_engine_error(exc, "killing the container") from exc
 
     def _remove(self, container_id: str, *, quiet: bool) -> bool:
-        """Force-remove a container. True when it is gone (or the engine's AutoRemove removed it);
-        False when it could not be removed and ``quiet`` (otherwise the mapped error is raised).
-
-        A conflict (409) means the engine's AutoRemove is at it: "removal ... is already in progress", or, when
-        our kill raced the container's own exit, "cannot remove - Container ... is not running". Either way the
-        removal is waited for, and forced once more if the engine's own did not finish (it can leave the
-        container behind after such a race)."""
-        for attempt in range(2):
-            try:
-                self.client.api.remove_container(container_id, force=True)
-            except docker.errors.NotFound:
-                return True
-            except Exception as exc:
-                conflict = isinstance(exc, docker.errors.APIError) and exc.status_code == 409
-                if conflict and self._removed(container_id):
-                    return True
-                if conflict and attempt == 0:
-                    continue
-                if not quiet:
-                    raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
-                return False
+        """Force-remove a container. True when it is gone (or the engine's AutoRemove is removing it);
+        False when it could not be removed and ``quiet`` (otherwise the mapped error is raised)."""
+        try:
+            self.client.api.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
             return True
-        return False  # not reached: the second attempt returns or raises
+        except Exception as exc:
+            if isinstance(exc, docker.errors.APIError) and exc.status_code == 409 and "in progress" in str(exc):
+                return self._removed(container_id)  # the engine's AutoRemove got there first
+            if not quiet:
+                raise map_engine_error(exc, f"removing container {container_id[:12]}") from exc
+            return False
+        return True
 
     def _removal_failure(self, container_id: str) -> GatewayError | None:
         """Force-remove a container after its run; None when it is gone, else why it could not be removed."""
